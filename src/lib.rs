@@ -1,0 +1,4 @@
+#![doc = include_str!("../README.md")]
+
+pub mod buddy;
+pub mod snapshot;

@@ -1,0 +1,1 @@
+//! The PyTorch memory snapshot format.
