@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
 
 pub mod buddy;
+pub mod device;
 pub mod snapshot;

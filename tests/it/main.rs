@@ -1,1 +1,6 @@
+//! One integration-test binary (links once): GPU tests run on whatever adapter
+//! `WGPU_BACKEND` selects; CI runs them on Vulkan (lavapipe) and GL (llvmpipe).
 
+mod gpu;
+mod layering;
+mod smoke;

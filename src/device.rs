@@ -1,0 +1,147 @@
+//! Getting a device: one place that picks an adapter (obeying `WGPU_BACKEND` and
+//! `WGPU_ADAPTER_NAME`), chooses limits and optional features, and explains what to install when
+//! no adapter is found. Examples and tests both start here.
+
+use std::fmt;
+
+/// Which limits to ask the device for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimitsChoice {
+    /// Everything the adapter supports (largest buffers and bindings).
+    #[default]
+    Adapter,
+    /// WebGPU's default limits (`wgpu::Limits::default()`): 256-byte storage offset alignment,
+    /// 128 MiB bindings, 256 MiB buffers. Code that works here works in browsers, on Metal and DX12.
+    WebGpuDefault,
+}
+
+/// Optional features used when the adapter has them; none is required.
+pub const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
+    .union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+    .union(wgpu::Features::SHADER_F16)
+    .union(wgpu::Features::SUBGROUP);
+
+/// Why no device could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// No adapter answered for the enabled backends.
+    #[error(
+        "no GPU adapter found (backends: {backends}; WGPU_BACKEND={env_backend}): {source}. \
+         On a headless Linux machine install Mesa's software drivers: \
+         `apt-get install mesa-vulkan-drivers` (Vulkan, lavapipe) or \
+         `apt-get install libegl-mesa0 libgl1-mesa-dri` (GL, llvmpipe), \
+         then select one with WGPU_BACKEND=vulkan or WGPU_BACKEND=gl"
+    )]
+    NoAdapter {
+        /// The backends that were enabled.
+        backends: String,
+        /// The value of `WGPU_BACKEND`, or `(unset)`.
+        env_backend: String,
+        /// What wgpu said.
+        source: wgpu::RequestAdapterError,
+    },
+    /// `WGPU_ADAPTER_NAME` named an adapter that is not present.
+    #[error("WGPU_ADAPTER_NAME={wanted:?} matches none of the adapters found: {found:?}")]
+    AdapterNameNotFound {
+        /// The name asked for.
+        wanted: String,
+        /// The adapters that were found.
+        found: Vec<String>,
+    },
+    /// The adapter refused to open a device.
+    #[error("the adapter refused a device: {0}")]
+    RequestDevice(#[from] wgpu::RequestDeviceError),
+}
+
+/// An adapter with its device and queue.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    /// The adapter the device was opened on.
+    pub adapter: wgpu::Adapter,
+    /// The device.
+    pub device: wgpu::Device,
+    /// The device's queue.
+    pub queue: wgpu::Queue,
+    /// Name, vendor, backend and driver of the adapter.
+    pub info: wgpu::AdapterInfo,
+}
+
+impl fmt::Display for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let info = &self.info;
+        write!(
+            f,
+            "{} ({:?}, {:?}, driver {} {})",
+            info.name, info.backend, info.device_type, info.driver, info.driver_info
+        )
+    }
+}
+
+/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default).
+pub fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// Every adapter the instance finds, for reports.
+pub fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+    pollster::block_on(instance.enumerate_adapters(backends))
+}
+
+/// The default adapter (or the one `WGPU_ADAPTER_NAME` names) with a device using `limits`.
+pub fn request_gpu(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
+    let instance = instance();
+    let adapter = pick_adapter(&instance)?;
+    open(adapter, limits)
+}
+
+fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, DeviceError> {
+    if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
+        let all = adapters(instance);
+        let found: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+        return all
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&wanted.to_lowercase()))
+            .ok_or(DeviceError::AdapterNameNotFound { wanted, found });
+    }
+    let options = wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::from_env().unwrap_or(wgpu::PowerPreference::HighPerformance),
+        ..Default::default()
+    };
+    pollster::block_on(instance.request_adapter(&options)).map_err(|source| DeviceError::NoAdapter {
+        backends: format!("{:?}", wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())),
+        env_backend: std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "(unset)".into()),
+        source,
+    })
+}
+
+/// Opens a device on `adapter` with `limits` and whichever [`OPTIONAL_FEATURES`] it has.
+pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceError> {
+    let required_limits = match limits {
+        LimitsChoice::Adapter => adapter.limits(),
+        // The defaults, but never more than the adapter has (GL adapters can be below them).
+        LimitsChoice::WebGpuDefault => wgpu::Limits::default().or_worse_values_from(&adapter.limits()),
+    };
+    let descriptor = wgpu::DeviceDescriptor {
+        label: Some("wgpu-pool"),
+        required_features: adapter.features() & OPTIONAL_FEATURES,
+        required_limits,
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&descriptor))?;
+    let info = adapter.get_info();
+    log::info!(
+        "wgpu-pool: using {} ({:?}, {:?}, driver {} {})",
+        info.name,
+        info.backend,
+        info.device_type,
+        info.driver,
+        info.driver_info
+    );
+    Ok(Gpu {
+        adapter,
+        device,
+        queue,
+        info,
+    })
+}

@@ -1,0 +1,54 @@
+//! The shared GPU test helper: one device per limits choice for the whole test binary.
+//!
+//! A GPU test never passes without a GPU: when no adapter is found the helper panics with the
+//! message of [`wgpu_pool::device::DeviceError`], which says what to install.
+
+use std::sync::OnceLock;
+
+use wgpu_pool::device::{request_gpu, Gpu, LimitsChoice};
+
+/// The device with the adapter's own limits.
+pub fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| open(LimitsChoice::Adapter))
+}
+
+/// A device with WebGPU's default limits (256-byte alignment, 128 MiB bindings).
+pub fn gpu_default_limits() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| open(LimitsChoice::WebGpuDefault))
+}
+
+/// Both devices, for suites that must hold under both limit sets.
+pub fn both() -> [(&'static str, &'static Gpu); 2] {
+    [("adapter limits", gpu()), ("default limits", gpu_default_limits())]
+}
+
+fn open(limits: LimitsChoice) -> Gpu {
+    let _ = env_logger::builder().is_test(true).try_init();
+    match request_gpu(limits) {
+        Ok(gpu) => {
+            eprintln!("GPU test device ({limits:?}): {gpu}");
+            gpu
+        }
+        Err(error) => panic!("this test needs a GPU adapter and found none: {error}"),
+    }
+}
+
+/// Reads `size` bytes at `offset` of `buffer` back to the CPU (the buffer needs `COPY_SRC`).
+pub fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Vec<u8> {
+    let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test read-back"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+    gpu.queue.submit([encoder.finish()]);
+    staging.map_async(wgpu::MapMode::Read, .., |result| result.expect("map for read-back"));
+    gpu.device.poll(wgpu::PollType::wait_indefinitely()).expect("poll");
+    let bytes = staging.get_mapped_range(..).expect("mapped range").to_vec();
+    staging.unmap();
+    bytes
+}
