@@ -2,4 +2,5 @@
 
 pub mod buddy;
 pub mod device;
+pub mod policy;
 pub mod snapshot;

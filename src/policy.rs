@@ -1,0 +1,703 @@
+//! The pool's policy: which segment serves a request, when to grow and by how much, when to give
+//! segments back, and the budget. It owns one [`BuddyAllocator`] per segment and asks a
+//! [`SegmentStorage`] for the memory behind each segment.
+//!
+//! Like the allocator core, this module knows nothing of wgpu: the GPU pool plugs in a storage
+//! that creates `wgpu::Buffer`s, and the replay plugs in a simulated one, so that both run the very
+//! same decisions.
+//!
+//! # The default policy
+//!
+//! - **Placement**: among all segments, the one whose smallest sufficient free block has the lowest
+//!   order (a best fit by block size; ties go to the oldest segment); within a segment, the buddy
+//!   core takes the lowest-addressed block of that order.
+//! - **Growth**: when no segment fits, a new segment is created of `next_power_of_two(request)`,
+//!   but at least `min_segment_bytes` and at least `reserved / growth_divisor` (rounded to a power of
+//!   two), never above `max_segment_bytes`. Small pools grow in small steps; a large pool grows in
+//!   steps proportional to its size, so the number of segments stays logarithmic.
+//! - **Release on growth**: before a new segment is created, empty segments too small to serve the
+//!   request are given back, so reserved memory is not held twice.
+//! - **Dedicated segments**: a request above `max_segment_bytes` gets a segment of its own, of its
+//!   size rounded up to `min_block_bytes`; it is given back as soon as it is freed.
+//! - **Budget and out of memory**: when a new segment would pass the budget, or the storage
+//!   refuses it, every empty segment is given back and the request is tried again, once, with the
+//!   smallest segment that can hold it.
+
+use std::fmt;
+
+use crate::buddy::{self, BuddyAllocator, Rounding};
+
+/// What a segment's memory comes from: GPU buffers in the pool, nothing but bookkeeping in the
+/// replay.
+pub trait SegmentStorage {
+    /// The storage's handle to one segment's memory.
+    type Segment;
+
+    /// Creates the memory of one segment of `size_bytes`. `dedicated` is true for a segment made
+    /// for one large request. An error means the device (or simulated device) is out of memory.
+    fn create_segment(&mut self, size_bytes: u64, dedicated: bool) -> Result<Self::Segment, StorageError>;
+
+    /// Gives a segment's memory back. It holds no live allocation.
+    fn destroy_segment(&mut self, segment: Self::Segment);
+}
+
+/// A storage's refusal to create a segment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the device could not allocate {size_bytes} bytes: {reason}")]
+pub struct StorageError {
+    /// The size that was refused, in bytes.
+    pub size_bytes: u64,
+    /// What the device said.
+    pub reason: String,
+}
+
+/// The policy's settings. [`PolicyConfig::for_limits`] derives them from a device's limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyConfig {
+    /// Smallest block and alignment of every offset, in bytes; a power of two.
+    pub min_block_bytes: u64,
+    /// Smallest segment created, in bytes; a power of two multiple of `min_block_bytes`.
+    pub min_segment_bytes: u64,
+    /// Largest segment created, in bytes; a power of two multiple of `min_block_bytes`. Larger
+    /// requests get dedicated segments.
+    pub max_segment_bytes: u64,
+    /// New segments are at least `reserved / growth_divisor` (0 turns this off).
+    pub growth_divisor: u64,
+    /// Largest request accepted, in bytes (dedicated segments included): the device's largest
+    /// buffer.
+    pub max_allocation_bytes: u64,
+    /// How requests are rounded inside segments.
+    pub rounding: Rounding,
+    /// Give back empty segments that cannot serve a request before growing.
+    pub release_empty_on_growth: bool,
+    /// Most bytes that may be reserved at once, or `None` for no budget.
+    pub budget_bytes: Option<u64>,
+}
+
+impl PolicyConfig {
+    /// The default policy for a device with these limits: `min_block` is at least 256 bytes and at
+    /// least the storage offset alignment, segments are at most the largest power of two not above
+    /// `max_buffer_size` (and at most 1 GiB), and the first segment is 2 MiB.
+    pub fn for_limits(min_storage_buffer_offset_alignment: u64, max_buffer_size: u64) -> Self {
+        let min_block_bytes = min_storage_buffer_offset_alignment.max(256).next_power_of_two();
+        let largest_power_of_two = if max_buffer_size == 0 { 0 } else { 1u64 << (63 - max_buffer_size.leading_zeros()) };
+        let max_segment_bytes = largest_power_of_two.clamp(min_block_bytes, 1 << 30);
+        Self {
+            min_block_bytes,
+            min_segment_bytes: (2u64 << 20).clamp(min_block_bytes, max_segment_bytes),
+            max_segment_bytes,
+            growth_divisor: 8,
+            max_allocation_bytes: max_buffer_size,
+            rounding: Rounding::Exact,
+            release_empty_on_growth: true,
+            budget_bytes: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), buddy::ConfigError> {
+        for size in [self.min_segment_bytes, self.max_segment_bytes] {
+            BuddyAllocator::with_capacity(self.min_block_bytes, size, self.rounding).map(drop)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why the policy refused a request. Each variant carries the figures that explain it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    /// A request of zero bytes.
+    #[error("cannot allocate 0 bytes")]
+    ZeroSize,
+    /// A request larger than any buffer the device can create.
+    #[error("request of {requested_bytes} bytes exceeds the largest buffer this device can create ({max_allocation_bytes} bytes)")]
+    TooLarge {
+        /// The size asked for, in bytes.
+        requested_bytes: u64,
+        /// The device's largest buffer, in bytes.
+        max_allocation_bytes: u64,
+    },
+    /// Out of memory: the budget or the device refused the memory the request needs.
+    #[error("{0}")]
+    OutOfMemory(Box<OutOfMemory>),
+    /// The configuration is not valid.
+    #[error("invalid pool configuration: {0}")]
+    Config(#[from] buddy::ConfigError),
+}
+
+/// The figures of an out-of-memory refusal, in the manner of PyTorch's OOM message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutOfMemory {
+    /// The size asked for, in bytes.
+    pub requested_bytes: u64,
+    /// The segment the pool tried to create, in bytes.
+    pub segment_bytes: u64,
+    /// Reserved by the pool when it failed, in bytes.
+    pub reserved_bytes: u64,
+    /// Allocated (rounded) by live allocations, in bytes.
+    pub allocated_bytes: u64,
+    /// The largest free block in any segment, in bytes.
+    pub largest_free_bytes: u64,
+    /// External fragmentation of the free memory in segments (`1 - largest_free / free`).
+    pub external_fragmentation: f64,
+    /// The budget, if one is set, in bytes.
+    pub budget_bytes: Option<u64>,
+    /// What the storage said, when it was the device that refused.
+    pub device_error: Option<String>,
+}
+
+impl fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        write!(
+            f,
+            "out of memory: tried to allocate {:.2} MiB (a new segment of {:.2} MiB); the pool has {:.2} MiB reserved, \
+             of which {:.2} MiB allocated and {:.2} MiB reserved but unallocated; the largest free block is {:.2} MiB \
+             (external fragmentation {:.1}%)",
+            mib(self.requested_bytes),
+            mib(self.segment_bytes),
+            mib(self.reserved_bytes),
+            mib(self.allocated_bytes),
+            mib(self.reserved_bytes - self.allocated_bytes.min(self.reserved_bytes)),
+            mib(self.largest_free_bytes),
+            self.external_fragmentation * 100.0
+        )?;
+        match (self.budget_bytes, &self.device_error) {
+            (_, Some(device)) => write!(f, "; the device refused: {device}")?,
+            (Some(budget), None) => write!(f, "; the budget is {:.2} MiB", mib(budget))?,
+            (None, None) => {}
+        }
+        write!(
+            f,
+            ". Try: free or drop allocations you no longer need, call trim() to give back empty segments, \
+             raise the budget, or split the work into smaller requests"
+        )
+    }
+}
+
+/// A counter's current value, its peak, and its running total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Counter {
+    /// The value now.
+    pub current: u64,
+    /// The highest value seen.
+    pub peak: u64,
+    /// The sum of every increase (allocated in total).
+    pub total: u64,
+    /// The sum of every decrease (freed in total).
+    pub freed: u64,
+}
+
+impl Counter {
+    fn add(&mut self, amount: u64) {
+        self.current += amount;
+        self.total += amount;
+        self.peak = self.peak.max(self.current);
+    }
+
+    fn sub(&mut self, amount: u64) {
+        self.current -= amount;
+        self.freed += amount;
+    }
+
+    /// Starts a new peak from the current value.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// The pool's statistics as plain data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PoolStats {
+    /// Bytes of segments held (the memory the pool took from the device).
+    pub reserved_bytes: Counter,
+    /// Bytes held by live allocations after rounding.
+    pub allocated_bytes: Counter,
+    /// Bytes asked for by live allocations.
+    pub requested_bytes: Counter,
+    /// Live allocations.
+    pub allocations: Counter,
+    /// Segments held (dedicated ones included).
+    pub segments: Counter,
+    /// Calls to the storage's `create_segment` that succeeded (each a `create_buffer` on a GPU).
+    pub create_segment_calls: u64,
+    /// Out-of-memory errors returned.
+    pub oom_count: u64,
+    /// The largest free block in any segment now, in bytes.
+    pub largest_free_bytes: u64,
+    /// Free bytes in all segments now, in bytes.
+    pub free_bytes: u64,
+}
+
+impl PoolStats {
+    /// `1 - requested / allocated` over live allocations (0 when none).
+    pub fn internal_fragmentation(&self) -> f64 {
+        ratio_complement(self.requested_bytes.current, self.allocated_bytes.current)
+    }
+
+    /// `1 - largest_free / free` over all segments (0 when nothing is free).
+    pub fn external_fragmentation(&self) -> f64 {
+        ratio_complement(self.largest_free_bytes, self.free_bytes)
+    }
+}
+
+fn ratio_complement(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        1.0 - part as f64 / whole as f64
+    }
+}
+
+/// A process-unique id of a segment, stable for its lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct SegmentId(pub u64);
+
+/// One segment: its memory, and the buddy allocator of its offsets (none for a dedicated one).
+#[derive(Debug)]
+pub struct Segment<M> {
+    /// The segment's id.
+    pub id: SegmentId,
+    /// The storage's handle to its memory.
+    pub memory: M,
+    /// Its size, in bytes.
+    pub size_bytes: u64,
+    /// The offsets allocator; `None` for a dedicated segment.
+    pub allocator: Option<BuddyAllocator>,
+    /// For a dedicated segment: whether its one allocation is live.
+    dedicated_in_use: bool,
+}
+
+impl<M> Segment<M> {
+    /// True when no allocation lives in this segment.
+    pub fn is_empty(&self) -> bool {
+        match &self.allocator {
+            Some(allocator) => allocator.is_empty(),
+            None => !self.dedicated_in_use,
+        }
+    }
+
+    /// Counters of the offsets allocator (a dedicated segment reports itself as one block).
+    pub fn stats(&self, min_block_bytes: u64) -> buddy::Stats {
+        match &self.allocator {
+            Some(allocator) => allocator.stats(),
+            None => buddy::Stats {
+                capacity_bytes: self.size_bytes,
+                allocated_bytes: if self.dedicated_in_use { self.size_bytes } else { 0 },
+                requested_bytes: 0,
+                free_bytes: if self.dedicated_in_use { 0 } else { self.size_bytes },
+                largest_free_bytes: if self.dedicated_in_use { 0 } else { self.size_bytes },
+                min_block_bytes,
+                free_blocks_per_order: [0; buddy::MAX_ORDER_LIMIT as usize + 1],
+                allocation_count: u64::from(self.dedicated_in_use),
+            },
+        }
+    }
+}
+
+/// Where an allocation lives. Not `Clone`: give it back with [`PoolCore::free`].
+#[derive(Debug)]
+#[must_use = "a placement that is dropped instead of freed stays allocated"]
+pub struct Placement {
+    segment: SegmentId,
+    slot: usize,
+    offset_bytes: u64,
+    requested_bytes: u64,
+    allocated_bytes: u64,
+    inner: Option<buddy::Allocation>,
+}
+
+impl Placement {
+    /// The segment holding the allocation.
+    pub fn segment(&self) -> SegmentId {
+        self.segment
+    }
+
+    /// The index of the segment in [`PoolCore::segments`].
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Offset in the segment, in bytes.
+    pub fn offset(&self) -> u64 {
+        self.offset_bytes
+    }
+
+    /// The size asked for, in bytes.
+    pub fn requested_size(&self) -> u64 {
+        self.requested_bytes
+    }
+
+    /// The size held after rounding, in bytes.
+    pub fn allocated_size(&self) -> u64 {
+        self.allocated_bytes
+    }
+
+    /// True when the allocation has a segment of its own.
+    pub fn is_dedicated(&self) -> bool {
+        self.inner.is_none()
+    }
+}
+
+/// A change to the segments, reported to the caller so that history and the GPU layer can follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentEvent {
+    /// A segment was created.
+    Created {
+        /// Its id.
+        id: SegmentId,
+        /// Its size, in bytes.
+        size_bytes: u64,
+    },
+    /// A segment was given back.
+    Destroyed {
+        /// Its id.
+        id: SegmentId,
+        /// Its size, in bytes.
+        size_bytes: u64,
+    },
+}
+
+/// The policy engine: segments, their buddy allocators, and the statistics.
+pub struct PoolCore<S: SegmentStorage> {
+    config: PolicyConfig,
+    storage: S,
+    segments: Vec<Option<Segment<S::Segment>>>,
+    next_segment_id: u64,
+    stats: PoolStats,
+    events: Vec<SegmentEvent>,
+}
+
+impl<S: SegmentStorage> fmt::Debug for PoolCore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolCore")
+            .field("config", &self.config)
+            .field("segments", &self.segment_count())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl<S: SegmentStorage> PoolCore<S> {
+    /// A pool with no segments yet.
+    pub fn new(config: PolicyConfig, storage: S) -> Result<Self, PolicyError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            storage,
+            segments: Vec::new(),
+            next_segment_id: 0,
+            stats: PoolStats::default(),
+            events: Vec::new(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// Sets or clears the budget on reserved bytes. Segments already held stay.
+    pub fn set_budget(&mut self, budget_bytes: Option<u64>) {
+        self.config.budget_bytes = budget_bytes;
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    /// The segments, by slot; a slot is `None` after its segment was given back.
+    pub fn segments(&self) -> impl Iterator<Item = &Segment<S::Segment>> {
+        self.segments.iter().flatten()
+    }
+
+    /// The segment in `slot`, if it is held.
+    pub fn segment(&self, slot: usize) -> Option<&Segment<S::Segment>> {
+        self.segments.get(slot).and_then(Option::as_ref)
+    }
+
+    /// The number of segments held.
+    pub fn segment_count(&self) -> usize {
+        self.segments.iter().flatten().count()
+    }
+
+    /// The segment events since the last call (creations and destructions, in order).
+    pub fn take_events(&mut self) -> Vec<SegmentEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The statistics, with the free-space figures brought up to date. O(segments).
+    pub fn stats(&self) -> PoolStats {
+        let mut stats = self.stats;
+        stats.free_bytes = 0;
+        stats.largest_free_bytes = 0;
+        for segment in self.segments.iter().flatten() {
+            if let Some(allocator) = &segment.allocator {
+                stats.free_bytes += allocator.free_bytes();
+                stats.largest_free_bytes = stats.largest_free_bytes.max(allocator.largest_free_bytes());
+            }
+        }
+        stats
+    }
+
+    /// Starts new peaks from the current values.
+    pub fn reset_peaks(&mut self) {
+        let s = &mut self.stats;
+        for counter in [&mut s.reserved_bytes, &mut s.allocated_bytes, &mut s.requested_bytes, &mut s.allocations, &mut s.segments] {
+            counter.reset_peak();
+        }
+    }
+
+    /// The bytes a request of `size_bytes` would hold once placed in a segment.
+    pub fn rounded_size(&self, size_bytes: u64) -> u64 {
+        let units = size_bytes.div_ceil(self.config.min_block_bytes).max(1);
+        let units = match self.config.rounding {
+            Rounding::Exact => units,
+            Rounding::PowerOfTwo => units.next_power_of_two(),
+        };
+        units * self.config.min_block_bytes
+    }
+
+    /// Places a request of `size_bytes`, growing the pool if needed.
+    pub fn allocate(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
+        if size_bytes == 0 {
+            return Err(PolicyError::ZeroSize);
+        }
+        if size_bytes > self.config.max_allocation_bytes {
+            return Err(PolicyError::TooLarge {
+                requested_bytes: size_bytes,
+                max_allocation_bytes: self.config.max_allocation_bytes,
+            });
+        }
+        if size_bytes > self.config.max_segment_bytes {
+            return self.allocate_dedicated(size_bytes);
+        }
+        if let Some(placement) = self.place_in_existing(size_bytes) {
+            return Ok(placement);
+        }
+        let needed = self.rounded_size(size_bytes).next_power_of_two().max(self.config.min_segment_bytes);
+        if self.config.release_empty_on_growth {
+            self.release_empty(|segment| segment.allocator.is_none() || segment.size_bytes < needed);
+        }
+        let mut segment_bytes = needed;
+        if self.config.growth_divisor > 0 {
+            let proportional = (self.stats.reserved_bytes.current / self.config.growth_divisor).max(1);
+            // Round down, so that growth stays under reserved / divisor.
+            let proportional = 1u64 << (63 - proportional.leading_zeros());
+            segment_bytes = segment_bytes.max(proportional);
+        }
+        segment_bytes = segment_bytes.min(self.config.max_segment_bytes);
+        let slot = self.grow(size_bytes, segment_bytes, needed, false)?;
+        Ok(self.place_in_slot(slot, size_bytes).expect("a new segment sized for the request has room for it"))
+    }
+
+    fn place_in_existing(&mut self, size_bytes: u64) -> Option<Placement> {
+        let mut best: Option<(u32, usize)> = None;
+        for (slot, segment) in self.segments.iter().enumerate() {
+            let Some(allocator) = segment.as_ref().and_then(|s| s.allocator.as_ref()) else { continue };
+            if let Some(order) = allocator.fit_order(size_bytes) {
+                if best.is_none_or(|(best_order, _)| order < best_order) {
+                    best = Some((order, slot));
+                }
+            }
+        }
+        best.and_then(|(_, slot)| self.place_in_slot(slot, size_bytes))
+    }
+
+    fn place_in_slot(&mut self, slot: usize, size_bytes: u64) -> Option<Placement> {
+        let segment = self.segments[slot].as_mut()?;
+        let allocator = segment.allocator.as_mut()?;
+        let allocation = allocator.allocate(size_bytes).ok()?;
+        let allocated_bytes = allocation.allocated_size(allocator.min_block());
+        let placement = Placement {
+            segment: segment.id,
+            slot,
+            offset_bytes: allocation.offset(),
+            requested_bytes: size_bytes,
+            allocated_bytes,
+            inner: Some(allocation),
+        };
+        self.count_allocation(size_bytes, allocated_bytes);
+        Some(placement)
+    }
+
+    fn allocate_dedicated(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
+        let segment_bytes = size_bytes.div_ceil(self.config.min_block_bytes) * self.config.min_block_bytes;
+        let segment_bytes = segment_bytes.min(self.config.max_allocation_bytes.max(size_bytes));
+        let slot = self.grow(size_bytes, segment_bytes, segment_bytes, true)?;
+        let segment = self.segments[slot].as_mut().expect("just created");
+        segment.dedicated_in_use = true;
+        let placement = Placement {
+            segment: segment.id,
+            slot,
+            offset_bytes: 0,
+            requested_bytes: size_bytes,
+            allocated_bytes: segment_bytes,
+            inner: None,
+        };
+        self.count_allocation(size_bytes, segment_bytes);
+        Ok(placement)
+    }
+
+    fn count_allocation(&mut self, requested_bytes: u64, allocated_bytes: u64) {
+        self.stats.requested_bytes.add(requested_bytes);
+        self.stats.allocated_bytes.add(allocated_bytes);
+        self.stats.allocations.add(1);
+    }
+
+    /// Creates a segment of `segment_bytes` (or, when the budget or the device refuses, of
+    /// `fallback_bytes` after giving back every empty segment) and returns its slot.
+    fn grow(&mut self, requested_bytes: u64, segment_bytes: u64, fallback_bytes: u64, dedicated: bool) -> Result<usize, PolicyError> {
+        match self.try_create(segment_bytes, dedicated) {
+            Ok(slot) => Ok(slot),
+            Err(first_error) => {
+                self.release_empty(|_| true);
+                self.try_create(fallback_bytes, dedicated).map_err(|device_error| {
+                    let error = device_error.or(first_error);
+                    self.out_of_memory(requested_bytes, fallback_bytes, error)
+                })
+            }
+        }
+    }
+
+    /// `Err(None)`: over budget; `Err(Some(reason))`: the storage refused.
+    fn try_create(&mut self, size_bytes: u64, dedicated: bool) -> Result<usize, Option<String>> {
+        if let Some(budget) = self.config.budget_bytes {
+            if self.stats.reserved_bytes.current + size_bytes > budget {
+                return Err(None);
+            }
+        }
+        let memory = self.storage.create_segment(size_bytes, dedicated).map_err(|e| Some(e.reason))?;
+        let allocator = if dedicated {
+            None
+        } else {
+            Some(BuddyAllocator::with_capacity(self.config.min_block_bytes, size_bytes, self.config.rounding).expect("segment sizes are validated powers of two"))
+        };
+        let id = SegmentId(self.next_segment_id);
+        self.next_segment_id += 1;
+        let segment = Segment { id, memory, size_bytes, allocator, dedicated_in_use: false };
+        self.stats.create_segment_calls += 1;
+        self.stats.reserved_bytes.add(size_bytes);
+        self.stats.segments.add(1);
+        self.events.push(SegmentEvent::Created { id, size_bytes });
+        let slot = match self.segments.iter().position(Option::is_none) {
+            Some(slot) => {
+                self.segments[slot] = Some(segment);
+                slot
+            }
+            None => {
+                self.segments.push(Some(segment));
+                self.segments.len() - 1
+            }
+        };
+        Ok(slot)
+    }
+
+    fn out_of_memory(&mut self, requested_bytes: u64, segment_bytes: u64, device_error: Option<String>) -> PolicyError {
+        self.stats.oom_count += 1;
+        let stats = self.stats();
+        PolicyError::OutOfMemory(Box::new(OutOfMemory {
+            requested_bytes,
+            segment_bytes,
+            reserved_bytes: stats.reserved_bytes.current,
+            allocated_bytes: stats.allocated_bytes.current,
+            largest_free_bytes: stats.largest_free_bytes,
+            external_fragmentation: stats.external_fragmentation(),
+            budget_bytes: self.config.budget_bytes,
+            device_error,
+        }))
+    }
+
+    /// Gives an allocation back. A dedicated segment is given back with it; other segments stay
+    /// (cached) until [`PoolCore::trim`] or growth releases them.
+    ///
+    /// # Panics
+    ///
+    /// When `placement` was made by another pool (a bug in the caller).
+    pub fn free(&mut self, placement: Placement) {
+        let segment = self.segments.get_mut(placement.slot).and_then(Option::as_mut);
+        let segment = match segment {
+            Some(segment) if segment.id == placement.segment => segment,
+            _ => panic!("wgpu_pool::policy: a placement in segment {:?} was freed into a pool that does not hold it", placement.segment),
+        };
+        match (placement.inner, segment.allocator.as_mut()) {
+            (Some(allocation), Some(allocator)) => allocator.free(allocation),
+            (None, None) => segment.dedicated_in_use = false,
+            _ => panic!("wgpu_pool::policy: placement and segment {:?} disagree on being dedicated", placement.segment),
+        }
+        self.stats.requested_bytes.sub(placement.requested_bytes);
+        self.stats.allocated_bytes.sub(placement.allocated_bytes);
+        self.stats.allocations.sub(1);
+        if segment.allocator.is_none() {
+            self.destroy_slot(placement.slot);
+        }
+    }
+
+    /// Gives back every empty segment (PyTorch's `empty_cache`). Returns the bytes given back.
+    pub fn trim(&mut self) -> u64 {
+        self.release_empty(|_| true)
+    }
+
+    fn release_empty(&mut self, mut which: impl FnMut(&Segment<S::Segment>) -> bool) -> u64 {
+        let mut released = 0;
+        for slot in 0..self.segments.len() {
+            if self.segments[slot].as_ref().is_some_and(|s| s.is_empty() && which(s)) {
+                released += self.destroy_slot(slot);
+            }
+        }
+        released
+    }
+
+    fn destroy_slot(&mut self, slot: usize) -> u64 {
+        let segment = self.segments[slot].take().expect("slot holds a segment");
+        self.stats.reserved_bytes.sub(segment.size_bytes);
+        self.stats.segments.sub(1);
+        self.events.push(SegmentEvent::Destroyed { id: segment.id, size_bytes: segment.size_bytes });
+        self.storage.destroy_segment(segment.memory);
+        segment.size_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// A storage that only counts: the replay's stand-in for a device. With a capacity, it refuses a
+/// segment that would take its total past it, as a device out of memory would.
+#[derive(Debug, Clone, Default)]
+pub struct SimulatedStorage {
+    /// The device memory available, in bytes; `None` for unlimited.
+    pub capacity_bytes: Option<u64>,
+    /// Bytes of segments now held, in bytes.
+    pub held_bytes: u64,
+}
+
+impl SimulatedStorage {
+    /// A simulated device of `capacity_bytes` (or unlimited).
+    pub fn new(capacity_bytes: Option<u64>) -> Self {
+        Self { capacity_bytes, held_bytes: 0 }
+    }
+}
+
+impl SegmentStorage for SimulatedStorage {
+    type Segment = u64;
+
+    fn create_segment(&mut self, size_bytes: u64, _dedicated: bool) -> Result<u64, StorageError> {
+        if let Some(capacity) = self.capacity_bytes {
+            if self.held_bytes + size_bytes > capacity {
+                return Err(StorageError {
+                    size_bytes,
+                    reason: format!(
+                        "simulated device of {capacity} bytes has {} bytes free",
+                        capacity - self.held_bytes
+                    ),
+                });
+            }
+        }
+        self.held_bytes += size_bytes;
+        Ok(size_bytes)
+    }
+
+    fn destroy_segment(&mut self, segment: u64) {
+        self.held_bytes -= segment;
+    }
+}

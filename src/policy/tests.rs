@@ -1,0 +1,162 @@
+//! Tests of the policy over the simulated storage.
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn config() -> PolicyConfig {
+    PolicyConfig {
+        min_block_bytes: 256,
+        min_segment_bytes: 2 * MIB,
+        max_segment_bytes: 64 * MIB,
+        growth_divisor: 8,
+        max_allocation_bytes: 256 * MIB,
+        rounding: Rounding::Exact,
+        release_empty_on_growth: true,
+        budget_bytes: None,
+    }
+}
+
+fn pool(config: PolicyConfig) -> PoolCore<SimulatedStorage> {
+    PoolCore::new(config, SimulatedStorage::new(None)).unwrap()
+}
+
+#[test]
+fn limits_derive_the_configuration() {
+    let h200 = PolicyConfig::for_limits(32, 4_292_870_144);
+    assert_eq!(h200.min_block_bytes, 256);
+    assert_eq!(h200.max_segment_bytes, 1 << 30);
+    assert_eq!(h200.max_allocation_bytes, 4_292_870_144);
+    let webgpu = PolicyConfig::for_limits(256, 256 * MIB);
+    assert_eq!(webgpu.max_segment_bytes, 256 * MIB);
+    let odd = PolicyConfig::for_limits(1024, 100 * MIB);
+    assert_eq!((odd.min_block_bytes, odd.max_segment_bytes), (1024, 64 * MIB));
+    PoolCore::new(odd, SimulatedStorage::default()).unwrap();
+}
+
+#[test]
+fn small_requests_share_one_segment_and_stay_cached() {
+    let mut pool = pool(config());
+    let a = pool.allocate(1000).unwrap();
+    let b = pool.allocate(5000).unwrap();
+    assert_eq!(a.segment(), b.segment());
+    assert_eq!((a.offset(), a.allocated_size()), (0, 1024));
+    let stats = pool.stats();
+    assert_eq!(stats.reserved_bytes.current, 2 * MIB);
+    assert_eq!(stats.requested_bytes.current, 6000);
+    assert_eq!(stats.allocated_bytes.current, 1024 + 5120);
+    assert_eq!(stats.create_segment_calls, 1);
+    pool.free(a);
+    pool.free(b);
+    // The segment stays for reuse: no new segment for the next request.
+    let c = pool.allocate(4096).unwrap();
+    assert_eq!(pool.stats().create_segment_calls, 1);
+    pool.free(c);
+    assert_eq!(pool.trim(), 2 * MIB);
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert_eq!(pool.stats().reserved_bytes.peak, 2 * MIB);
+    assert_eq!(pool.storage().held_bytes, 0);
+}
+
+#[test]
+fn growth_is_proportional_and_bounded() {
+    let mut pool = pool(config());
+    let mut live = Vec::new();
+    for _ in 0..200 {
+        live.push(pool.allocate(MIB).unwrap());
+    }
+    let stats = pool.stats();
+    // 200 MiB requested; segments of 2, 2, 4, ... up to 64 MiB: reserved stays within 1/8 + one segment.
+    assert!(stats.reserved_bytes.current >= 200 * MIB);
+    assert!(stats.reserved_bytes.current <= 200 * MIB + 200 * MIB / 8 + 64 * MIB, "{stats:?}");
+    assert!(pool.segments().all(|s| s.size_bytes <= 64 * MIB));
+    assert!(stats.create_segment_calls < 64, "{}", stats.create_segment_calls);
+    for placement in live {
+        pool.free(placement);
+    }
+    assert_eq!(pool.stats().allocated_bytes.current, 0);
+    assert_eq!(pool.stats().requested_bytes.total, 200 * MIB);
+}
+
+#[test]
+fn large_requests_get_dedicated_segments_given_back_on_free() {
+    let mut pool = pool(config());
+    let big = pool.allocate(100 * MIB + 1).unwrap();
+    assert!(big.is_dedicated());
+    assert_eq!(big.allocated_size(), 100 * MIB + 256);
+    assert_eq!(pool.stats().reserved_bytes.current, 100 * MIB + 256);
+    pool.free(big);
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert_eq!(pool.segment_count(), 0);
+}
+
+#[test]
+fn bad_requests_are_typed_errors_and_change_nothing() {
+    let mut pool = pool(config());
+    assert_eq!(pool.allocate(0).unwrap_err(), PolicyError::ZeroSize);
+    assert_eq!(
+        pool.allocate(256 * MIB + 1).unwrap_err(),
+        PolicyError::TooLarge { requested_bytes: 256 * MIB + 1, max_allocation_bytes: 256 * MIB }
+    );
+    assert_eq!(pool.stats(), PoolStats::default());
+}
+
+#[test]
+fn budget_gives_back_empty_segments_then_refuses_with_figures() {
+    let mut pool = pool(PolicyConfig { budget_bytes: Some(8 * MIB), ..config() });
+    let a = pool.allocate(3 * MIB).unwrap(); // a 4 MiB segment
+    let b = pool.allocate(MIB).unwrap(); // in its tail
+    assert_eq!(pool.stats().reserved_bytes.current, 4 * MIB);
+    let c = pool.allocate(3 * MIB).unwrap(); // a second 4 MiB segment: 8 MiB reserved
+    assert_eq!(pool.stats().reserved_bytes.current, 8 * MIB);
+    let error = pool.allocate(2 * MIB).unwrap_err();
+    let PolicyError::OutOfMemory(oom) = &error else { panic!("{error}") };
+    assert_eq!(oom.requested_bytes, 2 * MIB);
+    assert_eq!(oom.reserved_bytes, 8 * MIB);
+    assert_eq!(oom.allocated_bytes, 7 * MIB);
+    assert_eq!(oom.budget_bytes, Some(8 * MIB));
+    let message = error.to_string();
+    assert!(message.contains("tried to allocate 2.00 MiB") && message.contains("trim()"), "{message}");
+    assert_eq!(pool.stats().oom_count, 1);
+    // Freeing a whole segment lets the budget serve the request: the empty one is given back first.
+    pool.free(c);
+    let d = pool.allocate(4 * MIB).unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 8 * MIB);
+    for placement in [a, b, d] {
+        pool.free(placement);
+    }
+}
+
+#[test]
+fn a_refusing_device_is_an_out_of_memory_error() {
+    let mut pool = PoolCore::new(config(), SimulatedStorage::new(Some(3 * MIB))).unwrap();
+    let a = pool.allocate(MIB).unwrap();
+    let error = pool.allocate(2 * MIB).unwrap_err();
+    let PolicyError::OutOfMemory(oom) = &error else { panic!("{error}") };
+    assert!(oom.device_error.as_deref().unwrap().contains("simulated device"), "{error}");
+    pool.free(a);
+}
+
+#[test]
+fn release_on_growth_gives_back_segments_too_small() {
+    let mut pool = pool(PolicyConfig { growth_divisor: 0, ..config() });
+    let small = pool.allocate(MIB).unwrap();
+    pool.free(small);
+    assert_eq!(pool.stats().reserved_bytes.current, 2 * MIB);
+    let big = pool.allocate(16 * MIB).unwrap();
+    // The empty 2 MiB segment could not serve 16 MiB: it was given back before growing.
+    assert_eq!(pool.stats().reserved_bytes.current, 16 * MIB);
+    assert_eq!(pool.stats().reserved_bytes.peak, 16 * MIB);
+    pool.free(big);
+    let events = pool.take_events();
+    assert_eq!(events.len(), 3);
+}
+
+#[test]
+#[should_panic(expected = "does not hold it")]
+fn freeing_into_another_pool_panics() {
+    let mut first = pool(config());
+    let mut second = pool(config());
+    let placement = first.allocate(100).unwrap();
+    second.free(placement);
+}
