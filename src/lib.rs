@@ -3,4 +3,5 @@
 pub mod buddy;
 pub mod device;
 pub mod policy;
+pub mod replay;
 pub mod snapshot;

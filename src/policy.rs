@@ -35,7 +35,11 @@ pub trait SegmentStorage {
 
     /// Creates the memory of one segment of `size_bytes`. `dedicated` is true for a segment made
     /// for one large request. An error means the device (or simulated device) is out of memory.
-    fn create_segment(&mut self, size_bytes: u64, dedicated: bool) -> Result<Self::Segment, StorageError>;
+    fn create_segment(
+        &mut self,
+        size_bytes: u64,
+        dedicated: bool,
+    ) -> Result<Self::Segment, StorageError>;
 
     /// Gives a segment's memory back. It holds no live allocation.
     fn destroy_segment(&mut self, segment: Self::Segment);
@@ -51,6 +55,11 @@ pub struct StorageError {
     pub reason: String,
 }
 
+/// The default cap on segment size. Replaying the traces in `shared/traces` (H200 limits) gave
+/// peak reserved / peak requested of 1.39 and 1.42 with 1 GiB segments, 1.29 and 1.42 with 256 MiB,
+/// and 1.11 and 1.38 with 64 MiB: smaller segments leave less memory stranded in partly used ones.
+pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
+
 /// The policy's settings. [`PolicyConfig::for_limits`] derives them from a device's limits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyConfig {
@@ -63,6 +72,11 @@ pub struct PolicyConfig {
     pub max_segment_bytes: u64,
     /// New segments are at least `reserved / growth_divisor` (0 turns this off).
     pub growth_divisor: u64,
+    /// Requests above this get a dedicated segment (at most `max_segment_bytes`).
+    pub dedicated_above_bytes: u64,
+    /// A freed dedicated segment is kept and reused for a later request of at least
+    /// `size * (1 - 1 / dedicated_reuse_divisor)` bytes (0: never reused, given back at once).
+    pub dedicated_reuse_divisor: u64,
     /// Largest request accepted, in bytes (dedicated segments included): the device's largest
     /// buffer.
     pub max_allocation_bytes: u64,
@@ -77,16 +91,26 @@ pub struct PolicyConfig {
 impl PolicyConfig {
     /// The default policy for a device with these limits: `min_block` is at least 256 bytes and at
     /// least the storage offset alignment, segments are at most the largest power of two not above
-    /// `max_buffer_size` (and at most 1 GiB), and the first segment is 2 MiB.
+    /// `max_buffer_size` and at most [`DEFAULT_MAX_SEGMENT_BYTES`], and the first segment is 2 MiB.
+    /// Larger requests get dedicated segments, reused within 1/8 of their size.
     pub fn for_limits(min_storage_buffer_offset_alignment: u64, max_buffer_size: u64) -> Self {
-        let min_block_bytes = min_storage_buffer_offset_alignment.max(256).next_power_of_two();
-        let largest_power_of_two = if max_buffer_size == 0 { 0 } else { 1u64 << (63 - max_buffer_size.leading_zeros()) };
-        let max_segment_bytes = largest_power_of_two.clamp(min_block_bytes, 1 << 30);
+        let min_block_bytes = min_storage_buffer_offset_alignment
+            .max(256)
+            .next_power_of_two();
+        let largest_power_of_two = if max_buffer_size == 0 {
+            0
+        } else {
+            1u64 << (63 - max_buffer_size.leading_zeros())
+        };
+        let max_segment_bytes =
+            largest_power_of_two.clamp(min_block_bytes, DEFAULT_MAX_SEGMENT_BYTES);
         Self {
             min_block_bytes,
             min_segment_bytes: (2u64 << 20).clamp(min_block_bytes, max_segment_bytes),
             max_segment_bytes,
             growth_divisor: 8,
+            dedicated_above_bytes: max_segment_bytes,
+            dedicated_reuse_divisor: 8,
             max_allocation_bytes: max_buffer_size,
             rounding: Rounding::Exact,
             release_empty_on_growth: true,
@@ -249,7 +273,9 @@ fn ratio_complement(part: u64, whole: u64) -> f64 {
 }
 
 /// A process-unique id of a segment, stable for its lifetime.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct SegmentId(pub u64);
 
 /// One segment: its memory, and the buddy allocator of its offsets (none for a dedicated one).
@@ -282,10 +308,22 @@ impl<M> Segment<M> {
             Some(allocator) => allocator.stats(),
             None => buddy::Stats {
                 capacity_bytes: self.size_bytes,
-                allocated_bytes: if self.dedicated_in_use { self.size_bytes } else { 0 },
+                allocated_bytes: if self.dedicated_in_use {
+                    self.size_bytes
+                } else {
+                    0
+                },
                 requested_bytes: 0,
-                free_bytes: if self.dedicated_in_use { 0 } else { self.size_bytes },
-                largest_free_bytes: if self.dedicated_in_use { 0 } else { self.size_bytes },
+                free_bytes: if self.dedicated_in_use {
+                    0
+                } else {
+                    self.size_bytes
+                },
+                largest_free_bytes: if self.dedicated_in_use {
+                    0
+                } else {
+                    self.size_bytes
+                },
                 min_block_bytes,
                 free_blocks_per_order: [0; buddy::MAX_ORDER_LIMIT as usize + 1],
                 allocation_count: u64::from(self.dedicated_in_use),
@@ -434,7 +472,8 @@ impl<S: SegmentStorage> PoolCore<S> {
         for segment in self.segments.iter().flatten() {
             if let Some(allocator) = &segment.allocator {
                 stats.free_bytes += allocator.free_bytes();
-                stats.largest_free_bytes = stats.largest_free_bytes.max(allocator.largest_free_bytes());
+                stats.largest_free_bytes =
+                    stats.largest_free_bytes.max(allocator.largest_free_bytes());
             }
         }
         stats
@@ -443,7 +482,13 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// Starts new peaks from the current values.
     pub fn reset_peaks(&mut self) {
         let s = &mut self.stats;
-        for counter in [&mut s.reserved_bytes, &mut s.allocated_bytes, &mut s.requested_bytes, &mut s.allocations, &mut s.segments] {
+        for counter in [
+            &mut s.reserved_bytes,
+            &mut s.allocated_bytes,
+            &mut s.requested_bytes,
+            &mut s.allocations,
+            &mut s.segments,
+        ] {
             counter.reset_peak();
         }
     }
@@ -469,39 +514,58 @@ impl<S: SegmentStorage> PoolCore<S> {
                 max_allocation_bytes: self.config.max_allocation_bytes,
             });
         }
-        if size_bytes > self.config.max_segment_bytes {
+        if size_bytes
+            > self
+                .config
+                .dedicated_above_bytes
+                .min(self.config.max_segment_bytes)
+        {
             return self.allocate_dedicated(size_bytes);
         }
         if let Some(placement) = self.place_in_existing(size_bytes) {
             return Ok(placement);
         }
-        let needed = self.rounded_size(size_bytes).next_power_of_two().max(self.config.min_segment_bytes);
+        let needed = self
+            .rounded_size(size_bytes)
+            .next_power_of_two()
+            .max(self.config.min_segment_bytes);
         if self.config.release_empty_on_growth {
-            self.release_empty(|segment| segment.allocator.is_none() || segment.size_bytes < needed);
+            self.release_empty(|segment| {
+                segment.allocator.is_none() || segment.size_bytes < needed
+            });
         }
         let mut segment_bytes = needed;
         if self.config.growth_divisor > 0 {
-            let proportional = (self.stats.reserved_bytes.current / self.config.growth_divisor).max(1);
+            let proportional =
+                (self.stats.reserved_bytes.current / self.config.growth_divisor).max(1);
             // Round down, so that growth stays under reserved / divisor.
             let proportional = 1u64 << (63 - proportional.leading_zeros());
             segment_bytes = segment_bytes.max(proportional);
         }
         segment_bytes = segment_bytes.min(self.config.max_segment_bytes);
         let slot = self.grow(size_bytes, segment_bytes, needed, false)?;
-        Ok(self.place_in_slot(slot, size_bytes).expect("a new segment sized for the request has room for it"))
+        Ok(self
+            .place_in_slot(slot, size_bytes)
+            .expect("a new segment sized for the request has room for it"))
     }
 
     fn place_in_existing(&mut self, size_bytes: u64) -> Option<Placement> {
         let mut best: Option<(u32, usize)> = None;
         for (slot, segment) in self.segments.iter().enumerate() {
-            let Some(allocator) = segment.as_ref().and_then(|s| s.allocator.as_ref()) else { continue };
+            let Some(allocator) = segment.as_ref().and_then(|s| s.allocator.as_ref()) else {
+                continue;
+            };
             if let Some(order) = allocator.fit_order(size_bytes) {
                 if best.is_none_or(|(best_order, _)| order < best_order) {
                     best = Some((order, slot));
                 }
             }
         }
-        best.and_then(|(_, slot)| self.place_in_slot(slot, size_bytes))
+        if let Some((_, slot)) = best {
+            return self.place_in_slot(slot, size_bytes);
+        }
+        // No aligned block anywhere: a run straddling two blocks may still fit (exact fit only).
+        (0..self.segments.len()).find_map(|slot| self.place_in_slot(slot, size_bytes))
     }
 
     fn place_in_slot(&mut self, slot: usize, size_bytes: u64) -> Option<Placement> {
@@ -522,10 +586,20 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     fn allocate_dedicated(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
-        let segment_bytes = size_bytes.div_ceil(self.config.min_block_bytes) * self.config.min_block_bytes;
+        let segment_bytes =
+            size_bytes.div_ceil(self.config.min_block_bytes) * self.config.min_block_bytes;
         let segment_bytes = segment_bytes.min(self.config.max_allocation_bytes.max(size_bytes));
-        let slot = self.grow(size_bytes, segment_bytes, segment_bytes, true)?;
-        let segment = self.segments[slot].as_mut().expect("just created");
+        let slot = match self.cached_dedicated(size_bytes) {
+            Some(slot) => slot,
+            None => {
+                if self.config.release_empty_on_growth {
+                    self.release_empty(|segment| segment.allocator.is_none());
+                }
+                self.grow(size_bytes, segment_bytes, segment_bytes, true)?
+            }
+        };
+        let segment = self.segments[slot].as_mut().expect("slot holds a segment");
+        let segment_bytes = segment.size_bytes;
         segment.dedicated_in_use = true;
         let placement = Placement {
             segment: segment.id,
@@ -539,6 +613,24 @@ impl<S: SegmentStorage> PoolCore<S> {
         Ok(placement)
     }
 
+    /// The smallest empty dedicated segment that can serve `size_bytes` within the reuse slack.
+    fn cached_dedicated(&self, size_bytes: u64) -> Option<usize> {
+        let divisor = self.config.dedicated_reuse_divisor;
+        if divisor == 0 {
+            return None;
+        }
+        self.segments
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s)))
+            .filter(|(_, s)| s.allocator.is_none() && !s.dedicated_in_use)
+            .filter(|(_, s)| {
+                s.size_bytes >= size_bytes && s.size_bytes - s.size_bytes / divisor <= size_bytes
+            })
+            .min_by_key(|(_, s)| s.size_bytes)
+            .map(|(slot, _)| slot)
+    }
+
     fn count_allocation(&mut self, requested_bytes: u64, allocated_bytes: u64) {
         self.stats.requested_bytes.add(requested_bytes);
         self.stats.allocated_bytes.add(allocated_bytes);
@@ -547,15 +639,22 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     /// Creates a segment of `segment_bytes` (or, when the budget or the device refuses, of
     /// `fallback_bytes` after giving back every empty segment) and returns its slot.
-    fn grow(&mut self, requested_bytes: u64, segment_bytes: u64, fallback_bytes: u64, dedicated: bool) -> Result<usize, PolicyError> {
+    fn grow(
+        &mut self,
+        requested_bytes: u64,
+        segment_bytes: u64,
+        fallback_bytes: u64,
+        dedicated: bool,
+    ) -> Result<usize, PolicyError> {
         match self.try_create(segment_bytes, dedicated) {
             Ok(slot) => Ok(slot),
             Err(first_error) => {
                 self.release_empty(|_| true);
-                self.try_create(fallback_bytes, dedicated).map_err(|device_error| {
-                    let error = device_error.or(first_error);
-                    self.out_of_memory(requested_bytes, fallback_bytes, error)
-                })
+                self.try_create(fallback_bytes, dedicated)
+                    .map_err(|device_error| {
+                        let error = device_error.or(first_error);
+                        self.out_of_memory(requested_bytes, fallback_bytes, error)
+                    })
             }
         }
     }
@@ -567,15 +666,31 @@ impl<S: SegmentStorage> PoolCore<S> {
                 return Err(None);
             }
         }
-        let memory = self.storage.create_segment(size_bytes, dedicated).map_err(|e| Some(e.reason))?;
+        let memory = self
+            .storage
+            .create_segment(size_bytes, dedicated)
+            .map_err(|e| Some(e.reason))?;
         let allocator = if dedicated {
             None
         } else {
-            Some(BuddyAllocator::with_capacity(self.config.min_block_bytes, size_bytes, self.config.rounding).expect("segment sizes are validated powers of two"))
+            Some(
+                BuddyAllocator::with_capacity(
+                    self.config.min_block_bytes,
+                    size_bytes,
+                    self.config.rounding,
+                )
+                .expect("segment sizes are validated powers of two"),
+            )
         };
         let id = SegmentId(self.next_segment_id);
         self.next_segment_id += 1;
-        let segment = Segment { id, memory, size_bytes, allocator, dedicated_in_use: false };
+        let segment = Segment {
+            id,
+            memory,
+            size_bytes,
+            allocator,
+            dedicated_in_use: false,
+        };
         self.stats.create_segment_calls += 1;
         self.stats.reserved_bytes.add(size_bytes);
         self.stats.segments.add(1);
@@ -593,7 +708,12 @@ impl<S: SegmentStorage> PoolCore<S> {
         Ok(slot)
     }
 
-    fn out_of_memory(&mut self, requested_bytes: u64, segment_bytes: u64, device_error: Option<String>) -> PolicyError {
+    fn out_of_memory(
+        &mut self,
+        requested_bytes: u64,
+        segment_bytes: u64,
+        device_error: Option<String>,
+    ) -> PolicyError {
         self.stats.oom_count += 1;
         let stats = self.stats();
         PolicyError::OutOfMemory(Box::new(OutOfMemory {
@@ -608,14 +728,18 @@ impl<S: SegmentStorage> PoolCore<S> {
         }))
     }
 
-    /// Gives an allocation back. A dedicated segment is given back with it; other segments stay
-    /// (cached) until [`PoolCore::trim`] or growth releases them.
+    /// Gives an allocation back. Its segment stays (cached, for reuse) until [`PoolCore::trim`] or
+    /// growth releases it; a dedicated segment is given back at once when
+    /// `dedicated_reuse_divisor` is 0.
     ///
     /// # Panics
     ///
     /// When `placement` was made by another pool (a bug in the caller).
     pub fn free(&mut self, placement: Placement) {
-        let segment = self.segments.get_mut(placement.slot).and_then(Option::as_mut);
+        let segment = self
+            .segments
+            .get_mut(placement.slot)
+            .and_then(Option::as_mut);
         let segment = match segment {
             Some(segment) if segment.id == placement.segment => segment,
             _ => panic!("wgpu_pool::policy: a placement in segment {:?} was freed into a pool that does not hold it", placement.segment),
@@ -623,12 +747,15 @@ impl<S: SegmentStorage> PoolCore<S> {
         match (placement.inner, segment.allocator.as_mut()) {
             (Some(allocation), Some(allocator)) => allocator.free(allocation),
             (None, None) => segment.dedicated_in_use = false,
-            _ => panic!("wgpu_pool::policy: placement and segment {:?} disagree on being dedicated", placement.segment),
+            _ => panic!(
+                "wgpu_pool::policy: placement and segment {:?} disagree on being dedicated",
+                placement.segment
+            ),
         }
         self.stats.requested_bytes.sub(placement.requested_bytes);
         self.stats.allocated_bytes.sub(placement.allocated_bytes);
         self.stats.allocations.sub(1);
-        if segment.allocator.is_none() {
+        if segment.allocator.is_none() && self.config.dedicated_reuse_divisor == 0 {
             self.destroy_slot(placement.slot);
         }
     }
@@ -641,7 +768,10 @@ impl<S: SegmentStorage> PoolCore<S> {
     fn release_empty(&mut self, mut which: impl FnMut(&Segment<S::Segment>) -> bool) -> u64 {
         let mut released = 0;
         for slot in 0..self.segments.len() {
-            if self.segments[slot].as_ref().is_some_and(|s| s.is_empty() && which(s)) {
+            if self.segments[slot]
+                .as_ref()
+                .is_some_and(|s| s.is_empty() && which(s))
+            {
                 released += self.destroy_slot(slot);
             }
         }
@@ -652,7 +782,10 @@ impl<S: SegmentStorage> PoolCore<S> {
         let segment = self.segments[slot].take().expect("slot holds a segment");
         self.stats.reserved_bytes.sub(segment.size_bytes);
         self.stats.segments.sub(1);
-        self.events.push(SegmentEvent::Destroyed { id: segment.id, size_bytes: segment.size_bytes });
+        self.events.push(SegmentEvent::Destroyed {
+            id: segment.id,
+            size_bytes: segment.size_bytes,
+        });
         self.storage.destroy_segment(segment.memory);
         segment.size_bytes
     }
@@ -674,7 +807,10 @@ pub struct SimulatedStorage {
 impl SimulatedStorage {
     /// A simulated device of `capacity_bytes` (or unlimited).
     pub fn new(capacity_bytes: Option<u64>) -> Self {
-        Self { capacity_bytes, held_bytes: 0 }
+        Self {
+            capacity_bytes,
+            held_bytes: 0,
+        }
     }
 }
 

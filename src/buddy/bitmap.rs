@@ -72,6 +72,33 @@ impl Bitmap {
         Some(word_index)
     }
 
+    /// The lowest index in the set that is at least `index`, if any. O(log64(bits)).
+    pub(crate) fn next_from(&self, index: usize) -> Option<usize> {
+        let mut level = 0;
+        let mut position = index;
+        // Climb until a level has a set bit at or after `position`.
+        loop {
+            let words = self.levels.get(level)?;
+            let word_index = position >> 6;
+            let word = *words.get(word_index)?;
+            let masked = word & (!0u64 << (position & 63));
+            if masked != 0 {
+                position = (word_index << 6) | masked.trailing_zeros() as usize;
+                break;
+            }
+            // Later words of this level are the bits after `word_index` one level up.
+            position = word_index + 1;
+            level += 1;
+        }
+        // Descend along the lowest set bits.
+        while level > 0 {
+            level -= 1;
+            let word = self.levels[level][position];
+            position = (position << 6) | word.trailing_zeros() as usize;
+        }
+        Some(position)
+    }
+
     /// Every index in the set, in increasing order (a scan of the leaves; for reports, not hot paths).
     pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.levels[0]
@@ -118,6 +145,25 @@ mod tests {
         bitmap.remove(64 * 64 * 3 + 4);
         assert_eq!(bitmap.first(), None);
         assert_eq!(bitmap.iter().count(), 0);
+    }
+
+    #[test]
+    fn next_from_walks_the_set_in_order() {
+        let len = 64 * 64 * 64 + 100;
+        let mut bitmap = Bitmap::new(len);
+        let members = [3usize, 64, 65, 4095, 4096, 64 * 64 * 64 + 99];
+        for &m in &members {
+            bitmap.insert(m);
+        }
+        let mut walked = Vec::new();
+        let mut from = 0;
+        while let Some(next) = bitmap.next_from(from) {
+            walked.push(next);
+            from = next + 1;
+        }
+        assert_eq!(walked, members);
+        assert_eq!(bitmap.next_from(66), Some(4095));
+        assert_eq!(bitmap.next_from(len + 500), None);
     }
 
     #[test]

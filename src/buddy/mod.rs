@@ -18,6 +18,12 @@
 //! largest first: 5 units at offset 0 are a 4-unit block at 0 and a 1-unit block at 4, and the tail
 //! `[5, 8)` is free as a 1-unit block at 5 and a 2-unit block at 6.
 //!
+//! Because a live range is just a run of units, it need not sit inside one aligned block: when no
+//! block of the needed order is free, the allocator also tries a free block of half that order
+//! together with the free units right after or before it, even across a buddy boundary (at most
+//! [`STRADDLE_CANDIDATES`] candidates, lowest address first). A freed range is split into the
+//! aligned blocks of its canonical decomposition, each freed and coalesced.
+//!
 //! # Cost
 //!
 //! Free blocks are kept in one [`Bitmap`] per order with summary levels, so a buddy test is one bit
@@ -187,6 +193,26 @@ impl Stats {
     }
 }
 
+/// How many free blocks a straddling placement examines before it gives up.
+pub const STRADDLE_CANDIDATES: usize = 32;
+
+/// Calls `f(start, order)` for each aligned block of the canonical decomposition of `[start, end)`
+/// into buddy blocks, in address order (at most `2 * max_order + 2` blocks).
+fn for_each_piece(start: u64, end: u64, max_order: u32, mut f: impl FnMut(u64, u32)) {
+    let mut position = start;
+    while position < end {
+        let alignment = if position == 0 {
+            63
+        } else {
+            position.trailing_zeros()
+        };
+        let fits = 63 - (end - position).leading_zeros();
+        let order = alignment.min(fits).min(max_order);
+        f(position, order);
+        position += 1u64 << order;
+    }
+}
+
 static NEXT_ALLOCATOR_ID: AtomicU32 = AtomicU32::new(1);
 
 /// A buddy allocator of the offsets `[0, min_block << max_order)`.
@@ -332,25 +358,49 @@ impl BuddyAllocator {
             });
         }
         let order = self.order_for(size_bytes);
+        let units = self.units_for(size_bytes);
         let candidates = self.nonempty_orders >> order;
-        if candidates == 0 {
-            return Err(AllocError::OutOfSpace {
-                requested_bytes: size_bytes,
-                needed_block_bytes: 1u64 << (order + self.min_block_shift),
-                largest_free_bytes: self.largest_free_bytes(),
-                free_bytes: self.free_bytes(),
-            });
-        }
-        let mut block_order = order + candidates.trailing_zeros();
-        let block_index = self.free[block_order as usize]
-            .first()
-            .expect("nonempty_orders says this order has a free block");
+        let offset_units = if candidates != 0 {
+            let block_order = order + candidates.trailing_zeros();
+            let block_index = self.free[block_order as usize]
+                .first()
+                .expect("nonempty_orders says this order has a free block");
+            self.take_aligned(block_order, block_index, units)
+        } else {
+            match self.find_straddling_run(order, units) {
+                Some(start_units) => {
+                    self.carve(start_units, start_units + units);
+                    start_units
+                }
+                None => {
+                    return Err(AllocError::OutOfSpace {
+                        requested_bytes: size_bytes,
+                        needed_block_bytes: 1u64 << (order + self.min_block_shift),
+                        largest_free_bytes: self.largest_free_bytes(),
+                        free_bytes: self.free_bytes(),
+                    })
+                }
+            }
+        };
+
+        self.allocated_units += units;
+        self.requested_bytes += size_bytes;
+        self.allocation_count += 1;
+        Ok(Allocation {
+            offset_bytes: offset_units << self.min_block_shift,
+            requested_bytes: size_bytes,
+            units,
+            allocator_id: self.id,
+        })
+    }
+
+    /// Takes the free block `(block_order, block_index)`, keeps its first `units` and gives the tail
+    /// back as buddy blocks. Returns the start, in units.
+    fn take_aligned(&mut self, mut block_order: u32, block_index: usize, units: u64) -> u64 {
         self.remove_free(block_order, block_index);
         let offset_units = (block_index as u64) << block_order;
-
         // Split: every upper half not needed goes back as a free block; a lower half that is
         // needed whole stays allocated and the walk continues in the upper half.
-        let units = self.units_for(size_bytes);
         let mut start = offset_units;
         let mut remaining = units;
         while remaining < (1u64 << block_order) {
@@ -363,16 +413,79 @@ impl BuddyAllocator {
                 remaining -= half;
             }
         }
+        offset_units
+    }
 
-        self.allocated_units += units;
-        self.requested_bytes += size_bytes;
-        self.allocation_count += 1;
-        Ok(Allocation {
-            offset_bytes: offset_units << self.min_block_shift,
-            requested_bytes: size_bytes,
-            units,
-            allocator_id: self.id,
-        })
+    /// When no block of `order` is free (exact fit only): a run of `units` free units made of a
+    /// free block of `order - 1` and the free units right after or right before it, which need not
+    /// be its buddy. At most [`STRADDLE_CANDIDATES`] blocks are examined, lowest address first, each
+    /// in O(log² (capacity / min_block)).
+    fn find_straddling_run(&self, order: u32, units: u64) -> Option<u64> {
+        if self.rounding != Rounding::Exact || order == 0 || units == 1u64 << order {
+            return None;
+        }
+        let half_order = order - 1;
+        let half = 1u64 << half_order;
+        let rest = units - half;
+        let capacity_units = 1u64 << self.max_order;
+        let bitmap = &self.free[half_order as usize];
+        let mut from = 0usize;
+        for _ in 0..STRADDLE_CANDIDATES {
+            let index = bitmap.next_from(from)?;
+            from = index + 1;
+            let start = (index as u64) << half_order;
+            if start + half + rest <= capacity_units
+                && self.range_is_free(start + half, start + half + rest)
+            {
+                return Some(start);
+            }
+            if start >= rest && self.range_is_free(start - rest, start) {
+                return Some(start - rest);
+            }
+        }
+        None
+    }
+
+    /// The free block `(order, index)` that contains the aligned block of `order` at `start_units`.
+    fn covering_free_block(&self, order: u32, start_units: u64) -> Option<(u32, usize)> {
+        (order..=self.max_order)
+            .map(|o| (o, (start_units >> o) as usize))
+            .find(|&(o, index)| self.free[o as usize].contains(index))
+    }
+
+    /// Whether every unit of `[start, end)` is free.
+    fn range_is_free(&self, start: u64, end: u64) -> bool {
+        let mut free = true;
+        for_each_piece(start, end, self.max_order, |piece_start, order| {
+            free = free && self.covering_free_block(order, piece_start).is_some();
+        });
+        free
+    }
+
+    /// Marks the free units `[start, end)` allocated: every free block that covers a piece of the
+    /// range is split, and the parts outside the range go back to the free lists.
+    fn carve(&mut self, start: u64, end: u64) {
+        let mut pieces = Vec::with_capacity(2 * self.max_order as usize + 2);
+        for_each_piece(start, end, self.max_order, |piece_start, order| {
+            pieces.push((piece_start, order))
+        });
+        for (piece_start, piece_order) in pieces {
+            let (mut order, index) = self
+                .covering_free_block(piece_order, piece_start)
+                .expect("carve is only called on free ranges");
+            self.remove_free(order, index);
+            let mut block_start = (index as u64) << order;
+            while order > piece_order {
+                order -= 1;
+                let half = 1u64 << order;
+                if piece_start >= block_start + half {
+                    self.insert_free(order, (block_start >> order) as usize);
+                    block_start += half;
+                } else {
+                    self.insert_free(order, ((block_start + half) >> order) as usize);
+                }
+            }
+        }
     }
 
     /// Gives an allocation back and coalesces it with its free buddies. Costs
@@ -389,14 +502,17 @@ impl BuddyAllocator {
         );
         let offset_units = allocation.offset_bytes >> self.min_block_shift;
         let units = allocation.units;
-        // The pieces are the binary digits of `units`, largest first from `offset_units`. Free the
-        // smallest (highest-addressed) first: each one then merges with the free tail behind it.
-        let mut bits = units;
-        while bits != 0 {
-            let order = bits.trailing_zeros();
-            let piece_start = offset_units + (units & !((2u64 << order) - 1));
-            self.free_block(order, piece_start);
-            bits &= bits - 1;
+        // The range is the aligned buddy blocks of its canonical decomposition; each one is freed
+        // and coalesced. Coalescing is confluent, so the order does not matter.
+        let mut pieces = Vec::with_capacity(2 * self.max_order as usize + 2);
+        for_each_piece(
+            offset_units,
+            offset_units + units,
+            self.max_order,
+            |start, order| pieces.push((start, order)),
+        );
+        for (start, order) in pieces {
+            self.free_block(order, start);
         }
         self.allocated_units -= units;
         self.requested_bytes -= allocation.requested_bytes;

@@ -111,6 +111,43 @@ fn lowest_address_of_the_smallest_order_is_used() {
 }
 
 #[test]
+fn a_request_straddles_two_blocks_that_are_not_buddies() {
+    // 16 units of 1 KiB. Fill everything with 4-unit blocks, then free [4,8) and [8,12): they are
+    // free blocks of order 2 but not buddies, so no 8-unit block is free. A 6-unit request still
+    // fits across them at 4.
+    let mut allocator = exact(KIB, 4);
+    let mut blocks: Vec<_> = (0..4)
+        .map(|_| allocator.allocate(4 * KIB).unwrap())
+        .collect();
+    let third = blocks.remove(2);
+    let second = blocks.remove(1);
+    allocator.free(second);
+    allocator.free(third);
+    assert_eq!(
+        allocator.free_blocks(),
+        vec![(4 * KIB, 4 * KIB), (8 * KIB, 4 * KIB)]
+    );
+    assert_eq!(allocator.fit_order(6 * KIB), None);
+    let straddling = allocator.allocate(6 * KIB).unwrap();
+    assert_eq!(straddling.offset(), 4 * KIB);
+    assert_eq!(allocator.free_blocks(), vec![(10 * KIB, 2 * KIB)]);
+    allocator.check_invariants().unwrap();
+    // The run before a block works too: free [12,16) and [10,12) remains; a 5-unit request takes
+    // [11,16)? No: the candidate is the 4-unit block at 12 and the unit before it, at 11.
+    let last = blocks.pop().unwrap();
+    allocator.free(last);
+    let before = allocator.allocate(5 * KIB).unwrap();
+    assert_eq!(before.offset(), 11 * KIB);
+    assert_eq!(allocator.free_blocks(), vec![(10 * KIB, KIB)]);
+    allocator.free(straddling);
+    allocator.free(before);
+    for block in blocks {
+        allocator.free(block);
+    }
+    assert_fully_coalesced(allocator);
+}
+
+#[test]
 fn figures_in_errors() {
     let mut allocator = exact(256, 4); // 4 KiB
     assert_eq!(allocator.allocate(0), Err(AllocError::ZeroSize));
@@ -233,6 +270,21 @@ struct Model {
     live: Vec<(u64, u64, u64)>,
 }
 
+/// The longest run of free bytes between live allocations, counting only runs aligned to `align`
+/// blocks (what an aligned request could use).
+fn longest_free_run(model: &Model, capacity: u64, align: u64) -> u64 {
+    let mut live: Vec<(u64, u64)> = model.live.iter().map(|l| (l.0, l.0 + l.1)).collect();
+    live.sort_unstable();
+    (0..capacity / align)
+        .filter(|block| {
+            let (start, end) = (block * align, (block + 1) * align);
+            live.iter().all(|&(s, e)| e <= start || end <= s)
+        })
+        .map(|_| align)
+        .max()
+        .unwrap_or(0)
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Allocate(u64),
@@ -267,9 +319,10 @@ fn run_against_model(rounding: Rounding, ops: Vec<Op>) -> Result<(), TestCaseErr
                         };
                         prop_assert_eq!(allocation.allocated_size(min_block), rounded);
                         prop_assert_eq!(allocation.offset() % min_block, 0);
-                        // Aligned to the power-of-two block it was cut from.
-                        let block = size.div_ceil(min_block).next_power_of_two() * min_block;
-                        prop_assert_eq!(allocation.offset() % block, 0);
+                        if rounding == Rounding::PowerOfTwo {
+                            // Aligned to its power-of-two block.
+                            prop_assert_eq!(allocation.offset() % rounded, 0);
+                        }
                         prop_assert!(allocation.offset() + rounded <= allocator.capacity());
                         for &(offset, allocated, _) in &model.live {
                             prop_assert!(
@@ -290,8 +343,17 @@ fn run_against_model(rounding: Rounding, ops: Vec<Op>) -> Result<(), TestCaseErr
                         needed_block_bytes,
                         ..
                     }) => {
-                        // It really did not fit: the largest free block is smaller than needed.
+                        // No aligned block was free; the request must not fit in any free run of
+                        // the model either when it is a power of two (nothing to straddle).
                         prop_assert!(largest_free_bytes < needed_block_bytes);
+                        if rounding == Rounding::PowerOfTwo
+                            || size.div_ceil(min_block).is_power_of_two()
+                        {
+                            prop_assert!(
+                                longest_free_run(&model, allocator.capacity(), needed_block_bytes)
+                                    < needed_block_bytes
+                            );
+                        }
                         prop_assert_eq!(allocator.stats(), before);
                     }
                     Err(other) => prop_assert!(false, "unexpected error {other}"),

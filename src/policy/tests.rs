@@ -10,6 +10,8 @@ fn config() -> PolicyConfig {
         min_segment_bytes: 2 * MIB,
         max_segment_bytes: 64 * MIB,
         growth_divisor: 8,
+        dedicated_above_bytes: 64 * MIB,
+        dedicated_reuse_divisor: 0,
         max_allocation_bytes: 256 * MIB,
         rounding: Rounding::Exact,
         release_empty_on_growth: true,
@@ -25,12 +27,17 @@ fn pool(config: PolicyConfig) -> PoolCore<SimulatedStorage> {
 fn limits_derive_the_configuration() {
     let h200 = PolicyConfig::for_limits(32, 4_292_870_144);
     assert_eq!(h200.min_block_bytes, 256);
-    assert_eq!(h200.max_segment_bytes, 1 << 30);
+    assert_eq!(h200.max_segment_bytes, DEFAULT_MAX_SEGMENT_BYTES);
     assert_eq!(h200.max_allocation_bytes, 4_292_870_144);
     let webgpu = PolicyConfig::for_limits(256, 256 * MIB);
-    assert_eq!(webgpu.max_segment_bytes, 256 * MIB);
-    let odd = PolicyConfig::for_limits(1024, 100 * MIB);
-    assert_eq!((odd.min_block_bytes, odd.max_segment_bytes), (1024, 64 * MIB));
+    assert_eq!(webgpu.max_segment_bytes, 64 * MIB);
+    let small = PolicyConfig::for_limits(256, 48 * MIB);
+    assert_eq!(small.max_segment_bytes, 32 * MIB);
+    let odd = PolicyConfig::for_limits(1024, 40 * MIB);
+    assert_eq!(
+        (odd.min_block_bytes, odd.max_segment_bytes),
+        (1024, 32 * MIB)
+    );
     PoolCore::new(odd, SimulatedStorage::default()).unwrap();
 }
 
@@ -68,9 +75,16 @@ fn growth_is_proportional_and_bounded() {
     let stats = pool.stats();
     // 200 MiB requested; segments of 2, 2, 4, ... up to 64 MiB: reserved stays within 1/8 + one segment.
     assert!(stats.reserved_bytes.current >= 200 * MIB);
-    assert!(stats.reserved_bytes.current <= 200 * MIB + 200 * MIB / 8 + 64 * MIB, "{stats:?}");
+    assert!(
+        stats.reserved_bytes.current <= 200 * MIB + 200 * MIB / 8 + 64 * MIB,
+        "{stats:?}"
+    );
     assert!(pool.segments().all(|s| s.size_bytes <= 64 * MIB));
-    assert!(stats.create_segment_calls < 64, "{}", stats.create_segment_calls);
+    assert!(
+        stats.create_segment_calls < 64,
+        "{}",
+        stats.create_segment_calls
+    );
     for placement in live {
         pool.free(placement);
     }
@@ -96,27 +110,38 @@ fn bad_requests_are_typed_errors_and_change_nothing() {
     assert_eq!(pool.allocate(0).unwrap_err(), PolicyError::ZeroSize);
     assert_eq!(
         pool.allocate(256 * MIB + 1).unwrap_err(),
-        PolicyError::TooLarge { requested_bytes: 256 * MIB + 1, max_allocation_bytes: 256 * MIB }
+        PolicyError::TooLarge {
+            requested_bytes: 256 * MIB + 1,
+            max_allocation_bytes: 256 * MIB
+        }
     );
     assert_eq!(pool.stats(), PoolStats::default());
 }
 
 #[test]
 fn budget_gives_back_empty_segments_then_refuses_with_figures() {
-    let mut pool = pool(PolicyConfig { budget_bytes: Some(8 * MIB), ..config() });
+    let mut pool = pool(PolicyConfig {
+        budget_bytes: Some(8 * MIB),
+        ..config()
+    });
     let a = pool.allocate(3 * MIB).unwrap(); // a 4 MiB segment
     let b = pool.allocate(MIB).unwrap(); // in its tail
     assert_eq!(pool.stats().reserved_bytes.current, 4 * MIB);
     let c = pool.allocate(3 * MIB).unwrap(); // a second 4 MiB segment: 8 MiB reserved
     assert_eq!(pool.stats().reserved_bytes.current, 8 * MIB);
     let error = pool.allocate(2 * MIB).unwrap_err();
-    let PolicyError::OutOfMemory(oom) = &error else { panic!("{error}") };
+    let PolicyError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
     assert_eq!(oom.requested_bytes, 2 * MIB);
     assert_eq!(oom.reserved_bytes, 8 * MIB);
     assert_eq!(oom.allocated_bytes, 7 * MIB);
     assert_eq!(oom.budget_bytes, Some(8 * MIB));
     let message = error.to_string();
-    assert!(message.contains("tried to allocate 2.00 MiB") && message.contains("trim()"), "{message}");
+    assert!(
+        message.contains("tried to allocate 2.00 MiB") && message.contains("trim()"),
+        "{message}"
+    );
     assert_eq!(pool.stats().oom_count, 1);
     // Freeing a whole segment lets the budget serve the request: the empty one is given back first.
     pool.free(c);
@@ -132,14 +157,25 @@ fn a_refusing_device_is_an_out_of_memory_error() {
     let mut pool = PoolCore::new(config(), SimulatedStorage::new(Some(3 * MIB))).unwrap();
     let a = pool.allocate(MIB).unwrap();
     let error = pool.allocate(2 * MIB).unwrap_err();
-    let PolicyError::OutOfMemory(oom) = &error else { panic!("{error}") };
-    assert!(oom.device_error.as_deref().unwrap().contains("simulated device"), "{error}");
+    let PolicyError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    assert!(
+        oom.device_error
+            .as_deref()
+            .unwrap()
+            .contains("simulated device"),
+        "{error}"
+    );
     pool.free(a);
 }
 
 #[test]
 fn release_on_growth_gives_back_segments_too_small() {
-    let mut pool = pool(PolicyConfig { growth_divisor: 0, ..config() });
+    let mut pool = pool(PolicyConfig {
+        growth_divisor: 0,
+        ..config()
+    });
     let small = pool.allocate(MIB).unwrap();
     pool.free(small);
     assert_eq!(pool.stats().reserved_bytes.current, 2 * MIB);

@@ -1,0 +1,414 @@
+//! Replay: run a recorded allocation trace offline, on the CPU, through several allocation
+//! strategies, and compare the memory each would have reserved.
+//!
+//! The `pool` strategy is the very policy the GPU pool runs ([`crate::policy::PoolCore`]), over a
+//! [`SimulatedStorage`]; `pool_pow2` is the same with power-of-two rounding; `naive` is one buffer per
+//! allocation. PyTorch's own reserved memory comes from the trace's `segment_alloc` and
+//! `segment_free` events.
+
+use std::collections::HashMap;
+
+use crate::buddy::Rounding;
+use crate::policy::{PolicyConfig, PolicyError, PoolCore, SimulatedStorage};
+
+/// What happened, in the order it happened. Sizes are in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayEvent {
+    /// `size` bytes were allocated at `addr`.
+    Alloc {
+        /// The address the recording allocator gave; only used to match the free.
+        addr: u64,
+        /// The size asked for, in bytes.
+        size: u64,
+    },
+    /// The allocation at `addr` was freed (and its memory may be reused).
+    Free {
+        /// The address of the allocation.
+        addr: u64,
+    },
+    /// The recording allocator reserved a segment of `size` bytes (PyTorch's `segment_alloc`).
+    SegmentAlloc {
+        /// The segment size, in bytes.
+        size: u64,
+    },
+    /// The recording allocator gave back a segment of `size` bytes (PyTorch's `segment_free`).
+    SegmentFree {
+        /// The segment size, in bytes.
+        size: u64,
+    },
+}
+
+/// The limits of a device, as far as the pool's policy cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LimitsProfile {
+    /// A short name: `h200`, `webgpu`, `lavapipe`.
+    pub name: &'static str,
+    /// `min_storage_buffer_offset_alignment`, in bytes.
+    pub min_storage_buffer_offset_alignment: u64,
+    /// `max_buffer_size`, in bytes.
+    pub max_buffer_size: u64,
+    /// `max_storage_buffer_binding_size`, in bytes.
+    pub max_storage_buffer_binding_size: u64,
+}
+
+impl LimitsProfile {
+    /// An NVIDIA H200 on Vulkan (wgpu 30, driver 580).
+    pub const H200: Self = Self {
+        name: "h200",
+        min_storage_buffer_offset_alignment: 32,
+        max_buffer_size: 4_292_870_144,
+        max_storage_buffer_binding_size: 2_147_483_644,
+    };
+    /// WebGPU's default limits (`wgpu::Limits::default()`).
+    pub const WEBGPU: Self = Self {
+        name: "webgpu",
+        min_storage_buffer_offset_alignment: 256,
+        max_buffer_size: 256 << 20,
+        max_storage_buffer_binding_size: 128 << 20,
+    };
+    /// Mesa's lavapipe (Vulkan on the CPU).
+    pub const LAVAPIPE: Self = Self {
+        name: "lavapipe",
+        min_storage_buffer_offset_alignment: 32,
+        max_buffer_size: 2 << 30,
+        max_storage_buffer_binding_size: 128 << 20,
+    };
+
+    /// Every built-in profile.
+    pub const ALL: [Self; 3] = [Self::H200, Self::WEBGPU, Self::LAVAPIPE];
+
+    /// The profile called `name`.
+    pub fn by_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name == name)
+    }
+
+    /// The default policy for these limits.
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig::for_limits(
+            self.min_storage_buffer_offset_alignment,
+            self.max_buffer_size,
+        )
+    }
+}
+
+/// An allocation strategy to replay.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Strategy {
+    /// The pool with this policy.
+    Pool {
+        /// The name to report.
+        name: String,
+        /// The policy.
+        config: PolicyConfig,
+    },
+    /// One buffer per allocation, sized to the request rounded up to 4 bytes.
+    Naive,
+}
+
+impl Strategy {
+    /// The three strategies compared by default for a device: `pool`, `pool_pow2`, `naive`.
+    pub fn defaults(profile: &LimitsProfile) -> Vec<Self> {
+        let pool = profile.policy();
+        let pow2 = PolicyConfig {
+            rounding: Rounding::PowerOfTwo,
+            ..pool.clone()
+        };
+        vec![
+            Self::Pool {
+                name: "pool".into(),
+                config: pool,
+            },
+            Self::Pool {
+                name: "pool_pow2".into(),
+                config: pow2,
+            },
+            Self::Naive,
+        ]
+    }
+
+    /// The name reported.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Pool { name, .. } => name,
+            Self::Naive => "naive",
+        }
+    }
+}
+
+/// What one strategy did with the trace.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StrategyOutcome {
+    /// The strategy's name.
+    pub name: String,
+    /// The most bytes reserved at once.
+    pub peak_reserved_bytes: u64,
+    /// `1 - requested / allocated` at the moment requested bytes peaked.
+    pub internal_fragmentation: f64,
+    /// `1 - largest_free / free` at the moment requested bytes peaked.
+    pub external_fragmentation: f64,
+    /// Segments (buffers) created over the whole trace.
+    pub segments_created: u64,
+    /// Index in the event list of the first allocation that failed, if any.
+    pub oom_at_event: Option<usize>,
+    /// Why that allocation failed.
+    pub oom_reason: Option<String>,
+    /// Allocations that failed.
+    pub failed_allocations: u64,
+}
+
+/// The comparison of all strategies on one trace (the replay example's JSON).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ReplayReport {
+    /// The trace's name (its file name).
+    pub trace: String,
+    /// The limits profile used.
+    pub limits: LimitsProfile,
+    /// The capacity of the simulated device, if one was given, in bytes.
+    pub capacity_bytes: Option<u64>,
+    /// Alloc and free events replayed.
+    pub events: usize,
+    /// The peak of live requested bytes.
+    pub peak_requested_bytes: u64,
+    /// The peak of PyTorch's reserved bytes (`segment_alloc` minus `segment_free`), when the trace
+    /// has segment events.
+    pub pytorch_peak_reserved_bytes: Option<u64>,
+    /// One outcome per strategy.
+    pub strategies: Vec<StrategyOutcome>,
+}
+
+impl ReplayReport {
+    /// The outcome of the strategy called `name`.
+    pub fn strategy(&self, name: &str) -> Option<&StrategyOutcome> {
+        self.strategies.iter().find(|s| s.name == name)
+    }
+}
+
+/// Peak live requested bytes, the index of the event where it is first reached, and the peak of
+/// reserved bytes from segment events (`None` without any).
+pub fn trace_peaks(events: &[ReplayEvent]) -> (u64, usize, Option<u64>) {
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut requested, mut peak_requested, mut peak_at) = (0u64, 0u64, 0usize);
+    let (mut reserved, mut peak_reserved, mut any_segment) = (0i128, 0i128, false);
+    for (index, event) in events.iter().enumerate() {
+        match *event {
+            ReplayEvent::Alloc { addr, size } => {
+                if let Some(previous) = live.insert(addr, size) {
+                    requested -= previous;
+                }
+                requested += size;
+                if requested > peak_requested {
+                    peak_requested = requested;
+                    peak_at = index;
+                }
+            }
+            ReplayEvent::Free { addr } => requested -= live.remove(&addr).unwrap_or(0),
+            ReplayEvent::SegmentAlloc { size } => {
+                any_segment = true;
+                reserved += i128::from(size);
+                peak_reserved = peak_reserved.max(reserved);
+            }
+            ReplayEvent::SegmentFree { size } => reserved -= i128::from(size),
+        }
+    }
+    (
+        peak_requested,
+        peak_at,
+        any_segment.then_some(peak_reserved.max(0) as u64),
+    )
+}
+
+/// Replays `events` through every strategy. `progress` is called with the number of events done
+/// (of `events.len() * strategies.len()`), every few thousand events.
+pub fn replay(
+    trace: &str,
+    events: &[ReplayEvent],
+    profile: LimitsProfile,
+    capacity_bytes: Option<u64>,
+    strategies: &[Strategy],
+    progress: &mut dyn FnMut(usize),
+) -> ReplayReport {
+    let (peak_requested_bytes, peak_at, pytorch_peak_reserved_bytes) = trace_peaks(events);
+    let outcomes = strategies
+        .iter()
+        .enumerate()
+        .map(|(i, strategy)| {
+            let mut local = |done: usize| progress(i * events.len() + done);
+            match strategy {
+                Strategy::Pool { name, config } => replay_pool(
+                    name,
+                    config.clone(),
+                    events,
+                    peak_at,
+                    capacity_bytes,
+                    &mut local,
+                ),
+                Strategy::Naive => {
+                    replay_naive(events, peak_at, profile, capacity_bytes, &mut local)
+                }
+            }
+        })
+        .collect();
+    ReplayReport {
+        trace: trace.to_string(),
+        limits: profile,
+        capacity_bytes,
+        events: events
+            .iter()
+            .filter(|e| matches!(e, ReplayEvent::Alloc { .. } | ReplayEvent::Free { .. }))
+            .count(),
+        peak_requested_bytes,
+        pytorch_peak_reserved_bytes,
+        strategies: outcomes,
+    }
+}
+
+const PROGRESS_EVERY: usize = 4096;
+
+fn replay_pool(
+    name: &str,
+    config: PolicyConfig,
+    events: &[ReplayEvent],
+    peak_at: usize,
+    capacity_bytes: Option<u64>,
+    progress: &mut dyn FnMut(usize),
+) -> StrategyOutcome {
+    let mut outcome = StrategyOutcome {
+        name: name.to_string(),
+        peak_reserved_bytes: 0,
+        internal_fragmentation: 0.0,
+        external_fragmentation: 0.0,
+        segments_created: 0,
+        oom_at_event: None,
+        oom_reason: None,
+        failed_allocations: 0,
+    };
+    let mut pool = match PoolCore::new(config, SimulatedStorage::new(capacity_bytes)) {
+        Ok(pool) => pool,
+        Err(error) => {
+            outcome.oom_reason = Some(error.to_string());
+            return outcome;
+        }
+    };
+    let mut live = HashMap::new();
+    for (index, event) in events.iter().enumerate() {
+        match *event {
+            ReplayEvent::Alloc { addr, size } => match pool.allocate(size) {
+                Ok(placement) => {
+                    if let Some(previous) = live.insert(addr, placement) {
+                        pool.free(previous);
+                    }
+                }
+                Err(error) => record_failure(&mut outcome, index, &error),
+            },
+            ReplayEvent::Free { addr } => {
+                if let Some(placement) = live.remove(&addr) {
+                    pool.free(placement);
+                }
+            }
+            ReplayEvent::SegmentAlloc { .. } | ReplayEvent::SegmentFree { .. } => {}
+        }
+        if index == peak_at {
+            let stats = pool.stats();
+            outcome.internal_fragmentation = stats.internal_fragmentation();
+            outcome.external_fragmentation = stats.external_fragmentation();
+        }
+        if index % PROGRESS_EVERY == 0 {
+            progress(index);
+        }
+    }
+    progress(events.len());
+    let stats = pool.stats();
+    outcome.peak_reserved_bytes = stats.reserved_bytes.peak;
+    outcome.segments_created = stats.create_segment_calls;
+    outcome
+}
+
+fn record_failure(outcome: &mut StrategyOutcome, index: usize, error: &PolicyError) {
+    outcome.failed_allocations += 1;
+    if outcome.oom_at_event.is_none() {
+        outcome.oom_at_event = Some(index);
+        outcome.oom_reason = Some(error.to_string());
+    }
+}
+
+fn replay_naive(
+    events: &[ReplayEvent],
+    peak_at: usize,
+    profile: LimitsProfile,
+    capacity_bytes: Option<u64>,
+    progress: &mut dyn FnMut(usize),
+) -> StrategyOutcome {
+    let mut outcome = StrategyOutcome {
+        name: "naive".into(),
+        peak_reserved_bytes: 0,
+        internal_fragmentation: 0.0,
+        external_fragmentation: 0.0,
+        segments_created: 0,
+        oom_at_event: None,
+        oom_reason: None,
+        failed_allocations: 0,
+    };
+    let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
+    let (mut reserved, mut requested) = (0u64, 0u64);
+    for (index, event) in events.iter().enumerate() {
+        match *event {
+            ReplayEvent::Alloc { addr, size } => {
+                let buffer = size.div_ceil(4) * 4;
+                let refusal = if size == 0 {
+                    Some(PolicyError::ZeroSize)
+                } else if size > profile.max_buffer_size {
+                    Some(PolicyError::TooLarge {
+                        requested_bytes: size,
+                        max_allocation_bytes: profile.max_buffer_size,
+                    })
+                } else if capacity_bytes.is_some_and(|c| reserved + buffer > c) {
+                    Some(PolicyError::OutOfMemory(Box::new(
+                        crate::policy::OutOfMemory {
+                            requested_bytes: size,
+                            segment_bytes: buffer,
+                            reserved_bytes: reserved,
+                            allocated_bytes: reserved,
+                            largest_free_bytes: 0,
+                            external_fragmentation: 0.0,
+                            budget_bytes: None,
+                            device_error: Some("simulated device is full".into()),
+                        },
+                    )))
+                } else {
+                    None
+                };
+                match refusal {
+                    Some(error) => record_failure(&mut outcome, index, &error),
+                    None => {
+                        if let Some((old_buffer, old_size)) = live.insert(addr, (buffer, size)) {
+                            reserved -= old_buffer;
+                            requested -= old_size;
+                        }
+                        reserved += buffer;
+                        requested += size;
+                        outcome.segments_created += 1;
+                        outcome.peak_reserved_bytes = outcome.peak_reserved_bytes.max(reserved);
+                    }
+                }
+            }
+            ReplayEvent::Free { addr } => {
+                if let Some((buffer, size)) = live.remove(&addr) {
+                    reserved -= buffer;
+                    requested -= size;
+                }
+            }
+            ReplayEvent::SegmentAlloc { .. } | ReplayEvent::SegmentFree { .. } => {}
+        }
+        if index == peak_at && reserved > 0 {
+            outcome.internal_fragmentation = 1.0 - requested as f64 / reserved as f64;
+        }
+        if index % PROGRESS_EVERY == 0 {
+            progress(index);
+        }
+    }
+    progress(events.len());
+    outcome
+}
+
+#[cfg(test)]
+mod tests;
