@@ -3,5 +3,11 @@
 pub mod buddy;
 pub mod device;
 pub mod policy;
+pub mod pool;
 pub mod replay;
 pub mod snapshot;
+
+pub use buddy::{BuddyAllocator, Rounding};
+pub use device::{request_gpu, Gpu, LimitsChoice};
+pub use policy::{PolicyConfig, PoolStats};
+pub use pool::{AllocOptions, Allocation, Pool, PoolError, PoolOptions, ReuseSafety};

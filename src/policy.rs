@@ -212,13 +212,13 @@ pub struct Counter {
 }
 
 impl Counter {
-    fn add(&mut self, amount: u64) {
+    pub(crate) fn add(&mut self, amount: u64) {
         self.current += amount;
         self.total += amount;
         self.peak = self.peak.max(self.current);
     }
 
-    fn sub(&mut self, amount: u64) {
+    pub(crate) fn sub(&mut self, amount: u64) {
         self.current -= amount;
         self.freed += amount;
     }
@@ -535,12 +535,15 @@ impl<S: SegmentStorage> PoolCore<S> {
             });
         }
         let mut segment_bytes = needed;
-        if self.config.growth_divisor > 0 {
-            let proportional =
-                (self.stats.reserved_bytes.current / self.config.growth_divisor).max(1);
+        if let Some(proportional) = self
+            .stats
+            .reserved_bytes
+            .current
+            .checked_div(self.config.growth_divisor)
+        {
             // Round down, so that growth stays under reserved / divisor.
-            let proportional = 1u64 << (63 - proportional.leading_zeros());
-            segment_bytes = segment_bytes.max(proportional);
+            let proportional = proportional.max(1);
+            segment_bytes = segment_bytes.max(1u64 << (63 - proportional.leading_zeros()));
         }
         segment_bytes = segment_bytes.min(self.config.max_segment_bytes);
         let slot = self.grow(size_bytes, segment_bytes, needed, false)?;

@@ -275,7 +275,7 @@ impl BuddyAllocator {
             return Err(ConfigError::MinBlockNotPowerOfTwo { min_block_bytes });
         }
         let units = capacity_bytes / min_block_bytes;
-        if capacity_bytes % min_block_bytes != 0 || !units.is_power_of_two() {
+        if !capacity_bytes.is_multiple_of(min_block_bytes) || !units.is_power_of_two() {
             return Err(ConfigError::CapacityNotPowerOfTwoBlocks {
                 capacity_bytes,
                 min_block_bytes,
@@ -612,7 +612,7 @@ impl BuddyAllocator {
                     indices.len()
                 ));
             }
-            if (self.nonempty_orders >> order & 1 == 1) != !indices.is_empty() {
+            if (self.nonempty_orders >> order & 1 == 1) == indices.is_empty() {
                 return Err(format!("order {order}: nonempty mask disagrees"));
             }
             if self.free[order as usize].first() != indices.first().copied() {

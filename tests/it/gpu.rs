@@ -21,7 +21,10 @@ pub fn gpu_default_limits() -> &'static Gpu {
 
 /// Both devices, for suites that must hold under both limit sets.
 pub fn both() -> [(&'static str, &'static Gpu); 2] {
-    [("adapter limits", gpu()), ("default limits", gpu_default_limits())]
+    [
+        ("adapter limits", gpu()),
+        ("default limits", gpu_default_limits()),
+    ]
 }
 
 fn open(limits: LimitsChoice) -> Gpu {
@@ -46,8 +49,12 @@ pub fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Ve
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
     gpu.queue.submit([encoder.finish()]);
-    staging.map_async(wgpu::MapMode::Read, .., |result| result.expect("map for read-back"));
-    gpu.device.poll(wgpu::PollType::wait_indefinitely()).expect("poll");
+    staging.map_async(wgpu::MapMode::Read, .., |result| {
+        result.expect("map for read-back")
+    });
+    gpu.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
     let bytes = staging.get_mapped_range(..).expect("mapped range").to_vec();
     staging.unmap();
     bytes

@@ -3,4 +3,5 @@
 
 mod gpu;
 mod layering;
+mod pool;
 mod smoke;

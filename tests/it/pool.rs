@@ -1,0 +1,685 @@
+//! The GPU pool: canary churn, reuse hazards, read-only/read-write bindings, limits, budget,
+//! zeroing, threads, and the naive baseline. Every test runs on the backend `WGPU_BACKEND`
+//! selects; CI runs them on Vulkan (lavapipe) and GL (llvmpipe).
+
+use std::collections::HashMap;
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use wgpu::util::DeviceExt;
+use wgpu_pool::policy::PolicyConfig;
+use wgpu_pool::{AllocOptions, Allocation, Gpu, Pool, PoolError, PoolOptions, ReuseSafety};
+
+use crate::gpu::{both, gpu, gpu_default_limits};
+
+/// Fills an allocation with `pattern(seed, i)`; copies one allocation into another. Every storage
+/// binding is `read_write` (the pool's rule for bindings that may share a segment buffer).
+const KERNELS: &str = "
+struct Params { seed: u32, len: u32 }
+@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read_write> source: array<u32>;
+
+fn pattern(seed: u32, i: u32) -> u32 { return (seed * 2654435761u) ^ (i * 2246822519u) ^ 0x5bd1e995u; }
+
+@compute @workgroup_size(64)
+fn fill(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < params.len) { data[id.x] = pattern(params.seed, id.x); }
+}
+
+@compute @workgroup_size(64)
+fn copy(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < params.len) { data[id.x] = source[id.x]; }
+}
+";
+
+/// The same kernel with the source declared `read`: binding it beside a `read_write` range of the
+/// same buffer is the usage conflict wgpu rejects.
+const READ_ONLY_COPY: &str = "
+struct Params { seed: u32, len: u32 }
+@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> source: array<u32>;
+@compute @workgroup_size(64)
+fn copy(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < params.len) { data[id.x] = source[id.x]; }
+}
+";
+
+fn pattern(seed: u32, i: u32) -> u32 {
+    seed.wrapping_mul(2654435761) ^ i.wrapping_mul(2246822519) ^ 0x5bd1e995
+}
+
+fn expected(seed: u32, len_words: usize) -> Vec<u32> {
+    (0..len_words as u32).map(|i| pattern(seed, i)).collect()
+}
+
+struct Kernels {
+    fill: wgpu::ComputePipeline,
+    copy: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+impl Kernels {
+    fn new(gpu: &Gpu) -> Self {
+        let device = &gpu.device;
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("test kernels"),
+            entries: &[storage_entry(0), uniform_entry(1), storage_entry(2)],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("test kernels"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("test kernels"),
+            source: wgpu::ShaderSource::Wgsl(KERNELS.into()),
+        });
+        let pipeline = |entry: &str| {
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        Self {
+            fill: pipeline("fill"),
+            copy: pipeline("copy"),
+            layout,
+        }
+    }
+
+    fn params(gpu: &Gpu, seed: u32, len: u32) -> wgpu::Buffer {
+        gpu.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&[seed, len, 0, 0]),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    /// Records `data[i] = pattern(seed, i)` over the whole allocation.
+    fn record_fill(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        target: &Allocation,
+        seed: u32,
+    ) {
+        let len = (target.binding_size() / 4) as u32;
+        let params = Self::params(gpu, seed, len);
+        // The unused `source` binding gets the target too: both are read_write, so no conflict.
+        self.dispatch(gpu, encoder, &self.fill, target, &params, target, len);
+    }
+
+    /// Records `target[i] = source[i]`.
+    fn record_copy(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        target: &Allocation,
+        source: &Allocation,
+    ) {
+        let len = (target.binding_size() / 4) as u32;
+        let params = Self::params(gpu, 0, len);
+        self.dispatch(gpu, encoder, &self.copy, target, &params, source, len);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        pipeline: &wgpu::ComputePipeline,
+        target: &Allocation,
+        params: &wgpu::Buffer,
+        source: &Allocation,
+        len: u32,
+    ) {
+        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("test kernel"),
+            layout: &self.layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: target.as_binding_resource(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: source.as_binding_resource(),
+                },
+            ],
+        });
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(len.div_ceil(64), 1, 1);
+    }
+}
+
+fn storage_entry(binding: u32) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only: false },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+fn uniform_entry(binding: u32) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+fn read_words(pool: &Pool, allocation: &Allocation) -> Vec<u32> {
+    bytemuck::cast_slice(&pool.read(allocation).expect("read back")).to_vec()
+}
+
+fn words_bytes(words: &[u32]) -> &[u8] {
+    bytemuck::cast_slice(words)
+}
+
+/// Thousands of random allocations and frees of mixed sizes; every live allocation holds its own
+/// pattern, written by a kernel or by `queue.write_buffer`; all are checked every few rounds and
+/// at the end. Zero corrupted bytes. Returns the number of corrupted words.
+fn canary_churn(gpu: &Gpu, options: PoolOptions, seed: u64, rounds: usize) -> usize {
+    let pool = Pool::new(gpu, options).unwrap();
+    let kernels = Kernels::new(gpu);
+    let alignment = u64::from(gpu.device.limits().min_storage_buffer_offset_alignment);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut live: Vec<(Allocation, u32)> = Vec::new();
+    let mut next_seed = 1u32;
+    let mut corrupted = 0;
+    let mut allocations = 0;
+    let verify = |live: &Vec<(Allocation, u32)>| -> usize {
+        live.iter()
+            .map(|(allocation, seed)| {
+                let got = read_words(&pool, allocation);
+                let want = expected(*seed, got.len());
+                got.iter().zip(&want).filter(|(g, w)| g != w).count()
+            })
+            .sum()
+    };
+    for round in 0..rounds {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        for _ in 0..60 {
+            if live.is_empty() || rng.gen_bool(0.55) {
+                // Sizes from 4 B to 256 KiB, log-uniform, multiples of 4.
+                let exponent = rng.gen_range(2..=18);
+                let size =
+                    (rng.gen_range((1u64 << exponent) / 2..=(1u64 << exponent)) / 4).max(1) * 4;
+                let allocation = pool
+                    .allocate_with(size, AllocOptions::labeled("canary"))
+                    .unwrap();
+                assert_eq!(allocation.offset() % alignment, 0);
+                let canary = next_seed;
+                next_seed += 1;
+                if rng.gen_bool(0.5) {
+                    kernels.record_fill(gpu, &mut encoder, &allocation, canary);
+                } else {
+                    let words = expected(canary, (allocation.binding_size() / 4) as usize);
+                    pool.write(&allocation, 0, words_bytes(&words)).unwrap();
+                }
+                live.push((allocation, canary));
+                allocations += 1;
+            } else {
+                let index = rng.gen_range(0..live.len());
+                drop(live.swap_remove(index));
+            }
+        }
+        pool.submit([encoder.finish()]);
+        if round % 5 == 4 {
+            corrupted += verify(&live);
+        }
+    }
+    corrupted += verify(&live);
+    let stats = pool.stats();
+    assert!(allocations >= 900, "{allocations} allocations");
+    assert_eq!(stats.allocations.current, live.len() as u64);
+    assert!(stats.reserved_bytes.current >= stats.allocated_bytes.current);
+    drop(live);
+    pool.mark_submitted();
+    assert_eq!(pool.stats().allocated_bytes.current, 0);
+    assert_eq!(pool.pending_frees(), (0, 0));
+    corrupted
+}
+
+#[test]
+fn canary_churn_corrupts_nothing_under_both_limit_sets() {
+    for (name, gpu) in both() {
+        let corrupted = canary_churn(gpu, PoolOptions::default(), 7, 30);
+        assert_eq!(corrupted, 0, "{name}: {corrupted} corrupted words");
+    }
+}
+
+#[test]
+fn canary_churn_catches_corruption_without_reuse_safety() {
+    // The same churn with the reuse policy switched off corrupts data: the check above can fail.
+    let options = PoolOptions {
+        reuse: ReuseSafety::Immediate,
+        ..PoolOptions::default()
+    };
+    let corrupted = canary_churn(gpu(), options, 7, 30);
+    assert!(
+        corrupted > 0,
+        "expected corruption with ReuseSafety::Immediate"
+    );
+}
+
+/// Records a kernel that copies X into Z, drops X, allocates Y (the same size), uploads B into Y
+/// with `queue.write_buffer`, then submits the kernel. Returns what Z holds and whether Y reused
+/// X's range.
+fn recorded_then_freed(gpu: &Gpu, reuse: ReuseSafety) -> (Vec<u32>, bool) {
+    let pool = Pool::new(
+        gpu,
+        PoolOptions {
+            reuse,
+            ..PoolOptions::default()
+        },
+    )
+    .unwrap();
+    let kernels = Kernels::new(gpu);
+    let a = expected(1, 256);
+    let b = expected(2, 256);
+    let x = pool.allocate(1024).unwrap();
+    let z = pool.allocate(1024).unwrap();
+    pool.write(&x, 0, words_bytes(&a)).unwrap();
+    pool.submit([]);
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    kernels.record_copy(gpu, &mut encoder, &z, &x);
+    let x_range = (x.segment(), x.offset());
+    drop(x);
+    let y = pool.allocate(1024).unwrap();
+    let reused = (y.segment(), y.offset()) == x_range;
+    pool.write(&y, 0, words_bytes(&b)).unwrap();
+    pool.submit([encoder.finish()]);
+    (read_words(&pool, &z), reused)
+}
+
+#[test]
+fn a_recorded_kernel_reads_its_data_although_its_input_was_freed_and_reused() {
+    for (name, gpu) in both() {
+        let (z, reused) = recorded_then_freed(gpu, ReuseSafety::AfterSubmission);
+        assert!(
+            !reused,
+            "{name}: the range was reused before the submission"
+        );
+        assert_eq!(
+            z,
+            expected(1, 256),
+            "{name}: the kernel read data uploaded after it was recorded"
+        );
+    }
+}
+
+#[test]
+fn without_reuse_safety_the_recorded_kernel_reads_the_later_upload() {
+    // The hazard is real: with the policy off, the test above would fail.
+    let (z, reused) = recorded_then_freed(gpu(), ReuseSafety::Immediate);
+    assert!(reused);
+    assert_eq!(z, expected(2, 256));
+}
+
+#[test]
+fn work_still_running_keeps_its_input() {
+    let gpu = gpu();
+    let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+    let kernels = Kernels::new(gpu);
+    let words = 1 << 16;
+    let x = pool.allocate(4 * words).unwrap();
+    let z = pool.allocate(4 * words).unwrap();
+    pool.write(&x, 0, words_bytes(&expected(5, words as usize)))
+        .unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    kernels.record_copy(gpu, &mut encoder, &z, &x);
+    pool.submit([encoder.finish()]);
+    // No wait: the copy may still be running. Free X, reuse its range, overwrite it.
+    drop(x);
+    pool.mark_submitted();
+    let y = pool.allocate(4 * words).unwrap();
+    pool.write(&y, 0, words_bytes(&expected(6, words as usize)))
+        .unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    kernels.record_fill(gpu, &mut encoder, &y, 7);
+    pool.submit([encoder.finish()]);
+    assert_eq!(read_words(&pool, &z), expected(5, words as usize));
+    assert_eq!(read_words(&pool, &y), expected(7, words as usize));
+}
+
+#[test]
+fn read_write_bindings_of_one_segment_work_and_read_only_ones_conflict() {
+    for (name, gpu) in both() {
+        let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+        let kernels = Kernels::new(gpu);
+        let source = pool.allocate(4096).unwrap();
+        let target = pool.allocate(4096).unwrap();
+        assert_eq!(
+            source.segment(),
+            target.segment(),
+            "{name}: both should share a segment"
+        );
+        pool.write(&source, 0, words_bytes(&expected(9, 1024)))
+            .unwrap();
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        kernels.record_copy(gpu, &mut encoder, &target, &source);
+        pool.submit([encoder.finish()]);
+        assert!(
+            pollster::block_on(scope.pop()).is_none(),
+            "{name}: read_write bindings must not conflict"
+        );
+        assert_eq!(read_words(&pool, &target), expected(9, 1024), "{name}");
+
+        // The same copy with the source declared `read` is rejected by wgpu: the reason for the rule.
+        let module = gpu
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("read-only copy"),
+                source: wgpu::ShaderSource::Wgsl(READ_ONLY_COPY.into()),
+            });
+        let pipeline = gpu
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("read-only copy"),
+                layout: None,
+                module: &module,
+                entry_point: Some("copy"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        let params = Kernels::params(gpu, 0, 1024);
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("read-only copy"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: target.as_binding_resource(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: source.as_binding_resource(),
+                },
+            ],
+        });
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(16, 1, 1);
+        }
+        let commands = encoder.finish();
+        let error = pollster::block_on(scope.pop());
+        assert!(
+            error.is_some(),
+            "{name}: expected wgpu to reject read + read_write on one buffer"
+        );
+        drop(commands);
+    }
+}
+
+#[test]
+fn limits_decide_what_can_be_allocated() {
+    for (name, gpu) in both() {
+        let limits = gpu.device.limits();
+        let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+        let policy = pool.policy().unwrap();
+        assert!(
+            policy.min_block_bytes >= u64::from(limits.min_storage_buffer_offset_alignment),
+            "{name}"
+        );
+        assert!(policy.max_segment_bytes <= limits.max_buffer_size, "{name}");
+        let binding_limit = limits.max_storage_buffer_binding_size;
+        assert_eq!(
+            pool.allocate(binding_limit + 4).unwrap_err(),
+            PoolError::ExceedsBindingLimit {
+                requested_bytes: binding_limit + 4,
+                max_storage_buffer_binding_size: binding_limit
+            },
+            "{name}"
+        );
+        assert!(matches!(
+            pool.allocate_with(
+                limits.max_buffer_size + 1,
+                AllocOptions {
+                    bindable: false,
+                    ..Default::default()
+                }
+            ),
+            Err(PoolError::ExceedsBufferLimit { .. })
+        ));
+        assert_eq!(pool.allocate(0).unwrap_err(), PoolError::ZeroSize);
+        // Nothing was reserved by the refusals.
+        assert_eq!(pool.stats().reserved_bytes.current, 0, "{name}");
+    }
+    // Under WebGPU's defaults, a copy-only allocation above the 128 MiB binding limit is allowed.
+    let gpu = gpu_default_limits();
+    let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+    let binding_limit = gpu.device.limits().max_storage_buffer_binding_size;
+    let big = pool
+        .allocate_with(
+            binding_limit + 1024,
+            AllocOptions {
+                bindable: false,
+                label: "copy-only",
+                zeroed: false,
+            },
+        )
+        .unwrap();
+    assert!(big.allocated_size() >= binding_limit + 1024);
+    pool.write(&big, binding_limit, &[7u8; 1024]).unwrap();
+    assert!(matches!(
+        pool.write(&big, binding_limit + 1024, &[0u8; 4]),
+        Err(PoolError::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        pool.write(&big, 2, &[0u8; 4]),
+        Err(PoolError::OutOfBounds { .. })
+    ));
+}
+
+#[test]
+fn a_budget_refuses_with_figures_and_trim_gives_memory_back() {
+    let gpu = gpu();
+    let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+    pool.set_budget(Some(4 << 20));
+    let a = pool.allocate(3 << 20).unwrap();
+    let error = pool.allocate(3 << 20).unwrap_err();
+    let PoolError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    assert_eq!(oom.requested_bytes, 3 << 20);
+    assert_eq!(oom.budget_bytes, Some(4 << 20));
+    assert!(error.to_string().contains("trim()"), "{error}");
+    assert_eq!(pool.stats().oom_count, 1);
+    drop(a);
+    pool.mark_submitted();
+    assert_eq!(pool.trim(), 4 << 20);
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    pool.set_budget(None);
+    let _b = pool.allocate(3 << 20).unwrap();
+}
+
+#[test]
+fn reused_memory_holds_old_data_unless_zeroed() {
+    let gpu = gpu();
+    for zero_on_free in [false, true] {
+        let pool = Pool::new(
+            gpu,
+            PoolOptions {
+                zero_on_free,
+                ..PoolOptions::default()
+            },
+        )
+        .unwrap();
+        let secret = expected(11, 1024);
+        let x = pool.allocate(4096).unwrap();
+        let range = (x.segment(), x.offset());
+        pool.write(&x, 0, words_bytes(&secret)).unwrap();
+        drop(x);
+        pool.submit([]);
+        let y = pool.allocate(4096).unwrap();
+        assert_eq!((y.segment(), y.offset()), range);
+        let expected_contents = if zero_on_free {
+            vec![0; 1024]
+        } else {
+            secret.clone()
+        };
+        assert_eq!(
+            read_words(&pool, &y),
+            expected_contents,
+            "zero_on_free {zero_on_free}"
+        );
+        pool.write(&y, 0, words_bytes(&secret)).unwrap();
+        drop(y);
+        pool.submit([]);
+        let zeroed = pool
+            .allocate_with(
+                4096,
+                AllocOptions {
+                    zeroed: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(zeroed.offset(), range.1);
+        assert_eq!(read_words(&pool, &zeroed), vec![0; 1024]);
+    }
+}
+
+#[test]
+fn the_pool_is_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Pool>();
+    assert_send_sync::<Allocation>();
+    let gpu = gpu();
+    let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+    std::thread::scope(|scope| {
+        for thread in 0..4u64 {
+            let pool = pool.clone();
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(thread);
+                let mut live = Vec::new();
+                for _ in 0..300 {
+                    if live.is_empty() || rng.gen_bool(0.6) {
+                        live.push(pool.allocate(rng.gen_range(1..100_000)).unwrap());
+                    } else {
+                        let index = rng.gen_range(0..live.len());
+                        live.swap_remove(index);
+                    }
+                    if rng.gen_bool(0.1) {
+                        pool.mark_submitted();
+                    }
+                }
+            });
+        }
+    });
+    pool.mark_submitted();
+    let stats = pool.stats();
+    assert_eq!(stats.allocations.current, 0);
+    assert_eq!(stats.allocated_bytes.current, 0);
+    assert_eq!(stats.requested_bytes.current, 0);
+    // Every range of every segment is free again.
+    for segment in pool.segments() {
+        assert_eq!(
+            segment.free_blocks,
+            vec![(0, segment.size_bytes)],
+            "{segment:?}"
+        );
+    }
+}
+
+#[test]
+fn the_naive_baseline_has_the_same_interface() {
+    let gpu = gpu();
+    let naive = Pool::naive(gpu, PoolOptions::default());
+    assert!(naive.is_naive());
+    let kernels = Kernels::new(gpu);
+    let mut live = HashMap::new();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    for seed in 1..=20u32 {
+        let allocation = naive.allocate(u64::from(seed) * 100).unwrap();
+        assert_eq!(allocation.offset(), 0);
+        kernels.record_fill(gpu, &mut encoder, &allocation, seed);
+        live.insert(seed, allocation);
+    }
+    naive.submit([encoder.finish()]);
+    for (seed, allocation) in &live {
+        let words = read_words(&naive, allocation);
+        assert_eq!(words, expected(*seed, words.len()));
+    }
+    let stats = naive.stats();
+    assert_eq!(stats.create_segment_calls, 20);
+    assert_eq!(
+        stats.requested_bytes.current,
+        (1..=20).map(|s| s * 100).sum::<u64>()
+    );
+    assert_eq!(stats.reserved_bytes.current, stats.allocated_bytes.current);
+    drop(live);
+    assert_eq!(naive.stats().reserved_bytes.current, 0);
+    assert_eq!(
+        naive.stats().reserved_bytes.peak,
+        stats.reserved_bytes.current
+    );
+}
+
+#[test]
+fn a_custom_policy_must_fit_the_device() {
+    let gpu = gpu();
+    let limits = gpu.device.limits();
+    let too_small_block = PolicyConfig {
+        min_block_bytes: 16,
+        ..PolicyConfig::for_limits(256, limits.max_buffer_size)
+    };
+    if limits.min_storage_buffer_offset_alignment > 16 {
+        assert!(matches!(
+            Pool::new(
+                gpu,
+                PoolOptions {
+                    policy: Some(too_small_block),
+                    ..PoolOptions::default()
+                }
+            ),
+            Err(PoolError::Config(_))
+        ));
+    }
+    let too_big = PolicyConfig {
+        max_allocation_bytes: limits.max_buffer_size * 2,
+        ..PolicyConfig::for_limits(256, limits.max_buffer_size)
+    };
+    assert!(matches!(
+        Pool::new(
+            gpu,
+            PoolOptions {
+                policy: Some(too_big),
+                ..PoolOptions::default()
+            }
+        ),
+        Err(PoolError::Config(_))
+    ));
+}
