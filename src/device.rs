@@ -101,17 +101,28 @@ fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, DeviceError>
         let found: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
         return all
             .into_iter()
-            .find(|a| a.get_info().name.to_lowercase().contains(&wanted.to_lowercase()))
+            .find(|a| {
+                a.get_info()
+                    .name
+                    .to_lowercase()
+                    .contains(&wanted.to_lowercase())
+            })
             .ok_or(DeviceError::AdapterNameNotFound { wanted, found });
     }
     let options = wgpu::RequestAdapterOptions {
-        power_preference: wgpu::PowerPreference::from_env().unwrap_or(wgpu::PowerPreference::HighPerformance),
+        power_preference: wgpu::PowerPreference::from_env()
+            .unwrap_or(wgpu::PowerPreference::HighPerformance),
         ..Default::default()
     };
-    pollster::block_on(instance.request_adapter(&options)).map_err(|source| DeviceError::NoAdapter {
-        backends: format!("{:?}", wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())),
-        env_backend: std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "(unset)".into()),
-        source,
+    pollster::block_on(instance.request_adapter(&options)).map_err(|source| {
+        DeviceError::NoAdapter {
+            backends: format!(
+                "{:?}",
+                wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
+            ),
+            env_backend: std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "(unset)".into()),
+            source,
+        }
     })
 }
 
@@ -120,7 +131,9 @@ pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceE
     let required_limits = match limits {
         LimitsChoice::Adapter => adapter.limits(),
         // The defaults, but never more than the adapter has (GL adapters can be below them).
-        LimitsChoice::WebGpuDefault => wgpu::Limits::default().or_worse_values_from(&adapter.limits()),
+        LimitsChoice::WebGpuDefault => {
+            wgpu::Limits::default().or_worse_values_from(&adapter.limits())
+        }
     };
     let descriptor = wgpu::DeviceDescriptor {
         label: Some("wgpu-pool"),
