@@ -196,3 +196,40 @@ fn freeing_into_another_pool_panics() {
     let placement = first.allocate(100).unwrap();
     second.free(placement);
 }
+
+#[test]
+fn random_churn_never_overlaps() {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    for seed in 0..20u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut pool = pool(PolicyConfig::for_limits(32, 2 << 30));
+        let mut live: Vec<Placement> = Vec::new();
+        for step in 0..3000 {
+            if live.is_empty() || rng.gen_bool(0.6) {
+                let placement = pool.allocate(rng.gen_range(1..100_000)).unwrap();
+                let (start, end) = (
+                    placement.offset(),
+                    placement.offset() + placement.allocated_size(),
+                );
+                for other in &live {
+                    if other.segment() == placement.segment() {
+                        let (s, e) = (other.offset(), other.offset() + other.allocated_size());
+                        assert!(
+                            end <= s || e <= start,
+                            "seed {seed} step {step}: [{start}, {end}) overlaps [{s}, {e})"
+                        );
+                    }
+                }
+                live.push(placement);
+            } else {
+                let index = rng.gen_range(0..live.len());
+                pool.free(live.swap_remove(index));
+            }
+            for segment in pool.segments() {
+                if let Some(allocator) = &segment.allocator {
+                    allocator.check_invariants().unwrap();
+                }
+            }
+        }
+    }
+}

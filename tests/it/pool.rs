@@ -573,28 +573,56 @@ fn reused_memory_holds_old_data_unless_zeroed() {
 }
 
 #[test]
-fn the_pool_is_shared_across_threads() {
+fn eight_threads_churn_without_overlap_and_trim_gives_every_buffer_back() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Pool>();
     assert_send_sync::<Allocation>();
     let gpu = gpu();
     let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+    // Every live range, by (segment, offset) -> end: an insertion that overlaps a neighbour fails.
+    let ranges = std::sync::Mutex::new(std::collections::BTreeMap::new());
     std::thread::scope(|scope| {
-        for thread in 0..4u64 {
+        for thread in 0..8u64 {
             let pool = pool.clone();
+            let ranges = &ranges;
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(thread);
-                let mut live = Vec::new();
-                for _ in 0..300 {
+                let mut live: Vec<Allocation> = Vec::new();
+                for _ in 0..400 {
                     if live.is_empty() || rng.gen_bool(0.6) {
-                        live.push(pool.allocate(rng.gen_range(1..100_000)).unwrap());
+                        let allocation = pool.allocate(rng.gen_range(1..100_000)).unwrap();
+                        let key = (allocation.segment().unwrap(), allocation.offset());
+                        let end = allocation.offset() + allocation.allocated_size();
+                        let mut ranges = ranges.lock().unwrap();
+                        if let Some((&(segment, _), &previous_end)) =
+                            ranges.range(..key).next_back()
+                        {
+                            assert!(
+                                segment != key.0 || previous_end <= key.1,
+                                "overlap before {key:?}"
+                            );
+                        }
+                        if let Some((&(segment, offset), _)) = ranges.range(key..).next() {
+                            assert!(segment != key.0 || end <= offset, "overlap after {key:?}");
+                        }
+                        ranges.insert(key, end);
+                        drop(ranges);
+                        live.push(allocation);
                     } else {
-                        let index = rng.gen_range(0..live.len());
-                        live.swap_remove(index);
+                        let allocation = live.swap_remove(rng.gen_range(0..live.len()));
+                        ranges
+                            .lock()
+                            .unwrap()
+                            .remove(&(allocation.segment().unwrap(), allocation.offset()));
                     }
                     if rng.gen_bool(0.1) {
                         pool.mark_submitted();
                     }
+                }
+                // Forget the ranges before they go back to the pool.
+                let mut ranges = ranges.lock().unwrap();
+                for allocation in &live {
+                    ranges.remove(&(allocation.segment().unwrap(), allocation.offset()));
                 }
             });
         }
@@ -604,12 +632,38 @@ fn the_pool_is_shared_across_threads() {
     assert_eq!(stats.allocations.current, 0);
     assert_eq!(stats.allocated_bytes.current, 0);
     assert_eq!(stats.requested_bytes.current, 0);
+    assert_eq!(stats.allocations.total, stats.allocations.freed);
+    assert!(stats.allocations.total > 8 * 200);
     // Every range of every segment is free again.
     for segment in pool.segments() {
         assert_eq!(
             segment.free_blocks,
             vec![(0, segment.size_bytes)],
             "{segment:?}"
+        );
+    }
+    let device_before = gpu
+        .device
+        .generate_allocator_report()
+        .map(|r| r.total_allocated_bytes);
+    let reserved = stats.reserved_bytes.current;
+    assert!(reserved > 0);
+    assert_eq!(pool.trim(), reserved);
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert!(pool.segments().is_empty());
+    gpu.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .unwrap();
+    // Where the backend reports its own allocations (Vulkan, DX12), the buffers are gone there too.
+    if let (Some(before), Some(after)) = (
+        device_before,
+        gpu.device
+            .generate_allocator_report()
+            .map(|r| r.total_allocated_bytes),
+    ) {
+        assert!(
+            after + reserved <= before,
+            "device allocated {before} -> {after} bytes after trimming {reserved}"
         );
     }
 }
