@@ -1,8 +1,10 @@
 //! A hierarchical bitmap: set, clear and test one bit in O(1), find the lowest set bit in
 //! O(log64(bits)) — four word reads for 16 million bits.
 
-/// A set of indices `[0, len)` stored as bits, with summary levels above the leaves: bit `j` of
-/// level `l + 1` is set exactly when word `j` of level `l` is not zero.
+/// A set of indices `[0, len)` stored as bits, with summary levels above the leaves. The summaries
+/// are kept lazily: bit `j` of level `l + 1` is set whenever word `j` of level `l` is not zero, but
+/// may stay set after that word becomes zero. So `remove` touches one word only, `insert` stops at
+/// the first summary bit already set, and `first` clears the stale bits it walks into.
 #[derive(Debug, Clone)]
 pub(crate) struct Bitmap {
     /// `levels[0]` holds the leaves; the last level holds exactly one word.
@@ -32,71 +34,84 @@ impl Bitmap {
 
     /// Adds `index` to the set.
     #[inline]
-    pub(crate) fn insert(&mut self, mut index: usize) {
-        for level in &mut self.levels {
-            let word = &mut level[index >> 6];
-            let was_empty = *word == 0;
-            *word |= 1u64 << (index & 63);
-            if !was_empty {
+    pub(crate) fn insert(&mut self, index: usize) {
+        self.levels[0][index >> 6] |= 1u64 << (index & 63);
+        let mut position = index >> 6;
+        for level in &mut self.levels[1..] {
+            let word = &mut level[position >> 6];
+            let bit = 1u64 << (position & 63);
+            if *word & bit != 0 {
                 return;
             }
-            index >>= 6;
+            *word |= bit;
+            position >>= 6;
         }
     }
 
-    /// Removes `index` from the set.
+    /// Removes `index` from the set (the summaries above are cleaned lazily).
     #[inline]
-    pub(crate) fn remove(&mut self, mut index: usize) {
-        for level in &mut self.levels {
-            let word = &mut level[index >> 6];
-            *word &= !(1u64 << (index & 63));
-            if *word != 0 {
-                return;
-            }
-            index >>= 6;
-        }
+    pub(crate) fn remove(&mut self, index: usize) {
+        self.levels[0][index >> 6] &= !(1u64 << (index & 63));
     }
 
-    /// The lowest index in the set, if any.
+    /// The lowest index in the set, if any. Clears the stale summary bits it meets.
     #[inline]
-    pub(crate) fn first(&self) -> Option<usize> {
+    pub(crate) fn first(&mut self) -> Option<usize> {
         let top = self.levels.len() - 1;
-        if self.levels[top][0] == 0 {
-            return None;
+        'restart: loop {
+            if self.levels[top][0] == 0 {
+                return None;
+            }
+            let mut level = top;
+            let mut word_index = 0usize;
+            loop {
+                let word = self.levels[level][word_index];
+                if word == 0 {
+                    // A stale summary bit led here: clear it and search again.
+                    self.levels[level + 1][word_index >> 6] &= !(1u64 << (word_index & 63));
+                    continue 'restart;
+                }
+                let next = (word_index << 6) | word.trailing_zeros() as usize;
+                if level == 0 {
+                    return Some(next);
+                }
+                word_index = next;
+                level -= 1;
+            }
         }
-        let mut word_index = 0usize;
-        for level in self.levels.iter().rev() {
-            let word = level[word_index];
-            word_index = (word_index << 6) | word.trailing_zeros() as usize;
-        }
-        Some(word_index)
     }
 
-    /// The lowest index in the set that is at least `index`, if any. O(log64(bits)).
+    /// The lowest index in the set that is at least `index`, if any. O(log64(bits)) plus the stale
+    /// summary bits it skips; it changes nothing.
     pub(crate) fn next_from(&self, index: usize) -> Option<usize> {
         let mut level = 0;
         let mut position = index;
-        // Climb until a level has a set bit at or after `position`.
         loop {
-            let words = self.levels.get(level)?;
+            // Climb until a level has a set bit at or after `position`.
             let word_index = position >> 6;
-            let word = *words.get(word_index)?;
+            let word = *self.levels.get(level)?.get(word_index)?;
             let masked = word & (!0u64 << (position & 63));
-            if masked != 0 {
-                position = (word_index << 6) | masked.trailing_zeros() as usize;
-                break;
+            if masked == 0 {
+                // Later words of this level are the bits after `word_index` one level up.
+                position = word_index + 1;
+                level += 1;
+                continue;
             }
-            // Later words of this level are the bits after `word_index` one level up.
-            position = word_index + 1;
-            level += 1;
+            position = (word_index << 6) | masked.trailing_zeros() as usize;
+            // Descend along the lowest set bits; a stale summary bit sends the search on past it.
+            while level > 0 {
+                let child = self.levels[level - 1][position];
+                if child == 0 {
+                    break;
+                }
+                position = (position << 6) | child.trailing_zeros() as usize;
+                level -= 1;
+            }
+            if level == 0 {
+                return Some(position);
+            }
+            position += 1;
         }
-        // Descend along the lowest set bits.
-        while level > 0 {
-            level -= 1;
-            let word = self.levels[level][position];
-            position = (position << 6) | word.trailing_zeros() as usize;
-        }
-        Some(position)
     }
 
     /// Every index in the set, in increasing order (a scan of the leaves; for reports, not hot paths).
@@ -164,6 +179,32 @@ mod tests {
         assert_eq!(walked, members);
         assert_eq!(bitmap.next_from(66), Some(4095));
         assert_eq!(bitmap.next_from(len + 500), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn matches_a_set(ops in proptest::collection::vec((0u8..4, 0usize..300_000), 1..400)) {
+            let mut bitmap = Bitmap::new(300_000);
+            let mut model = std::collections::BTreeSet::new();
+            for (op, index) in ops {
+                match op {
+                    0 | 1 => { bitmap.insert(index); model.insert(index); }
+                    2 => {
+                        // Remove an existing member most of the time.
+                        let victim = model.range(index..).next().or(model.iter().next()).copied().unwrap_or(index);
+                        bitmap.remove(victim);
+                        model.remove(&victim);
+                    }
+                    _ => {
+                        proptest::prop_assert_eq!(bitmap.next_from(index), model.range(index..).next().copied());
+                    }
+                }
+                proptest::prop_assert_eq!(bitmap.first(), model.iter().next().copied());
+                proptest::prop_assert_eq!(bitmap.contains(index), model.contains(&index));
+            }
+            let walked: Vec<usize> = bitmap.iter().collect();
+            proptest::prop_assert_eq!(walked, model.into_iter().collect::<Vec<_>>());
+        }
     }
 
     #[test]

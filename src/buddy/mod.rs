@@ -465,25 +465,26 @@ impl BuddyAllocator {
     /// Marks the free units `[start, end)` allocated: every free block that covers a piece of the
     /// range is split, and the parts outside the range go back to the free lists.
     fn carve(&mut self, start: u64, end: u64) {
-        let mut pieces = Vec::with_capacity(2 * self.max_order as usize + 2);
-        for_each_piece(start, end, self.max_order, |piece_start, order| {
-            pieces.push((piece_start, order))
+        let max_order = self.max_order;
+        for_each_piece(start, end, max_order, |piece_start, piece_order| {
+            self.carve_piece(piece_start, piece_order)
         });
-        for (piece_start, piece_order) in pieces {
-            let (mut order, index) = self
-                .covering_free_block(piece_order, piece_start)
-                .expect("carve is only called on free ranges");
-            self.remove_free(order, index);
-            let mut block_start = (index as u64) << order;
-            while order > piece_order {
-                order -= 1;
-                let half = 1u64 << order;
-                if piece_start >= block_start + half {
-                    self.insert_free(order, (block_start >> order) as usize);
-                    block_start += half;
-                } else {
-                    self.insert_free(order, ((block_start + half) >> order) as usize);
-                }
+    }
+
+    fn carve_piece(&mut self, piece_start: u64, piece_order: u32) {
+        let (mut order, index) = self
+            .covering_free_block(piece_order, piece_start)
+            .expect("carve is only called on free ranges");
+        self.remove_free(order, index);
+        let mut block_start = (index as u64) << order;
+        while order > piece_order {
+            order -= 1;
+            let half = 1u64 << order;
+            if piece_start >= block_start + half {
+                self.insert_free(order, (block_start >> order) as usize);
+                block_start += half;
+            } else {
+                self.insert_free(order, ((block_start + half) >> order) as usize);
             }
         }
     }
@@ -502,24 +503,48 @@ impl BuddyAllocator {
         );
         let offset_units = allocation.offset_bytes >> self.min_block_shift;
         let units = allocation.units;
-        // The range is the aligned buddy blocks of its canonical decomposition; each one is freed
-        // and coalesced. Coalescing is confluent, so the order does not matter.
-        let mut pieces = Vec::with_capacity(2 * self.max_order as usize + 2);
-        for_each_piece(
-            offset_units,
-            offset_units + units,
-            self.max_order,
-            |start, order| pieces.push((start, order)),
-        );
-        for (start, order) in pieces {
-            self.free_block(order, start);
+        // The range is a run of aligned buddy blocks. Walk it from its end: each block is
+        // coalesced with its free buddies, and the merged block is carried (not inserted) while it
+        // is the buddy of the next block to the left, so an untouched tail and the allocation's own
+        // pieces merge without a round trip through the free lists. Coalescing is confluent, so the
+        // result is the same as freeing the blocks one by one.
+        let mut carry: Option<(u32, u64)> = None;
+        let mut position = offset_units + units;
+        while position > offset_units {
+            let order = position
+                .trailing_zeros()
+                .min(63 - (position - offset_units).leading_zeros())
+                .min(self.max_order);
+            let start = position - (1u64 << order);
+            position = start;
+            let block = match carry {
+                Some((carry_order, carry_start))
+                    if carry_order == order
+                        && carry_start == start + (1u64 << order)
+                        && (start >> order) & 1 == 0 =>
+                {
+                    (order + 1, start)
+                }
+                Some((carry_order, carry_start)) => {
+                    self.insert_free(carry_order, (carry_start >> carry_order) as usize);
+                    (order, start)
+                }
+                None => (order, start),
+            };
+            carry = Some(self.coalesce(block.0, block.1));
+        }
+        if let Some((order, start)) = carry {
+            self.insert_free(order, (start >> order) as usize);
         }
         self.allocated_units -= units;
         self.requested_bytes -= allocation.requested_bytes;
         self.allocation_count -= 1;
     }
 
-    fn free_block(&mut self, mut order: u32, mut start_units: u64) {
+    /// Merges the free block `(order, start_units)` with its free buddies, removing them from the
+    /// free lists; returns the merged block, which the caller inserts.
+    #[inline]
+    fn coalesce(&mut self, mut order: u32, mut start_units: u64) -> (u32, u64) {
         while order < self.max_order {
             let buddy_index = ((start_units >> order) ^ 1) as usize;
             if !self.free[order as usize].contains(buddy_index) {
@@ -529,7 +554,7 @@ impl BuddyAllocator {
             start_units &= !(1u64 << order);
             order += 1;
         }
-        self.insert_free(order, (start_units >> order) as usize);
+        (order, start_units)
     }
 
     #[inline]
@@ -615,8 +640,10 @@ impl BuddyAllocator {
             if (self.nonempty_orders >> order & 1 == 1) == indices.is_empty() {
                 return Err(format!("order {order}: nonempty mask disagrees"));
             }
-            if self.free[order as usize].first() != indices.first().copied() {
-                return Err(format!("order {order}: first() disagrees with the leaves"));
+            if self.free[order as usize].next_from(0) != indices.first().copied() {
+                return Err(format!(
+                    "order {order}: next_from(0) disagrees with the leaves"
+                ));
             }
             for &index in &indices {
                 if order < self.max_order && self.free[order as usize].contains(index ^ 1) {
