@@ -75,9 +75,9 @@ pub enum ConfigError {
         /// The value given.
         max_order: u32,
     },
-    /// A capacity that is not `min_block` times a power of two.
-    #[error("capacity {capacity_bytes} bytes is not min_block ({min_block_bytes} bytes) times a power of two")]
-    CapacityNotPowerOfTwoBlocks {
+    /// A capacity of zero, or one that is not a multiple of `min_block`.
+    #[error("capacity {capacity_bytes} bytes is not a nonzero multiple of min_block ({min_block_bytes} bytes)")]
+    CapacityNotMultipleOfMinBlock {
         /// The capacity asked for, in bytes.
         capacity_bytes: u64,
         /// The minimum block, in bytes.
@@ -91,8 +91,8 @@ pub enum AllocError {
     /// A request of zero bytes.
     #[error("cannot allocate 0 bytes")]
     ZeroSize,
-    /// A request larger than the whole capacity: it can never fit.
-    #[error("request of {requested_bytes} bytes exceeds the capacity of {capacity_bytes} bytes")]
+    /// A request larger than the whole capacity once rounded: it can never fit.
+    #[error("request of {requested_bytes} bytes (once rounded) exceeds the capacity of {capacity_bytes} bytes")]
     TooLarge {
         /// The size asked for, in bytes.
         requested_bytes: u64,
@@ -215,14 +215,19 @@ fn for_each_piece(start: u64, end: u64, max_order: u32, mut f: impl FnMut(u64, u
 
 static NEXT_ALLOCATOR_ID: AtomicU32 = AtomicU32::new(1);
 
-/// A buddy allocator of the offsets `[0, min_block << max_order)`.
+/// A buddy allocator of the offsets `[0, capacity)`. The capacity is any multiple of `min_block`:
+/// it starts as the blocks of its binary digits (40 units are a 32-unit root at 0 and an 8-unit root
+/// at 32), which never merge with each other, though a request may straddle them.
 #[derive(Debug)]
 pub struct BuddyAllocator {
     id: u32,
     min_block_shift: u32,
+    /// The order of the largest root block: `floor(log2(capacity_units))`.
     max_order: u32,
+    capacity_units: u64,
     rounding: Rounding,
-    /// `free[k]` holds `offset_units >> k` for every free block of order `k`.
+    /// `free[k]` holds `offset_units >> k` for every free block of order `k`; one spare bit past
+    /// the end keeps every buddy index in bounds.
     free: Vec<Bitmap>,
     free_counts: [u64; MAX_ORDER_LIMIT as usize + 1],
     /// Bit `k` is set when `free[k]` is not empty.
@@ -239,33 +244,18 @@ impl BuddyAllocator {
         max_order: u32,
         rounding: Rounding,
     ) -> Result<Self, ConfigError> {
-        if !min_block_bytes.is_power_of_two() {
-            return Err(ConfigError::MinBlockNotPowerOfTwo { min_block_bytes });
-        }
-        let min_block_shift = min_block_bytes.trailing_zeros();
-        if max_order > MAX_ORDER_LIMIT || min_block_shift + max_order > 63 {
+        if max_order > MAX_ORDER_LIMIT || max_order >= 64 {
             return Err(ConfigError::MaxOrderTooLarge { max_order });
         }
-        let free = (0..=max_order)
-            .map(|order| Bitmap::new(1usize << (max_order - order)))
-            .collect();
-        let mut allocator = Self {
-            id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
-            min_block_shift,
-            max_order,
-            rounding,
-            free,
-            free_counts: [0; MAX_ORDER_LIMIT as usize + 1],
-            nonempty_orders: 0,
-            allocated_units: 0,
-            requested_bytes: 0,
-            allocation_count: 0,
-        };
-        allocator.insert_free(max_order, 0);
-        Ok(allocator)
+        let capacity_bytes = min_block_bytes
+            .checked_shl(max_order)
+            .filter(|c| c >> max_order == min_block_bytes)
+            .ok_or(ConfigError::MaxOrderTooLarge { max_order })?;
+        Self::with_capacity(min_block_bytes, capacity_bytes, rounding)
     }
 
-    /// An allocator of exactly `capacity_bytes`, which must be `min_block_bytes` times a power of two.
+    /// An allocator of exactly `capacity_bytes`, a nonzero multiple of `min_block_bytes` of at most
+    /// `min_block_bytes << (MAX_ORDER_LIMIT + 1)` bytes.
     pub fn with_capacity(
         min_block_bytes: u64,
         capacity_bytes: u64,
@@ -274,19 +264,42 @@ impl BuddyAllocator {
         if !min_block_bytes.is_power_of_two() {
             return Err(ConfigError::MinBlockNotPowerOfTwo { min_block_bytes });
         }
-        let units = capacity_bytes / min_block_bytes;
-        if !capacity_bytes.is_multiple_of(min_block_bytes) || !units.is_power_of_two() {
-            return Err(ConfigError::CapacityNotPowerOfTwoBlocks {
+        let capacity_units = capacity_bytes / min_block_bytes;
+        if capacity_units == 0 || !capacity_bytes.is_multiple_of(min_block_bytes) {
+            return Err(ConfigError::CapacityNotMultipleOfMinBlock {
                 capacity_bytes,
                 min_block_bytes,
             });
         }
-        Self::new(min_block_bytes, units.trailing_zeros(), rounding)
+        let max_order = 63 - capacity_units.leading_zeros();
+        if max_order > MAX_ORDER_LIMIT {
+            return Err(ConfigError::MaxOrderTooLarge { max_order });
+        }
+        let free = (0..=max_order)
+            .map(|order| Bitmap::new((capacity_units >> order) as usize + 1))
+            .collect();
+        let mut allocator = Self {
+            id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+            min_block_shift: min_block_bytes.trailing_zeros(),
+            max_order,
+            capacity_units,
+            rounding,
+            free,
+            free_counts: [0; MAX_ORDER_LIMIT as usize + 1],
+            nonempty_orders: 0,
+            allocated_units: 0,
+            requested_bytes: 0,
+            allocation_count: 0,
+        };
+        for_each_piece(0, capacity_units, max_order, |start, order| {
+            allocator.insert_free(order, (start >> order) as usize)
+        });
+        Ok(allocator)
     }
 
     /// The whole range managed, in bytes.
     pub fn capacity(&self) -> u64 {
-        1u64 << (self.min_block_shift + self.max_order)
+        self.capacity_units << self.min_block_shift
     }
 
     /// The smallest block, in bytes.
@@ -294,7 +307,8 @@ impl BuddyAllocator {
         1u64 << self.min_block_shift
     }
 
-    /// `capacity / min_block` is `2^max_order`.
+    /// The order of the largest root block: `min_block << max_order` is the largest power of two
+    /// not above the capacity.
     pub fn max_order(&self) -> u32 {
         self.max_order
     }
@@ -318,7 +332,10 @@ impl BuddyAllocator {
     /// when it does not fit (or is 0 or larger than the capacity). O(1). A lower order is a tighter
     /// fit; the pool uses this to choose among segments.
     pub fn fit_order(&self, size_bytes: u64) -> Option<u32> {
-        if size_bytes == 0 || size_bytes > self.capacity() {
+        if size_bytes == 0
+            || size_bytes > self.capacity()
+            || self.units_for(size_bytes) > self.capacity_units
+        {
             return None;
         }
         let order = self.order_for(size_bytes);
@@ -351,7 +368,7 @@ impl BuddyAllocator {
         if size_bytes == 0 {
             return Err(AllocError::ZeroSize);
         }
-        if size_bytes > self.capacity() {
+        if size_bytes > self.capacity() || self.units_for(size_bytes) > self.capacity_units {
             return Err(AllocError::TooLarge {
                 requested_bytes: size_bytes,
                 capacity_bytes: self.capacity(),
@@ -427,7 +444,7 @@ impl BuddyAllocator {
         let half_order = order - 1;
         let half = 1u64 << half_order;
         let rest = units - half;
-        let capacity_units = 1u64 << self.max_order;
+        let capacity_units = self.capacity_units;
         let bitmap = &self.free[half_order as usize];
         let mut from = 0usize;
         for _ in 0..STRADDLE_CANDIDATES {
@@ -664,11 +681,10 @@ impl BuddyAllocator {
                 ));
             }
         }
-        if total_free_units + self.allocated_units != 1u64 << self.max_order {
+        if total_free_units + self.allocated_units != self.capacity_units {
             return Err(format!(
                 "free units {total_free_units} + allocated units {} != capacity units {}",
-                self.allocated_units,
-                1u64 << self.max_order
+                self.allocated_units, self.capacity_units
             ));
         }
         Ok(())

@@ -15,10 +15,21 @@ fn assert_fully_coalesced(mut allocator: BuddyAllocator) {
     let stats = allocator.stats();
     assert_eq!(stats.allocated_bytes, 0);
     assert_eq!(stats.free_bytes, stats.capacity_bytes);
-    assert_eq!(stats.largest_free_bytes, stats.capacity_bytes);
-    let all = allocator.allocate(allocator.capacity()).unwrap();
-    assert_eq!(all.offset(), 0);
-    allocator.free(all);
+    // The largest root: the whole capacity when it is a power of two.
+    assert_eq!(
+        stats.largest_free_bytes,
+        allocator.min_block() << allocator.max_order()
+    );
+    if allocator.rounding() == Rounding::Exact || stats.capacity_bytes == stats.largest_free_bytes {
+        let all = allocator.allocate(allocator.capacity()).unwrap();
+        assert_eq!(all.offset(), 0);
+        allocator.free(all);
+    } else {
+        assert!(matches!(
+            allocator.allocate(allocator.capacity()),
+            Err(AllocError::TooLarge { .. })
+        ));
+    }
 }
 
 #[test]
@@ -148,6 +159,47 @@ fn a_request_straddles_two_blocks_that_are_not_buddies() {
 }
 
 #[test]
+fn any_multiple_of_min_block_is_a_capacity() {
+    // 40 units: a 32-unit root at 0 and an 8-unit root at 32; they never merge, but a request of
+    // the whole capacity straddles them.
+    let mut allocator = BuddyAllocator::with_capacity(KIB, 40 * KIB, Rounding::Exact).unwrap();
+    assert_eq!(allocator.max_order(), 5);
+    assert_eq!(
+        allocator.free_blocks(),
+        vec![(0, 32 * KIB), (32 * KIB, 8 * KIB)]
+    );
+    assert_eq!(allocator.stats().largest_free_bytes, 32 * KIB);
+    let a = allocator.allocate(8 * KIB).unwrap();
+    assert_eq!(a.offset(), 32 * KIB); // the smallest sufficient block
+    let b = allocator.allocate(32 * KIB).unwrap();
+    assert_eq!(b.offset(), 0);
+    assert!(matches!(
+        allocator.allocate(1),
+        Err(AllocError::OutOfSpace { .. })
+    ));
+    allocator.free(a);
+    allocator.free(b);
+    allocator.check_invariants().unwrap();
+    assert_eq!(
+        allocator.free_blocks(),
+        vec![(0, 32 * KIB), (32 * KIB, 8 * KIB)]
+    );
+    let whole = allocator.allocate(40 * KIB).unwrap();
+    assert_eq!(whole.offset(), 0);
+    assert_eq!(allocator.stats().free_bytes, 0);
+    assert_eq!(
+        allocator.allocate(40 * KIB + 1).unwrap_err(),
+        AllocError::TooLarge {
+            requested_bytes: 40 * KIB + 1,
+            capacity_bytes: 40 * KIB
+        }
+    );
+    allocator.free(whole);
+    allocator.check_invariants().unwrap();
+    assert_eq!(allocator.free_blocks().len(), 2);
+}
+
+#[test]
 fn figures_in_errors() {
     let mut allocator = exact(256, 4); // 4 KiB
     assert_eq!(allocator.allocate(0), Err(AllocError::ZeroSize));
@@ -202,9 +254,16 @@ fn configuration_errors() {
         BuddyAllocator::new(1 << 40, 30, Rounding::Exact).unwrap_err(),
         ConfigError::MaxOrderTooLarge { max_order: 30 }
     );
+    assert_eq!(
+        BuddyAllocator::with_capacity(256, 3 * 256 + 1, Rounding::Exact).unwrap_err(),
+        ConfigError::CapacityNotMultipleOfMinBlock {
+            capacity_bytes: 3 * 256 + 1,
+            min_block_bytes: 256
+        }
+    );
     assert!(matches!(
-        BuddyAllocator::with_capacity(256, 3 * 256, Rounding::Exact),
-        Err(ConfigError::CapacityNotPowerOfTwoBlocks { .. })
+        BuddyAllocator::with_capacity(256, 0, Rounding::Exact),
+        Err(ConfigError::CapacityNotMultipleOfMinBlock { .. })
     ));
     let allocator = BuddyAllocator::with_capacity(256, 1 << 20, Rounding::Exact).unwrap();
     assert_eq!((allocator.capacity(), allocator.max_order()), (1 << 20, 12));
@@ -300,9 +359,15 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op, 1..300)
 }
 
-fn run_against_model(rounding: Rounding, ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run_against_model(
+    rounding: Rounding,
+    capacity_units: u64,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
     let min_block = 256u64;
-    let mut allocator = BuddyAllocator::new(min_block, 9, rounding).unwrap(); // 128 KiB
+    let mut allocator =
+        BuddyAllocator::with_capacity(min_block, capacity_units * min_block, rounding).unwrap();
+    let roots = allocator.free_blocks();
     let mut handles: Vec<Allocation> = Vec::new();
     let mut model = Model::default();
     for op in ops {
@@ -407,7 +472,7 @@ fn run_against_model(rounding: Rounding, ops: Vec<Op>) -> Result<(), TestCaseErr
     for handle in handles.drain(..) {
         allocator.free(handle);
     }
-    prop_assert_eq!(allocator.free_blocks(), vec![(0, allocator.capacity())]);
+    prop_assert_eq!(allocator.free_blocks(), roots);
     assert_fully_coalesced(allocator);
     Ok(())
 }
@@ -416,12 +481,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn exact_matches_the_model(ops in ops()) {
-        run_against_model(Rounding::Exact, ops)?;
+    fn exact_matches_the_model(ops in ops(), odd in any::<bool>()) {
+        // 128 KiB, or 75 KiB: roots of 64, 8, 2 and 1 KiB.
+        run_against_model(Rounding::Exact, if odd { 300 } else { 512 }, ops)?;
     }
 
     #[test]
-    fn power_of_two_matches_the_model(ops in ops()) {
-        run_against_model(Rounding::PowerOfTwo, ops)?;
+    fn power_of_two_matches_the_model(ops in ops(), odd in any::<bool>()) {
+        run_against_model(Rounding::PowerOfTwo, if odd { 300 } else { 512 }, ops)?;
     }
 }

@@ -14,7 +14,7 @@ fn config() -> PolicyConfig {
         dedicated_reuse_divisor: 0,
         max_allocation_bytes: 256 * MIB,
         rounding: Rounding::Exact,
-        release_empty_on_growth: true,
+        keep_empty_divisor: 0,
         budget_bytes: None,
     }
 }
@@ -232,4 +232,24 @@ fn random_churn_never_overlaps() {
             }
         }
     }
+}
+
+#[test]
+fn a_segment_of_the_request_size_is_the_last_resort_before_out_of_memory() {
+    // 110 MiB of device: a 64 MiB segment holds the first 40 MiB; the second 40 MiB cannot get
+    // another 64 MiB segment but fits in one of its own size.
+    let mut pool = PoolCore::new(config(), SimulatedStorage::new(Some(110 * MIB))).unwrap();
+    let a = pool.allocate(40 * MIB).unwrap();
+    let b = pool.allocate(40 * MIB).unwrap();
+    assert_ne!(a.segment(), b.segment());
+    assert_eq!(pool.segment(b.slot()).unwrap().size_bytes, 40 * MIB);
+    assert_eq!(pool.stats().reserved_bytes.current, 104 * MIB);
+    assert_eq!(pool.stats().oom_count, 0);
+    assert!(matches!(
+        pool.allocate(40 * MIB),
+        Err(PolicyError::OutOfMemory(_))
+    ));
+    assert_eq!(pool.stats().oom_count, 1);
+    pool.free(a);
+    pool.free(b);
 }

@@ -86,7 +86,12 @@ fn every_strategy_replays_a_churn() {
 
 #[test]
 fn a_capacity_gives_the_first_oom() {
-    let events = [alloc(1, 40 * MIB), alloc(2, 40 * MIB), alloc(3, 40 * MIB)];
+    let events = [
+        alloc(1, 30 * MIB),
+        alloc(2, 30 * MIB),
+        alloc(3, 30 * MIB),
+        alloc(4, 30 * MIB),
+    ];
     let profile = LimitsProfile::H200;
     let report = replay(
         "oom",
@@ -97,7 +102,7 @@ fn a_capacity_gives_the_first_oom() {
         &mut |_| {},
     );
     for strategy in &report.strategies {
-        assert_eq!(strategy.oom_at_event, Some(2), "{strategy:?}");
+        assert_eq!(strategy.oom_at_event, Some(3), "{strategy:?}");
         assert_eq!(strategy.failed_allocations, 1);
         assert!(
             strategy
