@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use crate::buddy::Rounding;
 use crate::policy::{PolicyConfig, PolicyError, PoolCore, SimulatedStorage};
+use crate::snapshot::{Snapshot, TraceAction, TraceEntry};
 
 /// What happened, in the order it happened. Sizes are in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,49 @@ pub enum ReplayEvent {
         /// The segment size, in bytes.
         size: u64,
     },
+}
+
+impl ReplayEvent {
+    /// The events of a recorded trace, in order: `alloc`; `free_completed` as the free (or
+    /// `free_requested` when the trace has no `free_completed` at all); `segment_alloc` and
+    /// `segment_map` as reserving, `segment_free` and `segment_unmap` as giving back. Other actions
+    /// (`oom`, `snapshot`, unknown ones) are left out.
+    pub fn from_trace(entries: &[TraceEntry]) -> Vec<ReplayEvent> {
+        let frees_complete = entries
+            .iter()
+            .any(|e| e.action == TraceAction::FreeCompleted);
+        let free_action = if frees_complete {
+            TraceAction::FreeCompleted
+        } else {
+            TraceAction::FreeRequested
+        };
+        entries
+            .iter()
+            .filter_map(|entry| match &entry.action {
+                TraceAction::Alloc => Some(ReplayEvent::Alloc {
+                    addr: entry.addr,
+                    size: entry.size,
+                }),
+                action if *action == free_action => Some(ReplayEvent::Free { addr: entry.addr }),
+                TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
+                    Some(ReplayEvent::SegmentAlloc { size: entry.size })
+                }
+                TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
+                    Some(ReplayEvent::SegmentFree { size: entry.size })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The events of every device trace of a snapshot, one device after another.
+    pub fn from_snapshot(snapshot: &Snapshot) -> Vec<ReplayEvent> {
+        snapshot
+            .device_traces
+            .iter()
+            .flat_map(|trace| Self::from_trace(trace))
+            .collect()
+    }
 }
 
 /// The limits of a device, as far as the pool's policy cares.
@@ -154,6 +198,41 @@ pub struct StrategyOutcome {
     pub oom_reason: Option<String>,
     /// Allocations that failed.
     pub failed_allocations: u64,
+    /// Reserved bytes over the trace as `(event index, bytes)`, at most [`TIMELINE_POINTS`]
+    /// points (the maximum of each stretch of events), for plots.
+    #[serde(skip)]
+    pub reserved_timeline: Vec<(usize, u64)>,
+}
+
+/// The most points kept in a timeline.
+pub const TIMELINE_POINTS: usize = 2000;
+
+/// Keeps the maximum of each stretch of `stride` events.
+#[derive(Debug)]
+struct Timeline {
+    stride: usize,
+    points: Vec<(usize, u64)>,
+}
+
+impl Timeline {
+    fn new(events: usize) -> Self {
+        Self {
+            stride: events.div_ceil(TIMELINE_POINTS).max(1),
+            points: Vec::new(),
+        }
+    }
+
+    fn record(&mut self, index: usize, value: u64) {
+        let bucket = index / self.stride;
+        match self.points.last_mut() {
+            Some(last) if last.0 / self.stride == bucket => {
+                if value >= last.1 {
+                    *last = (index, value);
+                }
+            }
+            _ => self.points.push((index, value)),
+        }
+    }
 }
 
 /// The comparison of all strategies on one trace (the replay example's JSON).
@@ -174,6 +253,12 @@ pub struct ReplayReport {
     pub pytorch_peak_reserved_bytes: Option<u64>,
     /// One outcome per strategy.
     pub strategies: Vec<StrategyOutcome>,
+    /// Live requested bytes over the trace, sampled like the strategies' timelines.
+    #[serde(skip)]
+    pub requested_timeline: Vec<(usize, u64)>,
+    /// PyTorch's reserved bytes over the trace, sampled likewise (empty without segment events).
+    #[serde(skip)]
+    pub pytorch_reserved_timeline: Vec<(usize, u64)>,
 }
 
 impl ReplayReport {
@@ -228,6 +313,7 @@ pub fn replay(
     progress: &mut dyn FnMut(usize),
 ) -> ReplayReport {
     let (peak_requested_bytes, peak_at, pytorch_peak_reserved_bytes) = trace_peaks(events);
+    let (requested_timeline, pytorch_reserved_timeline) = trace_timelines(events);
     let outcomes = strategies
         .iter()
         .enumerate()
@@ -259,7 +345,35 @@ pub fn replay(
         peak_requested_bytes,
         pytorch_peak_reserved_bytes,
         strategies: outcomes,
+        requested_timeline,
+        pytorch_reserved_timeline: if pytorch_peak_reserved_bytes.is_some() {
+            pytorch_reserved_timeline
+        } else {
+            Vec::new()
+        },
     }
+}
+
+/// Live requested bytes and PyTorch's reserved bytes over the trace, sampled for plots.
+fn trace_timelines(events: &[ReplayEvent]) -> (Vec<(usize, u64)>, Vec<(usize, u64)>) {
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut requested, mut reserved) = (0u64, 0i128);
+    let (mut requested_line, mut reserved_line) =
+        (Timeline::new(events.len()), Timeline::new(events.len()));
+    for (index, event) in events.iter().enumerate() {
+        match *event {
+            ReplayEvent::Alloc { addr, size } => {
+                requested -= live.insert(addr, size).unwrap_or(0);
+                requested += size;
+            }
+            ReplayEvent::Free { addr } => requested -= live.remove(&addr).unwrap_or(0),
+            ReplayEvent::SegmentAlloc { size } => reserved += i128::from(size),
+            ReplayEvent::SegmentFree { size } => reserved -= i128::from(size),
+        }
+        requested_line.record(index, requested);
+        reserved_line.record(index, reserved.max(0) as u64);
+    }
+    (requested_line.points, reserved_line.points)
 }
 
 const PROGRESS_EVERY: usize = 4096;
@@ -281,7 +395,9 @@ fn replay_pool(
         oom_at_event: None,
         oom_reason: None,
         failed_allocations: 0,
+        reserved_timeline: Vec::new(),
     };
+    let mut timeline = Timeline::new(events.len());
     let mut pool = match PoolCore::new(config, SimulatedStorage::new(capacity_bytes)) {
         Ok(pool) => pool,
         Err(error) => {
@@ -312,11 +428,13 @@ fn replay_pool(
             outcome.internal_fragmentation = stats.internal_fragmentation();
             outcome.external_fragmentation = stats.external_fragmentation();
         }
+        timeline.record(index, pool.stats().reserved_bytes.current);
         if index % PROGRESS_EVERY == 0 {
             progress(index);
         }
     }
     progress(events.len());
+    outcome.reserved_timeline = timeline.points;
     let stats = pool.stats();
     outcome.peak_reserved_bytes = stats.reserved_bytes.peak;
     outcome.segments_created = stats.create_segment_calls;
@@ -347,7 +465,9 @@ fn replay_naive(
         oom_at_event: None,
         oom_reason: None,
         failed_allocations: 0,
+        reserved_timeline: Vec::new(),
     };
+    let mut timeline = Timeline::new(events.len());
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
     let (mut reserved, mut requested) = (0u64, 0u64);
     for (index, event) in events.iter().enumerate() {
@@ -402,11 +522,13 @@ fn replay_naive(
         if index == peak_at && reserved > 0 {
             outcome.internal_fragmentation = 1.0 - requested as f64 / reserved as f64;
         }
+        timeline.record(index, reserved);
         if index % PROGRESS_EVERY == 0 {
             progress(index);
         }
     }
     progress(events.len());
+    outcome.reserved_timeline = timeline.points;
     outcome
 }
 

@@ -1,6 +1,7 @@
 //! Replay on small synthetic traces with known answers.
 
 use super::*;
+use crate::snapshot::Snapshot;
 
 const MIB: u64 = 1 << 20;
 
@@ -143,4 +144,142 @@ fn webgpu_limits_refuse_what_no_buffer_can_hold() {
         Some(LimitsProfile::WEBGPU)
     );
     assert_eq!(LimitsProfile::by_name("nope"), None);
+}
+
+/// The real traces captured from PyTorch on an H200 (`shared/traces` beside the repository).
+fn real_trace(name: &str) -> Vec<ReplayEvent> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/traces")
+        .join(name);
+    let snapshot = Snapshot::from_path(&path).unwrap_or_else(|error| {
+        panic!(
+            "this test replays the real trace {}, expected in shared/traces beside the repository: {error}",
+            path.display()
+        )
+    });
+    ReplayEvent::from_snapshot(&snapshot)
+}
+
+#[test]
+fn the_default_policy_meets_its_target_on_the_real_traces() {
+    // Peak reserved within 1.10 x peak requested, and no more than PyTorch reserved.
+    for (name, requested, pytorch) in [
+        ("gpt_train.pickle", 5_386_548_180u64, 6_712_983_552u64),
+        ("frag_churn.pickle", 2_435_842_048, 3_135_242_240),
+    ] {
+        let events = real_trace(name);
+        let profile = LimitsProfile::H200;
+        let report = replay(
+            name,
+            &events,
+            profile,
+            None,
+            &Strategy::defaults(&profile),
+            &mut |_| {},
+        );
+        assert_eq!(report.peak_requested_bytes, requested, "{name}");
+        assert_eq!(report.pytorch_peak_reserved_bytes, Some(pytorch), "{name}");
+        let pool = report.strategy("pool").unwrap();
+        let ratio = pool.peak_reserved_bytes as f64 / requested as f64;
+        assert!(
+            ratio <= 1.10,
+            "{name}: pool reserved {ratio:.3} x peak requested"
+        );
+        assert!(
+            pool.peak_reserved_bytes <= pytorch,
+            "{name}: pool reserved more than PyTorch"
+        );
+        assert!(pool.oom_at_event.is_none(), "{name}: {pool:?}");
+        assert_eq!(
+            report.strategy("naive").unwrap().peak_reserved_bytes,
+            requested,
+            "{name}"
+        );
+        // The plots' timelines end at the trace's end and peak where the figures say.
+        assert_eq!(
+            pool.reserved_timeline.iter().map(|p| p.1).max(),
+            Some(pool.peak_reserved_bytes)
+        );
+        assert_eq!(
+            report.requested_timeline.iter().map(|p| p.1).max(),
+            Some(requested)
+        );
+        assert!(pool.reserved_timeline.len() <= TIMELINE_POINTS);
+    }
+}
+
+#[test]
+fn a_capacity_below_the_peak_gives_an_oom_on_the_real_trace() {
+    let events = real_trace("frag_churn.pickle");
+    let profile = LimitsProfile::H200;
+    let report = replay(
+        "frag_churn",
+        &events,
+        profile,
+        Some(2 << 30),
+        &Strategy::defaults(&profile),
+        &mut |_| {},
+    );
+    for strategy in &report.strategies {
+        assert!(strategy.oom_at_event.is_some(), "{strategy:?}");
+        assert!(strategy.peak_reserved_bytes <= 2 << 30, "{strategy:?}");
+    }
+    // Under WebGPU's limits the 823 MB logits of gpt_train cannot be one buffer at all.
+    let events = real_trace("gpt_train.pickle");
+    let report = replay(
+        "gpt_train",
+        &events,
+        LimitsProfile::WEBGPU,
+        None,
+        &Strategy::defaults(&LimitsProfile::WEBGPU),
+        &mut |_| {},
+    );
+    let pool = report.strategy("pool").unwrap();
+    assert!(
+        pool.oom_reason
+            .as_deref()
+            .unwrap()
+            .contains("largest buffer"),
+        "{pool:?}"
+    );
+}
+
+#[test]
+fn trace_entries_become_replay_events() {
+    use crate::snapshot::{TraceAction, TraceEntry};
+    let entry = |action: TraceAction, addr: u64, size: u64| TraceEntry {
+        action,
+        addr,
+        size,
+        stream: 0,
+        time_us: 0,
+        frames: Vec::new(),
+        device_free: None,
+    };
+    let with_completed = [
+        entry(TraceAction::SegmentAlloc, 0, 100),
+        entry(TraceAction::Alloc, 8, 10),
+        entry(TraceAction::FreeRequested, 8, 10),
+        entry(TraceAction::FreeCompleted, 8, 10),
+        entry(TraceAction::Oom, 0, 5),
+        entry(TraceAction::SegmentUnmap, 0, 100),
+    ];
+    assert_eq!(
+        ReplayEvent::from_trace(&with_completed),
+        vec![
+            ReplayEvent::SegmentAlloc { size: 100 },
+            alloc(8, 10),
+            free(8),
+            ReplayEvent::SegmentFree { size: 100 }
+        ]
+    );
+    // Without free_completed, free_requested is the free.
+    let requested_only = [
+        entry(TraceAction::Alloc, 8, 10),
+        entry(TraceAction::FreeRequested, 8, 10),
+    ];
+    assert_eq!(
+        ReplayEvent::from_trace(&requested_only),
+        vec![alloc(8, 10), free(8)]
+    );
 }
