@@ -18,7 +18,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
-use wgpu_pool::replay::{replay, LimitsProfile, ReplayEvent, ReplayReport, Strategy};
+use wgpu_pool::replay::{
+    replay, LimitsProfile, ReplayEvent, ReplayReport, Strategy, TimelinePoints,
+};
 use wgpu_pool::snapshot::Snapshot;
 
 struct Args {
@@ -244,7 +246,7 @@ fn plot(report: &ReplayReport, path: &std::path::Path) -> Result<()> {
         .x_desc("event")
         .y_desc("GiB")
         .draw()?;
-    let mut series: Vec<(String, &Vec<(usize, u64)>, RGBColor)> = Vec::new();
+    let mut series: Vec<(String, &TimelinePoints, RGBColor)> = Vec::new();
     if !report.pytorch_reserved_timeline.is_empty() {
         series.push((
             "pytorch reserved".into(),

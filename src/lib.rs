@@ -2,12 +2,16 @@
 
 pub mod buddy;
 pub mod device;
+pub mod history;
 pub mod policy;
 pub mod pool;
 pub mod replay;
+pub mod report;
 pub mod snapshot;
 
 pub use buddy::{BuddyAllocator, Rounding};
 pub use device::{request_gpu, Gpu, LimitsChoice};
+pub use history::{History, HistoryOptions};
 pub use policy::{PolicyConfig, PoolStats};
-pub use pool::{AllocOptions, Allocation, Pool, PoolError, PoolOptions, ReuseSafety};
+pub use pool::{AllocOptions, Allocation, OpScope, Pool, PoolError, PoolOptions, ReuseSafety};
+pub use report::Report;

@@ -36,15 +36,31 @@
 //! earlier one. [`AllocOptions::zeroed`] clears the range on the GPU before it is handed out, and
 //! [`PoolOptions::zero_on_free`] clears freed ranges (for sensitive data) in the submission that
 //! releases them.
+//!
+//! # History and reports
+//!
+//! The pool keeps every live allocation's sizes, label and op (the one in scope when it was made,
+//! see [`Pool::op_scope`]), so that [`Pool::memory_state`] and [`Pool::snapshot`] can tile each
+//! segment with its allocations, pending frees and free blocks. With
+//! [`PoolOptions::history`] (or [`Pool::set_history`]) it also records every allocation, free,
+//! segment creation and destruction and out-of-memory refusal in a bounded ring
+//! ([`crate::history`]); off, that costs one branch under the lock the pool takes anyway. The
+//! [`report`](crate::report) module turns both into text, JSON, PyTorch snapshots, Chrome traces and
+//! SVG plots.
 
+use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use crate::device::Gpu;
+use crate::history::{Event, EventKind, History, HistoryOptions, Label, OomDetails, Totals};
 use crate::policy::{
-    OutOfMemory, Placement, PolicyConfig, PolicyError, PoolCore, PoolStats, SegmentId,
-    SegmentStorage, StorageError,
+    OutOfMemory, Placement, PolicyConfig, PolicyError, PoolCore, PoolStats, SegmentEvent,
+    SegmentId, SegmentStorage, StorageError,
 };
+use crate::report::{HistoryStatus, PolicySummary, PoolState, SegmentState, Span, SpanKind};
+use crate::snapshot::Snapshot;
 
 /// The usages of every segment buffer.
 pub const SEGMENT_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -74,6 +90,9 @@ pub struct PoolOptions {
     pub zero_on_free: bool,
     /// A prefix for the labels of the buffers the pool creates.
     pub label: String,
+    /// Record the allocation history from the start (`None`, the default: off; see
+    /// [`Pool::set_history`] to switch it on later).
+    pub history: Option<HistoryOptions>,
 }
 
 impl Default for PoolOptions {
@@ -83,6 +102,7 @@ impl Default for PoolOptions {
             reuse: ReuseSafety::AfterSubmission,
             zero_on_free: false,
             label: "wgpu-pool".into(),
+            history: None,
         }
     }
 }
@@ -240,9 +260,11 @@ fn create_buffer_checked(
 }
 
 /// The naive baseline's bookkeeping: one buffer per allocation, counted like the pool counts.
+/// Each buffer is reported as a segment of its own, with an id from `next_segment_id`.
 #[derive(Debug, Default)]
 struct NaiveState {
     stats: PoolStats,
+    next_segment_id: u64,
 }
 
 enum Backing {
@@ -254,11 +276,75 @@ enum Backing {
 struct PendingFree {
     placement: Placement,
     buffer: wgpu::Buffer,
+    /// Its record in the live slab.
+    live_slot: usize,
+}
+
+/// What the pool remembers of a live allocation (or one dropped and waiting for a submission),
+/// for snapshots and history.
+#[derive(Debug)]
+struct LiveAllocation {
+    segment: SegmentId,
+    offset_bytes: u64,
+    requested_bytes: u64,
+    allocated_bytes: u64,
+    label: Label,
+    op: Option<Label>,
+    /// Dropped, waiting for the submission that releases it.
+    pending: bool,
+}
+
+/// The live allocations in a slab: each handle (and each pending free) holds its record's index,
+/// so keeping the records costs a vector write per allocation and no hashing.
+#[derive(Debug, Default)]
+struct LiveSlab {
+    slots: Vec<Option<LiveAllocation>>,
+    vacant: Vec<usize>,
+}
+
+impl LiveSlab {
+    fn insert(&mut self, entry: LiveAllocation) -> usize {
+        match self.vacant.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(entry);
+                slot
+            }
+            None => {
+                self.slots.push(Some(entry));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn get(&self, slot: usize) -> Option<&LiveAllocation> {
+        self.slots.get(slot).and_then(Option::as_ref)
+    }
+
+    fn get_mut(&mut self, slot: usize) -> Option<&mut LiveAllocation> {
+        self.slots.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    fn remove(&mut self, slot: usize) -> Option<LiveAllocation> {
+        let entry = self.slots.get_mut(slot).and_then(Option::take);
+        if entry.is_some() {
+            self.vacant.push(slot);
+        }
+        entry
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &LiveAllocation> {
+        self.slots.iter().flatten()
+    }
 }
 
 struct State {
     backing: Backing,
     pending: Vec<PendingFree>,
+    live: LiveSlab,
+    /// The op in scope (see [`Pool::op_scope`]).
+    op: Option<Label>,
+    /// The recorded history, when it is on.
+    history: Option<History>,
 }
 
 struct Shared {
@@ -266,6 +352,8 @@ struct Shared {
     options: PoolOptions,
     max_buffer_size: u64,
     max_binding_bytes: u64,
+    /// The pool's time origin: event times are microseconds since then.
+    created: Instant,
     state: Mutex<State>,
 }
 
@@ -277,6 +365,59 @@ impl Shared {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Microseconds since the pool was created.
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.created.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// An event about a live allocation, with its label and op.
+fn allocation_event(kind: EventKind, time_us: u64, live: &LiveAllocation) -> Event {
+    let mut event = Event::new(
+        kind,
+        time_us,
+        live.requested_bytes,
+        live.allocated_bytes,
+        Some(live.segment),
+        live.offset_bytes,
+    );
+    event.label = live.label.clone();
+    event.op = live.op.clone();
+    event
+}
+
+/// Records the policy's segment events.
+fn record_segment_events(history: &mut History, events: Vec<SegmentEvent>, time_us: u64) {
+    for event in events {
+        let (kind, id, size_bytes) = match event {
+            SegmentEvent::Created { id, size_bytes } => (EventKind::SegmentAlloc, id, size_bytes),
+            SegmentEvent::Destroyed { id, size_bytes } => (EventKind::SegmentFree, id, size_bytes),
+        };
+        history.record(Event::new(
+            kind,
+            time_us,
+            size_bytes,
+            size_bytes,
+            Some(id),
+            0,
+        ));
+    }
+}
+
+/// Records an out-of-memory refusal.
+fn record_oom(history: &mut History, time_us: u64, oom: &OutOfMemory, op: Option<&Label>) {
+    let mut event = Event::new(EventKind::Oom, time_us, oom.requested_bytes, 0, None, 0);
+    event.op = op.cloned();
+    event.oom = Some(Box::new(OomDetails {
+        segment_bytes: oom.segment_bytes,
+        reserved_bytes: oom.reserved_bytes,
+        allocated_bytes: oom.allocated_bytes,
+        largest_free_bytes: oom.largest_free_bytes,
+        budget_bytes: oom.budget_bytes,
+        device_refused: oom.device_error.is_some(),
+    }));
+    history.record(event);
 }
 
 /// A pool of GPU memory. Cheap to clone (all clones share one pool); `Send + Sync`.
@@ -335,15 +476,22 @@ impl Pool {
 
     fn with_backing(gpu: &Gpu, options: PoolOptions, backing: Backing) -> Self {
         let limits = gpu.device.limits();
+        let history = options
+            .history
+            .map(|history| History::new(history, Totals::default()));
         Self {
             shared: Arc::new(Shared {
                 gpu: gpu.clone(),
                 options,
                 max_buffer_size: limits.max_buffer_size,
                 max_binding_bytes: limits.max_storage_buffer_binding_size,
+                created: Instant::now(),
                 state: Mutex::new(State {
                     backing,
                     pending: Vec::new(),
+                    live: LiveSlab::default(),
+                    op: None,
+                    history,
                 }),
             }),
         }
@@ -385,11 +533,43 @@ impl Pool {
                 max_buffer_size: self.shared.max_buffer_size,
             });
         }
+        let label = Label::new(options.label);
         let allocation = {
-            let mut state = self.shared.lock();
-            match &mut state.backing {
+            let mut guard = self.shared.lock();
+            let State {
+                backing,
+                live,
+                op,
+                history,
+                ..
+            } = &mut *guard;
+            match backing {
                 Backing::Pooled(core) => {
-                    let placement = core.allocate(size_bytes)?;
+                    let result = core.allocate(size_bytes);
+                    // Drained always, so that the policy's event list stays empty when history is
+                    // off; an empty list costs nothing to take.
+                    let segment_events = core.take_events();
+                    let time_us = history.as_ref().map(|_| self.shared.now_us());
+                    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+                        record_segment_events(history, segment_events, time_us);
+                        if let Err(PolicyError::OutOfMemory(oom)) = &result {
+                            record_oom(history, time_us, oom, op.as_ref());
+                        }
+                    }
+                    let placement = result?;
+                    let entry = LiveAllocation {
+                        segment: placement.segment(),
+                        offset_bytes: placement.offset(),
+                        requested_bytes: size_bytes,
+                        allocated_bytes: placement.allocated_size(),
+                        label: label.clone(),
+                        op: op.clone(),
+                        pending: false,
+                    };
+                    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+                        history.record(allocation_event(EventKind::Alloc, time_us, &entry));
+                    }
+                    let live_slot = live.insert(entry);
                     let buffer = core
                         .segment(placement.slot())
                         .expect("placement's segment is held")
@@ -399,25 +579,28 @@ impl Pool {
                         pool: self.clone(),
                         buffer,
                         placement: Some(placement),
+                        naive_segment: None,
+                        live_slot,
                         offset_bytes: 0,
                         size_bytes,
-                        label: options.label.to_string(),
+                        label,
                     }
                     .with_offset()
                 }
                 Backing::Naive(naive) => {
                     let allocated = size_bytes.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT)
                         * wgpu::COPY_BUFFER_ALIGNMENT;
-                    let label = format!("{} naive {}", self.shared.options.label, options.label);
+                    let buffer_label =
+                        format!("{} naive {}", self.shared.options.label, options.label);
                     let buffer = create_buffer_checked(
                         &self.shared.gpu.device,
-                        &label,
+                        &buffer_label,
                         allocated,
                         SEGMENT_USAGES,
                     )
                     .map_err(|error| {
                         naive.stats.oom_count += 1;
-                        PoolError::OutOfMemory(Box::new(OutOfMemory {
+                        let oom = OutOfMemory {
                             requested_bytes: size_bytes,
                             segment_bytes: allocated,
                             reserved_bytes: naive.stats.reserved_bytes.current,
@@ -426,7 +609,11 @@ impl Pool {
                             external_fragmentation: 0.0,
                             budget_bytes: None,
                             device_error: Some(error.reason),
-                        }))
+                        };
+                        if let Some(history) = history.as_mut() {
+                            record_oom(history, self.shared.now_us(), &oom, op.as_ref());
+                        }
+                        PoolError::OutOfMemory(Box::new(oom))
                     })?;
                     let stats = &mut naive.stats;
                     stats.create_segment_calls += 1;
@@ -435,13 +622,39 @@ impl Pool {
                     stats.allocated_bytes.add(allocated);
                     stats.requested_bytes.add(size_bytes);
                     stats.allocations.add(1);
+                    let id = SegmentId(naive.next_segment_id);
+                    naive.next_segment_id += 1;
+                    let entry = LiveAllocation {
+                        segment: id,
+                        offset_bytes: 0,
+                        requested_bytes: size_bytes,
+                        allocated_bytes: allocated,
+                        label: label.clone(),
+                        op: op.clone(),
+                        pending: false,
+                    };
+                    if let Some(history) = history {
+                        let time_us = self.shared.now_us();
+                        record_segment_events(
+                            history,
+                            vec![SegmentEvent::Created {
+                                id,
+                                size_bytes: allocated,
+                            }],
+                            time_us,
+                        );
+                        history.record(allocation_event(EventKind::Alloc, time_us, &entry));
+                    }
+                    let live_slot = live.insert(entry);
                     Allocation {
                         pool: self.clone(),
                         buffer,
                         placement: None,
+                        naive_segment: Some(id),
+                        live_slot,
                         offset_bytes: 0,
                         size_bytes,
-                        label: options.label.to_string(),
+                        label,
                     }
                 }
             }
@@ -509,10 +722,27 @@ impl Pool {
         if pending.is_empty() {
             return;
         }
-        let mut state = self.shared.lock();
-        if let Backing::Pooled(core) = &mut state.backing {
+        let mut guard = self.shared.lock();
+        let State {
+            backing,
+            live,
+            history,
+            ..
+        } = &mut *guard;
+        if let Backing::Pooled(core) = backing {
+            let time_us = history.as_ref().map(|_| self.shared.now_us());
             for free in pending {
+                let entry = live.remove(free.live_slot);
+                if let (Some(history), Some(time_us), Some(entry)) =
+                    (history.as_mut(), time_us, entry.as_ref())
+                {
+                    history.record(allocation_event(EventKind::FreeCompleted, time_us, entry));
+                }
                 core.free(free.placement);
+            }
+            let segment_events = core.take_events();
+            if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+                record_segment_events(history, segment_events, time_us);
             }
         }
     }
@@ -533,8 +763,19 @@ impl Pool {
     /// Gives back every empty segment (PyTorch's `empty_cache`). Returns the bytes given back.
     /// Ranges waiting for a submission keep their segments.
     pub fn trim(&self) -> u64 {
-        match &mut self.shared.lock().backing {
-            Backing::Pooled(core) => core.trim(),
+        let mut guard = self.shared.lock();
+        let State {
+            backing, history, ..
+        } = &mut *guard;
+        match backing {
+            Backing::Pooled(core) => {
+                let released = core.trim();
+                let segment_events = core.take_events();
+                if let Some(history) = history {
+                    record_segment_events(history, segment_events, self.shared.now_us());
+                }
+                released
+            }
             Backing::Naive(_) => 0,
         }
     }
@@ -603,6 +844,157 @@ impl Pool {
             }
             Backing::Naive(_) => Vec::new(),
         }
+    }
+
+    /// Switches history recording on (a fresh, empty ring whose totals start from the pool's
+    /// current figures) or off (`None`, dropping what was recorded). Like PyTorch's
+    /// `_record_memory_history`.
+    pub fn set_history(&self, options: Option<HistoryOptions>) {
+        let mut state = self.shared.lock();
+        let baseline = match &state.backing {
+            Backing::Pooled(core) => Totals::of_stats(&core.stats()),
+            Backing::Naive(naive) => Totals::of_stats(&naive.stats),
+        };
+        state.history = options.map(|options| History::new(options, baseline));
+    }
+
+    /// A copy of the recorded history (`None` when recording is off).
+    pub fn history(&self) -> Option<History> {
+        self.shared.lock().history.clone()
+    }
+
+    /// Sets the op that later allocations and events are attributed to (`None`: no op). The op is
+    /// the pool's, not the thread's: with several threads allocating, attribute with care. See
+    /// [`Pool::op_scope`] for a guard that restores the previous op.
+    pub fn set_op(&self, op: Option<&str>) {
+        self.shared.lock().op = op.map(Label::new);
+    }
+
+    /// The op in scope, if any.
+    pub fn op(&self) -> Option<String> {
+        self.shared.lock().op.as_ref().map(|op| op.to_string())
+    }
+
+    /// Attributes allocations and events to `op` until the guard is dropped, then restores the op
+    /// that was in scope before. Scopes nest.
+    pub fn op_scope(&self, op: &str) -> OpScope<'_> {
+        let previous = self.shared.lock().op.replace(Label::new(op));
+        OpScope {
+            pool: self,
+            previous,
+        }
+    }
+
+    /// The pool's memory as plain data: its statistics and policy, and every segment tiled, in
+    /// address order, by its allocations, pending frees and free blocks. Taken under one lock, so
+    /// the figures agree with each other. O(segments + live allocations + free blocks).
+    pub fn memory_state(&self) -> PoolState {
+        self.memory_state_of(&self.shared.lock())
+    }
+
+    fn memory_state_of(&self, state: &State) -> PoolState {
+        let time_us = self.shared.now_us();
+        let mut by_segment: HashMap<SegmentId, Vec<Span>> = HashMap::new();
+        for live in state.live.iter() {
+            by_segment.entry(live.segment).or_default().push(Span {
+                offset_bytes: live.offset_bytes,
+                size_bytes: live.allocated_bytes,
+                requested_bytes: live.requested_bytes,
+                kind: if live.pending {
+                    SpanKind::PendingFree
+                } else {
+                    SpanKind::Allocated
+                },
+                label: live.label.to_string(),
+                op: live.op.as_ref().map(|op| op.to_string()),
+            });
+        }
+        let (naive, stats, policy, segments) = match &state.backing {
+            Backing::Pooled(core) => {
+                let segments = core
+                    .segments()
+                    .map(|segment| {
+                        let mut spans = by_segment.remove(&segment.id).unwrap_or_default();
+                        match &segment.allocator {
+                            Some(allocator) => {
+                                spans.extend(allocator.free_blocks().into_iter().map(
+                                    |(offset_bytes, size_bytes)| {
+                                        Span::free(offset_bytes, size_bytes)
+                                    },
+                                ));
+                            }
+                            None if segment.is_empty() => {
+                                spans.push(Span::free(0, segment.size_bytes));
+                            }
+                            None => {}
+                        }
+                        spans.sort_unstable_by_key(|span| span.offset_bytes);
+                        SegmentState {
+                            id: segment.id,
+                            size_bytes: segment.size_bytes,
+                            dedicated: segment.allocator.is_none(),
+                            spans,
+                        }
+                    })
+                    .collect();
+                let config = core.config();
+                let policy = PolicySummary {
+                    min_block_bytes: config.min_block_bytes,
+                    min_segment_bytes: config.min_segment_bytes,
+                    max_segment_bytes: config.max_segment_bytes,
+                    dedicated_above_bytes: config.dedicated_above_bytes,
+                    max_allocation_bytes: config.max_allocation_bytes,
+                    rounding: format!("{:?}", config.rounding),
+                    budget_bytes: config.budget_bytes,
+                };
+                (false, core.stats(), Some(policy), segments)
+            }
+            Backing::Naive(naive) => {
+                let mut segments: Vec<SegmentState> = by_segment
+                    .into_iter()
+                    .map(|(id, spans)| SegmentState {
+                        id,
+                        size_bytes: spans.iter().map(|span| span.size_bytes).sum(),
+                        dedicated: true,
+                        spans,
+                    })
+                    .collect();
+                segments.sort_unstable_by_key(|segment| segment.id);
+                (true, naive.stats, None, segments)
+            }
+        };
+        PoolState {
+            naive,
+            time_us,
+            stats,
+            policy,
+            max_buffer_size: self.shared.max_buffer_size,
+            max_storage_buffer_binding_size: self.shared.max_binding_bytes,
+            history: state.history.as_ref().map(|history| HistoryStatus {
+                max_events: history.max_events(),
+                events: history.len(),
+                dropped_events: history.dropped_events(),
+            }),
+            segments,
+        }
+    }
+
+    /// [`Pool::memory_state`] and [`Pool::history`] taken under one lock, so that the history ends
+    /// exactly at the state.
+    pub fn state_and_history(&self) -> (PoolState, Option<History>) {
+        let guard = self.shared.lock();
+        (self.memory_state_of(&guard), guard.history.clone())
+    }
+
+    /// The pool as a PyTorch memory snapshot: its segments (blocks tiling each one) and, when
+    /// history is on, its events as device 0's trace. Write it with
+    /// [`Snapshot::to_pickle_bytes`] for `python -m torch.cuda._memory_viz` and
+    /// pytorch.org/memory_viz. See [`crate::report::pytorch_snapshot`] for the mapping.
+    pub fn snapshot(&self) -> Snapshot {
+        // Under one lock, so that the trace ends exactly at the state the segments show.
+        let guard = self.shared.lock();
+        let state = self.memory_state_of(&guard);
+        crate::report::pytorch_snapshot(&state, guard.history.as_ref())
     }
 
     /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer` (it lands at
@@ -675,19 +1067,58 @@ impl Pool {
         Ok(bytes)
     }
 
-    fn free(&self, placement: Option<Placement>, buffer: wgpu::Buffer, size_bytes: u64) {
-        let mut state = self.shared.lock();
-        match (&mut state.backing, placement) {
-            (Backing::Pooled(core), Some(placement)) => {
+    fn free(
+        &self,
+        placement: Option<Placement>,
+        naive_segment: Option<SegmentId>,
+        live_slot: usize,
+        buffer: wgpu::Buffer,
+        size_bytes: u64,
+    ) {
+        let mut guard = self.shared.lock();
+        let State {
+            backing,
+            pending,
+            live,
+            history,
+            ..
+        } = &mut *guard;
+        match (backing, placement, naive_segment) {
+            (Backing::Pooled(core), Some(placement), None) => {
+                let time_us = history.as_ref().map(|_| self.shared.now_us());
+                if let (Some(history), Some(time_us), Some(entry)) =
+                    (history.as_mut(), time_us, live.get(live_slot))
+                {
+                    history.record(allocation_event(EventKind::FreeRequested, time_us, entry));
+                }
                 if self.shared.options.reuse == ReuseSafety::Immediate
                     && !self.shared.options.zero_on_free
                 {
+                    let entry = live.remove(live_slot);
                     core.free(placement);
+                    let segment_events = core.take_events();
+                    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+                        if let Some(entry) = &entry {
+                            history.record(allocation_event(
+                                EventKind::FreeCompleted,
+                                time_us,
+                                entry,
+                            ));
+                        }
+                        record_segment_events(history, segment_events, time_us);
+                    }
                 } else {
-                    state.pending.push(PendingFree { placement, buffer });
+                    if let Some(entry) = live.get_mut(live_slot) {
+                        entry.pending = true;
+                    }
+                    pending.push(PendingFree {
+                        placement,
+                        buffer,
+                        live_slot,
+                    });
                 }
             }
-            (Backing::Naive(naive), None) => {
+            (Backing::Naive(naive), None, Some(id)) => {
                 let allocated = buffer.size();
                 let stats = &mut naive.stats;
                 stats.reserved_bytes.sub(allocated);
@@ -695,12 +1126,50 @@ impl Pool {
                 stats.allocated_bytes.sub(allocated);
                 stats.requested_bytes.sub(size_bytes);
                 stats.allocations.sub(1);
+                let entry = live.remove(live_slot);
+                if let Some(history) = history {
+                    let time_us = self.shared.now_us();
+                    if let Some(entry) = &entry {
+                        for kind in [EventKind::FreeRequested, EventKind::FreeCompleted] {
+                            history.record(allocation_event(kind, time_us, entry));
+                        }
+                    }
+                    record_segment_events(
+                        history,
+                        vec![SegmentEvent::Destroyed {
+                            id,
+                            size_bytes: allocated,
+                        }],
+                        time_us,
+                    );
+                }
                 // Dropped here; wgpu frees it once submitted work using it is done.
             }
             _ => unreachable!(
                 "a pooled allocation always has a placement and a naive one never does"
             ),
         }
+    }
+}
+
+/// Restores the op that was in scope before [`Pool::op_scope`] when dropped.
+#[must_use = "the op scope ends when this guard is dropped"]
+pub struct OpScope<'a> {
+    pool: &'a Pool,
+    previous: Option<Label>,
+}
+
+impl std::fmt::Debug for OpScope<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpScope")
+            .field("previous", &self.previous)
+            .finish()
+    }
+}
+
+impl Drop for OpScope<'_> {
+    fn drop(&mut self) {
+        self.pool.shared.lock().op = self.previous.take();
     }
 }
 
@@ -725,9 +1194,13 @@ pub struct Allocation {
     pool: Pool,
     buffer: wgpu::Buffer,
     placement: Option<Placement>,
+    /// The naive baseline's id for this allocation's buffer (`None` in a pool).
+    naive_segment: Option<SegmentId>,
+    /// Its record in the pool's live slab.
+    live_slot: usize,
     offset_bytes: u64,
     size_bytes: u64,
-    label: String,
+    label: Label,
 }
 
 impl std::fmt::Debug for Allocation {
@@ -827,7 +1300,12 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         let buffer = self.buffer.clone();
-        self.pool
-            .free(self.placement.take(), buffer, self.size_bytes);
+        self.pool.free(
+            self.placement.take(),
+            self.naive_segment,
+            self.live_slot,
+            buffer,
+            self.size_bytes,
+        );
     }
 }

@@ -204,6 +204,9 @@ pub struct StrategyOutcome {
     pub reserved_timeline: Vec<(usize, u64)>,
 }
 
+/// Points of a timeline: `(event index, bytes)`.
+pub type TimelinePoints = Vec<(usize, u64)>;
+
 /// The most points kept in a timeline.
 pub const TIMELINE_POINTS: usize = 2000;
 
@@ -355,7 +358,7 @@ pub fn replay(
 }
 
 /// Live requested bytes and PyTorch's reserved bytes over the trace, sampled for plots.
-fn trace_timelines(events: &[ReplayEvent]) -> (Vec<(usize, u64)>, Vec<(usize, u64)>) {
+fn trace_timelines(events: &[ReplayEvent]) -> (TimelinePoints, TimelinePoints) {
     let mut live: HashMap<u64, u64> = HashMap::new();
     let (mut requested, mut reserved) = (0u64, 0i128);
     let (mut requested_line, mut reserved_line) =

@@ -26,7 +26,7 @@
 //!
 //! # Cost
 //!
-//! Free blocks are kept in one [`Bitmap`] per order with summary levels, so a buddy test is one bit
+//! Free blocks are kept in one bitmap per order with summary levels, so a buddy test is one bit
 //! test, and finding the lowest-addressed free block of an order is one word read per summary level.
 //! `allocate` and `free` cost O(log(capacity / min_block)) bit operations; nothing scans all blocks.
 //! The bitmaps take about 2 bits of memory per `min_block` of capacity.

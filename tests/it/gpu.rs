@@ -27,6 +27,12 @@ pub fn both() -> [(&'static str, &'static Gpu); 2] {
     ]
 }
 
+/// A device of its own, for a test that reads device-wide figures (other tests allocate on the
+/// shared ones concurrently).
+pub fn fresh_gpu() -> Gpu {
+    open(LimitsChoice::Adapter)
+}
+
 fn open(limits: LimitsChoice) -> Gpu {
     let _ = env_logger::builder().is_test(true).try_init();
     match request_gpu(limits) {

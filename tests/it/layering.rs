@@ -15,7 +15,13 @@ fn rust_files(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
 
 /// The modules that must run without a GPU: the allocator core, the policy, and the replay that
 /// drives the policy offline.
-const PURE_MODULES: &[&str] = &["src/buddy", "src/policy", "src/replay"];
+const PURE_MODULES: &[&str] = &[
+    "src/buddy",
+    "src/policy",
+    "src/replay",
+    "src/snapshot",
+    "src/history",
+];
 
 #[test]
 fn the_allocator_core_policy_and_replay_know_nothing_of_wgpu() {

@@ -1,7 +1,9 @@
 //! One integration-test binary (links once): GPU tests run on whatever adapter
 //! `WGPU_BACKEND` selects; CI runs them on Vulkan (lavapipe) and GL (llvmpipe).
 
+mod examples;
 mod gpu;
 mod layering;
 mod pool;
+mod report;
 mod smoke;

@@ -9,7 +9,7 @@ use wgpu::util::DeviceExt;
 use wgpu_pool::policy::PolicyConfig;
 use wgpu_pool::{AllocOptions, Allocation, Gpu, Pool, PoolError, PoolOptions, ReuseSafety};
 
-use crate::gpu::{both, gpu, gpu_default_limits};
+use crate::gpu::{both, fresh_gpu, gpu, gpu_default_limits};
 
 /// Fills an allocation with `pattern(seed, i)`; copies one allocation into another. Every storage
 /// binding is `read_write` (the pool's rule for bindings that may share a segment buffer).
@@ -577,7 +577,8 @@ fn eight_threads_churn_without_overlap_and_trim_gives_every_buffer_back() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Pool>();
     assert_send_sync::<Allocation>();
-    let gpu = gpu();
+    // A device of its own: the device-wide allocator figures below must not see other tests.
+    let gpu = &fresh_gpu();
     let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
     // Every live range, by (segment, offset) -> end: an insertion that overlaps a neighbour fails.
     let ranges = std::sync::Mutex::new(std::collections::BTreeMap::new());

@@ -1,0 +1,262 @@
+//! The classic fragmentation trap, and what the buddy pool does about it.
+//!
+//! ```text
+//! cargo run --release --example fragmentation
+//! ```
+//!
+//! A program allocates 100, 50, 200, 30, 150 and 20 MiB, then frees the 50, the 30 and the 20:
+//!
+//! ```text
+//! | used 100 | free 50 | used 200 | free 30 | used 150 | free 20 |
+//! ```
+//!
+//! 100 MiB are free, yet an 80 MiB request fails in an arena that can only cut its one big
+//! buffer: no single hole is large enough. We show that first, then run the same program on the
+//! GPU pool with a budget of the same 550 MiB, and finally ask for more than the budget allows, to
+//! read the pool's explanation.
+
+use anyhow::{bail, Result};
+use wgpu_pool::policy::PolicyConfig;
+use wgpu_pool::report::segment_map;
+use wgpu_pool::{
+    request_gpu, AllocOptions, Allocation, Gpu, LimitsChoice, Pool, PoolError, PoolOptions,
+};
+
+/// The program: sizes allocated in order, in units; then which of them are freed; then the request.
+const SIZES: [u64; 6] = [100, 50, 200, 30, 150, 20];
+const FREED: [usize; 3] = [1, 3, 5];
+const REQUEST: u64 = 80;
+
+fn main() -> Result<()> {
+    env_logger::init();
+    // Getting a device is kept apart from using it, so that the tests run the same code.
+    let gpu = request_gpu(LimitsChoice::Adapter)?;
+    println!("adapter: {gpu}\n");
+    let outcome = run(&gpu, 1 << 20, true)?;
+    println!(
+        "\nIn short: the arena failed with {} MiB free (largest hole {} MiB); the pool served the request: {}; \
+         past its budget it explained why it could not: {}.",
+        outcome.arena_free_units,
+        outcome.arena_largest_hole_units,
+        outcome.pool_served,
+        outcome.second_request_refused
+    );
+    Ok(())
+}
+
+/// What happened, for the tests.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Free units in the arena when the request failed.
+    pub arena_free_units: u64,
+    /// The arena's largest hole, in units.
+    pub arena_largest_hole_units: u64,
+    /// The pool (budget = the arena's size) served the request.
+    pub pool_served: bool,
+    /// A second request, beyond the budget, was refused with an out-of-memory explanation.
+    pub second_request_refused: bool,
+}
+
+/// Runs the story with sizes in `unit_bytes` (1 MiB in the example, less in the tests).
+pub fn run(gpu: &Gpu, unit_bytes: u64, verbose: bool) -> Result<Outcome> {
+    let say = |text: String| {
+        if verbose {
+            println!("{text}");
+        }
+    };
+
+    // 1. A naive arena: one buffer of 550 units, cut first-fit. It never moves anything, and its
+    //    holes cannot merge unless they are next to each other.
+    let capacity: u64 = SIZES.iter().sum();
+    let mut arena = FirstFitArena::new(capacity);
+    let offsets: Vec<u64> = SIZES
+        .iter()
+        .map(|&size| arena.allocate(size).expect("the program fits"))
+        .collect();
+    for &index in &FREED {
+        arena.free(offsets[index]);
+    }
+    say(format!(
+        "1. A first-fit arena of {capacity} units (1 unit = {unit_bytes} bytes) after the program:"
+    ));
+    say(format!("   {}", arena.map()));
+    let arena_free_units = arena.free_units();
+    let arena_largest_hole_units = arena.largest_hole();
+    match arena.allocate(REQUEST) {
+        Some(_) => bail!("the arena was expected to fail"),
+        None => say(format!(
+            "   a request of {REQUEST} units FAILS: {arena_free_units} units are free, but the largest hole is {arena_largest_hole_units}.\n"
+        )),
+    }
+
+    // 2. The pool, allowed to reserve the same 550 units. It asks the device for segments and can
+    //    give an empty one back: a freed segment is not a hole stuck between live data.
+    let pool = Pool::new(
+        gpu,
+        PoolOptions {
+            policy: Some(policy(gpu, unit_bytes)),
+            ..PoolOptions::default()
+        },
+    )?;
+    pool.set_budget(Some(capacity * unit_bytes));
+    let mut live = allocate_program(&pool, unit_bytes)?;
+    for &index in &FREED {
+        live[index] = None;
+    }
+    // Nothing recorded uses the freed ranges any more: let the pool reuse them.
+    pool.mark_submitted();
+    say(
+        "2. The buddy pool with a budget of the same 550 units, after the same program:"
+            .to_string(),
+    );
+    say(indent(&segment_map(&pool.memory_state(), 72)));
+    let pool_served = match pool.allocate_with(REQUEST * unit_bytes, copy_only("request")) {
+        Ok(request) => {
+            say(format!("   a request of {REQUEST} units SUCCEEDS: the pool gave its empty segments back and took a new one."));
+            say(indent(&segment_map(&pool.memory_state(), 72)));
+            live.push(Some(request));
+            true
+        }
+        Err(error) => {
+            say(format!("   the request failed: {error}"));
+            false
+        }
+    };
+
+    // 3. A second request of 80 units cannot fit: 530 of the 550 units are in use and no segment
+    //    is empty. The error says what was asked, what is reserved and free, and what to try.
+    let second_request_refused = match pool
+        .allocate_with(REQUEST * unit_bytes, copy_only("second request"))
+    {
+        Err(error @ PoolError::OutOfMemory(_)) => {
+            say(format!("\n3. A second request of {REQUEST} units no longer fits the budget, and the pool says why:\n   {error}"));
+            true
+        }
+        Err(other) => bail!("expected an out-of-memory error, got {other}"),
+        Ok(_) => false,
+    };
+    drop(live);
+    Ok(Outcome {
+        arena_free_units,
+        arena_largest_hole_units,
+        pool_served,
+        second_request_refused,
+    })
+}
+
+/// The default policy, scaled so that the story reads the same at any unit: segments of at most
+/// 64 units, requests above 16 units in segments of their own.
+fn policy(gpu: &Gpu, unit_bytes: u64) -> PolicyConfig {
+    let limits = gpu.device.limits();
+    let mut policy = PolicyConfig::for_limits(
+        u64::from(limits.min_storage_buffer_offset_alignment),
+        limits.max_buffer_size,
+    );
+    policy.max_segment_bytes = (64 * unit_bytes)
+        .next_power_of_two()
+        .min(policy.max_segment_bytes);
+    policy.min_segment_bytes = policy.min_segment_bytes.min(policy.max_segment_bytes);
+    policy.dedicated_above_bytes = 16 * unit_bytes;
+    policy
+}
+
+/// The story is about memory, not kernels: allocations larger than a binding may be (128 MiB on
+/// some devices) are asked for as copy-only.
+fn copy_only(label: &str) -> AllocOptions<'_> {
+    AllocOptions {
+        label,
+        bindable: false,
+        zeroed: false,
+    }
+}
+
+/// Allocates the program's six sizes, in order.
+fn allocate_program(pool: &Pool, unit_bytes: u64) -> Result<Vec<Option<Allocation>>, PoolError> {
+    let labels = ["a", "b", "c", "d", "e", "f"];
+    SIZES
+        .iter()
+        .zip(labels)
+        .map(|(&size, label)| {
+            pool.allocate_with(size * unit_bytes, copy_only(label))
+                .map(Some)
+        })
+        .collect()
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|line| format!("   {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A naive arena of offsets: first fit, no coalescing beyond neighbours, never moves anything.
+struct FirstFitArena {
+    capacity: u64,
+    /// Live blocks as (offset, size), sorted by offset.
+    used: Vec<(u64, u64)>,
+}
+
+impl FirstFitArena {
+    fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            used: Vec::new(),
+        }
+    }
+
+    /// The holes between live blocks, as (offset, size).
+    fn holes(&self) -> Vec<(u64, u64)> {
+        let mut holes = Vec::new();
+        let mut cursor = 0;
+        for &(offset, size) in &self.used {
+            if offset > cursor {
+                holes.push((cursor, offset - cursor));
+            }
+            cursor = offset + size;
+        }
+        if cursor < self.capacity {
+            holes.push((cursor, self.capacity - cursor));
+        }
+        holes
+    }
+
+    fn allocate(&mut self, size: u64) -> Option<u64> {
+        let (offset, _) = self.holes().into_iter().find(|&(_, hole)| hole >= size)?;
+        let at = self.used.partition_point(|&(o, _)| o < offset);
+        self.used.insert(at, (offset, size));
+        Some(offset)
+    }
+
+    fn free(&mut self, offset: u64) {
+        self.used.retain(|&(o, _)| o != offset);
+    }
+
+    fn free_units(&self) -> u64 {
+        self.holes().iter().map(|h| h.1).sum()
+    }
+
+    fn largest_hole(&self) -> u64 {
+        self.holes().iter().map(|h| h.1).max().unwrap_or(0)
+    }
+
+    fn map(&self) -> String {
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut cursor = 0;
+        for &(offset, size) in &self.used {
+            if offset > cursor {
+                runs.push((offset - cursor, false));
+            }
+            runs.push((size, true));
+            cursor = offset + size;
+        }
+        if cursor < self.capacity {
+            runs.push((self.capacity - cursor, false));
+        }
+        let mut map = String::from("|");
+        for (size, used) in runs {
+            map.push_str(&format!(" {} {size} |", if used { "used" } else { "free" }));
+        }
+        map
+    }
+}

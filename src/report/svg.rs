@@ -1,0 +1,299 @@
+//! SVG plots drawn with `plotters`: bytes over time (`memory.svg`) from the history, and a
+//! segment occupancy map (`segments.svg`) from a pool state. The SVG text is returned; text is
+//! rendered by the viewer (no fonts are loaded).
+
+use plotters::prelude::*;
+
+use super::state::{PoolState, SpanKind};
+use super::summary::format_bytes;
+use super::ReportError;
+use crate::history::{History, Totals};
+
+const USED: RGBColor = RGBColor(70, 130, 180);
+const PENDING: RGBColor = RGBColor(255, 165, 0);
+const FREE: RGBColor = RGBColor(225, 225, 225);
+const REQUESTED: RGBColor = RGBColor(44, 160, 44);
+const ALLOCATED: RGBColor = RGBColor(31, 119, 180);
+const RESERVED: RGBColor = RGBColor(214, 39, 40);
+
+fn plot_error(what: &'static str) -> impl Fn(String) -> ReportError {
+    move |reason| ReportError::Plot { what, reason }
+}
+
+/// A unit to divide by, and its name.
+fn byte_unit(max_bytes: u64) -> (f64, &'static str) {
+    match max_bytes {
+        0..=0x3fff => (1.0, "B"),
+        0x4000..=0xff_ffff => (1024.0, "KiB"),
+        0x100_0000..=0x3_ffff_ffff => (1024.0 * 1024.0, "MiB"),
+        _ => (1024.0 * 1024.0 * 1024.0, "GiB"),
+    }
+}
+
+fn time_unit(max_us: u64) -> (f64, &'static str) {
+    match max_us {
+        0..=9_999 => (1.0, "µs"),
+        10_000..=9_999_999 => (1_000.0, "ms"),
+        _ => (1_000_000.0, "s"),
+    }
+}
+
+/// `memory.svg`: requested, allocated and reserved bytes over time, as steps, from the history's
+/// baseline to `end_time_us` (microseconds since the pool was created).
+///
+/// # Errors
+///
+/// [`ReportError::Plot`] if plotters fails.
+pub fn memory_svg(history: &History, end_time_us: u64) -> Result<String, ReportError> {
+    let timeline = history.timeline();
+    let start_us = history.events().front().map_or(0, |event| event.time_us);
+    let end_us = end_time_us
+        .max(timeline.last().map_or(0, |(time_us, _)| *time_us))
+        .max(start_us + 1);
+    let peaks = history.peaks();
+    let max_bytes = peaks.reserved_bytes.max(peaks.allocated_bytes).max(1);
+    let (byte_div, byte_name) = byte_unit(max_bytes);
+    let (time_div, time_name) = time_unit(end_us);
+
+    type Pick = fn(&Totals) -> u64;
+    // Allocated is drawn wide under requested: the two coincide where nothing is rounded.
+    let series: [(&str, RGBColor, u32, Pick); 3] = [
+        ("reserved", RESERVED, 2, |t| t.reserved_bytes),
+        ("allocated", ALLOCATED, 6, |t| t.allocated_bytes),
+        ("requested", REQUESTED, 2, |t| t.requested_bytes),
+    ];
+    let steps = |pick: Pick| -> Vec<(f64, f64)> {
+        let x = |us: u64| us as f64 / time_div;
+        let y = |bytes: u64| bytes as f64 / byte_div;
+        let mut previous = pick(&history.baseline());
+        let mut points = vec![(x(start_us), y(previous))];
+        for (time_us, totals) in &timeline {
+            let value = pick(totals);
+            if value != previous {
+                points.push((x(*time_us), y(previous)));
+                points.push((x(*time_us), y(value)));
+                previous = value;
+            }
+        }
+        points.push((x(end_us), y(previous)));
+        points
+    };
+
+    let mut svg = String::new();
+    {
+        let error = plot_error("memory.svg");
+        let root = SVGBackend::with_string(&mut svg, (1000, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| error(e.to_string()))?;
+        let caption = format!(
+            "wgpu-pool memory over time (peak reserved {}, peak allocated {}{})",
+            format_bytes(peaks.reserved_bytes),
+            format_bytes(peaks.allocated_bytes),
+            if history.is_empty() {
+                "; no events recorded"
+            } else {
+                ""
+            }
+        );
+        let mut chart = ChartBuilder::on(&root)
+            .caption(caption, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                start_us as f64 / time_div..end_us as f64 / time_div,
+                0.0..max_bytes as f64 / byte_div * 1.05,
+            )
+            .map_err(|e| error(e.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc(format!("time since the pool was created ({time_name})"))
+            .y_desc(byte_name)
+            .draw()
+            .map_err(|e| error(e.to_string()))?;
+        for (name, color, width, pick) in series {
+            let style = if width > 2 {
+                color.mix(0.45).stroke_width(width)
+            } else {
+                color.stroke_width(width)
+            };
+            chart
+                .draw_series(LineSeries::new(steps(pick), style))
+                .map_err(|e| error(e.to_string()))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| error(e.to_string()))?;
+        root.present().map_err(|e| error(e.to_string()))?;
+    }
+    Ok(svg)
+}
+
+/// Rows drawn in `segments.svg` before the rest are counted instead.
+pub const SVG_MAX_SEGMENTS: usize = 200;
+
+/// `segments.svg`: one row per segment, its length proportional to its size, with its
+/// allocations (blue), pending frees (orange) and free blocks (grey).
+///
+/// # Errors
+///
+/// [`ReportError::Plot`] if plotters fails.
+pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
+    const WIDTH: u32 = 1000;
+    const ROW: i32 = 26;
+    const TOP: i32 = 64;
+    const LEFT: i32 = 200;
+    const RIGHT: i32 = 20;
+    let shown = state.segments.len().min(SVG_MAX_SEGMENTS);
+    let height = TOP + ROW * (shown as i32 + 1) + 10;
+    let largest = state
+        .segments
+        .iter()
+        .map(|segment| segment.size_bytes)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let bar_width = f64::from(WIDTH as i32 - LEFT - RIGHT);
+    let x = |bytes: u64| LEFT + (bytes as f64 / largest as f64 * bar_width).round() as i32;
+
+    let mut svg = String::new();
+    {
+        let error = plot_error("segments.svg");
+        let draw = |e: DrawingAreaErrorKind<std::io::Error>| error(e.to_string());
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height as u32)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw)?;
+        let stats = &state.stats;
+        root.draw(&Text::new(
+            format!(
+                "wgpu-pool segments: {} segments, {} reserved, {} allocated, {} requested",
+                state.segments.len(),
+                format_bytes(stats.reserved_bytes.current),
+                format_bytes(stats.allocated_bytes.current),
+                format_bytes(stats.requested_bytes.current)
+            ),
+            (10, 10),
+            ("sans-serif", 18).into_font(),
+        ))
+        .map_err(draw)?;
+        for (i, (name, color)) in [("used", USED), ("pending free", PENDING), ("free", FREE)]
+            .into_iter()
+            .enumerate()
+        {
+            let x0 = LEFT + i as i32 * 140;
+            root.draw(&Rectangle::new([(x0, 38), (x0 + 14, 52)], color.filled()))
+                .map_err(draw)?;
+            root.draw(&Text::new(
+                name,
+                (x0 + 20, 38),
+                ("sans-serif", 13).into_font(),
+            ))
+            .map_err(draw)?;
+        }
+        for (row, segment) in state.segments.iter().take(shown).enumerate() {
+            let y0 = TOP + row as i32 * ROW;
+            let y1 = y0 + ROW - 6;
+            root.draw(&Text::new(
+                format!(
+                    "seg {} {} {}",
+                    segment.id.0,
+                    format_bytes(segment.size_bytes),
+                    if segment.dedicated {
+                        "dedicated"
+                    } else {
+                        "pooled"
+                    }
+                ),
+                (10, y0 + 3),
+                ("sans-serif", 13).into_font(),
+            ))
+            .map_err(draw)?;
+            // Runs of one kind as one rectangle each.
+            let mut run_start = 0;
+            for (index, span) in segment.spans.iter().enumerate() {
+                let run_ends = segment
+                    .spans
+                    .get(index + 1)
+                    .is_none_or(|next| next.kind != span.kind);
+                if run_ends {
+                    let color = match span.kind {
+                        SpanKind::Allocated => USED,
+                        SpanKind::PendingFree => PENDING,
+                        SpanKind::Free => FREE,
+                    };
+                    let (x0, x1) = (x(run_start), x(span.end_bytes()).max(x(run_start) + 1));
+                    root.draw(&Rectangle::new([(x0, y0), (x1, y1)], color.filled()))
+                        .map_err(draw)?;
+                    run_start = span.end_bytes();
+                }
+            }
+            // Boundaries between neighbouring allocations, where there is room to see them.
+            let mut last_line: Option<i32> = None;
+            for pair in segment.spans.windows(2) {
+                if pair[0].kind != SpanKind::Free && pair[1].kind != SpanKind::Free {
+                    let line_x = x(pair[1].offset_bytes);
+                    if last_line.is_none_or(|last| line_x - last >= 3) {
+                        root.draw(&PathElement::new(
+                            vec![(line_x, y0), (line_x, y1)],
+                            WHITE.stroke_width(1),
+                        ))
+                        .map_err(draw)?;
+                        last_line = Some(line_x);
+                    }
+                }
+            }
+            root.draw(&Rectangle::new(
+                [(x(0), y0), (x(segment.size_bytes), y1)],
+                BLACK.stroke_width(1),
+            ))
+            .map_err(draw)?;
+        }
+        if shown < state.segments.len() {
+            root.draw(&Text::new(
+                format!("... and {} more segments", state.segments.len() - shown),
+                (10, TOP + shown as i32 * ROW + 3),
+                ("sans-serif", 13).into_font(),
+            ))
+            .map_err(draw)?;
+        }
+        root.present().map_err(draw)?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::HistoryOptions;
+    use crate::report::fixtures::synthetic;
+
+    #[test]
+    fn memory_plot_has_three_series() {
+        let (state, history) = synthetic();
+        let svg = memory_svg(&history, state.time_us).expect("svg");
+        assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
+        for name in ["reserved", "allocated", "requested"] {
+            assert!(svg.contains(name), "{name} missing");
+        }
+        assert!(svg.matches("<polyline").count() >= 3);
+    }
+
+    #[test]
+    fn memory_plot_of_an_empty_history_says_so() {
+        let history = History::new(HistoryOptions::default(), Totals::default());
+        let svg = memory_svg(&history, 0).expect("svg");
+        assert!(svg.contains("no events recorded"));
+    }
+
+    #[test]
+    fn segment_plot_draws_each_segment() {
+        let (state, _) = synthetic();
+        let svg = segments_svg(&state).expect("svg");
+        assert!(svg.contains("seg 0 4.00 MiB pooled"), "{svg}");
+        assert!(svg.contains("<rect"));
+    }
+}

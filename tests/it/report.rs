@@ -1,0 +1,523 @@
+//! The reporter on a real device: the device report (wgpu's allocator report present on Vulkan,
+//! said to be absent on GL), snapshots taken mid-workload against the pool's statistics, the
+//! history, the exports, and the layering of the pure parts. Every test runs on the backend
+//! `WGPU_BACKEND` selects; CI runs them on Vulkan (lavapipe) and GL (llvmpipe).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use wgpu_pool::history::{EventKind, HistoryOptions, Totals};
+use wgpu_pool::policy::PolicyConfig;
+use wgpu_pool::report::{
+    pytorch_snapshot, write_exports, AllocatorReport, DeviceCounters, DeviceReport, PoolFigures,
+    SpanKind,
+};
+use wgpu_pool::snapshot::{BlockState, Snapshot, TraceAction};
+use wgpu_pool::{
+    AllocOptions, Allocation, Pool, PoolError, PoolOptions, PoolStats, Report, ReuseSafety,
+};
+
+use crate::gpu::{both, gpu};
+
+const MIB: u64 = 1 << 20;
+
+fn with_history(max_events: usize) -> PoolOptions {
+    PoolOptions {
+        history: Some(HistoryOptions::with_max_events(max_events)),
+        ..PoolOptions::default()
+    }
+}
+
+/// A churn of labelled allocations from 4 B to 512 KiB, with drops, submissions and an op scope;
+/// returns what is still live.
+fn churn(pool: &Pool, seed: u64, steps: usize) -> Vec<Allocation> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut live = Vec::new();
+    for step in 0..steps {
+        let _op = (step % 3 == 0).then(|| pool.op_scope("matmul"));
+        if live.is_empty() || rng.gen_bool(0.6) {
+            let exponent = rng.gen_range(2..=19);
+            let size = rng
+                .gen_range((1u64 << exponent) / 2..=(1u64 << exponent))
+                .max(1);
+            let label = format!("t{step}");
+            live.push(
+                pool.allocate_with(size, AllocOptions::labeled(&label))
+                    .expect("allocate"),
+            );
+        } else {
+            let index = rng.gen_range(0..live.len());
+            drop(live.swap_remove(index));
+        }
+        if step % 17 == 16 {
+            pool.submit([]);
+        }
+    }
+    live
+}
+
+/// Checks a snapshot against the statistics taken with it: PyTorch's invariants, and the sizes
+/// adding up to the pool's own figures.
+fn check_snapshot_against_stats(name: &str, snapshot: &Snapshot, stats: &PoolStats, pool: &Pool) {
+    snapshot
+        .check_invariants()
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let sum = |f: fn(&wgpu_pool::snapshot::Segment) -> u64| -> u64 {
+        snapshot.segments.iter().map(f).sum()
+    };
+    assert_eq!(
+        sum(|s| s.total_size),
+        stats.reserved_bytes.current,
+        "{name}: reserved"
+    );
+    // The pool counts a pending free as allocated until the submission releases it.
+    assert_eq!(
+        sum(|s| s.active_size),
+        stats.allocated_bytes.current,
+        "{name}: allocated"
+    );
+    assert_eq!(
+        sum(|s| s.requested_size),
+        stats.requested_bytes.current,
+        "{name}: requested"
+    );
+    let blocks = || snapshot.segments.iter().flat_map(|s| &s.blocks);
+    let active = blocks().filter(|b| b.state.is_active()).count() as u64;
+    assert_eq!(active, stats.allocations.current, "{name}: allocations");
+    let (pending_count, pending_bytes) = pool.pending_frees();
+    let pending: Vec<_> = blocks()
+        .filter(|b| b.state == BlockState::ActivePendingFree)
+        .collect();
+    assert_eq!(pending.len(), pending_count, "{name}: pending frees");
+    assert_eq!(
+        pending.iter().map(|b| b.size).sum::<u64>(),
+        pending_bytes,
+        "{name}: pending bytes"
+    );
+    for block in blocks().filter(|b| b.state.is_active()) {
+        assert!(
+            block.requested_size <= block.size && block.requested_size > 0,
+            "{name}: {block:?}"
+        );
+    }
+    assert_eq!(
+        snapshot.segments.len() as u64,
+        stats.segments.current,
+        "{name}: segments"
+    );
+}
+
+#[test]
+fn a_snapshot_taken_mid_workload_matches_the_pool_statistics() {
+    for (name, gpu) in both() {
+        let pool = Pool::new(gpu, with_history(1 << 20)).expect("pool");
+        let live = churn(&pool, 3, 400);
+        // Mid-workload: some drops are pending (not yet submitted).
+        let snapshot = pool.snapshot();
+        let stats = pool.stats();
+        assert!(
+            pool.pending_frees().0 > 0,
+            "{name}: the churn leaves pending frees"
+        );
+        check_snapshot_against_stats(name, &snapshot, &stats, &pool);
+
+        // The history's running totals end at the pool's figures.
+        let history = pool.history().expect("history on");
+        assert_eq!(history.dropped_events(), 0);
+        assert_eq!(history.final_totals(), Totals::of_stats(&stats), "{name}");
+        assert_eq!(
+            history.count(EventKind::SegmentAlloc) as u64,
+            stats.create_segment_calls,
+            "{name}"
+        );
+        let events = history.events();
+        assert!(events
+            .iter()
+            .zip(events.iter().skip(1))
+            .all(|(a, b)| a.time_us <= b.time_us));
+
+        // Every allocation still live in the trace is an active block at the same address, with
+        // the same requested size.
+        let mut open: HashMap<u64, u64> = HashMap::new();
+        for entry in snapshot.events() {
+            match entry.action {
+                TraceAction::Alloc => {
+                    assert!(open.insert(entry.addr, entry.size).is_none(), "{name}");
+                }
+                TraceAction::FreeCompleted => {
+                    assert_eq!(open.remove(&entry.addr), Some(entry.size), "{name}");
+                }
+                _ => {}
+            }
+        }
+        let active: HashMap<u64, u64> = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state.is_active())
+            .map(|b| (b.address, b.requested_size))
+            .collect();
+        assert_eq!(open, active, "{name}: trace and blocks disagree");
+        // Labels and ops reach the frames.
+        let labelled = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .all(|b| b.frames.first().is_some_and(|f| f.name.starts_with('t')));
+        assert!(labelled, "{name}: every live block carries its label");
+        assert!(snapshot
+            .events()
+            .iter()
+            .any(|e| e.frames.iter().any(|f| f.name == "matmul")));
+
+        // After submitting, everything dropped is released and the snapshot agrees again.
+        drop(live);
+        pool.submit([]);
+        let snapshot = pool.snapshot();
+        check_snapshot_against_stats(name, &snapshot, &pool.stats(), &pool);
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+        assert_eq!(
+            pool.history().expect("history").final_totals(),
+            Totals::of_stats(&pool.stats())
+        );
+        pool.trim();
+        let history = pool.history().expect("history");
+        assert_eq!(history.final_totals(), Totals::default(), "{name}");
+        assert_eq!(
+            history.count(EventKind::SegmentAlloc),
+            history.count(EventKind::SegmentFree),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn pickle_and_json_of_a_real_snapshot_carry_the_same_data() {
+    let pool = Pool::new(gpu(), with_history(10_000)).expect("pool");
+    let _live = churn(&pool, 5, 200);
+    let snapshot = pool.snapshot();
+    let pickle = snapshot.to_pickle_bytes().expect("pickle");
+    assert_eq!(pickle[0], 0x80);
+    assert!(pickle[1] <= 4, "pickle protocol {}", pickle[1]);
+    let json = snapshot.to_json_string().expect("json");
+    let from_pickle = Snapshot::from_pickle_bytes(&pickle).expect("read pickle");
+    let from_json = Snapshot::from_json_str(&json).expect("read json");
+    assert_eq!(from_pickle, from_json);
+    assert_eq!(from_pickle, snapshot);
+}
+
+#[test]
+fn the_device_report_says_what_the_backend_offers() {
+    let gpu = gpu();
+    let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
+    let _a = pool.allocate(3 * MIB).expect("allocate");
+    let report = Report::from_pool(&pool);
+    let device = &report.device;
+    assert_eq!(device.adapter.name, gpu.info.name);
+    assert_eq!(
+        device.limits.max_storage_buffer_binding_size,
+        gpu.device.limits().max_storage_buffer_binding_size
+    );
+    let text = report.to_string();
+    match (gpu.info.backend, &device.allocator) {
+        (
+            wgpu::Backend::Vulkan,
+            AllocatorReport::Present {
+                total_reserved_bytes,
+                ..
+            },
+        ) => {
+            // The pool's segment is among wgpu's allocations.
+            assert!(*total_reserved_bytes >= report.pool.stats.reserved_bytes.current);
+            assert!(text.contains("wgpu allocator report: "), "{text}");
+            assert!(report.device_memory.is_some());
+        }
+        (wgpu::Backend::Gl, AllocatorReport::Absent { reason }) => {
+            assert!(reason.contains("Gl"), "{reason}");
+            assert!(
+                text.contains(
+                    "wgpu allocator report: absent: wgpu's Gl backend has no allocator report"
+                ),
+                "{text}"
+            );
+        }
+        (wgpu::Backend::Vulkan | wgpu::Backend::Gl, other) => {
+            panic!(
+                "{:?}: unexpected allocator report {other:?}",
+                gpu.info.backend
+            )
+        }
+        _ => {}
+    }
+    let counters_built = cfg!(feature = "counters");
+    match (&device.counters, counters_built) {
+        (DeviceCounters::Enabled { buffers, .. }, true) => {
+            assert!(*buffers >= 1, "the pool's segment is a live buffer");
+        }
+        (DeviceCounters::Disabled { .. }, false) => {
+            assert!(text.contains("wgpu counters: off"), "{text}");
+        }
+        (counters, built) => panic!("counters feature {built}, report {counters:?}"),
+    }
+    // The table, the map and the JSON carry the pool's figures.
+    assert!(text.contains("Reserved memory"), "{text}");
+    assert!(text.contains("seg    0"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json().expect("json")).unwrap();
+    assert_eq!(
+        json["pool"]["stats"]["reserved_bytes"]["current"],
+        report.pool.stats.reserved_bytes.current
+    );
+    assert_eq!(json["device"]["adapter"]["name"], gpu.info.name.as_str());
+    // DeviceReport alone prints too.
+    assert!(DeviceReport::from_gpu(gpu)
+        .to_string()
+        .contains(&gpu.info.name));
+}
+
+#[test]
+fn largest_allocation_now_follows_the_binding_limit_and_the_budget() {
+    let gpu = gpu();
+    let limits = gpu.device.limits();
+    let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
+    let min_block = pool.policy().expect("pooled").min_block_bytes;
+    let figures = PoolFigures::from_state(&pool.memory_state());
+    assert_eq!(
+        figures.largest_allocation_now_bytes,
+        limits.max_buffer_size / min_block * min_block
+    );
+    assert_eq!(
+        figures.largest_bindable_allocation_now_bytes,
+        limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size / min_block * min_block)
+    );
+    let _a = pool.allocate(MIB).expect("allocate");
+    let reserved = pool.stats().reserved_bytes.current;
+    pool.set_budget(Some(reserved + 4 * MIB));
+    let figures = PoolFigures::from_state(&pool.memory_state());
+    assert_eq!(figures.budget_headroom_bytes, Some(4 * MIB));
+    // 4 MiB of room: a 4 MiB segment, or the 1 MiB left in the first one, whichever is larger.
+    assert_eq!(figures.largest_allocation_now_bytes, 4 * MIB);
+    let _b = pool
+        .allocate(figures.largest_allocation_now_bytes)
+        .expect("the largest allocation possible now succeeds");
+}
+
+#[test]
+fn an_oom_is_recorded_with_the_figures_of_its_error() {
+    let pool = Pool::new(gpu(), with_history(1000)).expect("pool");
+    let _a = pool.allocate(MIB).expect("allocate");
+    pool.set_budget(Some(pool.stats().reserved_bytes.current));
+    let error = {
+        let _op = pool.op_scope("conv");
+        pool.allocate(8 * MIB).expect_err("over budget")
+    };
+    let PoolError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    let history = pool.history().expect("history");
+    let event = history.events().back().expect("an event");
+    assert_eq!(event.kind, EventKind::Oom);
+    assert_eq!(event.size_bytes, oom.requested_bytes);
+    assert_eq!(event.op.as_deref(), Some("conv"));
+    let details = event.oom.as_deref().expect("oom details");
+    assert_eq!(details.reserved_bytes, oom.reserved_bytes);
+    assert_eq!(details.largest_free_bytes, oom.largest_free_bytes);
+    assert_eq!(details.budget_bytes, oom.budget_bytes);
+    // The error text states the same figures the report prints.
+    let text = error.to_string();
+    assert!(text.contains("tried to allocate 8.00 MiB"), "{text}");
+    assert!(text.contains("Try:"), "{text}");
+    let report = Report::from_pool(&pool).to_string();
+    assert!(report.contains("OOMs: 1"), "{report}");
+    // In the PyTorch trace: an `oom` with `device_free` (the room left under the budget: none).
+    let snapshot = pool.snapshot();
+    let oom_entry = snapshot.events().last().expect("trace");
+    assert_eq!(oom_entry.action, TraceAction::Oom);
+    assert_eq!(oom_entry.device_free, Some(0));
+    assert_eq!(pool.op(), None, "the op scope ended");
+}
+
+#[test]
+fn history_is_off_by_default_and_can_be_switched_on() {
+    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    let a = pool
+        .allocate_with(1000, AllocOptions::labeled("a"))
+        .expect("a");
+    assert!(pool.history().is_none());
+    // The snapshot still carries the segments, with labels and requested sizes.
+    let snapshot = pool.snapshot();
+    assert_eq!(snapshot.device_traces, vec![Vec::new()]);
+    let block = &snapshot.segments[0].blocks[0];
+    assert_eq!(block.requested_size, 1000);
+    assert_eq!(block.frames[0].name, "a");
+    // Switched on later: the totals start from the pool's figures.
+    pool.set_history(Some(HistoryOptions::default()));
+    drop(a);
+    pool.mark_submitted();
+    let history = pool.history().expect("on");
+    assert_eq!(history.baseline().requested_bytes, 1000);
+    assert_eq!(history.final_totals().requested_bytes, 0);
+    let kinds: Vec<EventKind> = history.events().iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [EventKind::FreeRequested, EventKind::FreeCompleted]);
+    assert_eq!(history.events()[0].label, "a");
+    pool.set_history(None);
+    assert!(pool.history().is_none());
+}
+
+#[test]
+fn a_bounded_ring_keeps_the_newest_events_and_exact_totals() {
+    let pool = Pool::new(gpu(), with_history(50)).expect("pool");
+    let _live = churn(&pool, 9, 300);
+    let history = pool.history().expect("history");
+    assert_eq!(history.len(), 50);
+    assert!(history.dropped_events() > 0);
+    assert_eq!(history.final_totals(), Totals::of_stats(&pool.stats()));
+    // A truncated trace is still a valid snapshot.
+    pool.snapshot().check_invariants().expect("invariants");
+}
+
+#[test]
+fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapshots() {
+    let gpu = gpu();
+    let limits = gpu.device.limits();
+    // Small segments, so that 3 MiB gets a dedicated one; given back at once when freed.
+    let policy = PolicyConfig {
+        max_segment_bytes: 2 * MIB,
+        dedicated_above_bytes: 2 * MIB,
+        dedicated_reuse_divisor: 0,
+        ..PolicyConfig::for_limits(
+            u64::from(limits.min_storage_buffer_offset_alignment),
+            limits.max_buffer_size,
+        )
+    };
+    let pool = Pool::new(
+        gpu,
+        PoolOptions {
+            policy: Some(policy),
+            reuse: ReuseSafety::Immediate,
+            history: Some(HistoryOptions::default()),
+            ..PoolOptions::default()
+        },
+    )
+    .expect("pool");
+    let big = pool
+        .allocate_with(3 * MIB, AllocOptions::labeled("big"))
+        .expect("big");
+    let small = pool.allocate(1000).expect("small");
+    let state = pool.memory_state();
+    let dedicated = state
+        .segments
+        .iter()
+        .find(|s| s.dedicated)
+        .expect("dedicated");
+    assert_eq!(dedicated.spans.len(), 1);
+    assert_eq!(dedicated.spans[0].kind, SpanKind::Allocated);
+    for segment in &state.segments {
+        segment.check_tiling().expect("tiling");
+    }
+    check_snapshot_against_stats("immediate", &pool.snapshot(), &pool.stats(), &pool);
+    drop(big);
+    drop(small);
+    // Immediate reuse: released at the drop, no pending free; the dedicated segment is gone.
+    assert_eq!(pool.pending_frees(), (0, 0));
+    let history = pool.history().expect("history");
+    let tail: Vec<EventKind> = history
+        .events()
+        .iter()
+        .rev()
+        .take(3)
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            EventKind::FreeCompleted,
+            EventKind::FreeRequested,
+            EventKind::SegmentFree
+        ]
+    );
+    check_snapshot_against_stats("immediate, freed", &pool.snapshot(), &pool.stats(), &pool);
+
+    let naive = Pool::naive(gpu, with_history(1000));
+    let live = churn(&naive, 11, 60);
+    let snapshot = naive.snapshot();
+    check_snapshot_against_stats("naive", &snapshot, &naive.stats(), &naive);
+    assert_eq!(snapshot.segments.len(), live.len());
+    drop(live);
+    let history = naive.history().expect("history");
+    assert_eq!(history.final_totals(), Totals::default());
+    assert_eq!(
+        history.count(EventKind::SegmentAlloc),
+        history.count(EventKind::Alloc)
+    );
+}
+
+#[test]
+fn exports_are_written_and_read_back() {
+    let pool = Pool::new(gpu(), with_history(10_000)).expect("pool");
+    let _live = churn(&pool, 13, 150);
+    let dir = std::env::temp_dir().join(format!("wgpu-pool-report-{}", std::process::id()));
+    let exports = write_exports(&pool, &dir).expect("exports");
+    let read = |path: &Path| std::fs::read(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let from_pickle = Snapshot::from_path(&exports.snapshot_pickle).expect("pickle");
+    let from_json = Snapshot::from_path(&exports.snapshot_json).expect("json");
+    assert_eq!(from_pickle, from_json);
+    from_pickle.check_invariants().expect("invariants");
+    let history = exports.history.expect("history exports");
+    let trace: serde_json::Value =
+        serde_json::from_slice(&read(&history.chrome_trace)).expect("chrome trace json");
+    let events = trace["traceEvents"].as_array().expect("traceEvents");
+    assert!(events.iter().any(|e| e["ph"] == "C"));
+    assert!(events.iter().any(|e| e["ph"] == "X"));
+    for svg in [&history.memory_svg, &exports.segments_svg] {
+        let text = String::from_utf8(read(svg)).expect("utf-8");
+        assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    }
+    let recorded: wgpu_pool::History =
+        serde_json::from_slice(&read(&history.history_json)).expect("history json");
+    assert_eq!(Some(recorded), pool.history());
+    let report: serde_json::Value =
+        serde_json::from_slice(&read(&exports.report_json)).expect("report json");
+    assert!(report["segments"].as_array().is_some_and(|s| !s.is_empty()));
+    assert!(String::from_utf8(read(&exports.summary))
+        .expect("utf-8")
+        .contains("Allocated memory"));
+    // The exporters of a state and a history need no pool.
+    let state = pool.memory_state();
+    let snapshot = pytorch_snapshot(&state, None);
+    snapshot.check_invariants().expect("invariants");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The history and the exporters that work on plain data know nothing of wgpu (only
+/// `report/device.rs` and `report/mod.rs`, which read a live device or pool, may).
+#[test]
+fn history_and_the_pure_exporters_know_nothing_of_wgpu() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let pure = [
+        "src/history.rs",
+        "src/report/state.rs",
+        "src/report/summary.rs",
+        "src/report/chrome.rs",
+        "src/report/svg.rs",
+        "src/report/snapshot_export.rs",
+    ];
+    for file in pure {
+        let text =
+            std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            assert!(
+                !code.contains("wgpu::")
+                    && !code.contains("use wgpu")
+                    && !code.contains("crate::device")
+                    && !code.contains("crate::pool"),
+                "{file}:{}: must not use wgpu or the GPU layers: {line}",
+                number + 1
+            );
+        }
+    }
+}
