@@ -15,7 +15,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum SnapshotError {
     /// The snapshot file could not be read.
-    #[error("cannot read snapshot file {}: {source}", path.display())]
+    #[error("cannot read snapshot file {}", path.display())]
     Io {
         /// The file that was being read.
         path: PathBuf,

@@ -521,3 +521,38 @@ fn history_and_the_pure_exporters_know_nothing_of_wgpu() {
         }
     }
 }
+
+#[test]
+fn the_replay_reads_the_pools_own_recorded_history() {
+    use wgpu_pool::replay::{replay, LimitsProfile, ReplayEvent, Strategy};
+    use wgpu_pool::snapshot::Snapshot;
+    let gpu = crate::gpu::gpu();
+    let pool = wgpu_pool::Pool::new(
+        gpu,
+        wgpu_pool::PoolOptions { history: Some(wgpu_pool::HistoryOptions::default()), ..Default::default() },
+    )
+    .unwrap();
+    let mut live = Vec::new();
+    for i in 0..200u64 {
+        live.push(pool.allocate(1000 + (i % 13) * 4096).unwrap());
+        if i % 3 == 2 {
+            live.swap_remove((i as usize * 7) % live.len());
+        }
+        if i % 10 == 9 {
+            pool.mark_submitted();
+        }
+    }
+    drop(live);
+    pool.mark_submitted();
+    let stats = pool.stats();
+    // Exported as a PyTorch snapshot, read back as a trace: the same peak of requested bytes.
+    let snapshot = Snapshot::from_pickle_bytes(&pool.snapshot().to_pickle_bytes().unwrap()).unwrap();
+    let events = ReplayEvent::from_snapshot(&snapshot);
+    let allocs = events.iter().filter(|e| matches!(e, ReplayEvent::Alloc { .. })).count();
+    assert_eq!(allocs, 200);
+    let profile = LimitsProfile::LAVAPIPE;
+    let report = replay("own", &events, profile, None, &Strategy::defaults(&profile), &mut |_| {});
+    assert_eq!(report.peak_requested_bytes, stats.requested_bytes.peak);
+    // The pool's own segments, from its segment events.
+    assert_eq!(report.pytorch_peak_reserved_bytes, Some(stats.reserved_bytes.peak));
+}
