@@ -355,6 +355,8 @@ struct Shared {
     /// The pool's time origin: event times are microseconds since then.
     created: Instant,
     state: Mutex<State>,
+    /// The staging buffer `read` copies through, kept between reads (grown to the largest read).
+    staging: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl Shared {
@@ -486,6 +488,7 @@ impl Pool {
                 max_buffer_size: limits.max_buffer_size,
                 max_binding_bytes: limits.max_storage_buffer_binding_size,
                 created: Instant::now(),
+                staging: Mutex::new(None),
                 state: Mutex::new(State {
                     backing,
                     pending: Vec::new(),
@@ -592,29 +595,19 @@ impl Pool {
                         * wgpu::COPY_BUFFER_ALIGNMENT;
                     let buffer_label =
                         format!("{} naive {}", self.shared.options.label, options.label);
-                    let buffer = create_buffer_checked(
-                        &self.shared.gpu.device,
-                        &buffer_label,
-                        allocated,
-                        SEGMENT_USAGES,
-                    )
-                    .map_err(|error| {
-                        naive.stats.oom_count += 1;
-                        let oom = OutOfMemory {
-                            requested_bytes: size_bytes,
-                            segment_bytes: allocated,
-                            reserved_bytes: naive.stats.reserved_bytes.current,
-                            allocated_bytes: naive.stats.allocated_bytes.current,
-                            largest_free_bytes: 0,
-                            external_fragmentation: 0.0,
-                            budget_bytes: None,
-                            device_error: Some(error.reason),
-                        };
-                        if let Some(history) = history.as_mut() {
-                            record_oom(history, self.shared.now_us(), &oom, op.as_ref());
-                        }
-                        PoolError::OutOfMemory(Box::new(oom))
-                    })?;
+                    // What a user writes without a pool: a plain `create_buffer` (sizes were checked
+                    // against the device's limits above; a driver out-of-memory reaches wgpu's
+                    // uncaptured-error handler, as it would in that user's code).
+                    let buffer = self
+                        .shared
+                        .gpu
+                        .device
+                        .create_buffer(&wgpu::BufferDescriptor {
+                            label: Some(&buffer_label),
+                            size: allocated,
+                            usage: SEGMENT_USAGES,
+                            mapped_at_creation: false,
+                        });
                     let stats = &mut naive.stats;
                     stats.create_segment_calls += 1;
                     stats.reserved_bytes.add(allocated);
@@ -1020,16 +1013,43 @@ impl Pool {
     /// staging buffer and waits for it. Work recorded but not submitted is not included.
     pub fn read(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         let size = allocation.binding_size();
-        let staging = self
+        // One staging buffer, reused by every read (reads wait for each other here).
+        let mut staging_slot = self
             .shared
-            .gpu
-            .device
-            .create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-pool read-back"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+            .staging
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if staging_slot
+            .as_ref()
+            .is_none_or(|buffer| buffer.size() < size)
+        {
+            *staging_slot = Some(
+                self.shared
+                    .gpu
+                    .device
+                    .create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("wgpu-pool read-back"),
+                        size: size.next_power_of_two().max(64 << 10),
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    }),
+            );
+        }
+        let staging = staging_slot.as_ref().expect("just ensured");
+        let result = self.read_through(staging, allocation, size);
+        if result.is_err() {
+            // A failed read may leave the staging buffer mapped: start afresh next time.
+            *staging_slot = None;
+        }
+        result
+    }
+
+    fn read_through(
+        &self,
+        staging: &wgpu::Buffer,
+        allocation: &Allocation,
+        size: u64,
+    ) -> Result<Vec<u8>, PoolError> {
         let mut encoder =
             self.shared
                 .gpu
@@ -1040,13 +1060,13 @@ impl Pool {
         encoder.copy_buffer_to_buffer(
             &allocation.buffer,
             allocation.offset_bytes,
-            &staging,
+            staging,
             0,
             size,
         );
         self.shared.gpu.queue.submit([encoder.finish()]);
         let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |result| {
+        staging.map_async(wgpu::MapMode::Read, 0..size, move |result| {
             sender.send(result).ok();
         });
         self.shared
@@ -1060,7 +1080,7 @@ impl Pool {
             None => return Err(PoolError::ReadBack("the map callback was dropped".into())),
         }
         let bytes = staging
-            .get_mapped_range(..)
+            .get_mapped_range(0..size)
             .map_err(|e| PoolError::ReadBack(e.to_string()))?
             .to_vec();
         staging.unmap();

@@ -529,7 +529,10 @@ fn the_replay_reads_the_pools_own_recorded_history() {
     let gpu = crate::gpu::gpu();
     let pool = wgpu_pool::Pool::new(
         gpu,
-        wgpu_pool::PoolOptions { history: Some(wgpu_pool::HistoryOptions::default()), ..Default::default() },
+        wgpu_pool::PoolOptions {
+            history: Some(wgpu_pool::HistoryOptions::default()),
+            ..Default::default()
+        },
     )
     .unwrap();
     let mut live = Vec::new();
@@ -546,13 +549,27 @@ fn the_replay_reads_the_pools_own_recorded_history() {
     pool.mark_submitted();
     let stats = pool.stats();
     // Exported as a PyTorch snapshot, read back as a trace: the same peak of requested bytes.
-    let snapshot = Snapshot::from_pickle_bytes(&pool.snapshot().to_pickle_bytes().unwrap()).unwrap();
+    let snapshot =
+        Snapshot::from_pickle_bytes(&pool.snapshot().to_pickle_bytes().unwrap()).unwrap();
     let events = ReplayEvent::from_snapshot(&snapshot);
-    let allocs = events.iter().filter(|e| matches!(e, ReplayEvent::Alloc { .. })).count();
+    let allocs = events
+        .iter()
+        .filter(|e| matches!(e, ReplayEvent::Alloc { .. }))
+        .count();
     assert_eq!(allocs, 200);
     let profile = LimitsProfile::LAVAPIPE;
-    let report = replay("own", &events, profile, None, &Strategy::defaults(&profile), &mut |_| {});
+    let report = replay(
+        "own",
+        &events,
+        profile,
+        None,
+        &Strategy::defaults(&profile),
+        &mut |_| {},
+    );
     assert_eq!(report.peak_requested_bytes, stats.requested_bytes.peak);
     // The pool's own segments, from its segment events.
-    assert_eq!(report.pytorch_peak_reserved_bytes, Some(stats.reserved_bytes.peak));
+    assert_eq!(
+        report.pytorch_peak_reserved_bytes,
+        Some(stats.reserved_bytes.peak)
+    );
 }
