@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod buddy;
+pub mod compute;
 pub mod device;
 pub mod history;
 pub mod policy;

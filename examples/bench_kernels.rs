@@ -1,0 +1,595 @@
+//! Benchmark of the compute kernels: matmul GFLOP/s, element-wise GB/s, and the CPU cost of
+//! recording an op, every result checked against its CPU twin.
+//!
+//! ```text
+//! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
+//!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--group-rows N]
+//! ```
+//!
+//! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
+//!   matmuls up to 4096³ (also with every tile that fits, to compare them), skinny ones of 4096,
+//!   element-wise ops up to 64M elements.
+//! - Kernels are compiled unchecked (`ShaderChecks::Unchecked`: the ops validate every shape on
+//!   the host); `--checked` keeps wgpu's bounds checks, to measure what they cost.
+//! - Runs are recorded back to back into one batch after 100 ms of warm-up. Time is GPU time from
+//!   timestamps where the adapter has `TIMESTAMP_QUERY` (around each dispatch with
+//!   `TIMESTAMP_QUERY_INSIDE_PASSES`), the median over the runs; else the wall clock around
+//!   recording the batch, submitting it and waiting, divided by the runs.
+//! - GFLOP/s = 2·M·N·K / time. GB/s counts the bytes read and written (`add`: 12 per element).
+//! - Checks: matmuls up to 2^28 multiply-adds against the whole CPU product, larger ones on
+//!   sampled rows and columns (corners included). `max_rel_err` of a matmul is the largest
+//!   `|gpu − cpu| / Σ_k |a_ik·b_kj|` (the error relative to the magnitude of the terms; the bound
+//!   for f32 is about 2K·2⁻²⁴); of an element-wise op, the largest `|gpu − cpu| / |cpu|`.
+//! - Op overhead: the CPU time to record one small `add` into an open pass (allocating its
+//!   output from the pool, finding its bind group, writing its parameters, dispatching), averaged
+//!   over 10,000, with warm caches; also with its share of ending the pass and submitting.
+//! - `--only` runs one section; `--matmul MxNxK` (repeatable) measures these shapes instead of
+//!   the default list (with `--large`, also with every tile that fits); `--group-rows N` sets
+//!   `MatmulOptions::group_rows`.
+//!
+//! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "matmul": [{"m",
+//! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles"}],
+//! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us"}], "op_overhead_us",
+//! "op_overhead_with_submit_us"}`. A section not run has an empty list or `null`.
+//!
+//! On the GPU machine (see `../shared/gpu/README.md`): `../shared/gpu/prepare --example
+//! bench_kernels`, then `sh .gpu/run bench_kernels --large --json $OUT/kernels.json`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde_json::json;
+use wgpu_pool::compute::{
+    cpu, BinaryOp, Context, ContextOptions, MatmulOptions, MatmulTiles, ShaderChecks, Tensor,
+    TimestampSupport, UnaryOp,
+};
+use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
+
+/// Command-line options.
+struct Args {
+    json: Option<PathBuf>,
+    large: bool,
+    checks: ShaderChecks,
+    /// Run only this section: `matmul`, `elementwise` or `overhead`.
+    only: Option<String>,
+    /// Matmul shapes `(m, n, k)` to measure instead of the default list.
+    matmuls: Vec<(usize, usize, usize)>,
+    /// `MatmulOptions::group_rows`, if not the default.
+    group_rows: Option<u32>,
+}
+
+impl Args {
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|only| only == section)
+    }
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        json: None,
+        large: false,
+        checks: ShaderChecks::Unchecked,
+        only: None,
+        matmuls: Vec::new(),
+        group_rows: None,
+    };
+    let mut iter = std::env::args().skip(1);
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
+            "--large" => args.large = true,
+            "--checked" => args.checks = ShaderChecks::Checked,
+            "--matmul" => {
+                let shape = iter.next().context("--matmul needs MxNxK")?;
+                let dims: Vec<usize> = shape
+                    .split('x')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .with_context(|| format!("--matmul {shape:?}: not MxNxK"))?;
+                let [m, n, k] = dims[..] else {
+                    bail!("--matmul {shape:?}: not MxNxK");
+                };
+                args.matmuls.push((m, n, k));
+            }
+            "--group-rows" => {
+                let rows = iter.next().context("--group-rows needs a number")?;
+                args.group_rows = Some(rows.parse().context("--group-rows needs a number")?);
+            }
+            "--only" => {
+                let section = iter.next().context("--only needs a section")?;
+                if !["matmul", "elementwise", "overhead"].contains(&section.as_str()) {
+                    bail!("--only takes matmul, elementwise or overhead, not {section:?}");
+                }
+                args.only = Some(section);
+            }
+            "-h" | "--help" => {
+                println!(
+                    "bench_kernels [--json OUT] [--large] [--checked] \
+                     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--group-rows N]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?} (try --help)"),
+        }
+    }
+    Ok(args)
+}
+
+/// One matmul shape to measure, optionally with a forced tile.
+struct MatmulCase {
+    m: usize,
+    n: usize,
+    k: usize,
+    tiles: Option<MatmulTiles>,
+}
+
+fn matmul_cases(large: bool, limits: &wgpu::Limits) -> Vec<MatmulCase> {
+    let case = |m, n, k| MatmulCase {
+        m,
+        n,
+        k,
+        tiles: None,
+    };
+    let mut cases = Vec::new();
+    let squares: &[usize] = if large {
+        &[256, 512, 1024, 2048, 4096]
+    } else {
+        &[128, 256, 512, 1024]
+    };
+    cases.extend(squares.iter().map(|&s| case(s, s, s)));
+    // Skinny: few rows (a small batch), shallow K, and deep K on a small output (split-K).
+    let skinny: &[(usize, usize, usize)] = if large {
+        &[
+            (64, 4096, 4096),
+            (4096, 64, 4096),
+            (4096, 4096, 64),
+            (256, 256, 16384),
+        ]
+    } else {
+        &[(32, 1024, 1024), (1024, 1024, 32), (128, 128, 8192)]
+    };
+    cases.extend(skinny.iter().map(|&(m, n, k)| case(m, n, k)));
+    if large {
+        // Every tile at 4096³, for comparison.
+        for tiles in MatmulTiles::ALL {
+            if tiles.check(limits).is_ok() {
+                cases.push(MatmulCase {
+                    tiles: Some(tiles),
+                    ..case(4096, 4096, 4096)
+                });
+            }
+        }
+    }
+    cases
+}
+
+/// Runs of each measurement.
+const RUNS: usize = 9;
+
+/// The context and how it measures time.
+struct Bench {
+    gpu: Gpu,
+    pool: Pool,
+    checks: ShaderChecks,
+    support: TimestampSupport,
+    matmul: MatmulOptions,
+}
+
+impl Bench {
+    fn context(&self, matmul: MatmulOptions) -> anyhow::Result<Context> {
+        Ok(Context::new(
+            &self.pool,
+            ContextOptions {
+                shader_checks: self.checks,
+                profile: self.support != TimestampSupport::None,
+                matmul,
+                ..ContextOptions::default()
+            },
+        )?)
+    }
+
+    /// The time of one run of `op` in microseconds. Runs are recorded back to back into one
+    /// batch, as a workload would: with timestamps, the median over [`RUNS`] runs of the GPU time
+    /// of a run's kernels; without, the wall clock of the batch (record, submit, wait) divided by
+    /// the runs.
+    fn time_us(
+        &self,
+        context: &Context,
+        op: &dyn Fn() -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<f64> {
+        // Warm up: compile the pipelines, create the bind groups, and keep the GPU busy for
+        // 100 ms so that its clocks rise (unless one run is slow already, as on a software GPU).
+        let started = Instant::now();
+        drop(op()?);
+        context.sync()?;
+        if started.elapsed().as_millis() < 20 {
+            while started.elapsed().as_millis() < 100 {
+                for _ in 0..RUNS {
+                    drop(op()?);
+                }
+                context.sync()?;
+            }
+        }
+        context.take_kernel_timings();
+        let started = Instant::now();
+        for _ in 0..RUNS {
+            drop(op()?);
+        }
+        context.sync()?;
+        if self.support == TimestampSupport::None {
+            return Ok(started.elapsed().as_secs_f64() * 1e6 / RUNS as f64);
+        }
+        let timings = context.take_kernel_timings();
+        let per_run = timings.len() / RUNS;
+        anyhow::ensure!(
+            per_run > 0 && timings.len() == per_run * RUNS,
+            "expected the same number of timed kernels in each of {RUNS} runs, got {}",
+            timings.len()
+        );
+        let mut runs: Vec<f64> = timings
+            .chunks_exact(per_run)
+            .map(|run| run.iter().map(|t| t.gpu_ns).sum::<f64>() / 1e3)
+            .collect();
+        runs.sort_by(f64::total_cmp);
+        Ok(runs[RUNS / 2])
+    }
+}
+
+fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+}
+
+/// Rows or columns to check of a dimension of `len`: all of them, or a sample with both ends.
+fn sample(len: usize, full: bool) -> Vec<usize> {
+    if full || len <= 24 {
+        return (0..len).collect();
+    }
+    let mut picks: Vec<usize> = (0..16).map(|i| i * (len - 1) / 15).collect();
+    picks.extend([1, len / 2 + 1, len - 2]);
+    picks.sort_unstable();
+    picks.dedup();
+    picks
+}
+
+struct MatmulResult {
+    m: usize,
+    n: usize,
+    k: usize,
+    tiles: MatmulTiles,
+    splits: u32,
+    time_us: f64,
+    gflops: f64,
+    max_rel_err: f64,
+    ok: bool,
+}
+
+fn bench_matmul(
+    bench: &Bench,
+    case: &MatmulCase,
+    rng: &mut StdRng,
+) -> anyhow::Result<MatmulResult> {
+    let (m, n, k) = (case.m, case.n, case.k);
+    let context = bench.context(MatmulOptions {
+        tiles: case.tiles,
+        ..bench.matmul.clone()
+    })?;
+    let plan = context.matmul_plan(m, n, k)?;
+    let a_values = random(rng, m * k);
+    let b_values = random(rng, k * n);
+    let a = context.tensor(&a_values, &[m, k])?;
+    let b = context.tensor(&b_values, &[k, n])?;
+    let time_us = bench.time_us(&context, &|| Ok(context.matmul(&a, &b)?))?;
+    let c = context.matmul(&a, &b)?.to_vec()?;
+    let full = (m * n * k) as u64 <= 1 << 28;
+    let mut max_rel_err = 0.0f64;
+    let mut ok = true;
+    let bound = 2.0 * k as f64 / f64::from(1u32 << 24);
+    for row in sample(m, full) {
+        for col in sample(n, full) {
+            let (expected, magnitude) = cpu::matmul_element(&a_values, &b_values, k, n, row, col);
+            let error =
+                (f64::from(c[row * n + col]) - expected).abs() / magnitude.max(f64::MIN_POSITIVE);
+            max_rel_err = max_rel_err.max(error);
+            ok &= error <= bound;
+        }
+    }
+    Ok(MatmulResult {
+        m,
+        n,
+        k,
+        tiles: plan.tiles,
+        splits: plan.splits,
+        time_us,
+        gflops: 2.0 * (m * n * k) as f64 / (time_us * 1e3),
+        max_rel_err,
+        ok,
+    })
+}
+
+/// An element-wise op of the benchmark.
+#[derive(Clone, Copy)]
+enum Elementwise {
+    Binary(BinaryOp),
+    Unary(UnaryOp),
+}
+
+impl Elementwise {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Binary(op) => op.name(),
+            Self::Unary(op) => op.name(),
+        }
+    }
+
+    /// Bytes read and written per element.
+    fn bytes_per_element(self) -> f64 {
+        match self {
+            Self::Binary(_) => 12.0,
+            Self::Unary(_) => 8.0,
+        }
+    }
+}
+
+struct ElementwiseResult {
+    op: &'static str,
+    n: usize,
+    time_us: f64,
+    gbs: f64,
+    max_rel_err: f64,
+}
+
+fn bench_elementwise(
+    bench: &Bench,
+    op: Elementwise,
+    n: usize,
+    rng: &mut StdRng,
+) -> anyhow::Result<ElementwiseResult> {
+    let context = bench.context(MatmulOptions::default())?;
+    let a_values = random(rng, n);
+    let b_values = random(rng, n);
+    let a = context.tensor(&a_values, &[n])?;
+    let b = context.tensor(&b_values, &[n])?;
+    let run = || -> anyhow::Result<Tensor> {
+        Ok(match op {
+            Elementwise::Binary(op) => context.binary(op, &a, &b)?,
+            Elementwise::Unary(op) => context.unary(op, &a)?,
+        })
+    };
+    let time_us = bench.time_us(&context, &run)?;
+    let values = run()?.to_vec()?;
+    let expected = match op {
+        Elementwise::Binary(op) => cpu::binary(op, &a_values, &b_values),
+        Elementwise::Unary(op) => cpu::unary(op, &a_values),
+    };
+    let max_rel_err = values
+        .iter()
+        .zip(&expected)
+        .map(|(&g, &c)| (f64::from(g) - f64::from(c)).abs() / f64::from(c.abs()).max(1e-30))
+        .fold(0.0, f64::max);
+    Ok(ElementwiseResult {
+        op: op.name(),
+        n,
+        time_us,
+        gbs: op.bytes_per_element() * n as f64 / (time_us * 1e3),
+        max_rel_err,
+    })
+}
+
+/// The CPU cost of one small `add`, in microseconds.
+struct Overhead {
+    /// Recording it into an open pass: allocating its output, finding its bind group, writing
+    /// its parameters, dispatching.
+    record_us: f64,
+    /// The same plus its share of ending the pass, finishing the encoder and submitting (wgpu
+    /// validates a pass's commands when it ends).
+    with_submit_us: f64,
+}
+
+/// The CPU cost of small `add`s recorded into one open pass, with warm caches.
+fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
+    const OPS: u32 = 10_000;
+    let context = Context::new(
+        &bench.pool,
+        ContextOptions {
+            shader_checks: bench.checks,
+            max_ops_per_batch: OPS,
+            max_cached_bind_groups: 2 * OPS as usize,
+            ..ContextOptions::default()
+        },
+    )?;
+    let a = context.tensor(&[1.0; 256], &[256])?;
+    let b = context.tensor(&[2.0; 256], &[256])?;
+    let mut overhead = Overhead {
+        record_us: 0.0,
+        with_submit_us: 0.0,
+    };
+    // The first round compiles the kernel and fills the bind-group cache (the second round's
+    // outputs get the same ranges, in the same order); the second is measured.
+    for _ in 0..2 {
+        context.sync()?;
+        let started = Instant::now();
+        for _ in 0..OPS {
+            drop(context.add(&a, &b)?);
+        }
+        let recorded = started.elapsed();
+        context.flush()?;
+        let submitted = started.elapsed();
+        overhead = Overhead {
+            record_us: recorded.as_secs_f64() * 1e6 / f64::from(OPS),
+            with_submit_us: submitted.as_secs_f64() * 1e6 / f64::from(OPS),
+        };
+    }
+    context.sync()?;
+    Ok(overhead)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let gpu = request_gpu(LimitsChoice::Adapter)?;
+    let pool = Pool::new(&gpu, PoolOptions::default())?;
+    let support = TimestampSupport::of(&gpu.device);
+    let bench = Bench {
+        gpu: gpu.clone(),
+        pool,
+        checks: args.checks,
+        support,
+        matmul: MatmulOptions {
+            group_rows: args
+                .group_rows
+                .unwrap_or(MatmulOptions::default().group_rows),
+            ..MatmulOptions::default()
+        },
+    };
+    let timing = match support {
+        TimestampSupport::InsidePasses => "GPU timestamps inside passes",
+        TimestampSupport::PassBoundaries => "GPU timestamps, one pass per kernel",
+        TimestampSupport::None => "wall clock around submit and wait",
+    };
+    println!("adapter: {gpu}");
+    println!(
+        "timing: {timing}, median of {RUNS}; kernels: {:?}",
+        args.checks
+    );
+    let mut rng = StdRng::seed_from_u64(42);
+
+    println!();
+    println!(
+        "{:>6} {:>6} {:>6}  {:<12} {:>5} {:>11} {:>10} {:>11}  check",
+        "M", "N", "K", "tiles", "split", "time (µs)", "GFLOP/s", "max_rel_err"
+    );
+    let mut matmuls = Vec::new();
+    let mut failures = 0;
+    let cases = if !args.matmuls.is_empty() {
+        let limits = bench.gpu.device.limits();
+        let mut cases = Vec::new();
+        for &(m, n, k) in &args.matmuls {
+            // The automatic choice, then (with --large) every tile that fits.
+            cases.push(MatmulCase {
+                m,
+                n,
+                k,
+                tiles: None,
+            });
+            if args.large {
+                cases.extend(
+                    MatmulTiles::ALL
+                        .into_iter()
+                        .filter(|t| t.check(&limits).is_ok())
+                        .map(|tiles| MatmulCase {
+                            m,
+                            n,
+                            k,
+                            tiles: Some(tiles),
+                        }),
+                );
+            }
+        }
+        cases
+    } else if args.runs("matmul") {
+        matmul_cases(args.large, &bench.gpu.device.limits())
+    } else {
+        Vec::new()
+    };
+    for case in cases {
+        let r = bench_matmul(&bench, &case, &mut rng)
+            .with_context(|| format!("matmul {}x{}x{}", case.m, case.n, case.k))?;
+        println!(
+            "{:>6} {:>6} {:>6}  {:<12} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {}",
+            r.m,
+            r.n,
+            r.k,
+            r.tiles.to_string(),
+            r.splits,
+            r.time_us,
+            r.gflops,
+            r.max_rel_err,
+            if r.ok { "ok" } else { "FAIL" }
+        );
+        failures += usize::from(!r.ok);
+        matmuls.push(json!({
+            "m": r.m, "n": r.n, "k": r.k, "gflops": r.gflops, "max_rel_err": r.max_rel_err,
+            "tiles": r.tiles.to_string(), "splits": r.splits, "time_us": r.time_us,
+            "forced_tiles": case.tiles.is_some(),
+        }));
+    }
+
+    println!();
+    println!(
+        "{:<8} {:>10} {:>11} {:>9} {:>11}",
+        "op", "n", "time (µs)", "GB/s", "max_rel_err"
+    );
+    let sizes: &[usize] = if args.large {
+        &[1 << 20, 1 << 22, 1 << 24, 1 << 26]
+    } else {
+        &[1 << 20, 1 << 22, 1 << 24]
+    };
+    let ops: &[Elementwise] = if args.runs("elementwise") {
+        &[
+            Elementwise::Binary(BinaryOp::Add),
+            Elementwise::Unary(UnaryOp::Relu),
+            Elementwise::Unary(UnaryOp::Gelu),
+        ]
+    } else {
+        &[]
+    };
+    let mut elementwise = Vec::new();
+    for &op in ops {
+        for &n in sizes {
+            let r = bench_elementwise(&bench, op, n, &mut rng)
+                .with_context(|| format!("{} of {n}", op.name()))?;
+            println!(
+                "{:<8} {:>10} {:>11.1} {:>9.1} {:>11.2e}",
+                r.op, r.n, r.time_us, r.gbs, r.max_rel_err
+            );
+            // Exact for add and relu; GELU's tanh is the driver's.
+            let tolerance = if matches!(op, Elementwise::Unary(UnaryOp::Gelu)) {
+                1e-5
+            } else {
+                0.0
+            };
+            if r.max_rel_err > tolerance {
+                println!("  FAIL: {} differs from its CPU twin", r.op);
+                failures += 1;
+            }
+            elementwise.push(json!({
+                "op": r.op, "n": r.n, "gbs": r.gbs, "max_rel_err": r.max_rel_err,
+                "time_us": r.time_us,
+            }));
+        }
+    }
+
+    let overhead = if args.runs("overhead") {
+        let overhead = op_overhead_us(&bench)?;
+        println!();
+        println!(
+            "op overhead: {:.2} µs of CPU to record one add into an open pass; {:.2} µs with its \
+             share of ending the pass and submitting (10,000 ops per batch, warm caches)",
+            overhead.record_us, overhead.with_submit_us
+        );
+        Some(overhead)
+    } else {
+        None
+    };
+
+    if let Some(path) = &args.json {
+        let report = json!({
+            "adapter": gpu.info.name,
+            "backend": format!("{:?}", gpu.info.backend),
+            "timing": timing,
+            "shader_checks": format!("{:?}", args.checks),
+            "matmul": matmuls,
+            "elementwise": elementwise,
+            "op_overhead_us": overhead.as_ref().map(|o| o.record_us),
+            "op_overhead_with_submit_us": overhead.as_ref().map(|o| o.with_submit_us),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    if failures > 0 {
+        bail!("{failures} results differ from their CPU twins");
+    }
+    Ok(())
+}

@@ -1,0 +1,447 @@
+//! The pool against one-buffer-per-allocation, on an inference server.
+//!
+//! ```text
+//! cargo run --release --example pool_vs_naive -- [--large] [--out DIR] [--json OUT]
+//! ```
+//!
+//! A server answers requests with an MLP: each request brings a batch of inputs, runs a few
+//! layers of matmul + bias + GELU and a softmax, and reads the probabilities back. Every
+//! intermediate of every request is allocated as the op needs it and freed when it is dropped —
+//! how an eager framework works. We run the same requests twice on the same device:
+//!
+//! - **pool**: tensors are ranges of the pool's segments; after warm-up no buffer is created;
+//! - **naive**: each tensor is a `wgpu::Buffer` of its own, created and dropped — what you write
+//!   without a pool (and wgpu zero-fills each new buffer before its first use).
+//!
+//! Each side runs twice, alternating, and the second runs are reported.
+//!
+//! Two workloads: `mlp` (batches of 1 to 512 rows: the GPU's arithmetic dominates) and `small`
+//! (batches of 1 to 8 rows through more layers: the cost of allocating dominates). Sizes fit a
+//! software GPU by default; `--large` scales them up for a real one.
+//!
+//! `--out DIR` (default `target/pool_vs_naive`) receives the memory report of the pool's `mlp` run:
+//! `memory.svg` and `segments.svg`, `snapshot.pickle` and `snapshot.json` (open them at
+//! pytorch.org/memory_viz), `trace.json` (open it in ui.perfetto.dev), `report.txt`.
+//! `--json OUT` writes the figures of both workloads.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::Serialize;
+use wgpu_pool::compute::{Context, ContextOptions, Tensor};
+use wgpu_pool::report::{write_exports, AllocatorReport, Report};
+use wgpu_pool::{request_gpu, Gpu, HistoryOptions, LimitsChoice, Pool, PoolOptions};
+
+/// One workload: the layer widths, the batch sizes drawn, and how many requests.
+#[derive(Debug, Clone, Serialize)]
+pub struct Workload {
+    /// `mlp` or `small`.
+    pub name: &'static str,
+    /// Widths from input to output: `widths[i] -> widths[i + 1]` is one layer.
+    pub widths: Vec<usize>,
+    /// Batch sizes are drawn uniformly from this range (rows per request).
+    pub batch: (usize, usize),
+    /// Requests served; the first tenth is the warm-up.
+    pub requests: usize,
+}
+
+/// How big the workloads are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// For the tests: a few tiny requests.
+    Test,
+    /// Fits a software GPU (lavapipe, llvmpipe) in seconds.
+    Default,
+    /// For a real GPU.
+    Large,
+}
+
+impl Scale {
+    /// The two workloads at this scale.
+    pub fn workloads(self) -> Vec<Workload> {
+        let (mlp_widths, mlp_requests, small_widths, small_requests) = match self {
+            Scale::Test => (vec![16, 32, 8], 12, vec![16, 16, 16, 4], 20),
+            Scale::Default => (vec![256, 512, 512, 64], 40, vec![128; 7], 200),
+            Scale::Large => (vec![1024, 4096, 4096, 4096, 1024], 400, vec![1024; 9], 4000),
+        };
+        let max_batch = if self == Scale::Test { 32 } else { 512 };
+        vec![
+            Workload {
+                name: "mlp",
+                widths: mlp_widths,
+                batch: (1, max_batch),
+                requests: mlp_requests,
+            },
+            Workload {
+                name: "small",
+                widths: small_widths,
+                batch: (1, 8),
+                requests: small_requests,
+            },
+        ]
+    }
+}
+
+/// What one side (pool or naive) did with one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct Side {
+    /// Requests served per second, after warm-up.
+    pub requests_per_s: f64,
+    /// Time per allocation (allocate + free) of the workload's sizes, measured apart, in ns.
+    pub alloc_ns: f64,
+    /// Buffers created over the whole run (segments for the pool).
+    pub create_buffer_calls: u64,
+    /// Buffers created after the warm-up.
+    pub create_buffer_calls_after_warmup: u64,
+    /// Most bytes held in buffers at once.
+    pub peak_reserved_bytes: u64,
+    /// Most bytes asked for at once.
+    pub peak_requested_bytes: u64,
+    /// The most the device said it had allocated in total while serving (wgpu's allocator report;
+    /// `None` where the backend reports nothing, as on GL and Metal).
+    pub device_reported_bytes: Option<u64>,
+    /// `1 - requested / allocated` at the end of the run.
+    pub internal_fragmentation: f64,
+    /// `1 - largest free block / free` at the end of the run.
+    pub external_fragmentation: f64,
+    /// A checksum of every probability read back (both sides must agree).
+    #[serde(skip)]
+    pub checksum: f64,
+}
+
+/// Both sides of one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// The workload.
+    pub workload: Workload,
+    /// With the pool.
+    pub pool: Side,
+    /// One buffer per allocation.
+    pub naive: Side,
+    /// The pool's requests/s over naive's.
+    pub speedup: f64,
+}
+
+/// The whole run, as `--json` writes it: the `small` workload's figures at the top (the one where
+/// allocation costs dominate), every workload under `workloads`.
+#[derive(Debug, Serialize)]
+struct JsonReport<'a> {
+    adapter: String,
+    backend: String,
+    pool: &'a Side,
+    naive: &'a Side,
+    speedup: f64,
+    workloads: &'a [Comparison],
+}
+
+struct Args {
+    scale: Scale,
+    out: PathBuf,
+    json: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        scale: Scale::Default,
+        out: PathBuf::from("target/pool_vs_naive"),
+        json: None,
+    };
+    let mut iter = std::env::args().skip(1);
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--large" => args.scale = Scale::Large,
+            "--out" => args.out = iter.next().context("--out needs a directory")?.into(),
+            "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
+            other => bail!(
+                "unknown argument {other}\nusage: pool_vs_naive [--large] [--out DIR] [--json OUT]"
+            ),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    env_logger::init();
+    let args = parse_args()?;
+    // Getting the device is kept apart from using it: the tests call `run` on their own device.
+    let gpu = request_gpu(LimitsChoice::Adapter)?;
+    println!("adapter: {gpu}");
+    let comparisons = run(&gpu, args.scale, Some(&args.out), true)?;
+
+    let main = comparisons
+        .iter()
+        .find(|c| c.workload.name == "small")
+        .context("the small workload ran")?;
+    if let Some(path) = &args.json {
+        let report = JsonReport {
+            adapter: gpu.info.name.clone(),
+            backend: format!("{:?}", gpu.info.backend),
+            pool: &main.pool,
+            naive: &main.naive,
+            speedup: main.speedup,
+            workloads: &comparisons,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs every workload of `scale` with the pool and naively; writes the pool's memory report of
+/// the `mlp` workload into `out` when given.
+pub fn run(
+    gpu: &Gpu,
+    scale: Scale,
+    out: Option<&std::path::Path>,
+    verbose: bool,
+) -> Result<Vec<Comparison>> {
+    let mut comparisons = Vec::new();
+    for workload in scale.workloads() {
+        if verbose {
+            println!(
+                "\n== {}: widths {:?}, batches of {} to {} rows, {} requests",
+                workload.name,
+                workload.widths,
+                workload.batch.0,
+                workload.batch.1,
+                workload.requests
+            );
+        }
+        // Each side runs twice, alternating (pool, naive, pool, naive), and the second runs count:
+        // the first pair warms the GPU's clocks and the driver's caches for both alike.
+        let mut pooled = None;
+        let mut naive_side = None;
+        for round in 0..2 {
+            // 1. The pool, recording its history so that the report can draw it.
+            let pool = Pool::new(
+                gpu,
+                PoolOptions {
+                    history: Some(HistoryOptions::default()),
+                    ..PoolOptions::default()
+                },
+            )?;
+            let (side, sizes) = serve(&pool, &workload)?;
+            let last_round = round == 1;
+            if verbose && last_round {
+                println!("\n{}", Report::from_pool(&pool));
+            }
+            if let (Some(dir), "mlp", true) = (out, workload.name, last_round) {
+                write_exports(&pool, dir)?;
+                if verbose {
+                    println!(
+                        "the memory report of the pool's run is in {}",
+                        dir.display()
+                    );
+                }
+            }
+            pooled = Some(Side {
+                alloc_ns: time_allocations(&pool, &sizes),
+                ..side
+            });
+            drop(pool);
+
+            // 2. The same requests, one buffer per tensor.
+            let naive = Pool::naive(gpu, PoolOptions::default());
+            let (side, _) = serve(&naive, &workload)?;
+            naive_side = Some(Side {
+                alloc_ns: time_allocations(&naive, &sizes),
+                ..side
+            });
+        }
+        let (pooled, naive_side) = (
+            pooled.context("the pool ran")?,
+            naive_side.context("naive ran")?,
+        );
+
+        let relative =
+            (pooled.checksum - naive_side.checksum).abs() / naive_side.checksum.abs().max(1.0);
+        if relative > 1e-4 {
+            bail!(
+                "the pool and naive runs disagree: checksums {} and {}",
+                pooled.checksum,
+                naive_side.checksum
+            );
+        }
+        let speedup = pooled.requests_per_s / naive_side.requests_per_s;
+        if verbose {
+            print_table(&pooled, &naive_side, speedup);
+        }
+        comparisons.push(Comparison {
+            workload,
+            pool: pooled,
+            naive: naive_side,
+            speedup,
+        });
+    }
+    Ok(comparisons)
+}
+
+/// Serves the workload's requests on `pool`; returns the figures and every size allocated.
+fn serve(pool: &Pool, workload: &Workload) -> Result<(Side, Vec<u64>)> {
+    let gpu = pool.gpu();
+    // Unchecked kernels: every op validates shapes and offsets on the host.
+    let ctx = Context::new(pool, ContextOptions::unchecked())?;
+    let mut rng = StdRng::seed_from_u64(7);
+
+    // The model's weights live as long as the server: loaded once, before the first request.
+    let layers: Vec<(Tensor, Tensor)> = workload
+        .widths
+        .windows(2)
+        .map(|pair| {
+            let (fan_in, fan_out) = (pair[0], pair[1]);
+            let scale = (1.0 / fan_in as f32).sqrt();
+            let weights: Vec<f32> = (0..fan_in * fan_out)
+                .map(|_| rng.gen_range(-scale..scale))
+                .collect();
+            let bias: Vec<f32> = (0..fan_out).map(|_| rng.gen_range(-0.1..0.1)).collect();
+            Ok((
+                ctx.tensor(&weights, &[fan_in, fan_out])?,
+                ctx.tensor(&bias, &[fan_out])?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+
+    let warmup = (workload.requests / 10).max(1);
+    let mut checksum = 0.0f64;
+    let mut device_reported: Option<u64> = None;
+    let mut start = Instant::now();
+    let mut creates_at_warmup = 0;
+    let mut sizes = Vec::new();
+    let sample_every = (workload.requests / 10).max(1);
+    for request in 0..workload.requests {
+        if request == warmup {
+            ctx.sync()?;
+            creates_at_warmup = pool.stats().create_segment_calls;
+            start = Instant::now();
+        }
+        // A request: a batch of inputs, then the layers; every intermediate is a new tensor,
+        // dropped as soon as the next one exists.
+        let rows = rng.gen_range(workload.batch.0..=workload.batch.1);
+        let input: Vec<f32> = (0..rows * workload.widths[0])
+            .map(|i| ((i * 31 + request) % 17) as f32 / 17.0 - 0.5)
+            .collect();
+        let mut x = ctx.tensor(&input, &[rows, workload.widths[0]])?;
+        sizes.push(x.size_bytes());
+        for (index, (weights, bias)) in layers.iter().enumerate() {
+            let product = ctx.matmul(&x, weights)?;
+            let biased = ctx.add_bias(&product, bias)?;
+            sizes.extend([product.size_bytes(), biased.size_bytes()]);
+            x = if index + 1 < layers.len() {
+                let activated = ctx.gelu(&biased)?;
+                sizes.push(activated.size_bytes());
+                activated
+            } else {
+                biased
+            };
+        }
+        let probabilities = ctx.softmax(&x)?;
+        sizes.push(probabilities.size_bytes());
+        drop(x);
+        // The server answers: read the probabilities back.
+        let answer = ctx.read(&probabilities)?;
+        checksum += answer
+            .iter()
+            .enumerate()
+            .map(|(i, p)| f64::from(*p) * ((i % 7) as f64 + 1.0))
+            .sum::<f64>();
+        if request % sample_every == 0 {
+            if let Some(bytes) =
+                AllocatorReport::from_device(&gpu.device, gpu.info.backend).total_allocated_bytes()
+            {
+                device_reported = Some(device_reported.unwrap_or(0).max(bytes));
+            }
+        }
+    }
+    ctx.sync()?;
+    let elapsed = start.elapsed().max(Duration::from_nanos(1));
+    let stats = pool.stats();
+    let side = Side {
+        requests_per_s: (workload.requests - warmup) as f64 / elapsed.as_secs_f64(),
+        alloc_ns: 0.0,
+        create_buffer_calls: stats.create_segment_calls,
+        create_buffer_calls_after_warmup: stats.create_segment_calls - creates_at_warmup,
+        peak_reserved_bytes: stats.reserved_bytes.peak,
+        peak_requested_bytes: stats.requested_bytes.peak,
+        device_reported_bytes: device_reported,
+        internal_fragmentation: stats.internal_fragmentation(),
+        external_fragmentation: stats.external_fragmentation(),
+        checksum,
+    };
+    Ok((side, sizes))
+}
+
+/// ns per allocate + free of the workload's sizes, on their own (no kernels): the pool's cost
+/// against `create_buffer` and drop.
+fn time_allocations(pool: &Pool, sizes: &[u64]) -> f64 {
+    let count = sizes.len().min(20_000);
+    let start = Instant::now();
+    for (i, &size) in sizes.iter().take(count).enumerate() {
+        let allocation = pool
+            .allocate(size)
+            .expect("the workload's sizes were served before");
+        drop(allocation);
+        if i % 16 == 15 {
+            pool.mark_submitted();
+        }
+    }
+    pool.mark_submitted();
+    start.elapsed().as_nanos() as f64 / count.max(1) as f64
+}
+
+fn print_table(pool: &Side, naive: &Side, speedup: f64) {
+    let mib = |b: u64| format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64);
+    let device = |d: Option<u64>| d.map_or_else(|| "not reported".to_string(), mib);
+    println!("\n{:<34} {:>16} {:>16}", "", "pool", "naive");
+    println!(
+        "{:<34} {:>16.1} {:>16.1}",
+        "requests/s (after warm-up)", pool.requests_per_s, naive.requests_per_s
+    );
+    println!(
+        "{:<34} {:>16.0} {:>16.0}",
+        "ns per allocation (apart)", pool.alloc_ns, naive.alloc_ns
+    );
+    println!(
+        "{:<34} {:>16} {:>16}",
+        "create_buffer calls", pool.create_buffer_calls, naive.create_buffer_calls
+    );
+    println!(
+        "{:<34} {:>16} {:>16}",
+        "  after warm-up",
+        pool.create_buffer_calls_after_warmup,
+        naive.create_buffer_calls_after_warmup
+    );
+    println!(
+        "{:<34} {:>16} {:>16}",
+        "peak reserved",
+        mib(pool.peak_reserved_bytes),
+        mib(naive.peak_reserved_bytes)
+    );
+    println!(
+        "{:<34} {:>16} {:>16}",
+        "peak requested",
+        mib(pool.peak_requested_bytes),
+        mib(naive.peak_requested_bytes)
+    );
+    println!(
+        "{:<34} {:>16} {:>16}",
+        "device reports allocated (max)",
+        device(pool.device_reported_bytes),
+        device(naive.device_reported_bytes)
+    );
+    println!(
+        "{:<34} {:>15.1}% {:>15.1}%",
+        "internal / external fragmentation",
+        pool.internal_fragmentation * 100.0,
+        naive.internal_fragmentation * 100.0
+    );
+    println!(
+        "{:<34} {:>15.1}% {:>15.1}%",
+        "",
+        pool.external_fragmentation * 100.0,
+        naive.external_fragmentation * 100.0
+    );
+    println!("speedup (pool requests/s over naive): {speedup:.2}x");
+}

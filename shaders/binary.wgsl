@@ -1,0 +1,79 @@
+// Element-wise kernels of two inputs: y = a ∘ b (same shapes), and the row-broadcast bias add
+// y[r, c] = a[r, c] + b[c]. One vec4 per invocation, workgroups of 256, a 2-D grid past 65,535
+// workgroups. Tails: see unary.wgsl. Every storage binding is read_write (pool rule).
+// CPU twins: src/compute/cpu.rs, same names.
+
+// Keep in sync with `ElementwiseParams` in src/compute/ops/elementwise.rs.
+struct ElementwiseParams {
+    len_vec4: u32,
+    grid_x: u32,
+    cols: u32,
+    scalar: f32,
+}
+
+@group(0) @binding(0) var<uniform> params: ElementwiseParams;
+@group(0) @binding(1) var<storage, read_write> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> b: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<vec4<f32>>;
+
+@compute @workgroup_size(256)
+fn add(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = a[i] + b[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn sub(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = a[i] - b[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn mul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = a[i] * b[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn div(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = a[i] / b[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn maximum(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = max(a[i], b[i]);
+    }
+}
+
+// `b` is the bias of `params.cols` values, rounded up to 16 bytes like every tensor.
+@compute @workgroup_size(256)
+fn add_bias(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i >= params.len_vec4) {
+        return;
+    }
+    let cols = params.cols;
+    if (cols % 4u == 0u) {
+        // A vec4 never straddles two rows: one vec4 of the bias.
+        y[i] = a[i] + b[(i % (cols / 4u))];
+        return;
+    }
+    // A vec4 may straddle rows: the bias element of each lane.
+    var bias = vec4<f32>(0.0);
+    for (var lane = 0u; lane < 4u; lane++) {
+        let col = (4u * i + lane) % cols;
+        bias[lane] = b[col / 4u][col % 4u];
+    }
+    y[i] = a[i] + bias;
+}

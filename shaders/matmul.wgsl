@@ -1,0 +1,311 @@
+// C[M, N] = A[M, K] · B[K, N], f32, row-major, any sizes; with an optional fused epilogue
+// C = act(A·B + bias[N]). CPU twin: `matmul` in src/compute/cpu.rs.
+//
+// The host prepends these constants (src/compute/kernels.rs, `MatmulTiles`):
+//   BM, BN, BK   the block tile: BM×BN outputs per workgroup, BK (8 or 16) deep per step of K
+//   THREADS      (BM / 8) · (BN / 8) invocations, each computing 8×8 outputs in registers
+//   A_LOADS, B_LOADS   vec4 global loads per invocation per tile of A and of B (1, 2 or 4)
+//   VEC4         K % 4 == 0 and N % 4 == 0: rows of A, B and C are whole vec4s
+//   EDGES        some tile is partial (M % BM, N % BN or K % BK is not 0): loads and stores
+//                are masked. Without it every access is in bounds by construction.
+//   BIAS, ACT    the fused epilogue (bias over columns; 0 none, 1 relu, 2 gelu)
+//   GROUP_M      tile rows per group of the order in which block tiles are visited
+//
+// Split-K: workgroup z computes the partial product over K range [z·k_chunk, (z+1)·k_chunk)
+// into the z-th M×N slice of `c`; `matmul_reduce.wgsl` adds the slices (and runs the epilogue).
+//
+// Layout: invocation (tx, ty) owns rows {ty·4 + i, BM/2 + ty·4 + i} and columns
+// {tx·4 + j, BN/2 + tx·4 + j} (i, j < 4) of the block tile: two groups of four, so that the
+// vec4 reads of workgroup memory by neighbouring invocations are contiguous (no bank conflicts)
+// and the vec4 stores of C are coalesced. The A tile is stored transposed ([k][m]) so that
+// A's four rows are one vec4 read. Two tile buffers: invocations load the next tile from global
+// memory into registers before the product of the current one, and store it into the other
+// buffer after: one barrier per tile.
+//
+// Block tiles are visited in groups of GROUP_M tile rows (the order of Triton's matmul
+// tutorial): workgroups that run at the same time share columns of B and rows of A in L2.
+//
+// Every storage binding is read_write: A, B and C may share one pool segment buffer.
+
+// Keep in sync with `MatmulParams` in src/compute/ops/matmul.rs.
+struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    // Depth of K per split (a multiple of BK); k when there is no split.
+    k_chunk: u32,
+    // Block tiles along N and along M (the grid's x and y).
+    tiles_n: u32,
+    tiles_m: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: MatmulParams;
+@group(0) @binding(1) var<storage, read_write> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> b: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> bias: array<vec4<f32>>;
+
+// vec4s of one tile buffer of A (BK × BM, transposed) and of B (BK × BN).
+const A_TILE: u32 = BK * BM / 4u;
+const B_TILE: u32 = BK * BN / 4u;
+
+var<workgroup> tile_a: array<vec4<f32>, 2u * A_TILE>;
+var<workgroup> tile_b: array<vec4<f32>, 2u * B_TILE>;
+
+// A[row, col .. col + 4] (col a multiple of 4), zero past M or past `k_end`.
+fn load_a(row: u32, col: u32, k_end: u32) -> vec4<f32> {
+    if (VEC4) {
+        if (EDGES && (row >= params.m || col >= k_end)) {
+            return vec4<f32>(0.0);
+        }
+        return a[(row * params.k + col) / 4u];
+    }
+    var v = vec4<f32>(0.0);
+    if (row < params.m) {
+        let base = row * params.k + col;
+        for (var j = 0u; j < 4u; j++) {
+            if (col + j < k_end) {
+                let e = base + j;
+                v[j] = a[e / 4u][e % 4u];
+            }
+        }
+    }
+    return v;
+}
+
+// B[row, col .. col + 4] (col a multiple of 4), zero past `k_end` or past N.
+fn load_b(row: u32, col: u32, k_end: u32) -> vec4<f32> {
+    if (VEC4) {
+        if (EDGES && (row >= k_end || col >= params.n)) {
+            return vec4<f32>(0.0);
+        }
+        return b[(row * params.n + col) / 4u];
+    }
+    var v = vec4<f32>(0.0);
+    if (row < k_end) {
+        let base = row * params.n + col;
+        for (var j = 0u; j < 4u; j++) {
+            if (col + j < params.n) {
+                let e = base + j;
+                v[j] = b[e / 4u][e % 4u];
+            }
+        }
+    }
+    return v;
+}
+
+// The `load`-th vec4 of the A tile an invocation carries: (row in tile, column in tile).
+fn a_slot(load: u32, tid: u32) -> vec2<u32> {
+    let l = tid + load * THREADS;
+    return vec2<u32>(l / (BK / 4u), (l % (BK / 4u)) * 4u);
+}
+
+fn b_slot(load: u32, tid: u32) -> vec2<u32> {
+    let l = tid + load * THREADS;
+    return vec2<u32>(l / (BN / 4u), (l % (BN / 4u)) * 4u);
+}
+
+// Stores A[row, k .. k + 4] transposed: tile_a[buffer][k + j][row].
+fn store_a(buffer: u32, slot: vec2<u32>, v: vec4<f32>) {
+    let base = buffer * A_TILE * 4u + slot.y * BM + slot.x;
+    tile_a[base / 4u][base % 4u] = v.x;
+    tile_a[(base + BM) / 4u][base % 4u] = v.y;
+    tile_a[(base + 2u * BM) / 4u][base % 4u] = v.z;
+    tile_a[(base + 3u * BM) / 4u][base % 4u] = v.w;
+}
+
+fn store_b(buffer: u32, slot: vec2<u32>, v: vec4<f32>) {
+    tile_b[buffer * B_TILE + (slot.x * BN + slot.y) / 4u] = v;
+}
+
+// This invocation's share of a tile pair, carried from global to workgroup memory: A_LOADS
+// vec4s of A, B_LOADS of B (the others stay unused). Passed by value, so it lives in registers.
+struct Staged {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    b0: vec4<f32>,
+    b1: vec4<f32>,
+    b2: vec4<f32>,
+    b3: vec4<f32>,
+}
+
+fn fetch_a(load: u32, tid: u32, row0: u32, k0: u32, k_end: u32) -> vec4<f32> {
+    let slot = a_slot(load, tid);
+    return load_a(row0 + slot.x, k0 + slot.y, k_end);
+}
+
+fn fetch_b(load: u32, tid: u32, col0: u32, k0: u32, k_end: u32) -> vec4<f32> {
+    let slot = b_slot(load, tid);
+    return load_b(k0 + slot.x, col0 + slot.y, k_end);
+}
+
+// Loads this invocation's share of the tiles of A and B at depth `k0`.
+fn fetch(tid: u32, row0: u32, col0: u32, k0: u32, k_end: u32) -> Staged {
+    var s: Staged;
+    s.a0 = fetch_a(0u, tid, row0, k0, k_end);
+    if (A_LOADS > 1u) {
+        s.a1 = fetch_a(1u, tid, row0, k0, k_end);
+    }
+    if (A_LOADS > 2u) {
+        s.a2 = fetch_a(2u, tid, row0, k0, k_end);
+        s.a3 = fetch_a(3u, tid, row0, k0, k_end);
+    }
+    s.b0 = fetch_b(0u, tid, col0, k0, k_end);
+    if (B_LOADS > 1u) {
+        s.b1 = fetch_b(1u, tid, col0, k0, k_end);
+    }
+    if (B_LOADS > 2u) {
+        s.b2 = fetch_b(2u, tid, col0, k0, k_end);
+        s.b3 = fetch_b(3u, tid, col0, k0, k_end);
+    }
+    return s;
+}
+
+// Stores what `fetch` loaded into tile buffer `buffer`.
+fn stage(buffer: u32, s: Staged, tid: u32) {
+    store_a(buffer, a_slot(0u, tid), s.a0);
+    if (A_LOADS > 1u) {
+        store_a(buffer, a_slot(1u, tid), s.a1);
+    }
+    if (A_LOADS > 2u) {
+        store_a(buffer, a_slot(2u, tid), s.a2);
+        store_a(buffer, a_slot(3u, tid), s.a3);
+    }
+    store_b(buffer, b_slot(0u, tid), s.b0);
+    if (B_LOADS > 1u) {
+        store_b(buffer, b_slot(1u, tid), s.b1);
+    }
+    if (B_LOADS > 2u) {
+        store_b(buffer, b_slot(2u, tid), s.b2);
+        store_b(buffer, b_slot(3u, tid), s.b3);
+    }
+}
+
+// Writes four outputs C[row, col .. col + 4] of split `split` through the epilogue.
+fn store_c(row: u32, col: u32, split: u32, v_in: vec4<f32>) {
+    if (EDGES && row >= params.m) {
+        return;
+    }
+    let base = split * params.m * params.n + row * params.n + col;
+    if (VEC4) {
+        if (EDGES && col >= params.n) {
+            return;
+        }
+        var v = v_in;
+        if (BIAS) {
+            v += bias[col / 4u];
+        }
+        c[base / 4u] = activate4(v, ACT);
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if (col + j < params.n) {
+            var x = v_in[j];
+            if (BIAS) {
+                x += bias[(col + j) / 4u][(col + j) % 4u];
+            }
+            let e = base + j;
+            c[e / 4u][e % 4u] = activate4(vec4<f32>(x), ACT).x;
+        }
+    }
+}
+
+// The block tile (row, column) of workgroup (x, y): the linear id walks GROUP_M tile rows
+// column by column. A bijection of the grid [tiles_n, tiles_m].
+fn block_tile(workgroup: vec3<u32>) -> vec2<u32> {
+    let id = workgroup.y * params.tiles_n + workgroup.x;
+    let per_group = GROUP_M * params.tiles_n;
+    let first_row = (id / per_group) * GROUP_M;
+    let rows = min(params.tiles_m - first_row, GROUP_M);
+    let in_group = id % per_group;
+    return vec2<u32>(first_row + in_group % rows, in_group / rows);
+}
+
+@compute @workgroup_size(THREADS)
+fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let tile = block_tile(workgroup);
+    let row0 = tile.x * BM;
+    let col0 = tile.y * BN;
+    let k_begin = workgroup.z * params.k_chunk;
+    let k_end = min(params.k, k_begin + params.k_chunk);
+    // The host never makes an empty split: k_end > k_begin.
+    let tiles = (k_end - k_begin + BK - 1u) / BK;
+    let tx = tid % (BN / 8u);
+    let ty = tid / (BN / 8u);
+
+    // acc[2·r + g]: row r of the invocation's eight, column group g. Indexed only by constants,
+    // so it lives in registers.
+    var acc: array<vec4<f32>, 16>;
+
+    var staged = fetch(tid, row0, col0, k_begin, k_end);
+    stage(0u, staged, tid);
+    workgroupBarrier();
+
+    for (var t = 0u; t < tiles; t++) {
+        let current = t & 1u;
+        let more = t + 1u < tiles;
+        // Prefetch the next tile into registers while this one is multiplied.
+        if (more) {
+            staged = fetch(tid, row0, col0, k_begin + (t + 1u) * BK, k_end);
+        }
+        // BK steps of K, unrolled by the host: it repeats the block between the STEP markers
+        // for STEP = 0u .. BK - 1u (src/compute/kernels.rs), so that the driver's compiler sees
+        // straight-line code whatever its unrolling heuristics. Each step is the 8×8 outer
+        // product of four rows of A (two vec4s of the transposed tile) and eight columns of B
+        // (two vec4s): 16 vec4 fused multiply-adds.
+        let a = current * A_TILE + ty;
+        let b = current * B_TILE + tx;
+        // BEGIN STEP
+        {
+            let a0 = tile_a[a + STEP * (BM / 4u)];
+            let a1 = tile_a[a + STEP * (BM / 4u) + BM / 8u];
+            let b0 = tile_b[b + STEP * (BN / 4u)];
+            let b1 = tile_b[b + STEP * (BN / 4u) + BN / 8u];
+            acc[0] = fma(vec4<f32>(a0.x), b0, acc[0]);
+            acc[1] = fma(vec4<f32>(a0.x), b1, acc[1]);
+            acc[2] = fma(vec4<f32>(a0.y), b0, acc[2]);
+            acc[3] = fma(vec4<f32>(a0.y), b1, acc[3]);
+            acc[4] = fma(vec4<f32>(a0.z), b0, acc[4]);
+            acc[5] = fma(vec4<f32>(a0.z), b1, acc[5]);
+            acc[6] = fma(vec4<f32>(a0.w), b0, acc[6]);
+            acc[7] = fma(vec4<f32>(a0.w), b1, acc[7]);
+            acc[8] = fma(vec4<f32>(a1.x), b0, acc[8]);
+            acc[9] = fma(vec4<f32>(a1.x), b1, acc[9]);
+            acc[10] = fma(vec4<f32>(a1.y), b0, acc[10]);
+            acc[11] = fma(vec4<f32>(a1.y), b1, acc[11]);
+            acc[12] = fma(vec4<f32>(a1.z), b0, acc[12]);
+            acc[13] = fma(vec4<f32>(a1.z), b1, acc[13]);
+            acc[14] = fma(vec4<f32>(a1.w), b0, acc[14]);
+            acc[15] = fma(vec4<f32>(a1.w), b1, acc[15]);
+        }
+        // END STEP
+        if (more) {
+            stage(1u - current, staged, tid);
+        }
+        workgroupBarrier();
+    }
+
+    let r0 = row0 + ty * 4u;
+    let r1 = row0 + BM / 2u + ty * 4u;
+    let c0 = col0 + tx * 4u;
+    let c1 = col0 + BN / 2u + tx * 4u;
+    let z = workgroup.z;
+    store_c(r0, c0, z, acc[0]);
+    store_c(r0, c1, z, acc[1]);
+    store_c(r0 + 1u, c0, z, acc[2]);
+    store_c(r0 + 1u, c1, z, acc[3]);
+    store_c(r0 + 2u, c0, z, acc[4]);
+    store_c(r0 + 2u, c1, z, acc[5]);
+    store_c(r0 + 3u, c0, z, acc[6]);
+    store_c(r0 + 3u, c1, z, acc[7]);
+    store_c(r1, c0, z, acc[8]);
+    store_c(r1, c1, z, acc[9]);
+    store_c(r1 + 1u, c0, z, acc[10]);
+    store_c(r1 + 1u, c1, z, acc[11]);
+    store_c(r1 + 2u, c0, z, acc[12]);
+    store_c(r1 + 2u, c1, z, acc[13]);
+    store_c(r1 + 3u, c0, z, acc[14]);
+    store_c(r1 + 3u, c1, z, acc[15]);
+}

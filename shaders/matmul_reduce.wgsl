@@ -1,0 +1,36 @@
+// Split-K: sums the `splits` partial products P[s, M, N] written by matmul.wgsl into C[M, N] and
+// runs the fused epilogue: C = act(Σ_s P[s] + bias[N]). One element per invocation, workgroups of
+// 256, a 2-D grid past 65,535 workgroups. Part of the CPU twin `matmul` in src/compute/cpu.rs.
+//
+// The host prepends BIAS (bool) and ACT (0 none, 1 relu, 2 gelu).
+// Every storage binding is read_write (pool rule).
+
+// Keep in sync with `ReduceParams` in src/compute/ops/matmul.rs.
+struct ReduceParams {
+    // M · N.
+    len: u32,
+    n: u32,
+    splits: u32,
+    grid_x: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: ReduceParams;
+@group(0) @binding(1) var<storage, read_write> partial: array<f32>;
+@group(0) @binding(2) var<storage, read_write> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+@compute @workgroup_size(256)
+fn matmul_reduce(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i >= params.len) {
+        return;
+    }
+    var sum = 0.0;
+    for (var s = 0u; s < params.splits; s++) {
+        sum += partial[s * params.len + i];
+    }
+    if (BIAS) {
+        sum += bias[i % params.n];
+    }
+    c[i] = activate4(vec4<f32>(sum), ACT).x;
+}

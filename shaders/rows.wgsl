@@ -1,0 +1,90 @@
+// Row-wise reductions over the last dimension of a [rows, cols] tensor: `sum` (y[r] = Σ_c x[r, c])
+// and `softmax` (numerically stable: y[r, c] = exp(x[r, c] − max_r) / Σ exp(x[r, ·] − max_r)).
+// One workgroup of 256 invocations per row (a 2-D grid past 65,535 rows); each invocation walks
+// the row with a stride of 256, then a tree reduction in workgroup memory.
+// CPU twins: `sum` and `softmax` in src/compute/cpu.rs.
+// Every storage binding is read_write (pool rule).
+
+// Keep in sync with `RowsParams` in src/compute/ops/rows.rs.
+struct RowsParams {
+    rows: u32,
+    cols: u32,
+    grid_x: u32,
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: RowsParams;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+
+var<workgroup> scratch: array<f32, 256>;
+
+// The sum of `value` over the workgroup, returned to every invocation.
+fn workgroup_sum(value: f32, local: u32) -> f32 {
+    scratch[local] = value;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (local < stride) {
+            scratch[local] += scratch[local + stride];
+        }
+        workgroupBarrier();
+    }
+    let total = scratch[0];
+    workgroupBarrier();
+    return total;
+}
+
+// The maximum of `value` over the workgroup, returned to every invocation.
+fn workgroup_max(value: f32, local: u32) -> f32 {
+    scratch[local] = value;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (local < stride) {
+            scratch[local] = max(scratch[local], scratch[local + stride]);
+        }
+        workgroupBarrier();
+    }
+    let total = scratch[0];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(256)
+fn sum(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let row = workgroup.y * params.grid_x + workgroup.x;
+    if (row >= params.rows) {
+        return;
+    }
+    let base = row * params.cols;
+    var partial = 0.0;
+    for (var col = local; col < params.cols; col += 256u) {
+        partial += x[base + col];
+    }
+    let total = workgroup_sum(partial, local);
+    if (local == 0u) {
+        y[row] = total;
+    }
+}
+
+@compute @workgroup_size(256)
+fn softmax(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let row = workgroup.y * params.grid_x + workgroup.x;
+    if (row >= params.rows) {
+        return;
+    }
+    let base = row * params.cols;
+    // -f32::MAX rather than -inf: WGSL has no infinity literal.
+    var partial_max = -3.4028234663852886e38;
+    for (var col = local; col < params.cols; col += 256u) {
+        partial_max = max(partial_max, x[base + col]);
+    }
+    let row_max = workgroup_max(partial_max, local);
+    var partial_sum = 0.0;
+    for (var col = local; col < params.cols; col += 256u) {
+        partial_sum += exp(x[base + col] - row_max);
+    }
+    let denominator = workgroup_sum(partial_sum, local);
+    for (var col = local; col < params.cols; col += 256u) {
+        y[base + col] = exp(x[base + col] - row_max) / denominator;
+    }
+}

@@ -1,0 +1,99 @@
+// Element-wise kernels of one input: y = f(x), and y = x ∘ s with a scalar s.
+// One vec4 per invocation, workgroups of 256, a 2-D grid past 65,535 workgroups.
+//
+// Tensors are allocated rounded up to 16 bytes, so the last vec4 is always in bounds; its lanes
+// past the logical length hold whatever the memory held and produce values nobody reads.
+// Every storage binding is read_write: input and output may share one pool segment buffer.
+// CPU twins: src/compute/cpu.rs, same names.
+
+// Keep in sync with `ElementwiseParams` in src/compute/ops/elementwise.rs.
+struct ElementwiseParams {
+    len_vec4: u32,
+    grid_x: u32,
+    cols: u32,
+    scalar: f32,
+}
+
+@group(0) @binding(0) var<uniform> params: ElementwiseParams;
+@group(0) @binding(1) var<storage, read_write> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;
+
+@compute @workgroup_size(256)
+fn relu(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = relu4(x[i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn gelu(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = gelu4(x[i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn exp_kernel(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = exp(x[i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn neg(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = -x[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn sqrt_kernel(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = sqrt(x[i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn add_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = x[i] + params.scalar;
+    }
+}
+
+@compute @workgroup_size(256)
+fn sub_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = x[i] - params.scalar;
+    }
+}
+
+@compute @workgroup_size(256)
+fn mul_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = x[i] * params.scalar;
+    }
+}
+
+@compute @workgroup_size(256)
+fn div_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = x[i] / params.scalar;
+    }
+}
+
+@compute @workgroup_size(256)
+fn maximum_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = max(x[i], vec4<f32>(params.scalar));
+    }
+}

@@ -1,0 +1,737 @@
+//! The compute context: records ops into one open compute pass and command encoder, submits
+//! them in batches through the pool, and caches pipelines and bind groups.
+//!
+//! # Batches
+//!
+//! An op validates its operands on the host, allocates its output from the pool, and records one
+//! or two dispatches into the open pass (a new pass costs ~35–40 µs of CPU on NVIDIA, a dispatch
+//! in an open pass ~1 µs). The batch is submitted — through [`Pool::submit`], so that tensors
+//! dropped during the batch become reusable only after the submission that carries their last use
+//! — when:
+//!
+//! - a tensor is read back ([`Context::read`]) or overwritten ([`Context::write`]),
+//! - [`Context::flush`] or [`Context::sync`] is called,
+//! - the batch holds [`ContextOptions::max_ops_per_batch`] dispatches,
+//! - tensors of more than [`ContextOptions::flush_when_freed_bytes_exceed`] bytes were dropped
+//!   since the last submission (checked before an op allocates its output, so that it can reuse
+//!   their memory).
+//!
+//! Between submissions the pool cannot reuse what was dropped: a batch's memory peak is what it
+//! allocates, plus what was live when it began.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::kernels::{
+    KernelKey, Kernels, Params, MAX_STORAGE_BINDINGS, PARAMS_BYTES, PARAMS_WORDS,
+};
+use super::ops::matmul::MatmulOptions;
+use super::tensor::Tensor;
+use super::timing::{KernelTiming, Timer, TimestampSupport};
+use super::ComputeError;
+use crate::device::Gpu;
+use crate::pool::{AllocOptions, Allocation, Pool};
+
+/// Whether kernels are compiled with wgpu's injected bounds checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShaderChecks {
+    /// wgpu's bounds checks in every kernel (the default; tests use it).
+    #[default]
+    Checked,
+    /// No injected bounds checks (`create_shader_module_trusted` with
+    /// `ShaderRuntimeChecks::unchecked()`). Sound because every op validates shapes, sizes and
+    /// offsets on the host and every kernel masks its own edges;
+    /// on an H200 the 4096³ matmul ran at 34.0 TFLOP/s unchecked against 30.6 checked (1.7× for
+    /// the plainer kernel of DESIGN.md). Benchmarks use it.
+    Unchecked,
+}
+
+/// How a [`Context`] records, submits and compiles.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextOptions {
+    /// Bounds checks in the kernels.
+    pub shader_checks: ShaderChecks,
+    /// A batch is submitted once it holds this many dispatches (1..=65,536). Each dispatch takes
+    /// one slot of the parameter ring (`max(32, min_uniform_buffer_offset_alignment)` bytes).
+    pub max_ops_per_batch: u32,
+    /// Submit the batch before an op when tensors of more than this many bytes were dropped since
+    /// the last submission, so that the op's output can reuse them. `None` (the default): only
+    /// the other triggers submit, and a batch's dropped tensors are reused in the next batch.
+    pub flush_when_freed_bytes_exceed: Option<u64>,
+    /// Time every dispatch with GPU timestamps (see [`super::timing`]); read them with
+    /// [`Context::take_kernel_timings`]. Makes every submission wait for the GPU.
+    pub profile: bool,
+    /// How matmuls choose tiles and split-K.
+    pub matmul: MatmulOptions,
+    /// Bind groups kept for reuse; the cache is emptied when it reaches this size.
+    pub max_cached_bind_groups: usize,
+    /// Caps the x dimension of element-wise and row grids below the device's
+    /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grid with small
+    /// tensors. `None`: the device's limit.
+    pub max_grid_x: Option<u32>,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        Self {
+            shader_checks: ShaderChecks::Checked,
+            max_ops_per_batch: 1024,
+            flush_when_freed_bytes_exceed: None,
+            profile: false,
+            matmul: MatmulOptions::default(),
+            max_cached_bind_groups: 4096,
+            max_grid_x: None,
+        }
+    }
+}
+
+impl ContextOptions {
+    /// The defaults with unchecked kernels, for benchmarks.
+    pub fn unchecked() -> Self {
+        Self {
+            shader_checks: ShaderChecks::Unchecked,
+            ..Self::default()
+        }
+    }
+}
+
+/// What a context did, since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContextStats {
+    /// Dispatches recorded.
+    pub dispatches: u64,
+    /// Batches submitted (including empty ones that only released dropped tensors).
+    pub submissions: u64,
+    /// Compute passes begun.
+    pub passes: u64,
+    /// Pipelines compiled.
+    pub pipelines_created: u64,
+    /// Bind groups created.
+    pub bind_groups_created: u64,
+    /// Dispatches that found their bind group in the cache.
+    pub bind_group_cache_hits: u64,
+    /// Bytes of op parameters written to the uniform ring.
+    pub params_bytes_written: u64,
+}
+
+/// The storage ranges of one bind group: `(buffer, offset, size)` per binding.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey([Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS]);
+
+/// Op parameters of the open batch: slots of a uniform buffer, filled on the CPU while recording
+/// and written with one `queue.write_buffer` before the batch is submitted (the write lands at the
+/// start of that submission, before the batch's commands). Identical parameters share a slot.
+struct ParamsRing {
+    buffer: wgpu::Buffer,
+    slot_bytes: u64,
+    staging: Vec<u8>,
+    used_slots: u64,
+    slots_by_params: HashMap<Params, u32>,
+}
+
+impl ParamsRing {
+    fn new(device: &wgpu::Device, slots: u32, alignment: u32) -> Self {
+        let slot_bytes = PARAMS_BYTES.max(u64::from(alignment));
+        let size = slot_bytes * u64::from(slots);
+        Self {
+            buffer: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgpu-pool compute params ring"),
+                size,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            slot_bytes,
+            staging: vec![0; size as usize],
+            used_slots: 0,
+            slots_by_params: HashMap::new(),
+        }
+    }
+
+    /// The dynamic offset of a slot holding `params`. The ring has a slot per dispatch of a batch,
+    /// so it never fills before the batch does.
+    fn push(&mut self, params: &Params) -> u32 {
+        if let Some(&offset) = self.slots_by_params.get(params) {
+            return offset;
+        }
+        let start = (self.used_slots * self.slot_bytes) as usize;
+        self.staging[start..start + PARAMS_BYTES as usize]
+            .copy_from_slice(bytemuck::cast_slice(params));
+        self.used_slots += 1;
+        let offset = start as u32;
+        self.slots_by_params.insert(*params, offset);
+        offset
+    }
+
+    fn used_bytes(&self) -> usize {
+        (self.used_slots * self.slot_bytes) as usize
+    }
+
+    fn reset(&mut self) {
+        self.used_slots = 0;
+        self.slots_by_params.clear();
+    }
+}
+
+/// The open batch.
+#[derive(Default)]
+struct Batch {
+    encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    /// The pipeline set in the open pass.
+    pipeline: Option<KernelKey>,
+    dispatches: u32,
+}
+
+struct State {
+    kernels: Kernels,
+    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    ring: ParamsRing,
+    batch: Batch,
+    timer: Option<Timer>,
+    timings: Vec<KernelTiming>,
+    stats: ContextStats,
+    /// The pool's count of segments given back, when the bind-group cache was last checked.
+    segments_freed_seen: u64,
+}
+
+/// One dispatch, validated by its op.
+pub(crate) struct Dispatch<'a> {
+    pub(crate) kernel: KernelKey,
+    pub(crate) params: Params,
+    /// The storage bindings, in binding order (1, 2, ...).
+    pub(crate) bindings: &'a [&'a Allocation],
+    pub(crate) workgroups: [u32; 3],
+}
+
+pub(crate) struct Shared {
+    pool: Pool,
+    gpu: Gpu,
+    options: ContextOptions,
+    limits: wgpu::Limits,
+    timestamps: TimestampSupport,
+    /// Bytes of tensors dropped since the last submission.
+    pub(crate) freed_bytes: AtomicU64,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while recording leaves at worst a batch that fails validation on submit.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The last handle (context or tensor) is gone: submit what was recorded so that the ranges
+        // it used become reusable. Nothing can read the results any more; errors are moot.
+        let state = self
+            .state
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        state.batch.pass = None;
+        let buffers: Vec<_> = state
+            .batch
+            .encoder
+            .take()
+            .map(|e| e.finish())
+            .into_iter()
+            .collect();
+        if !buffers.is_empty() {
+            let used = state.ring.used_bytes();
+            if used > 0 {
+                self.gpu
+                    .queue
+                    .write_buffer(&state.ring.buffer, 0, &state.ring.staging[..used]);
+            }
+            self.pool.submit(buffers);
+        }
+    }
+}
+
+/// Records ops on [`Tensor`]s into batched command buffers. Cheap to clone (clones share one
+/// context); `Send + Sync` (ops from several threads are recorded one at a time).
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("options", &self.shared.options)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Context {
+    /// A context whose tensors live in `pool` (on the pool's device).
+    pub fn new(pool: &Pool, options: ContextOptions) -> Result<Self, ComputeError> {
+        if !(1..=65_536).contains(&options.max_ops_per_batch) {
+            return Err(ComputeError::Config(format!(
+                "max_ops_per_batch must be 1..=65536, not {}",
+                options.max_ops_per_batch
+            )));
+        }
+        if options.max_grid_x == Some(0) {
+            return Err(ComputeError::Config("max_grid_x must not be 0".into()));
+        }
+        let gpu = pool.gpu().clone();
+        let limits = gpu.device.limits();
+        options.matmul.validate(&limits)?;
+        let timer = if options.profile {
+            Timer::new(&gpu.device, &gpu.queue)
+        } else {
+            None
+        };
+        let state = State {
+            kernels: Kernels::new(&gpu.device, options.shader_checks),
+            bind_groups: HashMap::new(),
+            ring: ParamsRing::new(
+                &gpu.device,
+                options.max_ops_per_batch,
+                limits.min_uniform_buffer_offset_alignment,
+            ),
+            batch: Batch::default(),
+            timer,
+            timings: Vec::new(),
+            stats: ContextStats::default(),
+            segments_freed_seen: pool.stats().segments.freed,
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                pool: pool.clone(),
+                timestamps: TimestampSupport::of(&gpu.device),
+                gpu,
+                options,
+                limits,
+                freed_bytes: AtomicU64::new(0),
+                state: Mutex::new(state),
+            }),
+        })
+    }
+
+    /// The pool the tensors live in.
+    pub fn pool(&self) -> &Pool {
+        &self.shared.pool
+    }
+
+    /// The device and queue.
+    pub fn gpu(&self) -> &Gpu {
+        &self.shared.gpu
+    }
+
+    /// The options the context was made with.
+    pub fn options(&self) -> &ContextOptions {
+        &self.shared.options
+    }
+
+    /// The device's limits.
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.shared.limits
+    }
+
+    /// What the adapter offers for GPU timing.
+    pub fn timestamp_support(&self) -> TimestampSupport {
+        self.shared.timestamps
+    }
+
+    /// What the context did so far.
+    pub fn stats(&self) -> ContextStats {
+        let state = self.shared.lock();
+        ContextStats {
+            pipelines_created: state.kernels.pipelines_created,
+            ..state.stats
+        }
+    }
+
+    /// Dispatches recorded but not yet submitted.
+    pub fn pending_dispatches(&self) -> u32 {
+        self.shared.lock().batch.dispatches
+    }
+
+    /// Uploads `data` as a tensor of `shape` (row-major). The upload lands before any op recorded
+    /// on it.
+    pub fn tensor(&self, data: &[f32], shape: &[usize]) -> Result<Tensor, ComputeError> {
+        let len = element_count("tensor", shape)?;
+        if data.len() != len {
+            return Err(ComputeError::DataLength {
+                shape: shape.to_vec(),
+                data_len: data.len(),
+                expected_len: len,
+            });
+        }
+        let tensor = self.allocate("tensor", shape.to_vec(), len)?;
+        self.shared
+            .pool
+            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
+        Ok(tensor)
+    }
+
+    /// Overwrites `tensor` with `data`. Submits the open batch first (an upload lands at the start
+    /// of the next submission, so ops recorded earlier would otherwise read the new data).
+    pub fn write(&self, tensor: &Tensor, data: &[f32]) -> Result<(), ComputeError> {
+        self.check_owner("write", tensor)?;
+        if data.len() != tensor.len() {
+            return Err(ComputeError::DataLength {
+                shape: tensor.shape().to_vec(),
+                data_len: data.len(),
+                expected_len: tensor.len(),
+            });
+        }
+        if self.pending_dispatches() > 0 {
+            self.flush()?;
+        }
+        self.shared
+            .pool
+            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
+        Ok(())
+    }
+
+    /// Reads `tensor` back: submits the open batch (which computes it) and waits for it.
+    pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
+        self.check_owner("read", tensor)?;
+        self.flush()?;
+        let bytes = self.shared.pool.read(tensor.allocation())?;
+        Ok(bytes
+            .chunks_exact(4)
+            .take(tensor.len())
+            .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+            .collect())
+    }
+
+    /// Submits the open batch (possibly empty: that still releases the ranges of dropped tensors).
+    pub fn flush(&self) -> Result<(), ComputeError> {
+        let mut state = self.shared.lock();
+        self.flush_locked(&mut state)
+    }
+
+    /// Submits the open batch and waits until the GPU has finished all work.
+    pub fn sync(&self) -> Result<(), ComputeError> {
+        self.flush()?;
+        self.shared
+            .gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| ComputeError::Wait(e.to_string()))?;
+        Ok(())
+    }
+
+    /// The GPU times of the dispatches submitted since the last call (with
+    /// [`ContextOptions::profile`] on an adapter with timestamps; empty otherwise).
+    pub fn take_kernel_timings(&self) -> Vec<KernelTiming> {
+        std::mem::take(&mut self.shared.lock().timings)
+    }
+
+    /// Forgets the cached bind groups (they keep the buffers they bind alive).
+    pub fn clear_bind_groups(&self) {
+        self.shared.lock().bind_groups.clear();
+    }
+
+    /// Submits the open batch, forgets the cached bind groups and gives every empty segment back
+    /// to the device ([`Pool::trim`]). Returns the bytes given back.
+    pub fn trim(&self) -> Result<u64, ComputeError> {
+        let mut state = self.shared.lock();
+        self.flush_locked(&mut state)?;
+        state.bind_groups.clear();
+        Ok(self.shared.pool.trim())
+    }
+
+    pub(crate) fn check_owner(
+        &self,
+        op: &'static str,
+        tensor: &Tensor,
+    ) -> Result<(), ComputeError> {
+        if Arc::ptr_eq(&tensor.context, &self.shared) {
+            Ok(())
+        } else {
+            Err(ComputeError::ForeignTensor { op })
+        }
+    }
+
+    /// The largest x dimension of a grid.
+    pub(crate) fn max_grid_x(&self) -> u32 {
+        let device = self.shared.limits.max_compute_workgroups_per_dimension;
+        self.shared
+            .options
+            .max_grid_x
+            .map_or(device, |cap| cap.min(device))
+    }
+
+    /// Called by an op before it allocates its output: submits the batch when enough was dropped
+    /// (see [`ContextOptions::flush_when_freed_bytes_exceed`]).
+    pub(crate) fn before_op(&self) -> Result<(), ComputeError> {
+        if let Some(limit) = self.shared.options.flush_when_freed_bytes_exceed {
+            if self.shared.freed_bytes.load(Ordering::Relaxed) > limit {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates a tensor of `len` elements (rounded up to 16 bytes) from the pool.
+    pub(crate) fn allocate(
+        &self,
+        label: &'static str,
+        shape: Vec<usize>,
+        len: usize,
+    ) -> Result<Tensor, ComputeError> {
+        let bytes = tensor_bytes(len);
+        let allocation = self
+            .shared
+            .pool
+            .allocate_with(bytes, AllocOptions::labeled(label))?;
+        Ok(Tensor::new(allocation, shape, len, self.shared.clone()))
+    }
+
+    /// Compiles `kernel` if it is not yet (so that an op can fail before it records anything).
+    pub(crate) fn prepare(&self, kernel: &KernelKey) -> Result<(), ComputeError> {
+        self.shared.lock().kernels.pipeline(kernel).map(|_| ())
+    }
+
+    /// Records one dispatch into the open pass (opening the encoder and pass if needed).
+    pub(crate) fn record(&self, dispatch: Dispatch<'_>) -> Result<(), ComputeError> {
+        let storage = dispatch.kernel.source.storage_bindings();
+        if dispatch.bindings.len() != storage {
+            return Err(ComputeError::Config(format!(
+                "{} takes {storage} storage bindings, {} given",
+                dispatch.kernel.entry,
+                dispatch.bindings.len()
+            )));
+        }
+        // The kernels view every binding as vec4s: guard the unchecked ones.
+        for allocation in dispatch.bindings {
+            if !allocation.offset().is_multiple_of(16)
+                || !allocation.binding_size().is_multiple_of(16)
+            {
+                return Err(ComputeError::Config(format!(
+                    "{}: binding at offset {} of {} bytes is not 16-byte aligned",
+                    dispatch.kernel.entry,
+                    allocation.offset(),
+                    allocation.binding_size()
+                )));
+            }
+        }
+        let limits = &self.shared.limits;
+        for (&count, name) in dispatch.workgroups.iter().zip(["x", "y", "z"]) {
+            if count > limits.max_compute_workgroups_per_dimension {
+                return Err(ComputeError::ExceedsLimit {
+                    op: dispatch.kernel.entry,
+                    what: name,
+                    value: u64::from(count),
+                    limit_name: "max_compute_workgroups_per_dimension",
+                    limit: u64::from(limits.max_compute_workgroups_per_dimension),
+                });
+            }
+        }
+
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let pipeline = state.kernels.pipeline(&dispatch.kernel)?.clone();
+        let timer_full = state.timer.as_ref().is_some_and(Timer::is_full);
+        if state.batch.dispatches >= self.shared.options.max_ops_per_batch || timer_full {
+            self.flush_locked(state)?;
+        }
+        let params_offset = state.ring.push(&dispatch.params);
+        let bind_group = self.bind_group(state, storage, dispatch.bindings);
+
+        let device = &self.shared.gpu.device;
+        let encoder = state.batch.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgpu-pool compute batch"),
+            })
+        });
+        let timing = match &mut state.timer {
+            Some(timer) => Some((timer.support, timer.next_pair(dispatch.kernel.label()))),
+            None => None,
+        };
+        let [x, y, z] = dispatch.workgroups;
+        match timing {
+            Some((TimestampSupport::PassBoundaries, (begin, end))) => {
+                // A pass of its own, timed at its boundaries.
+                state.batch.pass = None;
+                let timer = state.timer.as_ref().expect("timing implies a timer");
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("wgpu-pool compute (timed)"),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &timer.query_set,
+                        beginning_of_pass_write_index: Some(begin),
+                        end_of_pass_write_index: Some(end),
+                    }),
+                });
+                state.stats.passes += 1;
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind_group, &[params_offset]);
+                pass.dispatch_workgroups(x, y, z);
+                state.batch.pipeline = None;
+            }
+            timing => {
+                let pass = match &mut state.batch.pass {
+                    Some(pass) => pass,
+                    none => {
+                        state.stats.passes += 1;
+                        state.batch.pipeline = None;
+                        none.insert(
+                            encoder
+                                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                                    label: Some("wgpu-pool compute"),
+                                    timestamp_writes: None,
+                                })
+                                .forget_lifetime(),
+                        )
+                    }
+                };
+                let query_set = state.timer.as_ref().map(|timer| &timer.query_set);
+                if let (Some((_, (begin, _))), Some(query_set)) = (timing, query_set) {
+                    pass.write_timestamp(query_set, begin);
+                }
+                if state.batch.pipeline != Some(dispatch.kernel) {
+                    pass.set_pipeline(&pipeline);
+                    state.batch.pipeline = Some(dispatch.kernel);
+                }
+                pass.set_bind_group(0, &bind_group, &[params_offset]);
+                pass.dispatch_workgroups(x, y, z);
+                if let (Some((_, (_, end))), Some(query_set)) = (timing, query_set) {
+                    pass.write_timestamp(query_set, end);
+                }
+            }
+        }
+        state.batch.dispatches += 1;
+        state.stats.dispatches += 1;
+        Ok(())
+    }
+
+    /// The bind group of `bindings` (after the parameter ring), from the cache or new.
+    fn bind_group(
+        &self,
+        state: &mut State,
+        storage: usize,
+        bindings: &[&Allocation],
+    ) -> wgpu::BindGroup {
+        let mut ranges: [Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS] =
+            Default::default();
+        for (range, allocation) in ranges.iter_mut().zip(bindings) {
+            *range = Some((
+                allocation.buffer().clone(),
+                allocation.offset(),
+                allocation.binding_size(),
+            ));
+        }
+        let key = BindKey(ranges);
+        if let Some(bind_group) = state.bind_groups.get(&key) {
+            state.stats.bind_group_cache_hits += 1;
+            return bind_group.clone();
+        }
+        let mut entries = Vec::with_capacity(storage + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &state.ring.buffer,
+                offset: 0,
+                size: NonZeroU64::new(PARAMS_BYTES),
+            }),
+        });
+        for (binding, allocation) in (1u32..).zip(bindings) {
+            entries.push(wgpu::BindGroupEntry {
+                binding,
+                resource: allocation.as_binding_resource(),
+            });
+        }
+        let bind_group = self
+            .shared
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("wgpu-pool compute"),
+                layout: &state.kernels.layouts(storage).bind_group,
+                entries: &entries,
+            });
+        state.stats.bind_groups_created += 1;
+        if state.bind_groups.len() >= self.shared.options.max_cached_bind_groups {
+            state.bind_groups.clear();
+        }
+        if self.shared.options.max_cached_bind_groups > 0 {
+            state.bind_groups.insert(key, bind_group.clone());
+        }
+        bind_group
+    }
+
+    fn flush_locked(&self, state: &mut State) -> Result<(), ComputeError> {
+        // Ends the pass (dropping it records its end into the encoder).
+        state.batch.pass = None;
+        state.batch.pipeline = None;
+        let mut buffers = Vec::with_capacity(1);
+        let mut timed = false;
+        if let Some(mut encoder) = state.batch.encoder.take() {
+            if let Some(timer) = &state.timer {
+                timed = timer.resolve(&mut encoder);
+            }
+            buffers.push(encoder.finish());
+        }
+        let used = state.ring.used_bytes();
+        if used > 0 {
+            // Lands at the start of the submission below, before the batch's dispatches.
+            self.shared
+                .gpu
+                .queue
+                .write_buffer(&state.ring.buffer, 0, &state.ring.staging[..used]);
+            state.stats.params_bytes_written += used as u64;
+        }
+        state.ring.reset();
+        state.batch.dispatches = 0;
+        self.shared.freed_bytes.store(0, Ordering::Relaxed);
+        // Through the pool: ranges of tensors dropped so far become reusable after this.
+        self.shared.pool.submit(buffers);
+        state.stats.submissions += 1;
+        if timed {
+            if let Some(timer) = &mut state.timer {
+                let timings = timer.read(&self.shared.gpu.device)?;
+                state.timings.extend(timings);
+            }
+        }
+        // Cached bind groups keep their buffers alive: forget them when the pool gave segments
+        // back, so that the memory really returns to the device.
+        let freed = self.shared.pool.stats().segments.freed;
+        if freed != state.segments_freed_seen {
+            state.bind_groups.clear();
+            state.segments_freed_seen = freed;
+        }
+        Ok(())
+    }
+}
+
+/// The bytes a tensor of `len` elements allocates: `4 · len` rounded up to 16 (whole vec4s).
+pub(crate) fn tensor_bytes(len: usize) -> u64 {
+    (len as u64 * 4).div_ceil(16) * 16
+}
+
+/// The elements of `shape`; refuses shapes without elements and overflowing ones.
+pub(crate) fn element_count(op: &'static str, shape: &[usize]) -> Result<usize, ComputeError> {
+    let invalid = |reason| ComputeError::InvalidShape {
+        op,
+        shape: shape.to_vec(),
+        reason,
+    };
+    if shape.is_empty() {
+        return Err(invalid("a tensor has at least one dimension"));
+    }
+    let len = shape
+        .iter()
+        .try_fold(1usize, |len, &dim| len.checked_mul(dim))
+        .ok_or_else(|| invalid("the element count overflows"))?;
+    if len == 0 {
+        return Err(invalid("tensors without elements are not supported"));
+    }
+    if len > (u32::MAX / 4) as usize {
+        return Err(invalid("more than 2^30 elements (kernels index with u32)"));
+    }
+    Ok(len)
+}
+
+// Params is [u32; PARAMS_WORDS]: keep the constant in use for readers of this module.
+const _: () = assert!(PARAMS_WORDS * 4 == PARAMS_BYTES as usize);

@@ -1,0 +1,199 @@
+//! CPU twins of the kernels: one function per kernel, of the same name, computing the same
+//! formula. The tests and the benchmark compare the GPU's results with these.
+//!
+//! Element-wise twins compute in f32 like the kernels (one correctly rounded operation each;
+//! `gelu` in f64, rounded once). Accumulating twins (`matmul`, `sum`, `softmax`) accumulate in
+//! f64, so they are the reference the kernels' f32 accumulation is measured against.
+//! Keep in sync with `shaders/`.
+
+use super::ops::elementwise::{BinaryOp, UnaryOp};
+use super::ops::matmul::Activation;
+
+/// `max(x, 0)`.
+pub fn relu(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| v.max(0.0)).collect()
+}
+
+/// GELU, tanh approximation, with the kernel's clamp of tanh's argument to [−15, 15].
+pub fn gelu(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| gelu_one(f64::from(v)) as f32).collect()
+}
+
+fn gelu_one(x: f64) -> f64 {
+    let inner = 0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + inner.clamp(-15.0, 15.0).tanh())
+}
+
+/// `eˣ`.
+pub fn exp(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| v.exp()).collect()
+}
+
+/// `−x`.
+pub fn neg(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| -v).collect()
+}
+
+/// `√x`.
+pub fn sqrt(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| v.sqrt()).collect()
+}
+
+/// The twin of `op`.
+pub fn unary(op: UnaryOp, x: &[f32]) -> Vec<f32> {
+    match op {
+        UnaryOp::Relu => relu(x),
+        UnaryOp::Gelu => gelu(x),
+        UnaryOp::Exp => exp(x),
+        UnaryOp::Neg => neg(x),
+        UnaryOp::Sqrt => sqrt(x),
+    }
+}
+
+fn apply(op: BinaryOp, a: f32, b: f32) -> f32 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Maximum => a.max(b),
+    }
+}
+
+/// `a op b`, element-wise (`a` and `b` of one length).
+pub fn binary(op: BinaryOp, a: &[f32], b: &[f32]) -> Vec<f32> {
+    assert_eq!(a.len(), b.len(), "binary twin: lengths differ");
+    a.iter().zip(b).map(|(&a, &b)| apply(op, a, b)).collect()
+}
+
+/// `a + b`.
+pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
+    binary(BinaryOp::Add, a, b)
+}
+
+/// `a − b`.
+pub fn sub(a: &[f32], b: &[f32]) -> Vec<f32> {
+    binary(BinaryOp::Sub, a, b)
+}
+
+/// `a · b`.
+pub fn mul(a: &[f32], b: &[f32]) -> Vec<f32> {
+    binary(BinaryOp::Mul, a, b)
+}
+
+/// `a / b`.
+pub fn div(a: &[f32], b: &[f32]) -> Vec<f32> {
+    binary(BinaryOp::Div, a, b)
+}
+
+/// `max(a, b)`.
+pub fn maximum(a: &[f32], b: &[f32]) -> Vec<f32> {
+    binary(BinaryOp::Maximum, a, b)
+}
+
+/// `x op scalar`, element-wise (the kernels `add_scalar`, `sub_scalar`, ...).
+pub fn binary_scalar(op: BinaryOp, x: &[f32], scalar: f32) -> Vec<f32> {
+    x.iter().map(|&v| apply(op, v, scalar)).collect()
+}
+
+/// `x[r, c] + bias[c]` for `x` of rows of `bias.len()` values.
+pub fn add_bias(x: &[f32], bias: &[f32]) -> Vec<f32> {
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| v + bias[i % bias.len()])
+        .collect()
+}
+
+/// The activation of a fused epilogue.
+pub fn activate(activation: Activation, x: f32) -> f32 {
+    match activation {
+        Activation::None => x,
+        Activation::Relu => x.max(0.0),
+        Activation::Gelu => gelu_one(f64::from(x)) as f32,
+    }
+}
+
+/// One element of `A · B` (A of `k` columns, B of `n` columns), accumulated in f64, and the sum of
+/// the magnitudes of its terms `Σ |a_ik · b_kj|` (the scale of its rounding error).
+pub fn matmul_element(
+    a: &[f32],
+    b: &[f32],
+    k: usize,
+    n: usize,
+    row: usize,
+    col: usize,
+) -> (f64, f64) {
+    let mut sum = 0.0f64;
+    let mut magnitude = 0.0f64;
+    for i in 0..k {
+        let term = f64::from(a[row * k + i]) * f64::from(b[i * n + col]);
+        sum += term;
+        magnitude += term.abs();
+    }
+    (sum, magnitude)
+}
+
+/// `C[m, n] = A[m, k] · B[k, n]`, row-major, accumulated in f64.
+pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    matmul_with(a, b, m, k, n, None, Activation::None)
+}
+
+/// `act(A · B + bias)`, the fused epilogue's twin.
+pub fn matmul_with(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    bias: Option<&[f32]>,
+    activation: Activation,
+) -> Vec<f32> {
+    assert_eq!(a.len(), m * k, "matmul twin: A is not m × k");
+    assert_eq!(b.len(), k * n, "matmul twin: B is not k × n");
+    let mut c = vec![0.0f64; m * n];
+    // i-k-j order: rows of B stream through the cache.
+    for row in 0..m {
+        let out = &mut c[row * n..(row + 1) * n];
+        for i in 0..k {
+            let a_value = f64::from(a[row * k + i]);
+            for (o, &b_value) in out.iter_mut().zip(&b[i * n..(i + 1) * n]) {
+                *o += a_value * f64::from(b_value);
+            }
+        }
+    }
+    c.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let with_bias = v + bias.map_or(0.0, |bias| f64::from(bias[i % n]));
+            activate(activation, with_bias as f32)
+        })
+        .collect()
+}
+
+/// `Σ_k |a_ik · b_kj|` for every element: the scale of the rounding error of `A · B`.
+pub fn matmul_magnitude(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let abs_a: Vec<f32> = a.iter().map(|v| v.abs()).collect();
+    let abs_b: Vec<f32> = b.iter().map(|v| v.abs()).collect();
+    matmul(&abs_a, &abs_b, m, k, n)
+}
+
+/// The sum of each row of `cols` values, accumulated in f64.
+pub fn sum(x: &[f32], cols: usize) -> Vec<f32> {
+    x.chunks_exact(cols)
+        .map(|row| row.iter().map(|&v| f64::from(v)).sum::<f64>() as f32)
+        .collect()
+}
+
+/// Softmax of each row of `cols` values (the row's maximum subtracted first), in f64.
+pub fn softmax(x: &[f32], cols: usize) -> Vec<f32> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(cols) {
+        let max = row
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+        let exps: Vec<f64> = row.iter().map(|&v| (f64::from(v) - max).exp()).collect();
+        let total: f64 = exps.iter().sum();
+        y.extend(exps.iter().map(|e| (e / total) as f32));
+    }
+    y
+}

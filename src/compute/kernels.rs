@@ -1,0 +1,344 @@
+//! Kernel sources, their compile-time constants, and the layouts and pipelines built from them.
+//!
+//! A kernel's module is `constants + shaders/common.wgsl + shaders/<source>.wgsl`; the constants
+//! (tile sizes, which edges to mask, the fused epilogue) are WGSL `const` declarations generated
+//! here, so each variant is compiled with its branches resolved. Modules are cached by
+//! `(source, variant)`, pipelines by `(source, entry point, variant)`.
+//!
+//! Layouts: binding 0 is the op's parameters (a uniform with a dynamic offset into the context's
+//! ring), bindings 1.. are the storage ranges, all `read_write`. There is one layout per number of
+//! storage bindings, so bind groups are shared by every kernel with that many.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::num::NonZeroU64;
+
+use super::context::ShaderChecks;
+use super::ops::matmul::{Activation, MatmulTiles};
+use super::ComputeError;
+
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
+
+/// Bytes of every kernel's parameter block (the size of the uniform binding).
+pub(crate) const PARAMS_BYTES: u64 = 32;
+
+/// Words of every kernel's parameter block.
+pub(crate) const PARAMS_WORDS: usize = (PARAMS_BYTES / 4) as usize;
+
+/// One kernel's parameters, as the uniform's words (floats by their bits).
+pub(crate) type Params = [u32; PARAMS_WORDS];
+
+/// Most storage bindings of any kernel.
+pub(crate) const MAX_STORAGE_BINDINGS: usize = 4;
+
+/// A WGSL file of `shaders/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Source {
+    Unary,
+    Binary,
+    Matmul,
+    MatmulReduce,
+    Rows,
+}
+
+impl Source {
+    fn text(self) -> &'static str {
+        match self {
+            Self::Unary => include_str!("../../shaders/unary.wgsl"),
+            Self::Binary => include_str!("../../shaders/binary.wgsl"),
+            Self::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Self::MatmulReduce => include_str!("../../shaders/matmul_reduce.wgsl"),
+            Self::Rows => include_str!("../../shaders/rows.wgsl"),
+        }
+    }
+
+    /// Storage bindings (after the parameters at binding 0).
+    pub(crate) fn storage_bindings(self) -> usize {
+        match self {
+            Self::Unary | Self::Rows => 2,
+            Self::Binary | Self::MatmulReduce => 3,
+            Self::Matmul => 4,
+        }
+    }
+}
+
+/// The compile-time constants of one variant of a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Variant {
+    /// No constants.
+    Plain,
+    /// The matmul kernel.
+    Matmul {
+        tiles: MatmulTiles,
+        group_rows: u32,
+        vec4: bool,
+        edges: bool,
+        bias: bool,
+        activation: Activation,
+    },
+    /// The split-K reduction.
+    Reduce { bias: bool, activation: Activation },
+}
+
+impl Variant {
+    /// The WGSL `const` declarations of this variant.
+    fn constants(&self) -> String {
+        let mut text = String::new();
+        let mut int = |name: &str, value: u32| writeln!(text, "const {name}: u32 = {value}u;");
+        match *self {
+            Self::Plain => {}
+            Self::Matmul {
+                tiles,
+                group_rows,
+                vec4,
+                edges,
+                bias,
+                activation,
+            } => {
+                int("GROUP_M", group_rows).ok();
+                int("BM", tiles.bm).ok();
+                int("BN", tiles.bn).ok();
+                int("BK", tiles.bk).ok();
+                int("THREADS", tiles.threads()).ok();
+                int("A_LOADS", tiles.a_loads()).ok();
+                int("B_LOADS", tiles.b_loads()).ok();
+                int("ACT", activation.code()).ok();
+                writeln!(text, "const VEC4: bool = {vec4};").ok();
+                writeln!(text, "const EDGES: bool = {edges};").ok();
+                writeln!(text, "const BIAS: bool = {bias};").ok();
+            }
+            Self::Reduce { bias, activation } => {
+                int("ACT", activation.code()).ok();
+                writeln!(text, "const BIAS: bool = {bias};").ok();
+            }
+        }
+        text
+    }
+
+    /// The kernel's text with the host's unrolling applied: in the matmul kernel, the block
+    /// between `// BEGIN STEP` and `// END STEP` repeated for `STEP` = `0u` .. `BK - 1u`.
+    fn expand<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let Self::Matmul { tiles, .. } = self else {
+            return Cow::Borrowed(text);
+        };
+        const BEGIN: &str = "        // BEGIN STEP\n";
+        const END: &str = "        // END STEP\n";
+        let (Some(begin), Some(end)) = (text.find(BEGIN), text.find(END)) else {
+            return Cow::Borrowed(text);
+        };
+        let block = &text[begin + BEGIN.len()..end];
+        let mut expanded = String::with_capacity(text.len() + block.len() * tiles.bk as usize);
+        expanded.push_str(&text[..begin]);
+        for step in 0..tiles.bk {
+            expanded.push_str(&block.replace("STEP", &format!("{step}u")));
+        }
+        expanded.push_str(&text[end + END.len()..]);
+        Cow::Owned(expanded)
+    }
+
+    /// A short label for reports and errors.
+    pub(crate) fn label(&self) -> String {
+        match *self {
+            Self::Plain => String::new(),
+            Self::Matmul {
+                tiles,
+                group_rows: _,
+                vec4,
+                edges,
+                bias,
+                activation,
+            } => format!(
+                " {tiles}{}{}{}{}",
+                if vec4 { " vec4" } else { " scalar" },
+                if edges { " edges" } else { "" },
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+            Self::Reduce { bias, activation } => format!(
+                "{}{}",
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+        }
+    }
+}
+
+/// Which kernel: a source, an entry point and a variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KernelKey {
+    pub(crate) source: Source,
+    pub(crate) entry: &'static str,
+    pub(crate) variant: Variant,
+}
+
+impl KernelKey {
+    pub(crate) const fn plain(source: Source, entry: &'static str) -> Self {
+        Self {
+            source,
+            entry,
+            variant: Variant::Plain,
+        }
+    }
+
+    pub(crate) fn label(&self) -> String {
+        format!("{}{}", self.entry, self.variant.label())
+    }
+}
+
+/// The layouts for kernels with `n` storage bindings.
+pub(crate) struct Layouts {
+    pub(crate) bind_group: wgpu::BindGroupLayout,
+    pipeline: wgpu::PipelineLayout,
+}
+
+/// Modules, layouts and pipelines, created on first use and kept.
+pub(crate) struct Kernels {
+    device: wgpu::Device,
+    checks: ShaderChecks,
+    modules: HashMap<(Source, Variant), wgpu::ShaderModule>,
+    pipelines: HashMap<KernelKey, wgpu::ComputePipeline>,
+    layouts: Vec<Layouts>,
+    /// Pipelines created so far.
+    pub(crate) pipelines_created: u64,
+}
+
+impl Kernels {
+    pub(crate) fn new(device: &wgpu::Device, checks: ShaderChecks) -> Self {
+        let layouts = (0..=MAX_STORAGE_BINDINGS)
+            .map(|storage| layouts(device, storage))
+            .collect();
+        Self {
+            device: device.clone(),
+            checks,
+            modules: HashMap::new(),
+            pipelines: HashMap::new(),
+            layouts,
+            pipelines_created: 0,
+        }
+    }
+
+    /// The layouts of kernels with `storage` storage bindings.
+    pub(crate) fn layouts(&self, storage: usize) -> &Layouts {
+        &self.layouts[storage]
+    }
+
+    /// The pipeline of `key`, compiled on first use. A kernel the device refuses is an error,
+    /// not a panic.
+    pub(crate) fn pipeline(
+        &mut self,
+        key: &KernelKey,
+    ) -> Result<&wgpu::ComputePipeline, ComputeError> {
+        if !self.pipelines.contains_key(key) {
+            let pipeline = self.create_pipeline(key)?;
+            self.pipelines.insert(*key, pipeline);
+            self.pipelines_created += 1;
+        }
+        Ok(&self.pipelines[key])
+    }
+
+    fn create_pipeline(&mut self, key: &KernelKey) -> Result<wgpu::ComputePipeline, ComputeError> {
+        let device = self.device.clone();
+        let label = key.label();
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = match self.modules.get(&(key.source, key.variant)) {
+            Some(module) => module.clone(),
+            None => {
+                let source = format!(
+                    "{}{}{}",
+                    key.variant.constants(),
+                    COMMON,
+                    key.variant.expand(key.source.text())
+                );
+                let descriptor = wgpu::ShaderModuleDescriptor {
+                    label: Some(&label),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                };
+                let module = match self.checks {
+                    ShaderChecks::Checked => device.create_shader_module(descriptor),
+                    // SAFETY: the kernels of `shaders/` stay inside their bindings and terminate:
+                    // every op validates shapes, sizes and grids on the host before recording,
+                    // binds ranges of at least the sizes the kernel indexes (tensors are rounded
+                    // up to 16 bytes), and every kernel masks its edges and bounds its loops by
+                    // its parameters (see `compute` module docs, "Unchecked kernels").
+                    ShaderChecks::Unchecked => unsafe {
+                        device.create_shader_module_trusted(
+                            descriptor,
+                            wgpu::ShaderRuntimeChecks::unchecked(),
+                        )
+                    },
+                };
+                self.modules
+                    .insert((key.source, key.variant), module.clone());
+                module
+            }
+        };
+        let layouts = &self.layouts[key.source.storage_bindings()];
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&layouts.pipeline),
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[],
+                // Every kernel writes workgroup memory before it reads it, so WebGPU's zeroing
+                // is not needed. It is also costly: on GL, naga zeroes a workgroup array with one
+                // array constructor of all its elements, which llvmpipe takes seconds to compile
+                // (4–14 s per matmul variant, measured), holding wgpu's GL context lock meanwhile.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        match pollster::block_on(validation.pop()) {
+            None => Ok(pipeline),
+            Some(error) => {
+                // A module that failed to compile would fail again: forget it.
+                self.modules.remove(&(key.source, key.variant));
+                Err(ComputeError::Kernel {
+                    kernel: label,
+                    message: error.to_string(),
+                })
+            }
+        }
+    }
+}
+
+fn layouts(device: &wgpu::Device, storage: usize) -> Layouts {
+    let mut entries = vec![wgpu::BindGroupLayoutEntry {
+        binding: 0,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: true,
+            min_binding_size: NonZeroU64::new(PARAMS_BYTES),
+        },
+        count: None,
+    }];
+    for binding in 1..=storage as u32 {
+        entries.push(wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                // read_write always: see the module docs of `compute`.
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
+    let label = format!("wgpu-pool compute: {storage} storage bindings");
+    let bind_group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(&label),
+        entries: &entries,
+    });
+    let pipeline = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(&label),
+        bind_group_layouts: &[Some(&bind_group)],
+        immediate_size: 0,
+    });
+    Layouts {
+        bind_group,
+        pipeline,
+    }
+}

@@ -1,0 +1,158 @@
+//! Compute: WGSL kernels on tensors whose storage is pool memory — the workloads whose
+//! intermediates the pool manages.
+//!
+//! A [`Context`] records ops into one open compute pass of one command encoder and submits them in
+//! batches through [`Pool::submit`](crate::Pool::submit); a [`Tensor`] is a pool
+//! [`Allocation`](crate::Allocation) with a shape. Ops allocate their outputs (the intermediates)
+//! from the pool; dropping a tensor gives its range back, reusable after the submission that
+//! carries its last use (the pool's reuse rule). Reading a tensor back flushes the batch.
+//!
+//! ```no_run
+//! use wgpu_pool::compute::{Context, ContextOptions};
+//! use wgpu_pool::{request_gpu, LimitsChoice, Pool, PoolOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let gpu = request_gpu(LimitsChoice::Adapter)?;
+//! let pool = Pool::new(&gpu, PoolOptions::default())?;
+//! let context = Context::new(&pool, ContextOptions::default())?;
+//! let a = context.tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+//! let b = context.tensor(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2])?;
+//! let c = context.matmul(&a, &b)?; // recorded, not yet submitted
+//! let probabilities = context.softmax(&c)?; // same pass
+//! drop(c); // reusable after the next submission
+//! assert_eq!(probabilities.to_vec()?.len(), 4); // flushes, waits, reads back
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Kernels
+//!
+//! `shaders/` holds the WGSL sources; every kernel has a CPU twin of the same name in [`cpu`] that
+//! the tests compare with: element-wise `relu`, `gelu`, `exp`, `neg`, `sqrt`, `add`, `sub`, `mul`,
+//! `div`, `maximum` (also with a scalar), `add_bias` (row broadcast); `matmul` (block tiles in
+//! workgroup memory, 8×8 outputs per invocation, vec4 loads, fused bias and activation, split-K);
+//! row-wise `sum` and `softmax`. (The WGSL entry points of `exp` and `sqrt` are `exp_kernel` and
+//! `sqrt_kernel`: WGSL's built-ins have those names.)
+//!
+//! # Rules the kernels keep
+//!
+//! - **Every storage binding is `var<storage, read_write>`**: inputs and outputs may share one
+//!   segment buffer, and wgpu rejects read-only plus read-write bindings of one buffer in one
+//!   dispatch.
+//! - **Tensors are allocated rounded up to 16 bytes** and the logical length is tracked apart, so
+//!   vec4 kernels never read or write past a binding; pool offsets are multiples of at least
+//!   256 bytes, so every binding is 16-byte aligned.
+//! - **Op parameters live in a uniform ring owned by the context** (not in the pool): one uniform
+//!   buffer bound with a dynamic offset, filled on the CPU while a batch is recorded and written
+//!   with one `queue.write_buffer` just before the batch is submitted. Bind groups therefore do
+//!   not depend on parameters and are cached by the storage ranges they bind.
+//! - **Unchecked kernels only behind host validation**: with [`ShaderChecks::Unchecked`] the
+//!   kernels are compiled without wgpu's injected bounds checks
+//!   (`create_shader_module_trusted`). Every op validates shapes, sizes, grid limits and binding
+//!   ranges on the host before recording, and every kernel masks its own edges, so no access
+//!   leaves its binding. The tests run checked (the default).
+//! - **Workgroup memory is not zeroed** (`zero_initialize_workgroup_memory: false`, in both
+//!   modes): every kernel writes it before reading it, and on GL the zeroing made llvmpipe take
+//!   4–14 s to compile each matmul variant while holding wgpu's GL context lock (other threads'
+//!   GL calls then time out after 6 s and panic).
+//!
+//! # Sharing the pool
+//!
+//! The context must be the only one submitting work to its pool while it has recorded but
+//! unsubmitted ops (or call [`Context::flush`] first): another [`Pool::submit`](crate::Pool::submit)
+//! would release the ranges of tensors dropped during the open batch while the batch still uses
+//! them.
+
+pub mod context;
+pub mod cpu;
+mod kernels;
+pub mod ops;
+pub mod tensor;
+pub mod timing;
+
+pub use context::{Context, ContextOptions, ContextStats, ShaderChecks};
+pub use ops::elementwise::{BinaryOp, UnaryOp};
+pub use ops::matmul::{Activation, Epilogue, MatmulOptions, MatmulPlan, MatmulTiles};
+pub use tensor::Tensor;
+pub use timing::{KernelTiming, TimestampSupport};
+
+use crate::pool::PoolError;
+
+/// Why an op, an upload or a read-back was refused. Nothing is recorded when an op fails.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ComputeError {
+    /// The pool refused an allocation or a transfer (out of memory, too large for one binding...).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// The shapes of an op's operands do not fit together.
+    #[error("{op}: shapes {left:?} and {right:?} do not fit: {expected}")]
+    ShapeMismatch {
+        /// The op.
+        op: &'static str,
+        /// The first operand's shape.
+        left: Vec<usize>,
+        /// The second operand's shape.
+        right: Vec<usize>,
+        /// What the op expects.
+        expected: &'static str,
+    },
+    /// A shape the op cannot take (wrong rank, no elements, too many elements).
+    #[error("{op}: shape {shape:?} is not valid: {reason}")]
+    InvalidShape {
+        /// The op.
+        op: &'static str,
+        /// The shape given.
+        shape: Vec<usize>,
+        /// Why not.
+        reason: &'static str,
+    },
+    /// Uploaded data does not have the shape's number of elements.
+    #[error("data of {data_len} values does not fill shape {shape:?} ({expected_len} values)")]
+    DataLength {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// Values given.
+        data_len: usize,
+        /// Values the shape holds.
+        expected_len: usize,
+    },
+    /// A size beyond what the device can dispatch or bind.
+    #[error(
+        "{op}: {what} = {value} exceeds the device's {limit_name} ({limit}); split the work into smaller ops"
+    )]
+    ExceedsLimit {
+        /// The op.
+        op: &'static str,
+        /// What was too large.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The device limit that refused it.
+        limit_name: &'static str,
+        /// The limit's value.
+        limit: u64,
+    },
+    /// A tensor of another context was passed to an op.
+    #[error("{op}: the tensor belongs to another context")]
+    ForeignTensor {
+        /// The op.
+        op: &'static str,
+    },
+    /// A configuration the device or the kernels cannot run.
+    #[error("invalid compute configuration: {0}")]
+    Config(String),
+    /// wgpu refused a kernel (a compile or pipeline error on this backend).
+    #[error("kernel {kernel} was refused by the device: {message}")]
+    Kernel {
+        /// The kernel's entry point and variant.
+        kernel: String,
+        /// What wgpu said.
+        message: String,
+    },
+    /// Waiting for the GPU failed.
+    #[error("waiting for the GPU failed: {0}")]
+    Wait(String),
+    /// Reading GPU timestamps back failed.
+    #[error("reading GPU timestamps failed: {0}")]
+    Timing(String),
+}

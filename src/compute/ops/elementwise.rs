@@ -1,0 +1,232 @@
+//! Element-wise ops on f32: unary, binary, binary with a scalar, and the row-broadcast bias add.
+//! Kernels: `shaders/unary.wgsl` and `shaders/binary.wgsl` (one vec4 per invocation, workgroups
+//! of 256, a 2-D grid past the x limit). CPU twins: [`crate::compute::cpu`].
+
+use super::grid_1d;
+use crate::compute::context::Dispatch;
+use crate::compute::kernels::{KernelKey, Params, Source};
+use crate::compute::{ComputeError, Context, Tensor};
+
+/// Invocations per workgroup of the element-wise kernels.
+const WORKGROUP_SIZE: u64 = 256;
+
+/// An element-wise function of one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    Gelu,
+    /// `eˣ`.
+    Exp,
+    /// `−x`.
+    Neg,
+    /// `√x` (NaN below 0).
+    Sqrt,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [Self; 5] = [Self::Relu, Self::Gelu, Self::Exp, Self::Neg, Self::Sqrt];
+
+    /// The kernel's (and the CPU twin's) name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Relu => "relu",
+            Self::Gelu => "gelu",
+            Self::Exp => "exp",
+            Self::Neg => "neg",
+            Self::Sqrt => "sqrt",
+        }
+    }
+
+    fn entry(self) -> &'static str {
+        // `exp` and `sqrt` are WGSL built-ins: their kernels carry a suffix.
+        match self {
+            Self::Exp => "exp_kernel",
+            Self::Sqrt => "sqrt_kernel",
+            other => other.name(),
+        }
+    }
+}
+
+/// An element-wise function of two tensors (or a tensor and a scalar).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a − b`.
+    Sub,
+    /// `a · b`.
+    Mul,
+    /// `a / b`.
+    Div,
+    /// `max(a, b)`.
+    Maximum,
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [Self; 5] = [Self::Add, Self::Sub, Self::Mul, Self::Div, Self::Maximum];
+
+    /// The kernel's (and the CPU twin's) name; `<name>_scalar` with a scalar.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Add => "add",
+            Self::Sub => "sub",
+            Self::Mul => "mul",
+            Self::Div => "div",
+            Self::Maximum => "maximum",
+        }
+    }
+
+    fn scalar_entry(self) -> &'static str {
+        match self {
+            Self::Add => "add_scalar",
+            Self::Sub => "sub_scalar",
+            Self::Mul => "mul_scalar",
+            Self::Div => "div_scalar",
+            Self::Maximum => "maximum_scalar",
+        }
+    }
+}
+
+/// The parameters of the element-wise kernels. Keep in sync with `ElementwiseParams` in
+/// `shaders/unary.wgsl` and `shaders/binary.wgsl`.
+fn params(len_vec4: u32, grid_x: u32, cols: u32, scalar: f32) -> Params {
+    let mut words = Params::default();
+    words[..4].copy_from_slice(&[len_vec4, grid_x, cols, scalar.to_bits()]);
+    words
+}
+
+impl Context {
+    /// `y = op(x)`, element-wise.
+    pub fn unary(&self, op: UnaryOp, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.check_owner(op.name(), x)?;
+        let key = KernelKey::plain(Source::Unary, op.entry());
+        self.elementwise(op.name(), key, &[x], x.shape(), 0, 0.0)
+    }
+
+    /// `max(x, 0)`, element-wise.
+    pub fn relu(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.unary(UnaryOp::Relu, x)
+    }
+
+    /// GELU (tanh approximation), element-wise.
+    pub fn gelu(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.unary(UnaryOp::Gelu, x)
+    }
+
+    /// `eˣ`, element-wise.
+    pub fn exp(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.unary(UnaryOp::Exp, x)
+    }
+
+    /// `−x`, element-wise.
+    pub fn neg(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.unary(UnaryOp::Neg, x)
+    }
+
+    /// `√x`, element-wise.
+    pub fn sqrt(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.unary(UnaryOp::Sqrt, x)
+    }
+
+    /// `y = a op b`, element-wise; `a` and `b` must have the same shape.
+    pub fn binary(&self, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.check_owner(op.name(), a)?;
+        self.check_owner(op.name(), b)?;
+        if a.shape() != b.shape() {
+            return Err(ComputeError::ShapeMismatch {
+                op: op.name(),
+                left: a.shape().to_vec(),
+                right: b.shape().to_vec(),
+                expected: "equal shapes",
+            });
+        }
+        let key = KernelKey::plain(Source::Binary, op.name());
+        self.elementwise(op.name(), key, &[a, b], a.shape(), 0, 0.0)
+    }
+
+    /// `a + b`, element-wise.
+    pub fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.binary(BinaryOp::Add, a, b)
+    }
+
+    /// `a − b`, element-wise.
+    pub fn sub(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.binary(BinaryOp::Sub, a, b)
+    }
+
+    /// `a · b`, element-wise.
+    pub fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+
+    /// `a / b`, element-wise.
+    pub fn div(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.binary(BinaryOp::Div, a, b)
+    }
+
+    /// `max(a, b)`, element-wise.
+    pub fn maximum(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.binary(BinaryOp::Maximum, a, b)
+    }
+
+    /// `y = x op scalar`, element-wise.
+    pub fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        x: &Tensor,
+        scalar: f32,
+    ) -> Result<Tensor, ComputeError> {
+        let name = op.scalar_entry();
+        self.check_owner(name, x)?;
+        let key = KernelKey::plain(Source::Unary, name);
+        self.elementwise(name, key, &[x], x.shape(), 0, scalar)
+    }
+
+    /// `y[r, c] = x[r, c] + bias[c]`: `bias` has one dimension, the length of `x`'s last.
+    pub fn add_bias(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor, ComputeError> {
+        const OP: &str = "add_bias";
+        self.check_owner(OP, x)?;
+        self.check_owner(OP, bias)?;
+        let (_, cols) = x.rows_cols();
+        if bias.shape() != [cols] {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: x.shape().to_vec(),
+                right: bias.shape().to_vec(),
+                expected: "bias of shape [last dimension of x]",
+            });
+        }
+        let key = KernelKey::plain(Source::Binary, OP);
+        self.elementwise(OP, key, &[x, bias], x.shape(), cols as u32, 0.0)
+    }
+
+    /// Records one element-wise kernel over `shape`, writing a new tensor.
+    fn elementwise(
+        &self,
+        op: &'static str,
+        key: KernelKey,
+        inputs: &[&Tensor],
+        shape: &[usize],
+        cols: u32,
+        scalar: f32,
+    ) -> Result<Tensor, ComputeError> {
+        let len = inputs[0].len();
+        let len_vec4 = len.div_ceil(4) as u64;
+        let (workgroups, grid_x) = grid_1d(self, op, len_vec4.div_ceil(WORKGROUP_SIZE))?;
+        self.before_op()?;
+        let output = self.allocate(op, shape.to_vec(), len)?;
+        let mut bindings: Vec<_> = inputs.iter().map(|t| t.allocation()).collect();
+        bindings.push(output.allocation());
+        self.record(Dispatch {
+            kernel: key,
+            params: params(len_vec4 as u32, grid_x, cols, scalar),
+            bindings: &bindings,
+            workgroups,
+        })?;
+        Ok(output)
+    }
+}

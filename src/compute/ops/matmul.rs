@@ -1,0 +1,475 @@
+//! Matmul, f32: `C[M, N] = A[M, K] · B[K, N]`, row-major, any sizes, with an optional fused
+//! epilogue (bias over columns, activation). Kernels: `shaders/matmul.wgsl` and, for split-K,
+//! `shaders/matmul_reduce.wgsl`. CPU twin: [`crate::compute::cpu::matmul`].
+//!
+//! # Tiles
+//!
+//! A workgroup computes a `bm × bn` block of C with `(bm / 8) · (bn / 8)` invocations, each
+//! holding 8×8 outputs in registers; it walks K in steps of `bk` through two workgroup-memory
+//! buffers (A stored transposed for vec4 reads). The large tile (128×128×8: 256 invocations,
+//! 16 KiB of workgroup memory, which every WebGPU device has) is used when it yields at least
+//! [`MatmulOptions::min_workgroups`] workgroups; otherwise the small one (64×64×8: 64
+//! invocations, 8 KiB), and when even that leaves the GPU idle, split-K: `splits` workgroups
+//! along K each write a partial product, and a second kernel adds them and runs the epilogue.
+//! Tiles that do not fit the device's limits (workgroup memory, invocations) are skipped.
+//!
+//! Each variant is compiled for its case: `vec4` (K and N multiples of 4: vec4 loads of A and B,
+//! vec4 stores of C) or scalar loads; `edges` (a partial tile somewhere: masked loads and stores)
+//! or none. The K steps of a tile are unrolled on the host (see `shaders/matmul.wgsl`).
+//!
+//! # Measured on an H200 (Vulkan, driver 580, `bench_kernels --large`)
+//!
+//! At 4096³, unchecked: 128×128×8 34.0 TFLOP/s (30.6 checked), the same in every run;
+//! 128×64×16 33.0, 128×64×8 32.4, 128×128×16 31.1. The tiles of 64 rows reached 36–39 TFLOP/s
+//! in some runs (64×128×8: 37.6 at 4096³, 39.4 at 8192³) and 16–24 in others of the same
+//! binary, so they are not the default. 2048³: 31.0 (small tile); 64×4096×4096: 15.9 (small
+//! tile, split-K 5). cuBLAS without TF32 reaches about 51.
+
+use std::fmt;
+
+use super::grid_1d;
+use crate::compute::context::{element_count, tensor_bytes, Dispatch};
+use crate::compute::kernels::{KernelKey, Params, Source, Variant};
+use crate::compute::{ComputeError, Context, Tensor};
+
+/// The activation of a fused epilogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    /// None.
+    #[default]
+    None,
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh approximation (as [`crate::compute::UnaryOp::Gelu`]).
+    Gelu,
+}
+
+impl Activation {
+    /// The code the kernels use. Keep in sync with `activate4` in `shaders/common.wgsl`.
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Self::None => 0,
+            Self::Relu => 1,
+            Self::Gelu => 2,
+        }
+    }
+
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            Self::None => "",
+            Self::Relu => " +relu",
+            Self::Gelu => " +gelu",
+        }
+    }
+}
+
+/// What a matmul does to its result before storing it: `act(A·B + bias)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Epilogue<'a> {
+    /// A bias of shape `[N]`, added to every row.
+    pub bias: Option<&'a Tensor>,
+    /// The activation applied last.
+    pub activation: Activation,
+}
+
+/// A block tile of the matmul kernel: `bm × bn` outputs per workgroup, `bk` deep per step.
+/// Every invocation computes 8×8 outputs, so a workgroup has `(bm / 8) · (bn / 8)` invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatmulTiles {
+    /// Rows of C per workgroup.
+    pub bm: u32,
+    /// Columns of C per workgroup.
+    pub bn: u32,
+    /// Depth of K per step (through workgroup memory).
+    pub bk: u32,
+}
+
+impl fmt::Display for MatmulTiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)
+    }
+}
+
+impl MatmulTiles {
+    /// 128×128, 8 deep: 256 invocations, 16 KiB of workgroup memory. The default large tile.
+    pub const T128X128X8: Self = Self::new(128, 128, 8);
+    /// 128×128, 16 deep: 256 invocations, 32 KiB of workgroup memory (half the barriers).
+    pub const T128X128X16: Self = Self::new(128, 128, 16);
+    /// 128×64, 8 deep: 128 invocations, 12 KiB.
+    pub const T128X64X8: Self = Self::new(128, 64, 8);
+    /// 64×128, 8 deep: 128 invocations, 12 KiB.
+    pub const T64X128X8: Self = Self::new(64, 128, 8);
+    /// 128×64, 16 deep: 128 invocations, 24 KiB.
+    pub const T128X64X16: Self = Self::new(128, 64, 16);
+    /// 64×128, 16 deep: 128 invocations, 24 KiB.
+    pub const T64X128X16: Self = Self::new(64, 128, 16);
+    /// 64×64, 8 deep: 64 invocations, 8 KiB. The default small tile.
+    pub const T64X64X8: Self = Self::new(64, 64, 8);
+    /// 64×64, 16 deep: 64 invocations, 16 KiB.
+    pub const T64X64X16: Self = Self::new(64, 64, 16);
+
+    /// Every tile the kernel supports.
+    pub const ALL: [Self; 8] = [
+        Self::T128X128X8,
+        Self::T128X128X16,
+        Self::T128X64X8,
+        Self::T128X64X16,
+        Self::T64X128X8,
+        Self::T64X128X16,
+        Self::T64X64X8,
+        Self::T64X64X16,
+    ];
+
+    /// A tile; see [`MatmulTiles::check`] for the shapes the kernel takes.
+    pub const fn new(bm: u32, bn: u32, bk: u32) -> Self {
+        Self { bm, bn, bk }
+    }
+
+    /// Invocations per workgroup: `(bm / 8) · (bn / 8)`.
+    pub fn threads(&self) -> u32 {
+        (self.bm / 8) * (self.bn / 8)
+    }
+
+    /// vec4 loads of the A tile per invocation.
+    pub(crate) fn a_loads(&self) -> u32 {
+        self.bm * self.bk / 4 / self.threads().max(1)
+    }
+
+    /// vec4 loads of the B tile per invocation.
+    pub(crate) fn b_loads(&self) -> u32 {
+        self.bk * self.bn / 4 / self.threads().max(1)
+    }
+
+    /// Workgroup memory of the two tile buffers, in bytes.
+    pub fn workgroup_storage_bytes(&self) -> u32 {
+        2 * self.bk * (self.bm + self.bn) * 4
+    }
+
+    /// Whether the kernel takes this tile (`bm`, `bn` multiples of 8, `bk` 8 or 16; each
+    /// invocation loads one, two or four vec4s of each tile) and the device runs it (invocations, workgroup size,
+    /// workgroup memory).
+    pub fn check(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
+        let threads = self.threads();
+        let shape_ok = self.bm.is_multiple_of(8)
+            && self.bn.is_multiple_of(8)
+            && (self.bk == 8 || self.bk == 16)
+            && threads > 0
+            && (self.bm * self.bk / 4).is_multiple_of(threads)
+            && (self.bk * self.bn / 4).is_multiple_of(threads)
+            && [1, 2, 4].contains(&self.a_loads())
+            && [1, 2, 4].contains(&self.b_loads());
+        if !shape_ok {
+            return Err(ComputeError::Config(format!(
+                "matmul tile {self}: the kernel takes bm, bn multiples of 8, bk 8 or 16, \
+                 and 1, 2 or 4 vec4 loads of each tile per invocation (e.g. {}, {})",
+                Self::T128X128X8,
+                Self::T64X64X8
+            )));
+        }
+        let device_ok = threads <= limits.max_compute_invocations_per_workgroup
+            && threads <= limits.max_compute_workgroup_size_x
+            && self.workgroup_storage_bytes() <= limits.max_compute_workgroup_storage_size;
+        if !device_ok {
+            return Err(ComputeError::Config(format!(
+                "matmul tile {self} needs {threads} invocations and {} bytes of workgroup memory; \
+                 the device allows {} invocations and {} bytes",
+                self.workgroup_storage_bytes(),
+                limits.max_compute_invocations_per_workgroup,
+                limits.max_compute_workgroup_storage_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How matmuls choose their tiles and split-K.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatmulOptions {
+    /// Use this tile for every matmul (`None`: choose per shape, see the module docs).
+    pub tiles: Option<MatmulTiles>,
+    /// The tile for shapes that fill the GPU.
+    pub large_tiles: MatmulTiles,
+    /// The tile for smaller shapes, and wherever the large one does not fit the device.
+    pub small_tiles: MatmulTiles,
+    /// Split K this many ways (`Some(1)`: never; `None`: when the tile leaves the GPU idle). The
+    /// split is capped so that no split is empty.
+    pub split_k: Option<u32>,
+    /// Workgroups that fill the GPU: about two per SM (264 for an H200's 132 SMs).
+    pub min_workgroups: u32,
+    /// Automatic split-K keeps at least this much of K per split.
+    pub min_split_depth: u32,
+    /// Automatic split-K splits at most this many ways.
+    pub max_splits: u32,
+    /// Block tiles are visited in groups of this many tile rows, column by column within a
+    /// group, so that the workgroups running at once share rows of A and columns of B in L2
+    /// (1: row by row).
+    pub group_rows: u32,
+}
+
+impl Default for MatmulOptions {
+    fn default() -> Self {
+        Self {
+            tiles: None,
+            large_tiles: MatmulTiles::T128X128X8,
+            small_tiles: MatmulTiles::T64X64X8,
+            split_k: None,
+            min_workgroups: 264,
+            min_split_depth: 256,
+            max_splits: 16,
+            group_rows: 8,
+        }
+    }
+}
+
+impl MatmulOptions {
+    /// Checks that the forced tile (or at least one of the automatic ones) runs on the device.
+    pub(crate) fn validate(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
+        if self.split_k == Some(0) {
+            return Err(ComputeError::Config("split_k must be at least 1".into()));
+        }
+        if self.group_rows == 0 {
+            return Err(ComputeError::Config("group_rows must be at least 1".into()));
+        }
+        match self.tiles {
+            Some(tiles) => tiles.check(limits),
+            None => self
+                .large_tiles
+                .check(limits)
+                .or_else(|_| self.small_tiles.check(limits)),
+        }
+    }
+}
+
+/// How one matmul runs: its tile, split-K and kernel variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulPlan {
+    /// The block tile.
+    pub tiles: MatmulTiles,
+    /// Splits along K (1: none).
+    pub splits: u32,
+    /// Depth of K per split, a multiple of `tiles.bk` (K when there is no split).
+    pub k_chunk: u32,
+    /// K and N are multiples of 4: vec4 loads and stores.
+    pub vec4: bool,
+    /// Some tile is partial: loads and stores are masked.
+    pub edges: bool,
+    /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`.
+    pub workgroups: [u32; 3],
+}
+
+impl Context {
+    /// The plan [`Context::matmul`] follows for `[m, k] · [k, n]` under the context's options.
+    pub fn matmul_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
+        let options = &self.options().matmul;
+        let limits = self.limits();
+        let blocks = |tiles: MatmulTiles| {
+            (m as u64).div_ceil(u64::from(tiles.bm)) * (n as u64).div_ceil(u64::from(tiles.bn))
+        };
+        let min_workgroups = u64::from(options.min_workgroups);
+        let tiles = match options.tiles {
+            Some(tiles) => tiles,
+            None => {
+                let large_fits = options.large_tiles.check(limits).is_ok();
+                let small_fits = options.small_tiles.check(limits).is_ok();
+                if large_fits && (blocks(options.large_tiles) >= min_workgroups || !small_fits) {
+                    options.large_tiles
+                } else {
+                    options.small_tiles
+                }
+            }
+        };
+        let bk = u64::from(tiles.bk);
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        let wanted = match options.split_k {
+            Some(splits) => u64::from(splits.max(1)),
+            None if blocks(tiles) >= min_workgroups => 1,
+            None => min_workgroups
+                .div_ceil(blocks(tiles))
+                .min(k64 / u64::from(options.min_split_depth.max(1)))
+                .min(u64::from(options.max_splits))
+                .max(1),
+        };
+        // The partial products (rounded up to 16 bytes) must fit one binding.
+        let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
+            / (m64 * n64 * 4).max(1))
+        .max(1);
+        let wanted = wanted.min(max_binding_splits);
+        let k_chunk = k64.div_ceil(wanted).div_ceil(bk) * bk;
+        let splits = k64.div_ceil(k_chunk);
+        let workgroups = [
+            n64.div_ceil(u64::from(tiles.bn)),
+            m64.div_ceil(u64::from(tiles.bm)),
+            splits,
+        ];
+        let max = u64::from(limits.max_compute_workgroups_per_dimension);
+        for (count, what) in
+            workgroups
+                .iter()
+                .zip(["workgroups along N", "workgroups along M", "splits along K"])
+        {
+            if *count > max {
+                return Err(ComputeError::ExceedsLimit {
+                    op: "matmul",
+                    what,
+                    value: *count,
+                    limit_name: "max_compute_workgroups_per_dimension",
+                    limit: max,
+                });
+            }
+        }
+        Ok(MatmulPlan {
+            tiles,
+            splits: splits as u32,
+            k_chunk: k_chunk as u32,
+            vec4: k.is_multiple_of(4) && n.is_multiple_of(4),
+            edges: !m64.is_multiple_of(u64::from(tiles.bm))
+                || !n64.is_multiple_of(u64::from(tiles.bn))
+                || !k64.is_multiple_of(bk),
+            workgroups: workgroups.map(|count| count as u32),
+        })
+    }
+
+    /// `C = A · B` for `A` of shape `[M, K]` and `B` of shape `[K, N]`.
+    pub fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.matmul_with(a, b, Epilogue::default())
+    }
+
+    /// `C = act(A · B + bias)`, the epilogue fused into the matmul's stores.
+    pub fn matmul_with(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        epilogue: Epilogue<'_>,
+    ) -> Result<Tensor, ComputeError> {
+        const OP: &str = "matmul";
+        self.check_owner(OP, a)?;
+        self.check_owner(OP, b)?;
+        let (&[m, k], &[k_b, n]) = (a.shape(), b.shape()) else {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: a.shape().to_vec(),
+                right: b.shape().to_vec(),
+                expected: "A of shape [M, K] and B of shape [K, N]",
+            });
+        };
+        if k != k_b {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: a.shape().to_vec(),
+                right: b.shape().to_vec(),
+                expected: "A's columns equal to B's rows",
+            });
+        }
+        if let Some(bias) = epilogue.bias {
+            self.check_owner(OP, bias)?;
+            if bias.shape() != [n] {
+                return Err(ComputeError::ShapeMismatch {
+                    op: OP,
+                    left: vec![m, n],
+                    right: bias.shape().to_vec(),
+                    expected: "bias of shape [N]",
+                });
+            }
+        }
+        let len = element_count(OP, &[m, n])?;
+        let plan = self.matmul_plan(m, n, k)?;
+        let has_bias = epilogue.bias.is_some();
+        let split = plan.splits > 1;
+        let kernel = KernelKey {
+            source: Source::Matmul,
+            entry: "matmul",
+            variant: Variant::Matmul {
+                tiles: plan.tiles,
+                group_rows: self.options().matmul.group_rows,
+                vec4: plan.vec4,
+                edges: plan.edges,
+                // With split-K the reduction runs the epilogue.
+                bias: has_bias && !split,
+                activation: if split {
+                    Activation::None
+                } else {
+                    epilogue.activation
+                },
+            },
+        };
+        let matmul_params: Params = {
+            let mut words = Params::default();
+            words[..6].copy_from_slice(&[
+                m as u32,
+                n as u32,
+                k as u32,
+                plan.k_chunk,
+                plan.workgroups[0],
+                plan.workgroups[1],
+            ]);
+            words
+        };
+        // Compile before recording anything, so that a refused kernel records nothing.
+        self.prepare(&kernel)?;
+        if !split {
+            self.before_op()?;
+            let c = self.allocate(OP, vec![m, n], len)?;
+            let bias = epilogue.bias.unwrap_or(a);
+            self.record(Dispatch {
+                kernel,
+                params: matmul_params,
+                bindings: &[
+                    a.allocation(),
+                    b.allocation(),
+                    c.allocation(),
+                    bias.allocation(),
+                ],
+                workgroups: plan.workgroups,
+            })?;
+            return Ok(c);
+        }
+
+        let reduce = KernelKey {
+            source: Source::MatmulReduce,
+            entry: "matmul_reduce",
+            variant: Variant::Reduce {
+                bias: has_bias,
+                activation: epilogue.activation,
+            },
+        };
+        self.prepare(&reduce)?;
+        let (reduce_workgroups, grid_x) = grid_1d(self, OP, (len as u64).div_ceil(256))?;
+        let splits = plan.splits as usize;
+        let partial_len = element_count(OP, &[splits, m, n])?;
+        if tensor_bytes(partial_len) > self.limits().max_storage_buffer_binding_size {
+            return Err(ComputeError::ExceedsLimit {
+                op: OP,
+                what: "bytes of split-K partial products",
+                value: tensor_bytes(partial_len),
+                limit_name: "max_storage_buffer_binding_size",
+                limit: self.limits().max_storage_buffer_binding_size,
+            });
+        }
+        self.before_op()?;
+        let c = self.allocate(OP, vec![m, n], len)?;
+        let partial = self.allocate("matmul split-K partial", vec![splits, m, n], partial_len)?;
+        self.record(Dispatch {
+            kernel,
+            params: matmul_params,
+            bindings: &[
+                a.allocation(),
+                b.allocation(),
+                partial.allocation(),
+                a.allocation(),
+            ],
+            workgroups: plan.workgroups,
+        })?;
+        let bias = epilogue.bias.unwrap_or(&partial);
+        let mut reduce_params = Params::default();
+        reduce_params[..4].copy_from_slice(&[len as u32, n as u32, plan.splits, grid_x]);
+        self.record(Dispatch {
+            kernel: reduce,
+            params: reduce_params,
+            bindings: &[partial.allocation(), bias.allocation(), c.allocation()],
+            workgroups: reduce_workgroups,
+        })?;
+        // Dropped here: reusable after the submission that carries the reduction.
+        drop(partial);
+        Ok(c)
+    }
+}

@@ -1,0 +1,35 @@
+//! The ops: each validates its operands on the host, allocates its output from the pool and
+//! records its dispatches into the context's open pass.
+
+pub mod elementwise;
+pub mod matmul;
+pub mod rows;
+
+use super::{ComputeError, Context};
+
+/// The grid of `workgroups` workgroups of a 1-D kernel: `[x, 1, 1]`, or `[x, y, 1]` with
+/// `x · y ≥ workgroups` when more than the x dimension holds (kernels recover the linear index
+/// from `x`, passed in their parameters). Returns the grid and `x`.
+pub(crate) fn grid_1d(
+    context: &Context,
+    op: &'static str,
+    workgroups: u64,
+) -> Result<([u32; 3], u32), ComputeError> {
+    let max_x = u64::from(context.max_grid_x());
+    let max_y = u64::from(context.limits().max_compute_workgroups_per_dimension);
+    if workgroups <= max_x {
+        return Ok(([workgroups as u32, 1, 1], workgroups as u32));
+    }
+    let y = workgroups.div_ceil(max_x);
+    if y > max_y {
+        return Err(ComputeError::ExceedsLimit {
+            op,
+            what: "workgroups",
+            value: workgroups,
+            limit_name: "max_compute_workgroups_per_dimension squared",
+            limit: max_x * max_y,
+        });
+    }
+    let x = workgroups.div_ceil(y);
+    Ok(([x as u32, y as u32, 1], x as u32))
+}

@@ -1,0 +1,50 @@
+//! Row-wise reductions over the last dimension: `sum` and numerically stable `softmax`.
+//! Kernels: `shaders/rows.wgsl` (a workgroup of 256 per row, a 2-D grid past the x limit).
+//! CPU twins: [`crate::compute::cpu::sum`] and [`crate::compute::cpu::softmax`].
+
+use super::grid_1d;
+use crate::compute::context::Dispatch;
+use crate::compute::kernels::{KernelKey, Params, Source};
+use crate::compute::{ComputeError, Context, Tensor};
+
+impl Context {
+    /// The sum over the last dimension: `[.., cols]` → `[..]` (`[cols]` → `[1]`).
+    pub fn sum(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        let shape = match x.shape() {
+            [_] => vec![1],
+            [outer @ .., _] => outer.to_vec(),
+            [] => vec![1],
+        };
+        self.rows("sum", x, shape)
+    }
+
+    /// Softmax over the last dimension, numerically stable (the row's maximum is subtracted
+    /// before `exp`). Same shape as `x`.
+    pub fn softmax(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.rows("softmax", x, x.shape().to_vec())
+    }
+
+    fn rows(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        shape: Vec<usize>,
+    ) -> Result<Tensor, ComputeError> {
+        self.check_owner(op, x)?;
+        let (rows, cols) = x.rows_cols();
+        let (workgroups, grid_x) = grid_1d(self, op, rows as u64)?;
+        let len = shape.iter().product();
+        self.before_op()?;
+        let output = self.allocate(op, shape, len)?;
+        // Keep in sync with `RowsParams` in shaders/rows.wgsl.
+        let mut params = Params::default();
+        params[..3].copy_from_slice(&[rows as u32, cols as u32, grid_x]);
+        self.record(Dispatch {
+            kernel: KernelKey::plain(Source::Rows, op),
+            params,
+            bindings: &[x.allocation(), output.allocation()],
+            workgroups,
+        })?;
+        Ok(output)
+    }
+}

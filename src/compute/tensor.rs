@@ -1,0 +1,111 @@
+//! Tensors: pool allocations with a shape.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::context::{element_count, Shared};
+use super::{ComputeError, Context};
+use crate::pool::Allocation;
+
+/// An f32 tensor, row-major, whose storage is a pool [`Allocation`] of its context's pool.
+///
+/// The allocation is `4 · len` bytes rounded up to 16 (kernels read and write whole vec4s; the
+/// lanes past `len` hold unspecified values). Not `Clone`: dropping the tensor gives its range
+/// back to the pool, reusable after the submission that carries the last op recorded on it.
+pub struct Tensor {
+    allocation: Allocation,
+    shape: Vec<usize>,
+    len: usize,
+    pub(crate) context: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape)
+            .field("allocation", &self.allocation)
+            .finish()
+    }
+}
+
+impl Tensor {
+    pub(crate) fn new(
+        allocation: Allocation,
+        shape: Vec<usize>,
+        len: usize,
+        context: Arc<Shared>,
+    ) -> Self {
+        Self {
+            allocation,
+            shape,
+            len,
+            context,
+        }
+    }
+
+    /// The dimensions, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The number of elements (the product of the dimensions; never 0).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: tensors without elements are refused. For clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of data: `4 · len` (the allocation may be up to 12 bytes larger).
+    pub fn size_bytes(&self) -> u64 {
+        self.len as u64 * 4
+    }
+
+    /// The pool allocation holding the data, to bind it in kernels of your own (bind it
+    /// `read_write`; see the pool's module documentation).
+    pub fn allocation(&self) -> &Allocation {
+        &self.allocation
+    }
+
+    /// The same data with another shape of as many elements (no copy).
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Self, ComputeError> {
+        let len = element_count("reshape", shape)?;
+        if len != self.len {
+            return Err(ComputeError::ShapeMismatch {
+                op: "reshape",
+                left: self.shape.clone(),
+                right: shape.to_vec(),
+                expected: "as many elements",
+            });
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
+    /// Reads the tensor back (see [`Context::read`]).
+    pub fn to_vec(&self) -> Result<Vec<f32>, ComputeError> {
+        Context {
+            shared: self.context.clone(),
+        }
+        .read(self)
+    }
+
+    /// `(rows, cols)` of the tensor seen as a matrix over its last dimension.
+    pub(crate) fn rows_cols(&self) -> (usize, usize) {
+        let cols = *self
+            .shape
+            .last()
+            .expect("shapes have at least one dimension");
+        (self.len / cols, cols)
+    }
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        self.context
+            .freed_bytes
+            .fetch_add(self.allocation.size(), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,999 @@
+//! The compute layer: every kernel against its CPU twin on odd shapes, typed errors, batching and
+//! caching, timing, checked and unchecked kernels, and the lifetime of intermediates in a 3-layer
+//! MLP forward. Every test runs on the backend `WGPU_BACKEND` selects; CI runs them on Vulkan
+//! (lavapipe) and GL (llvmpipe).
+//!
+//! Tolerances (u = 2⁻²⁴, the unit roundoff of f32; the twins of accumulating kernels sum in f64):
+//! - exact (bit-equal up to the sign of zero): relu, neg, add, sub, mul, maximum, their scalar
+//!   forms, add_bias;
+//! - div, sqrt: 3 ulp (|gpu − cpu| ≤ 6u·|cpu|, Vulkan allows 2.5 ulp);
+//! - exp: (3 + 2|x|) ulp, Vulkan's bound;
+//! - gelu: 1e−5·|cpu| + 1e−6 (tanh's accuracy is the driver's);
+//! - matmul: 2K·u·Σ|a·b| + 2u·|cpu| (the classic bound of a K-term dot product, any order), plus
+//!   1e−5·|cpu| + 1e−6 with a GELU epilogue;
+//! - sum: 2(⌈cols/256⌉ + 9)·u·Σ|x| (a sequential run per invocation, then an 8-level tree);
+//! - softmax: 1e−5·|cpu| + 1e−7.
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use wgpu_pool::compute::{
+    cpu, Activation, BinaryOp, ComputeError, Context, ContextOptions, Epilogue, MatmulOptions,
+    MatmulTiles, Tensor, TimestampSupport, UnaryOp,
+};
+use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
+
+use crate::gpu::{both, gpu};
+
+/// The unit roundoff of f32.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// The odd lengths of the issue.
+const LENGTHS: [usize; 5] = [1, 3, 17, 129, 257];
+
+fn context_with(gpu: &Gpu, options: ContextOptions) -> Context {
+    let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
+    Context::new(&pool, options).expect("context")
+}
+
+fn context(gpu: &Gpu) -> Context {
+    context_with(gpu, ContextOptions::default())
+}
+
+fn random(rng: &mut StdRng, len: usize, low: f32, high: f32) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(low..high)).collect()
+}
+
+/// Asserts `|gpu[i] − cpu[i]| ≤ tolerance(i)` for every element, naming the first one that is not.
+fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], tolerance: impl Fn(usize) -> f64) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths differ");
+    let mut worst = 0.0f64;
+    for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
+        let error = (f64::from(g) - f64::from(c)).abs();
+        let allowed = tolerance(i);
+        assert!(
+            error <= allowed,
+            "{what}: element {i}: gpu {g} cpu {c}: error {error:e} > tolerance {allowed:e}"
+        );
+        worst = worst.max(error);
+    }
+}
+
+fn exact(_: usize) -> f64 {
+    0.0
+}
+
+fn unary_tolerance(op: UnaryOp, x: &[f32], cpu: &[f32]) -> impl Fn(usize) -> f64 {
+    let (x, cpu) = (x.to_vec(), cpu.to_vec());
+    move |i| {
+        let c = f64::from(cpu[i]).abs();
+        match op {
+            UnaryOp::Relu | UnaryOp::Neg => 0.0,
+            UnaryOp::Sqrt => 6.0 * U * c,
+            UnaryOp::Exp => (3.0 + 2.0 * f64::from(x[i]).abs()) * 2.0 * U * c,
+            UnaryOp::Gelu => 1e-5 * c + 1e-6,
+        }
+    }
+}
+
+fn unary_input(rng: &mut StdRng, op: UnaryOp, len: usize) -> Vec<f32> {
+    match op {
+        UnaryOp::Sqrt => random(rng, len, 0.0, 100.0),
+        _ => random(rng, len, -4.0, 4.0),
+    }
+}
+
+/// Divisors away from 0, of both signs.
+fn divisors(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            let magnitude = rng.gen_range(0.25f32..4.0);
+            if rng.gen_bool(0.5) {
+                magnitude
+            } else {
+                -magnitude
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn unary_ops_match_their_cpu_twins_on_odd_lengths() {
+    for (limits, gpu) in both() {
+        let context = context(gpu);
+        let mut rng = StdRng::seed_from_u64(1);
+        for len in LENGTHS {
+            for op in UnaryOp::ALL {
+                let x = unary_input(&mut rng, op, len);
+                let tensor = context.tensor(&x, &[len]).unwrap();
+                let y = context.unary(op, &tensor).unwrap();
+                assert_eq!(y.shape(), [len]);
+                let expected = cpu::unary(op, &x);
+                assert_close(
+                    &format!("{} len {len} ({limits})", op.name()),
+                    &y.to_vec().unwrap(),
+                    &expected,
+                    unary_tolerance(op, &x, &expected),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn binary_ops_and_their_scalar_forms_match_their_cpu_twins() {
+    for (limits, gpu) in both() {
+        let context = context(gpu);
+        let mut rng = StdRng::seed_from_u64(2);
+        for len in LENGTHS {
+            for op in BinaryOp::ALL {
+                let a = random(&mut rng, len, -4.0, 4.0);
+                let b = if op == BinaryOp::Div {
+                    divisors(&mut rng, len)
+                } else {
+                    random(&mut rng, len, -4.0, 4.0)
+                };
+                // Two dimensions: shapes do not matter to element-wise ops, only lengths.
+                let shape = [1, len];
+                let (ta, tb) = (
+                    context.tensor(&a, &shape).unwrap(),
+                    context.tensor(&b, &shape).unwrap(),
+                );
+                let scalar = if op == BinaryOp::Div { -1.75 } else { 0.625 };
+                let y = context.binary(op, &ta, &tb).unwrap();
+                let ys = context.binary_scalar(op, &ta, scalar).unwrap();
+                let expected = cpu::binary(op, &a, &b);
+                let expected_scalar = cpu::binary_scalar(op, &a, scalar);
+                let tolerance = |expected: &[f32]| {
+                    let expected = expected.to_vec();
+                    move |i: usize| {
+                        if op == BinaryOp::Div {
+                            6.0 * U * f64::from(expected[i]).abs()
+                        } else {
+                            0.0
+                        }
+                    }
+                };
+                assert_close(
+                    &format!("{} len {len} ({limits})", op.name()),
+                    &y.to_vec().unwrap(),
+                    &expected,
+                    tolerance(&expected),
+                );
+                assert_close(
+                    &format!("{}_scalar len {len} ({limits})", op.name()),
+                    &ys.to_vec().unwrap(),
+                    &expected_scalar,
+                    tolerance(&expected_scalar),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn add_bias_broadcasts_over_rows_of_any_length() {
+    for (limits, gpu) in both() {
+        let context = context(gpu);
+        let mut rng = StdRng::seed_from_u64(3);
+        for (rows, cols) in [
+            (1, 1),
+            (3, 17),
+            (17, 3),
+            (5, 129),
+            (3, 257),
+            (129, 4),
+            (2, 8),
+        ] {
+            let x = random(&mut rng, rows * cols, -4.0, 4.0);
+            let bias = random(&mut rng, cols, -4.0, 4.0);
+            let tx = context.tensor(&x, &[rows, cols]).unwrap();
+            let tb = context.tensor(&bias, &[cols]).unwrap();
+            let y = context.add_bias(&tx, &tb).unwrap();
+            assert_eq!(y.shape(), [rows, cols]);
+            assert_close(
+                &format!("add_bias {rows}x{cols} ({limits})"),
+                &y.to_vec().unwrap(),
+                &cpu::add_bias(&x, &bias),
+                exact,
+            );
+        }
+    }
+}
+
+#[test]
+fn element_wise_and_row_kernels_use_a_2d_grid_past_the_x_limit() {
+    // A cap of 2 workgroups along x: 2,049 elements (513 vec4s, 3 workgroups) need a 2×2 grid,
+    // 17 rows a 9×2 one.
+    let context = context_with(
+        gpu(),
+        ContextOptions {
+            max_grid_x: Some(2),
+            ..ContextOptions::default()
+        },
+    );
+    let mut rng = StdRng::seed_from_u64(4);
+    let len = 2049;
+    let a = random(&mut rng, len, -4.0, 4.0);
+    let b = random(&mut rng, len, -4.0, 4.0);
+    let (ta, tb) = (
+        context.tensor(&a, &[len]).unwrap(),
+        context.tensor(&b, &[len]).unwrap(),
+    );
+    assert_close(
+        "add on a 2-D grid",
+        &context.add(&ta, &tb).unwrap().to_vec().unwrap(),
+        &cpu::add(&a, &b),
+        exact,
+    );
+    assert_close(
+        "relu on a 2-D grid",
+        &context.relu(&ta).unwrap().to_vec().unwrap(),
+        &cpu::relu(&a),
+        exact,
+    );
+    let (rows, cols) = (17, 5);
+    let x = random(&mut rng, rows * cols, -4.0, 4.0);
+    let tx = context.tensor(&x, &[rows, cols]).unwrap();
+    let sums = context.sum(&tx).unwrap().to_vec().unwrap();
+    let expected = cpu::sum(&x, cols);
+    assert_close("sum on a 2-D grid", &sums, &expected, |_| 1e-5);
+    let probabilities = context.softmax(&tx).unwrap().to_vec().unwrap();
+    let expected = cpu::softmax(&x, cols);
+    assert_close("softmax on a 2-D grid", &probabilities, &expected, |i| {
+        1e-5 * f64::from(expected[i]) + 1e-7
+    });
+}
+
+#[test]
+fn sum_and_softmax_match_their_cpu_twins() {
+    for (limits, gpu) in both() {
+        let context = context(gpu);
+        let mut rng = StdRng::seed_from_u64(5);
+        for (rows, cols) in [(1, 1), (3, 17), (17, 3), (1, 129), (129, 257), (2, 1000)] {
+            let x = random(&mut rng, rows * cols, -8.0, 8.0);
+            let tx = context.tensor(&x, &[rows, cols]).unwrap();
+            let sums = context.sum(&tx).unwrap();
+            assert_eq!(sums.shape(), [rows]);
+            let magnitudes = cpu::sum(&x.iter().map(|v| v.abs()).collect::<Vec<_>>(), cols);
+            let sum_bound = 2.0 * (cols.div_ceil(256) + 9) as f64 * U;
+            assert_close(
+                &format!("sum {rows}x{cols} ({limits})"),
+                &sums.to_vec().unwrap(),
+                &cpu::sum(&x, cols),
+                |i| sum_bound * f64::from(magnitudes[i]),
+            );
+            let probabilities = context.softmax(&tx).unwrap();
+            assert_eq!(probabilities.shape(), [rows, cols]);
+            let expected = cpu::softmax(&x, cols);
+            assert_close(
+                &format!("softmax {rows}x{cols} ({limits})"),
+                &probabilities.to_vec().unwrap(),
+                &expected,
+                |i| 1e-5 * f64::from(expected[i]) + 1e-7,
+            );
+        }
+        // Large inputs: without subtracting the maximum, exp would overflow.
+        let x = [1000.0, 1001.0, 999.0];
+        let tx = context.tensor(&x, &[1, 3]).unwrap();
+        let expected = cpu::softmax(&x, 3);
+        assert_close(
+            &format!("softmax of large values ({limits})"),
+            &context.softmax(&tx).unwrap().to_vec().unwrap(),
+            &expected,
+            |i| 1e-5 * f64::from(expected[i]) + 1e-7,
+        );
+    }
+}
+
+/// Shapes `(m, k, n)`: the odd ones, non-square ones, exact tiles (no edges), vec4 with edges,
+/// and more than 8 rows of tiles (the kernel visits tiles in groups of 8 rows).
+const MATMUL_SHAPES: [(usize, usize, usize); 11] = [
+    (1100, 4, 70),
+    (1, 1, 1),
+    (3, 3, 3),
+    (17, 17, 17),
+    (1, 257, 129),
+    (129, 17, 1),
+    (257, 511, 129),
+    (128, 64, 128),
+    (64, 128, 256),
+    (20, 44, 36),
+    (33, 20, 65),
+];
+
+/// Multiplies on the GPU and checks against the twin with the tolerance of the module docs.
+fn check_matmul(
+    context: &Context,
+    what: &str,
+    (m, k, n): (usize, usize, usize),
+    bias: bool,
+    activation: Activation,
+    rng: &mut StdRng,
+) {
+    let a = random(rng, m * k, -1.0, 1.0);
+    let b = random(rng, k * n, -1.0, 1.0);
+    let bias_values = random(rng, n, -1.0, 1.0);
+    let ta = context.tensor(&a, &[m, k]).unwrap();
+    let tb = context.tensor(&b, &[k, n]).unwrap();
+    let tbias = context.tensor(&bias_values, &[n]).unwrap();
+    let c = context
+        .matmul_with(
+            &ta,
+            &tb,
+            Epilogue {
+                bias: bias.then_some(&tbias),
+                activation,
+            },
+        )
+        .unwrap();
+    assert_eq!(c.shape(), [m, n]);
+    let gpu_values = c.to_vec().unwrap();
+    let expected = cpu::matmul_with(
+        &a,
+        &b,
+        m,
+        k,
+        n,
+        bias.then_some(&bias_values[..]),
+        activation,
+    );
+    let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
+    let gelu = activation == Activation::Gelu;
+    assert_close(
+        &format!("{what} {m}x{k}·{k}x{n} bias {bias} {activation:?}"),
+        &gpu_values,
+        &expected,
+        |i| {
+            let c = f64::from(expected[i]).abs();
+            let mut bound = 2.0 * k as f64 * U * f64::from(magnitude[i]) + 2.0 * U * c;
+            if gelu {
+                bound += 1e-5 * c + 1e-6;
+            }
+            bound
+        },
+    );
+}
+
+fn matmul_context(gpu: &Gpu, tiles: Option<MatmulTiles>, split_k: Option<u32>) -> Context {
+    context_with(
+        gpu,
+        ContextOptions {
+            matmul: MatmulOptions {
+                tiles,
+                split_k,
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        },
+    )
+}
+
+#[test]
+fn matmul_matches_its_cpu_twin_with_every_tile_on_odd_shapes() {
+    // Every shape for the default tiles; for the others (on the adapter's limits only: every
+    // variant is a compile, the slow part on a software GPU), a scalar variant with edges and a
+    // vec4 one without, each with more than 8 rows of tiles.
+    let defaults = MatmulOptions::default();
+    for (index, (limits, gpu)) in both().into_iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(6);
+        for tiles in MatmulTiles::ALL {
+            let default_tile = tiles == defaults.large_tiles || tiles == defaults.small_tiles;
+            if tiles.check(&gpu.device.limits()).is_err() || (index > 0 && !default_tile) {
+                eprintln!("tile {tiles} ({limits}): skipped");
+                continue;
+            }
+            let context = matmul_context(gpu, Some(tiles), Some(1));
+            let shapes: &[(usize, usize, usize)] = if default_tile {
+                &MATMUL_SHAPES
+            } else {
+                &[(257, 511, 129), (1100, 4, 70), (1152, 64, 128)]
+            };
+            for &shape in shapes {
+                let plan = context.matmul_plan(shape.0, shape.2, shape.1).unwrap();
+                assert_eq!((plan.tiles, plan.splits), (tiles, 1));
+                check_matmul(
+                    &context,
+                    &format!("matmul {tiles} ({limits})"),
+                    shape,
+                    false,
+                    Activation::None,
+                    &mut rng,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_plans_cover_vec4_edges_and_exact_tiles() {
+    let context = matmul_context(gpu(), Some(MatmulTiles::T128X128X8), Some(1));
+    let plan = |m, k, n| context.matmul_plan(m, n, k).unwrap();
+    let exact_tiles = plan(128, 64, 128);
+    assert!(exact_tiles.vec4 && !exact_tiles.edges, "{exact_tiles:?}");
+    let vec4_edges = plan(20, 44, 36);
+    assert!(vec4_edges.vec4 && vec4_edges.edges, "{vec4_edges:?}");
+    let scalar = plan(257, 511, 129);
+    assert!(!scalar.vec4 && scalar.edges, "{scalar:?}");
+    assert_eq!(scalar.workgroups, [2, 3, 1]);
+}
+
+#[test]
+fn split_k_matmul_matches_its_cpu_twin() {
+    for (index, (limits, gpu)) in both().into_iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(7);
+        // Under the default limits, one configuration (compiles are the slow part).
+        let configs: &[(MatmulTiles, u32)] = if index == 0 {
+            &[(MatmulTiles::T64X64X8, 3), (MatmulTiles::T128X128X8, 5)]
+        } else {
+            &[(MatmulTiles::T64X64X8, 3)]
+        };
+        for &(tiles, splits) in configs {
+            let context = matmul_context(gpu, Some(tiles), Some(splits));
+            for shape in [(257, 511, 129), (20, 44, 36), (3, 17, 1), (64, 256, 64)] {
+                let plan = context.matmul_plan(shape.0, shape.2, shape.1).unwrap();
+                assert!(plan.splits > 1 || shape.1 <= tiles.bk as usize, "{plan:?}");
+                check_matmul(
+                    &context,
+                    &format!("split-K {splits} {tiles} ({limits})"),
+                    shape,
+                    true,
+                    Activation::Gelu,
+                    &mut rng,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_epilogues_match_their_cpu_twin() {
+    for (index, (limits, gpu)) in both().into_iter().enumerate() {
+        let context = matmul_context(gpu, None, Some(1));
+        let mut rng = StdRng::seed_from_u64(8);
+        let epilogues: &[(bool, Activation)] = if index == 0 {
+            &[
+                (true, Activation::None),
+                (true, Activation::Relu),
+                (true, Activation::Gelu),
+                (false, Activation::Gelu),
+            ]
+        } else {
+            // Under the default limits, one (compiles are the slow part).
+            &[(true, Activation::Gelu)]
+        };
+        for shape in [(257, 511, 129), (20, 44, 36), (17, 3, 1)] {
+            for &(bias, activation) in epilogues {
+                check_matmul(
+                    &context,
+                    &format!("epilogue ({limits})"),
+                    shape,
+                    bias,
+                    activation,
+                    &mut rng,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_the_gpu() {
+    let context = context(gpu());
+    let limits = context.limits().clone();
+    let options = MatmulOptions::default();
+    if options.large_tiles.check(&limits).is_err() {
+        eprintln!("the large tile does not fit this device: nothing to check");
+        return;
+    }
+    // 4096² outputs: 1,024 large tiles, no split.
+    let large = context.matmul_plan(4096, 4096, 4096).unwrap();
+    assert_eq!((large.tiles, large.splits), (options.large_tiles, 1));
+    // 64 × 4096 outputs: 64 small tiles; K = 4096 is split ⌈264 / 64⌉ = 5 ways.
+    let skinny = context.matmul_plan(64, 4096, 4096).unwrap();
+    assert_eq!(skinny.tiles, options.small_tiles);
+    assert_eq!(skinny.splits, 5);
+    assert_eq!(skinny.k_chunk % skinny.tiles.bk, 0);
+    // Shallow K is never split below min_split_depth.
+    let shallow = context.matmul_plan(64, 64, 300).unwrap();
+    assert_eq!(shallow.splits, 1);
+    // The automatic choice computes the right thing on a shape that splits.
+    let mut rng = StdRng::seed_from_u64(9);
+    let plan = context.matmul_plan(17, 33, 1031).unwrap();
+    assert!(plan.splits > 1, "{plan:?}");
+    check_matmul(
+        &context,
+        "automatic",
+        (17, 1031, 33),
+        true,
+        Activation::Relu,
+        &mut rng,
+    );
+}
+
+#[test]
+fn unchecked_kernels_compute_what_checked_ones_do() {
+    let mut rng = StdRng::seed_from_u64(10);
+    let checked = context(gpu());
+    let unchecked = context_with(gpu(), ContextOptions::unchecked());
+    let (m, k, n) = (257, 511, 129);
+    let a = random(&mut rng, m * k, -1.0, 1.0);
+    let b = random(&mut rng, k * n, -1.0, 1.0);
+    let x = random(&mut rng, 257, -4.0, 4.0);
+    let run = |context: &Context| {
+        let ta = context.tensor(&a, &[m, k]).unwrap();
+        let tb = context.tensor(&b, &[k, n]).unwrap();
+        let tx = context.tensor(&x, &[1, 257]).unwrap();
+        let c = context.matmul(&ta, &tb).unwrap().to_vec().unwrap();
+        let g = context.gelu(&tx).unwrap().to_vec().unwrap();
+        let s = context.softmax(&tx).unwrap().to_vec().unwrap();
+        (c, g, s)
+    };
+    let (c1, g1, s1) = run(&checked);
+    let (c2, g2, s2) = run(&unchecked);
+    assert_eq!(c1, c2, "matmul");
+    assert_eq!(g1, g2, "gelu");
+    assert_eq!(s1, s2, "softmax");
+    let expected = cpu::matmul(&a, &b, m, k, n);
+    let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
+    assert_close("unchecked matmul", &c2, &expected, |i| {
+        2.0 * k as f64 * U * f64::from(magnitude[i]) + 2.0 * U * f64::from(expected[i]).abs()
+    });
+}
+
+#[test]
+fn shape_mismatches_and_out_of_limit_sizes_are_typed_errors_that_record_nothing() {
+    let context = context(gpu());
+    let other = context_with(gpu(), ContextOptions::default());
+    let a = context.tensor(&[1.0; 6], &[2, 3]).unwrap();
+    let b = context.tensor(&[1.0; 6], &[3, 2]).unwrap();
+    let v = context.tensor(&[1.0; 3], &[3]).unwrap();
+    let foreign = other.tensor(&[1.0; 6], &[2, 3]).unwrap();
+    context.flush().unwrap();
+    let before = context.pending_dispatches();
+
+    let mismatch = |result: Result<Tensor, ComputeError>| {
+        assert!(
+            matches!(result, Err(ComputeError::ShapeMismatch { .. })),
+            "{result:?}"
+        )
+    };
+    mismatch(context.add(&a, &b));
+    mismatch(context.matmul(&a, &a));
+    mismatch(context.matmul(&a, &v));
+    mismatch(context.add_bias(&a, &a));
+    mismatch(context.matmul_with(
+        &a,
+        &b,
+        Epilogue {
+            bias: Some(&v),
+            activation: Activation::None,
+        },
+    ));
+    assert!(matches!(
+        context.add(&a, &foreign),
+        Err(ComputeError::ForeignTensor { .. })
+    ));
+    assert!(matches!(
+        context.read(&foreign),
+        Err(ComputeError::ForeignTensor { .. })
+    ));
+    assert!(matches!(
+        context.tensor(&[1.0; 5], &[2, 3]),
+        Err(ComputeError::DataLength {
+            data_len: 5,
+            expected_len: 6,
+            ..
+        })
+    ));
+    assert!(matches!(
+        context.tensor(&[], &[0, 3]),
+        Err(ComputeError::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        context.tensor(&[], &[]),
+        Err(ComputeError::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        context.tensor(&[], &[usize::MAX, 2]),
+        Err(ComputeError::InvalidShape { .. })
+    ));
+    let reshaped = context.tensor(&[1.0; 6], &[6]).unwrap().reshape(&[4, 2]);
+    assert!(matches!(reshaped, Err(ComputeError::ShapeMismatch { .. })));
+
+    // An output larger than one binding: refused by the pool, before anything is recorded.
+    let limits = context.limits().clone();
+    let side = ((limits.max_storage_buffer_binding_size / 4) as f64).sqrt() as usize + 2;
+    let column = context.tensor(&vec![1.0; side], &[side, 1]).unwrap();
+    let row = context.tensor(&vec![1.0; side], &[1, side]).unwrap();
+    context.flush().unwrap();
+    let result = context.matmul(&column, &row);
+    assert!(
+        matches!(
+            result,
+            Err(ComputeError::Pool(PoolError::ExceedsBindingLimit { .. }))
+        ),
+        "{result:?}"
+    );
+
+    // More workgroups along N than a dimension allows (64-wide tiles).
+    let narrow = matmul_context(gpu(), Some(MatmulTiles::T64X64X8), Some(1));
+    let n = limits.max_compute_workgroups_per_dimension as usize * 64 + 1;
+    let too_wide = narrow.matmul_plan(1, n, 1);
+    assert!(
+        matches!(
+            too_wide,
+            Err(ComputeError::ExceedsLimit {
+                limit_name: "max_compute_workgroups_per_dimension",
+                ..
+            })
+        ),
+        "{too_wide:?}"
+    );
+    assert_eq!(
+        context.pending_dispatches(),
+        before,
+        "failed ops record nothing"
+    );
+
+    // Options the device cannot run are refused when the context is made.
+    let huge_tile = ContextOptions {
+        matmul: MatmulOptions {
+            tiles: Some(MatmulTiles::new(256, 256, 32)),
+            ..MatmulOptions::default()
+        },
+        ..ContextOptions::default()
+    };
+    assert!(matches!(
+        Context::new(context.pool(), huge_tile),
+        Err(ComputeError::Config(_))
+    ));
+}
+
+#[test]
+fn ops_are_recorded_into_one_pass_and_pipelines_and_bind_groups_are_cached() {
+    let context = context(gpu());
+    let a = context.tensor(&[1.0; 17], &[17]).unwrap();
+    let b = context.tensor(&[2.0; 17], &[17]).unwrap();
+    let run = || {
+        let mut sum = context.add(&a, &b).unwrap();
+        for _ in 0..9 {
+            sum = context.add(&sum, &b).unwrap();
+        }
+        sum.to_vec().unwrap()
+    };
+    let before = context.stats();
+    assert_eq!(run(), vec![21.0; 17]);
+    let first = context.stats();
+    assert_eq!(first.dispatches - before.dispatches, 10);
+    assert_eq!(first.passes - before.passes, 1, "one pass for the batch");
+    assert_eq!(
+        first.submissions - before.submissions,
+        1,
+        "one submission, by the read"
+    );
+    assert_eq!(first.pipelines_created, 1);
+    // The same work again: the ranges freed by the first round are reused in the same order, so
+    // the bind groups come from the cache.
+    assert_eq!(run(), vec![21.0; 17]);
+    let second = context.stats();
+    assert_eq!(second.pipelines_created, 1);
+    assert!(
+        second.bind_group_cache_hits - first.bind_group_cache_hits >= 5,
+        "{first:?} → {second:?}"
+    );
+    // Identical parameters share a slot of the ring: one slot per batch here.
+    assert_eq!(
+        second.params_bytes_written - first.params_bytes_written,
+        first.params_bytes_written - before.params_bytes_written
+    );
+}
+
+#[test]
+fn a_batch_is_submitted_when_it_reaches_its_op_limit() {
+    let context = context_with(
+        gpu(),
+        ContextOptions {
+            max_ops_per_batch: 4,
+            ..ContextOptions::default()
+        },
+    );
+    let x = context.tensor(&[1.0, -2.0, 3.0], &[3]).unwrap();
+    let before = context.stats().submissions;
+    let mut y = context.neg(&x).unwrap();
+    for _ in 0..9 {
+        y = context.neg(&y).unwrap();
+    }
+    // 10 dispatches, 4 per batch: two full batches submitted before the last one's read.
+    assert_eq!(context.stats().submissions - before, 2);
+    assert_eq!(context.pending_dispatches(), 2);
+    assert_eq!(y.to_vec().unwrap(), vec![1.0, -2.0, 3.0]);
+}
+
+#[test]
+fn an_overwrite_does_not_reach_ops_recorded_before_it() {
+    let context = context(gpu());
+    let x = context.tensor(&[1.0, -1.0, 2.0], &[3]).unwrap();
+    let y = context.relu(&x).unwrap();
+    context.write(&x, &[-5.0, 5.0, -5.0]).unwrap();
+    let z = context.relu(&x).unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![1.0, 0.0, 2.0]);
+    assert_eq!(z.to_vec().unwrap(), vec![0.0, 5.0, 0.0]);
+    assert_eq!(x.to_vec().unwrap(), vec![-5.0, 5.0, -5.0]);
+}
+
+#[test]
+fn profiling_times_every_kernel_with_gpu_timestamps() {
+    let context = context_with(
+        gpu(),
+        ContextOptions {
+            profile: true,
+            ..ContextOptions::default()
+        },
+    );
+    let support = context.timestamp_support();
+    eprintln!("timestamps: {support:?}");
+    let a = context.tensor(&[1.0; 1000], &[10, 100]).unwrap();
+    let b = context.tensor(&[1.0; 1000], &[100, 10]).unwrap();
+    let c = context.matmul(&a, &b).unwrap();
+    let d = context.softmax(&c).unwrap();
+    let e = context.add(&d, &d).unwrap();
+    assert_close(
+        "profiled softmax",
+        &e.to_vec().unwrap(),
+        &[0.2; 100],
+        |_| 1e-6,
+    );
+    let timings = context.take_kernel_timings();
+    if support == TimestampSupport::None {
+        assert!(timings.is_empty());
+        return;
+    }
+    let names: Vec<&str> = timings
+        .iter()
+        .map(|t| t.kernel.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(names, ["matmul", "softmax", "add"], "{timings:?}");
+    assert!(timings
+        .iter()
+        .all(|t| t.gpu_ns.is_finite() && t.gpu_ns >= 0.0));
+    assert!(context.take_kernel_timings().is_empty(), "taken");
+}
+
+/// A 3-layer perceptron: weights and biases live as long as the test; every forward allocates its
+/// intermediates from the pool.
+struct Mlp {
+    dims: [usize; 4],
+    weights: Vec<(Vec<f32>, Vec<f32>)>,
+    tensors: Vec<(Tensor, Tensor)>,
+}
+
+impl Mlp {
+    fn new(context: &Context, dims: [usize; 4], rng: &mut StdRng) -> Self {
+        let mut weights = Vec::new();
+        let mut tensors = Vec::new();
+        for layer in 0..3 {
+            let (inputs, outputs) = (dims[layer], dims[layer + 1]);
+            let scale = 1.0 / (inputs as f32).sqrt();
+            let w = random(rng, inputs * outputs, -scale, scale);
+            let b = random(rng, outputs, -0.1, 0.1);
+            tensors.push((
+                context.tensor(&w, &[inputs, outputs]).unwrap(),
+                context.tensor(&b, &[outputs]).unwrap(),
+            ));
+            weights.push((w, b));
+        }
+        Self {
+            dims,
+            weights,
+            tensors,
+        }
+    }
+
+    /// The requested bytes of the weights.
+    fn bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|(w, b)| w.allocation().size() + b.allocation().size())
+            .sum()
+    }
+
+    /// The forward pass on the GPU, dropping every intermediate as soon as it is consumed.
+    /// `fused`: matmul with a bias + GELU epilogue; else matmul, add_bias, gelu.
+    fn forward(&self, context: &Context, x: &[f32], batch: usize, fused: bool) -> Vec<f32> {
+        let mut h = context.tensor(x, &[batch, self.dims[0]]).unwrap();
+        for (layer, (w, b)) in self.tensors.iter().enumerate() {
+            let activation = if layer < 2 {
+                Activation::Gelu
+            } else {
+                Activation::None
+            };
+            h = if fused {
+                context
+                    .matmul_with(
+                        &h,
+                        w,
+                        Epilogue {
+                            bias: Some(b),
+                            activation,
+                        },
+                    )
+                    .unwrap()
+            } else {
+                let product = context.matmul(&h, w).unwrap();
+                let biased = context.add_bias(&product, b).unwrap();
+                drop(product);
+                if activation == Activation::Gelu {
+                    context.gelu(&biased).unwrap()
+                } else {
+                    biased
+                }
+            };
+        }
+        let probabilities = context.softmax(&h).unwrap();
+        drop(h);
+        probabilities.to_vec().unwrap()
+    }
+
+    fn forward_cpu(&self, x: &[f32], batch: usize) -> Vec<f32> {
+        let mut h = x.to_vec();
+        for (layer, (w, b)) in self.weights.iter().enumerate() {
+            let activation = if layer < 2 {
+                Activation::Gelu
+            } else {
+                Activation::None
+            };
+            h = cpu::matmul_with(
+                &h,
+                w,
+                batch,
+                self.dims[layer],
+                self.dims[layer + 1],
+                Some(b),
+                activation,
+            );
+        }
+        cpu::softmax(&h, self.dims[3])
+    }
+}
+
+/// Requested bytes of a tensor of `len` elements (rounded up to 16 bytes).
+fn tensor_bytes(len: usize) -> u64 {
+    (len as u64 * 4).div_ceil(16) * 16
+}
+
+#[test]
+fn an_mlp_forward_returns_the_pool_to_the_weights_after_every_batch() {
+    let dims = [37, 129, 64, 10];
+    // (fused epilogue, submit as soon as anything was dropped)
+    for (fused, eager) in [(true, false), (false, false), (true, true)] {
+        let options = ContextOptions {
+            flush_when_freed_bytes_exceed: eager.then_some(0),
+            matmul: MatmulOptions {
+                split_k: Some(1),
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        };
+        let context = context_with(gpu(), options);
+        let pool = context.pool().clone();
+        let mut rng = StdRng::seed_from_u64(11);
+        let mlp = Mlp::new(&context, dims, &mut rng);
+        context.flush().unwrap();
+        let weights = pool.stats();
+        assert_eq!(weights.requested_bytes.current, mlp.bytes());
+        for batch in [1, 3, 17, 64, 5] {
+            pool.reset_peaks();
+            let x = random(&mut rng, batch * dims[0], -1.0, 1.0);
+            let probabilities = mlp.forward(&context, &x, batch, fused);
+            let expected = mlp.forward_cpu(&x, batch);
+            let what = format!("MLP batch {batch} fused {fused} eager {eager}");
+            assert_close(&what, &probabilities, &expected, |i| {
+                1e-4 * f64::from(expected[i]) + 1e-6
+            });
+            for row in probabilities.chunks(dims[3]) {
+                let total: f32 = row.iter().sum();
+                assert!((total - 1.0).abs() < 1e-5, "{what}: a row sums to {total}");
+            }
+
+            // Everything the batch allocated is given back once its last use is submitted.
+            context.flush().unwrap();
+            let after = pool.stats();
+            assert_eq!(
+                after.requested_bytes.current, weights.requested_bytes.current,
+                "{what}: requested bytes back to the weights"
+            );
+            assert_eq!(
+                after.allocated_bytes.current, weights.allocated_bytes.current,
+                "{what}: allocated bytes back to the weights"
+            );
+            assert_eq!(
+                after.allocations.current, 6,
+                "{what}: only the weights live"
+            );
+
+            // The peak: every tensor of the forward, in order.
+            let sizes: Vec<u64> = if fused {
+                // input, three layer outputs, probabilities
+                [dims[0], dims[1], dims[2], dims[3], dims[3]]
+                    .iter()
+                    .map(|d| tensor_bytes(batch * d))
+                    .collect()
+            } else {
+                // input, then per layer: product, biased (and gelu for the first two); probabilities
+                let mut sizes = vec![tensor_bytes(batch * dims[0])];
+                for (layer, d) in dims[1..].iter().enumerate() {
+                    let copies = if layer < 2 { 3 } else { 2 };
+                    sizes.extend(std::iter::repeat_n(tensor_bytes(batch * d), copies));
+                }
+                sizes.push(tensor_bytes(batch * dims[3]));
+                sizes
+            };
+            let expected_peak = if eager {
+                // Each op submits what came before it: only an op's input and output are live.
+                sizes.windows(2).map(|w| w[0] + w[1]).max().unwrap()
+            } else {
+                // Nothing dropped during the batch is reusable before its submission.
+                sizes.iter().sum()
+            };
+            assert_eq!(
+                after.requested_bytes.peak - weights.requested_bytes.current,
+                expected_peak,
+                "{what}: peak of the intermediates"
+            );
+        }
+    }
+}
+
+#[test]
+fn contexts_and_tensors_can_be_shared_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Context>();
+    assert_send_sync::<Tensor>();
+    let context = context(gpu());
+    let x = context.tensor(&[1.0, 2.0, 3.0, 4.0, 5.0], &[5]).unwrap();
+    let results: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let (context, x) = (&context, &x);
+                scope.spawn(move || {
+                    let y = context.binary_scalar(BinaryOp::Mul, x, i as f32).unwrap();
+                    context.read(&y).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, values) in results.iter().enumerate() {
+        let expected: Vec<f32> = [1.0, 2.0, 3.0, 4.0, 5.0]
+            .iter()
+            .map(|v| v * i as f32)
+            .collect();
+        assert_eq!(values, &expected);
+    }
+}
+
+#[test]
+fn ops_run_on_the_naive_baseline_and_give_its_buffers_back() {
+    let pool = Pool::naive(gpu(), PoolOptions::default());
+    let context = Context::new(&pool, ContextOptions::default()).unwrap();
+    let mut rng = StdRng::seed_from_u64(12);
+    let (m, k, n) = (17, 33, 9);
+    let a = random(&mut rng, m * k, -1.0, 1.0);
+    let b = random(&mut rng, k * n, -1.0, 1.0);
+    let ta = context.tensor(&a, &[m, k]).unwrap();
+    let tb = context.tensor(&b, &[k, n]).unwrap();
+    let c = context.matmul(&ta, &tb).unwrap();
+    let probabilities = context.softmax(&c).unwrap();
+    drop(c);
+    let expected = cpu::softmax(&cpu::matmul(&a, &b, m, k, n), n);
+    assert_close(
+        "naive softmax(matmul)",
+        &probabilities.to_vec().unwrap(),
+        &expected,
+        |i| 1e-5 * f64::from(expected[i]) + 1e-6,
+    );
+    drop(probabilities);
+    context.flush().unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.allocations.current, 2, "only the inputs live");
+    assert_eq!(stats.segments.current, 2, "one buffer per live tensor");
+}
