@@ -263,6 +263,19 @@ pub struct PoolStats {
 }
 
 impl PoolStats {
+    /// Starts new peaks from the current values of every counter.
+    pub fn reset_peaks(&mut self) {
+        for counter in [
+            &mut self.reserved_bytes,
+            &mut self.allocated_bytes,
+            &mut self.requested_bytes,
+            &mut self.allocations,
+            &mut self.segments,
+        ] {
+            counter.reset_peak();
+        }
+    }
+
     /// `1 - requested / allocated` over live allocations (0 when none).
     pub fn internal_fragmentation(&self) -> f64 {
         ratio_complement(self.requested_bytes.current, self.allocated_bytes.current)
@@ -491,16 +504,7 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     /// Starts new peaks from the current values.
     pub fn reset_peaks(&mut self) {
-        let s = &mut self.stats;
-        for counter in [
-            &mut s.reserved_bytes,
-            &mut s.allocated_bytes,
-            &mut s.requested_bytes,
-            &mut s.allocations,
-            &mut s.segments,
-        ] {
-            counter.reset_peak();
-        }
+        self.stats.reset_peaks();
     }
 
     /// The bytes a request of `size_bytes` would hold once placed in a segment.

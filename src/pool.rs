@@ -793,18 +793,7 @@ impl Pool {
     pub fn reset_peaks(&self) {
         match &mut self.shared.lock().backing {
             Backing::Pooled(core) => core.reset_peaks(),
-            Backing::Naive(naive) => {
-                let s = &mut naive.stats;
-                for counter in [
-                    &mut s.reserved_bytes,
-                    &mut s.allocated_bytes,
-                    &mut s.requested_bytes,
-                    &mut s.allocations,
-                    &mut s.segments,
-                ] {
-                    counter.reset_peak();
-                }
-            }
+            Backing::Naive(naive) => naive.stats.reset_peaks(),
         }
     }
 

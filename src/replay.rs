@@ -204,6 +204,22 @@ pub struct StrategyOutcome {
     pub reserved_timeline: Vec<(usize, u64)>,
 }
 
+impl StrategyOutcome {
+    fn empty(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            peak_reserved_bytes: 0,
+            internal_fragmentation: 0.0,
+            external_fragmentation: 0.0,
+            segments_created: 0,
+            oom_at_event: None,
+            oom_reason: None,
+            failed_allocations: 0,
+            reserved_timeline: Vec::new(),
+        }
+    }
+}
+
 /// Points of a timeline: `(event index, bytes)`.
 pub type TimelinePoints = Vec<(usize, u64)>;
 
@@ -389,17 +405,7 @@ fn replay_pool(
     capacity_bytes: Option<u64>,
     progress: &mut dyn FnMut(usize),
 ) -> StrategyOutcome {
-    let mut outcome = StrategyOutcome {
-        name: name.to_string(),
-        peak_reserved_bytes: 0,
-        internal_fragmentation: 0.0,
-        external_fragmentation: 0.0,
-        segments_created: 0,
-        oom_at_event: None,
-        oom_reason: None,
-        failed_allocations: 0,
-        reserved_timeline: Vec::new(),
-    };
+    let mut outcome = StrategyOutcome::empty(name);
     let mut timeline = Timeline::new(events.len());
     let mut pool = match PoolCore::new(config, SimulatedStorage::new(capacity_bytes)) {
         Ok(pool) => pool,
@@ -459,17 +465,7 @@ fn replay_naive(
     capacity_bytes: Option<u64>,
     progress: &mut dyn FnMut(usize),
 ) -> StrategyOutcome {
-    let mut outcome = StrategyOutcome {
-        name: "naive".into(),
-        peak_reserved_bytes: 0,
-        internal_fragmentation: 0.0,
-        external_fragmentation: 0.0,
-        segments_created: 0,
-        oom_at_event: None,
-        oom_reason: None,
-        failed_allocations: 0,
-        reserved_timeline: Vec::new(),
-    };
+    let mut outcome = StrategyOutcome::empty("naive");
     let mut timeline = Timeline::new(events.len());
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
     let (mut reserved, mut requested) = (0u64, 0u64);
