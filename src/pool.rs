@@ -1001,6 +1001,28 @@ impl Pool {
     /// Reads the whole allocation back (its size rounded up to 4 bytes): submits a copy into a
     /// staging buffer and waits for it. Work recorded but not submitted is not included.
     pub fn read(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
+        self.read_via(allocation, None)
+    }
+
+    /// Submits `command_buffers` as [`Pool::submit`] does (ranges dropped before this call become
+    /// reusable after it), with a copy of `allocation` behind them in the same submission; then
+    /// waits for it and returns the allocation's bytes (its size rounded up to 4). The work and its
+    /// read-back cost one submission instead of two.
+    pub fn submit_and_read<I: IntoIterator<Item = wgpu::CommandBuffer>>(
+        &self,
+        command_buffers: I,
+        allocation: &Allocation,
+    ) -> Result<Vec<u8>, PoolError> {
+        self.read_via(allocation, Some(command_buffers.into_iter().collect()))
+    }
+
+    /// Copies `allocation` into the staging buffer — alone, or behind `work` through
+    /// [`Pool::submit`] — waits, and returns its bytes.
+    fn read_via(
+        &self,
+        allocation: &Allocation,
+        work: Option<Vec<wgpu::CommandBuffer>>,
+    ) -> Result<Vec<u8>, PoolError> {
         let size = allocation.binding_size();
         // One staging buffer, reused by every read (reads wait for each other here).
         let mut staging_slot = self
@@ -1025,7 +1047,7 @@ impl Pool {
             );
         }
         let staging = staging_slot.as_ref().expect("just ensured");
-        let result = self.read_through(staging, allocation, size);
+        let result = self.read_through(staging, allocation, size, work);
         if result.is_err() {
             // A failed read may leave the staging buffer mapped: start afresh next time.
             *staging_slot = None;
@@ -1038,6 +1060,7 @@ impl Pool {
         staging: &wgpu::Buffer,
         allocation: &Allocation,
         size: u64,
+        work: Option<Vec<wgpu::CommandBuffer>>,
     ) -> Result<Vec<u8>, PoolError> {
         let mut encoder =
             self.shared
@@ -1053,7 +1076,16 @@ impl Pool {
             0,
             size,
         );
-        self.shared.gpu.queue.submit([encoder.finish()]);
+        match work {
+            // The pool's own submission: ranges waiting for one stay pending.
+            None => {
+                self.shared.gpu.queue.submit([encoder.finish()]);
+            }
+            Some(mut buffers) => {
+                buffers.push(encoder.finish());
+                self.submit(buffers);
+            }
+        }
         let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
         staging.map_async(wgpu::MapMode::Read, 0..size, move |result| {
             sender.send(result).ok();

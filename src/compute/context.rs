@@ -396,9 +396,15 @@ impl Context {
     /// Reads `tensor` back: submits the open batch (which computes it) and waits for it.
     pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
         self.check_owner("read", tensor)?;
-        self.flush()?;
-        let bytes = self.shared.pool.read(tensor.allocation())?;
-        Ok(bytes
+        // The open batch and the read-back go in one submission.
+        let mut state = self.shared.lock();
+        let (buffers, timed) = self.finish_batch_locked(&mut state);
+        let bytes = self
+            .shared
+            .pool
+            .submit_and_read(buffers, tensor.allocation());
+        self.after_submit_locked(&mut state, timed)?;
+        Ok(bytes?
             .chunks_exact(4)
             .take(tensor.len())
             .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
@@ -662,6 +668,16 @@ impl Context {
     }
 
     fn flush_locked(&self, state: &mut State) -> Result<(), ComputeError> {
+        let (buffers, timed) = self.finish_batch_locked(state);
+        // Through the pool: ranges of tensors dropped so far become reusable after this.
+        self.shared.pool.submit(buffers);
+        self.after_submit_locked(state, timed)
+    }
+
+    /// Ends the open pass and batch: its command buffer (if any), with the op parameters written
+    /// so that they land at the start of the submission that carries it. Returns whether the
+    /// batch resolves timestamps.
+    fn finish_batch_locked(&self, state: &mut State) -> (Vec<wgpu::CommandBuffer>, bool) {
         // Ends the pass (dropping it records its end into the encoder).
         state.batch.pass = None;
         state.batch.pipeline = None;
@@ -675,7 +691,7 @@ impl Context {
         }
         let used = state.ring.used_bytes();
         if used > 0 {
-            // Lands at the start of the submission below, before the batch's dispatches.
+            // Lands at the start of the next submission, before the batch's dispatches.
             self.shared
                 .gpu
                 .queue
@@ -685,8 +701,12 @@ impl Context {
         state.ring.reset();
         state.batch.dispatches = 0;
         self.shared.freed_bytes.store(0, Ordering::Relaxed);
-        // Through the pool: ranges of tensors dropped so far become reusable after this.
-        self.shared.pool.submit(buffers);
+        (buffers, timed)
+    }
+
+    /// Bookkeeping after a batch was submitted: timings, and the bind groups of segments the pool
+    /// gave back.
+    fn after_submit_locked(&self, state: &mut State, timed: bool) -> Result<(), ComputeError> {
         state.stats.submissions += 1;
         if timed {
             if let Some(timer) = &mut state.timer {

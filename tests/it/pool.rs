@@ -738,3 +738,27 @@ fn a_custom_policy_must_fit_the_device() {
         Err(PoolError::Config(_))
     ));
 }
+
+#[test]
+fn work_and_its_read_back_go_in_one_submission() {
+    let gpu = gpu();
+    let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+    let kernels = Kernels::new(gpu);
+    let dropped = pool.allocate(4096).unwrap();
+    let target = pool.allocate(4096).unwrap();
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    kernels.record_fill(gpu, &mut encoder, &target, 21);
+    drop(dropped);
+    assert_eq!(pool.pending_frees().0, 1);
+    let bytes = pool.submit_and_read([encoder.finish()], &target).unwrap();
+    assert_eq!(
+        bytemuck::cast_slice::<u8, u32>(&bytes),
+        expected(21, 1024).as_slice()
+    );
+    // Like `submit`, it released the range dropped before it; a plain `read` would not have.
+    assert_eq!(pool.pending_frees(), (0, 0));
+    let again = pool.allocate(4096).unwrap();
+    drop(again);
+    pool.read(&target).unwrap();
+    assert_eq!(pool.pending_frees().0, 1);
+}
