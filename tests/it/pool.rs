@@ -139,29 +139,40 @@ impl Kernels {
         source: &Allocation,
         len: u32,
     ) {
-        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("test kernel"),
-            layout: &self.layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: target.as_binding_resource(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: params.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: source.as_binding_resource(),
-                },
-            ],
-        });
+        let bind_group = bind_group(gpu, &self.layout, target, params, source);
         let mut pass = encoder.begin_compute_pass(&Default::default());
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(len.div_ceil(64), 1, 1);
     }
+}
+
+/// `data` (binding 0) is `target`, `params` (1) the uniform, `source` (2) the second range.
+fn bind_group(
+    gpu: &Gpu,
+    layout: &wgpu::BindGroupLayout,
+    target: &Allocation,
+    params: &wgpu::Buffer,
+    source: &Allocation,
+) -> wgpu::BindGroup {
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("test kernel"),
+        layout,
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: target.as_binding_resource(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: params.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: source.as_binding_resource(),
+            },
+        ],
+    })
 }
 
 fn storage_entry(binding: u32) -> wgpu::BindGroupLayoutEntry {
@@ -408,24 +419,13 @@ fn read_write_bindings_of_one_segment_work_and_read_only_ones_conflict() {
             });
         let params = Kernels::params(gpu, 0, 1024);
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("read-only copy"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: target.as_binding_resource(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: params.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: source.as_binding_resource(),
-                },
-            ],
-        });
+        let bind_group = bind_group(
+            gpu,
+            &pipeline.get_bind_group_layout(0),
+            &target,
+            &params,
+            &source,
+        );
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());

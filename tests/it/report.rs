@@ -492,36 +492,6 @@ fn exports_are_written_and_read_back() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The history and the exporters that work on plain data know nothing of wgpu (only
-/// `report/device.rs` and `report/mod.rs`, which read a live device or pool, may).
-#[test]
-fn history_and_the_pure_exporters_know_nothing_of_wgpu() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let pure = [
-        "src/history.rs",
-        "src/report/state.rs",
-        "src/report/summary.rs",
-        "src/report/chrome.rs",
-        "src/report/svg.rs",
-        "src/report/snapshot_export.rs",
-    ];
-    for file in pure {
-        let text =
-            std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        for (number, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            assert!(
-                !code.contains("wgpu::")
-                    && !code.contains("use wgpu")
-                    && !code.contains("crate::device")
-                    && !code.contains("crate::pool"),
-                "{file}:{}: must not use wgpu or the GPU layers: {line}",
-                number + 1
-            );
-        }
-    }
-}
-
 #[test]
 fn the_replay_reads_the_pools_own_recorded_history() {
     use wgpu_pool::replay::{replay, LimitsProfile, ReplayEvent, Strategy};
