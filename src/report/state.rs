@@ -85,6 +85,15 @@ pub struct SegmentState {
 }
 
 impl SegmentState {
+    /// `"dedicated"` for a segment made for one large request, else `"pooled"`.
+    pub fn kind(&self) -> &'static str {
+        if self.dedicated {
+            "dedicated"
+        } else {
+            "pooled"
+        }
+    }
+
     fn sum(&self, kind: SpanKind, requested: bool) -> u64 {
         self.spans
             .iter()

@@ -333,11 +333,7 @@ pub fn segment_line(segment: &SegmentState, width: usize) -> String {
         "seg {:>4} {:>10} {:<9} {}",
         segment.id.0,
         format_bytes(segment.size_bytes),
-        if segment.dedicated {
-            "dedicated"
-        } else {
-            "pooled"
-        },
+        segment.kind(),
         segment_bar(segment, width.max(8))
     )
 }

@@ -202,11 +202,7 @@ pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
                     "seg {} {} {}",
                     segment.id.0,
                     format_bytes(segment.size_bytes),
-                    if segment.dedicated {
-                        "dedicated"
-                    } else {
-                        "pooled"
-                    }
+                    segment.kind()
                 ),
                 (10, y0 + 3),
                 ("sans-serif", 13).into_font(),
