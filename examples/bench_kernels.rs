@@ -23,14 +23,18 @@
 //! - Op overhead: the CPU time to record one small `add` into an open pass (allocating its
 //!   output from the pool, finding its bind group, writing its parameters, dispatching), averaged
 //!   over 10,000, with warm caches; also with its share of ending the pass and submitting.
+//! - Round trip: the wall time of one tiny `add` recorded, submitted and read back, and what each
+//!   further dependent `add` in the same batch adds to it (the floor of a small request).
 //! - `--only` runs one section; `--matmul MxNxK` (repeatable) measures these shapes instead of
 //!   the default list (with `--large`, also with every tile that fits); `--group-rows N` sets
 //!   `MatmulOptions::group_rows`.
 //!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "matmul": [{"m",
-//! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles"}],
+//! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
+//! "forced_narrow_lanes"}],
 //! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us"}], "op_overhead_us",
-//! "op_overhead_with_submit_us"}`. A section not run has an empty list or `null`.
+//! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us"}`. A section not run has an
+//! empty list or `null`.
 //!
 //! On the GPU machine (see `../shared/gpu/README.md`): `../shared/gpu/prepare --example
 //! bench_kernels`, then `sh .gpu/run bench_kernels --large --json $OUT/kernels.json`.
@@ -118,11 +122,14 @@ fn parse_args() -> anyhow::Result<Args> {
 }
 
 /// One matmul shape to measure, optionally with a forced tile.
+#[derive(Clone, Copy)]
 struct MatmulCase {
     m: usize,
     n: usize,
     k: usize,
     tiles: Option<MatmulTiles>,
+    /// The narrow kernel's lanes, forced.
+    narrow_lanes: Option<u32>,
 }
 
 fn matmul_cases(large: bool, limits: &wgpu::Limits) -> Vec<MatmulCase> {
@@ -131,6 +138,7 @@ fn matmul_cases(large: bool, limits: &wgpu::Limits) -> Vec<MatmulCase> {
         n,
         k,
         tiles: None,
+        narrow_lanes: None,
     };
     let mut cases = Vec::new();
     let squares: &[usize] = if large {
@@ -139,16 +147,25 @@ fn matmul_cases(large: bool, limits: &wgpu::Limits) -> Vec<MatmulCase> {
         &[128, 256, 512, 1024]
     };
     cases.extend(squares.iter().map(|&s| case(s, s, s)));
-    // Skinny: few rows (a small batch), shallow K, and deep K on a small output (split-K).
+    // Skinny: few rows (a small batch: the narrow kernel up to 8), shallow K, and deep K on a
+    // small output (split-K).
     let skinny: &[(usize, usize, usize)] = if large {
         &[
+            (1, 1024, 1024),
+            (8, 1024, 1024),
+            (8, 4096, 4096),
             (64, 4096, 4096),
             (4096, 64, 4096),
             (4096, 4096, 64),
             (256, 256, 16384),
         ]
     } else {
-        &[(32, 1024, 1024), (1024, 1024, 32), (128, 128, 8192)]
+        &[
+            (8, 1024, 1024),
+            (32, 1024, 1024),
+            (1024, 1024, 32),
+            (128, 128, 8192),
+        ]
     };
     cases.extend(skinny.iter().map(|&(m, n, k)| case(m, n, k)));
     if large {
@@ -257,7 +274,8 @@ struct MatmulResult {
     m: usize,
     n: usize,
     k: usize,
-    tiles: MatmulTiles,
+    /// The tile, or `narrow xL` for the narrow kernel with L lanes.
+    kernel: String,
     splits: u32,
     time_us: f64,
     gflops: f64,
@@ -273,6 +291,7 @@ fn bench_matmul(
     let (m, n, k) = (case.m, case.n, case.k);
     let context = bench.context(MatmulOptions {
         tiles: case.tiles,
+        narrow_lanes: case.narrow_lanes.or(bench.matmul.narrow_lanes),
         ..bench.matmul.clone()
     })?;
     let plan = context.matmul_plan(m, n, k)?;
@@ -299,7 +318,11 @@ fn bench_matmul(
         m,
         n,
         k,
-        tiles: plan.tiles,
+        kernel: if plan.narrow_lanes > 0 {
+            format!("narrow x{}", plan.narrow_lanes)
+        } else {
+            plan.tiles.to_string()
+        },
         splits: plan.splits,
         time_us,
         gflops: 2.0 * (m * n * k) as f64 / (time_us * 1e3),
@@ -385,6 +408,12 @@ struct Overhead {
     /// The same plus its share of ending the pass, finishing the encoder and submitting (wgpu
     /// validates a pass's commands when it ends).
     with_submit_us: f64,
+    /// Wall time of one tiny `add` recorded, submitted and read back (the round trip a request
+    /// of a server pays at least once).
+    round_trip_us: f64,
+    /// Wall time each further dependent tiny `add` adds to that round trip: recording, the
+    /// barrier between dispatches, the launch.
+    chain_step_us: f64,
 }
 
 /// The CPU cost of small `add`s recorded into one open pass, with warm caches.
@@ -404,6 +433,8 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
     let mut overhead = Overhead {
         record_us: 0.0,
         with_submit_us: 0.0,
+        round_trip_us: 0.0,
+        chain_step_us: 0.0,
     };
     // The first round compiles the kernel and fills the bind-group cache (the second round's
     // outputs get the same ranges, in the same order); the second is measured.
@@ -419,10 +450,40 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
         overhead = Overhead {
             record_us: recorded.as_secs_f64() * 1e6 / f64::from(OPS),
             with_submit_us: submitted.as_secs_f64() * 1e6 / f64::from(OPS),
+            ..overhead
         };
     }
     context.sync()?;
-    Ok(overhead)
+
+    // Chains of dependent tiny adds, each read back: the median wall time of a chain of 1 and
+    // of 1 + STEPS.
+    const STEPS: usize = 64;
+    const REPEATS: usize = 101;
+    let chain_us = |length: usize| -> anyhow::Result<f64> {
+        let mut times = Vec::with_capacity(REPEATS);
+        for round in 0..REPEATS + 10 {
+            let started = Instant::now();
+            let mut x = context.add(&a, &b)?;
+            for _ in 1..length {
+                x = context.add(&x, &b)?;
+            }
+            let values = context.read(&x)?;
+            let elapsed = started.elapsed().as_secs_f64() * 1e6;
+            anyhow::ensure!(values[0] == 1.0 + 2.0 * length as f32, "chain of {length}");
+            if round >= 10 {
+                times.push(elapsed);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[REPEATS / 2])
+    };
+    let single = chain_us(1)?;
+    let long = chain_us(1 + STEPS)?;
+    Ok(Overhead {
+        round_trip_us: single,
+        chain_step_us: (long - single) / STEPS as f64,
+        ..overhead
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -465,13 +526,22 @@ fn main() -> anyhow::Result<()> {
         let limits = bench.gpu.device.limits();
         let mut cases = Vec::new();
         for &(m, n, k) in &args.matmuls {
-            // The automatic choice, then (with --large) every tile that fits.
-            cases.push(MatmulCase {
+            // The automatic choice, then (with --large) every tile that fits, and for few rows
+            // the narrow kernel with each number of lanes.
+            let case = MatmulCase {
                 m,
                 n,
                 k,
                 tiles: None,
-            });
+                narrow_lanes: None,
+            };
+            if args.large && m <= MatmulOptions::NARROW_MAX_ROWS as usize {
+                cases.extend([1, 2, 4, 8, 16, 32, 64].map(|lanes| MatmulCase {
+                    narrow_lanes: Some(lanes),
+                    ..case
+                }));
+            }
+            cases.push(case);
             if args.large {
                 cases.extend(
                     MatmulTiles::ALL
@@ -482,6 +552,7 @@ fn main() -> anyhow::Result<()> {
                             n,
                             k,
                             tiles: Some(tiles),
+                            narrow_lanes: None,
                         }),
                 );
             }
@@ -500,7 +571,7 @@ fn main() -> anyhow::Result<()> {
             r.m,
             r.n,
             r.k,
-            r.tiles.to_string(),
+            r.kernel,
             r.splits,
             r.time_us,
             r.gflops,
@@ -510,8 +581,8 @@ fn main() -> anyhow::Result<()> {
         failures += usize::from(!r.ok);
         matmuls.push(json!({
             "m": r.m, "n": r.n, "k": r.k, "gflops": r.gflops, "max_rel_err": r.max_rel_err,
-            "tiles": r.tiles.to_string(), "splits": r.splits, "time_us": r.time_us,
-            "forced_tiles": case.tiles.is_some(),
+            "tiles": r.kernel, "splits": r.splits, "time_us": r.time_us,
+            "forced_tiles": case.tiles.is_some(), "forced_narrow_lanes": case.narrow_lanes,
         }));
     }
 
@@ -568,6 +639,11 @@ fn main() -> anyhow::Result<()> {
              share of ending the pass and submitting (10,000 ops per batch, warm caches)",
             overhead.record_us, overhead.with_submit_us
         );
+        println!(
+            "round trip: {:.1} µs to record one tiny add, submit it and read it back; each \
+             further dependent add adds {:.2} µs (median of 101 chains of 1 and of 65)",
+            overhead.round_trip_us, overhead.chain_step_us
+        );
         Some(overhead)
     } else {
         None
@@ -583,6 +659,8 @@ fn main() -> anyhow::Result<()> {
             "elementwise": elementwise,
             "op_overhead_us": overhead.as_ref().map(|o| o.record_us),
             "op_overhead_with_submit_us": overhead.as_ref().map(|o| o.with_submit_us),
+            "round_trip_us": overhead.as_ref().map(|o| o.round_trip_us),
+            "chain_step_us": overhead.as_ref().map(|o| o.chain_step_us),
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;

@@ -1,7 +1,8 @@
 //! The pool against one-buffer-per-allocation, on an inference server.
 //!
 //! ```text
-//! cargo run --release --example pool_vs_naive -- [--large] [--out DIR] [--json OUT]
+//! cargo run --release --example pool_vs_naive -- [--large] [--out DIR] [--json OUT] [--profile]
+//!     [--only small|mlp] [--batch-ops N]
 //! ```
 //!
 //! A server answers requests with an MLP: each request brings a batch of inputs, runs a few
@@ -13,7 +14,8 @@
 //! - **naive**: each tensor is a `wgpu::Buffer` of its own, created and dropped — what you write
 //!   without a pool (and wgpu zero-fills each new buffer before its first use).
 //!
-//! Each side runs twice, alternating, and the second runs are reported.
+//! The sides alternate for five rounds (pool, naive, pool, ...) and each reports its median
+//! round: on a real GPU the rate of one round varies by tens of percent with the clocks.
 //!
 //! Two workloads: `mlp` (batches of 1 to 512 rows: the GPU's arithmetic dominates) and `small`
 //! (batches of 1 to 8 rows through more layers: the cost of allocating dominates). Sizes fit a
@@ -22,7 +24,9 @@
 //! `--out DIR` (default `target/pool_vs_naive`) receives the memory report of the pool's `mlp` run:
 //! `memory.svg` and `segments.svg`, `snapshot.pickle` and `snapshot.json` (open them at
 //! pytorch.org/memory_viz), `trace.json` (open it in ui.perfetto.dev), `report.txt`.
-//! `--json OUT` writes the figures of both workloads.
+//! `--json OUT` writes the figures of both workloads. `--profile` serves the small workload once
+//! more with timestamps around every dispatch and prints where a request's GPU time goes.
+//! `--only NAME` runs one workload; `--batch-ops N` submits a request's ops in batches of N.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -30,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
-use wgpu_pool::compute::{Context, ContextOptions, Tensor};
+use wgpu_pool::compute::{Context, ContextOptions, KernelTiming, Tensor};
 use wgpu_pool::report::{write_exports, AllocatorReport, Report};
 use wgpu_pool::{request_gpu, Gpu, HistoryOptions, LimitsChoice, Pool, PoolOptions};
 
@@ -59,6 +63,14 @@ pub enum Scale {
 }
 
 impl Scale {
+    /// Rounds of each side per workload (alternating pool and naive; the median counts).
+    pub fn rounds(self) -> usize {
+        match self {
+            Scale::Test => 2,
+            Scale::Default | Scale::Large => 5,
+        }
+    }
+
     /// The two workloads at this scale.
     pub fn workloads(self) -> Vec<Workload> {
         let (mlp_widths, mlp_requests, small_widths, small_requests) = match self {
@@ -84,11 +96,24 @@ impl Scale {
     }
 }
 
+/// What to run, beyond the scale.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// Run only the workload of this name (`small` or `mlp`).
+    pub only: Option<String>,
+    /// The contexts' `max_ops_per_batch` (`None`: the default): a request's ops are submitted in
+    /// batches of this many, so that the GPU starts on the first ops while the CPU records the
+    /// next.
+    pub max_ops_per_batch: Option<u32>,
+}
+
 /// What one side (pool or naive) did with one workload.
 #[derive(Debug, Clone, Serialize)]
 pub struct Side {
-    /// Requests served per second, after warm-up.
+    /// Requests served per second, after warm-up: the median round's.
     pub requests_per_s: f64,
+    /// Requests per second of every round, in the order they ran.
+    pub rounds_requests_per_s: Vec<f64>,
     /// Time per allocation (allocate + free) of the workload's sizes, measured apart, in ns.
     pub alloc_ns: f64,
     /// Buffers created over the whole run (segments for the pool).
@@ -102,6 +127,11 @@ pub struct Side {
     /// The most the device said it had allocated in total while serving (wgpu's allocator report;
     /// `None` where the backend reports nothing, as on GL and Metal).
     pub device_reported_bytes: Option<u64>,
+    /// Mean CPU time per request spent recording its ops (allocations, bind groups, dispatches)
+    /// and uploading its input, in µs, after warm-up.
+    pub record_us: f64,
+    /// Mean time per request spent in the read-back (submit, wait for the GPU, map, copy), in µs.
+    pub read_us: f64,
     /// `1 - requested / allocated` at the end of the run.
     pub internal_fragmentation: f64,
     /// `1 - largest free block / free` at the end of the run.
@@ -140,6 +170,9 @@ struct Args {
     scale: Scale,
     out: PathBuf,
     json: Option<PathBuf>,
+    profile: bool,
+    only: Option<String>,
+    batch_ops: Option<u32>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -147,6 +180,9 @@ fn parse_args() -> Result<Args> {
         scale: Scale::Default,
         out: PathBuf::from("target/pool_vs_naive"),
         json: None,
+        profile: false,
+        only: None,
+        batch_ops: None,
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -154,8 +190,24 @@ fn parse_args() -> Result<Args> {
             "--large" => args.scale = Scale::Large,
             "--out" => args.out = iter.next().context("--out needs a directory")?.into(),
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
+            "--profile" => args.profile = true,
+            "--batch-ops" => {
+                let ops = iter.next().context("--batch-ops needs a number")?;
+                args.batch_ops = Some(ops.parse().context("--batch-ops needs a number")?);
+            }
+            "--only" => {
+                let name = iter
+                    .next()
+                    .context("--only needs a workload: small or mlp")?;
+                if name != "small" && name != "mlp" {
+                    bail!("--only takes small or mlp, not {name:?}");
+                }
+                args.only = Some(name);
+            }
             other => bail!(
-                "unknown argument {other}\nusage: pool_vs_naive [--large] [--out DIR] [--json OUT]"
+                "unknown argument {other}\n\
+                 usage: pool_vs_naive [--large] [--out DIR] [--json OUT] [--profile] \
+                 [--only small|mlp] [--batch-ops N]"
             ),
         }
     }
@@ -168,13 +220,29 @@ fn main() -> Result<()> {
     // Getting the device is kept apart from using it: the tests call `run` on their own device.
     let gpu = request_gpu(LimitsChoice::Adapter)?;
     println!("adapter: {gpu}");
-    let comparisons = run(&gpu, args.scale, Some(&args.out), true)?;
+    let settings = Settings {
+        only: args.only.clone(),
+        max_ops_per_batch: args.batch_ops,
+    };
+    let comparisons = run(&gpu, args.scale, &settings, Some(&args.out), true)?;
+    if args.profile {
+        let rows = profile(&gpu, args.scale)?;
+        if rows.is_empty() {
+            println!("\n--profile: this adapter has no timestamp queries");
+        }
+        let total: f64 = rows.iter().map(|row| row.2).sum();
+        println!("\n== GPU time of a small request, by kernel (pool, timestamps)");
+        for (kernel, count, us) in &rows {
+            println!("{kernel:<44} {count:>6.2} per request {us:>9.1} µs");
+        }
+        println!("{:<44} {:>19} {total:>9.1} µs", "total", "");
+    }
 
-    let main = comparisons
-        .iter()
-        .find(|c| c.workload.name == "small")
-        .context("the small workload ran")?;
     if let Some(path) = &args.json {
+        let main = comparisons
+            .iter()
+            .find(|c| c.workload.name == "small")
+            .context("--json needs the small workload")?;
         let report = JsonReport {
             adapter: gpu.info.name.clone(),
             backend: format!("{:?}", gpu.info.backend),
@@ -195,11 +263,19 @@ fn main() -> Result<()> {
 pub fn run(
     gpu: &Gpu,
     scale: Scale,
+    settings: &Settings,
     out: Option<&std::path::Path>,
     verbose: bool,
 ) -> Result<Vec<Comparison>> {
     let mut comparisons = Vec::new();
     for workload in scale.workloads() {
+        if settings
+            .only
+            .as_ref()
+            .is_some_and(|name| name != workload.name)
+        {
+            continue;
+        }
         if verbose {
             println!(
                 "\n== {}: widths {:?}, batches of {} to {} rows, {} requests",
@@ -210,11 +286,13 @@ pub fn run(
                 workload.requests
             );
         }
-        // Each side runs twice, alternating (pool, naive, pool, naive), and the second runs count:
-        // the first pair warms the GPU's clocks and the driver's caches for both alike.
-        let mut pooled = None;
-        let mut naive_side = None;
-        for round in 0..2 {
+        // The sides alternate (pool, naive, pool, naive, ...) for a few rounds, and each reports
+        // its median round by requests/s: the GPU's clocks and the machine's other load vary
+        // from second to second, and alternating exposes both sides to them alike.
+        let rounds = scale.rounds();
+        let mut pooled_rounds = Vec::new();
+        let mut naive_rounds = Vec::new();
+        for round in 0..rounds {
             // 1. The pool. For the workload whose memory report is written it records its history,
             //    so that the report can draw it (history is off by default; on, it costs about
             //    0.15 µs per allocation).
@@ -226,8 +304,8 @@ pub fn run(
                     ..PoolOptions::default()
                 },
             )?;
-            let (side, sizes) = serve(&pool, &workload)?;
-            let last_round = round == 1;
+            let (side, sizes) = serve(&pool, &workload, settings)?;
+            let last_round = round + 1 == rounds;
             if verbose && last_round {
                 println!("\n{}", Report::from_pool(&pool));
             }
@@ -241,7 +319,7 @@ pub fn run(
                 }
             }
             pool.set_history(None);
-            pooled = Some(Side {
+            pooled_rounds.push(Side {
                 alloc_ns: time_allocations(&pool, &sizes),
                 ..side
             });
@@ -249,16 +327,13 @@ pub fn run(
 
             // 2. The same requests, one buffer per tensor.
             let naive = Pool::naive(gpu, PoolOptions::default());
-            let (side, _) = serve(&naive, &workload)?;
-            naive_side = Some(Side {
+            let (side, _) = serve(&naive, &workload, settings)?;
+            naive_rounds.push(Side {
                 alloc_ns: time_allocations(&naive, &sizes),
                 ..side
             });
         }
-        let (pooled, naive_side) = (
-            pooled.context("the pool ran")?,
-            naive_side.context("naive ran")?,
-        );
+        let (pooled, naive_side) = (median_round(pooled_rounds)?, median_round(naive_rounds)?);
 
         let relative =
             (pooled.checksum - naive_side.checksum).abs() / naive_side.checksum.abs().max(1.0);
@@ -284,10 +359,24 @@ pub fn run(
 }
 
 /// Serves the workload's requests on `pool`; returns the figures and every size allocated.
-fn serve(pool: &Pool, workload: &Workload) -> Result<(Side, Vec<u64>)> {
-    let gpu = pool.gpu();
+fn serve(pool: &Pool, workload: &Workload, settings: &Settings) -> Result<(Side, Vec<u64>)> {
     // Unchecked kernels: every op validates shapes and offsets on the host.
-    let ctx = Context::new(pool, ContextOptions::unchecked())?;
+    let mut options = ContextOptions::unchecked();
+    if let Some(ops) = settings.max_ops_per_batch {
+        options.max_ops_per_batch = ops;
+    }
+    serve_with(pool, workload, options).map(|(side, sizes, _)| (side, sizes))
+}
+
+/// [`serve`] with the given context options; also returns the context's kernel timings (empty
+/// unless `options.profile`).
+fn serve_with(
+    pool: &Pool,
+    workload: &Workload,
+    options: ContextOptions,
+) -> Result<(Side, Vec<u64>, Vec<KernelTiming>)> {
+    let gpu = pool.gpu();
+    let ctx = Context::new(pool, options)?;
     let mut rng = StdRng::seed_from_u64(7);
 
     // The model's weights live as long as the server: loaded once, before the first request.
@@ -314,6 +403,7 @@ fn serve(pool: &Pool, workload: &Workload) -> Result<(Side, Vec<u64>)> {
     let mut start = Instant::now();
     let mut creates_at_warmup = 0;
     let mut sizes = Vec::new();
+    let (mut record_time, mut read_time) = (Duration::ZERO, Duration::ZERO);
     let sample_every = (workload.requests / 10).max(1);
     for request in 0..workload.requests {
         if request == warmup {
@@ -323,6 +413,7 @@ fn serve(pool: &Pool, workload: &Workload) -> Result<(Side, Vec<u64>)> {
         }
         // A request: a batch of inputs, then the layers; every intermediate is a new tensor,
         // dropped as soon as the next one exists.
+        let request_start = Instant::now();
         let rows = rng.gen_range(workload.batch.0..=workload.batch.1);
         let input: Vec<f32> = (0..rows * workload.widths[0])
             .map(|i| ((i * 31 + request) % 17) as f32 / 17.0 - 0.5)
@@ -345,7 +436,12 @@ fn serve(pool: &Pool, workload: &Workload) -> Result<(Side, Vec<u64>)> {
         sizes.push(probabilities.size_bytes());
         drop(x);
         // The server answers: read the probabilities back.
+        let read_start = Instant::now();
         let answer = ctx.read(&probabilities)?;
+        if request >= warmup {
+            record_time += read_start - request_start;
+            read_time += read_start.elapsed();
+        }
         checksum += answer
             .iter()
             .enumerate()
@@ -361,9 +457,14 @@ fn serve(pool: &Pool, workload: &Workload) -> Result<(Side, Vec<u64>)> {
     }
     ctx.sync()?;
     let elapsed = start.elapsed().max(Duration::from_nanos(1));
+    let timings = ctx.take_kernel_timings();
     let stats = pool.stats();
+    let served = (workload.requests - warmup) as f64;
     let side = Side {
-        requests_per_s: (workload.requests - warmup) as f64 / elapsed.as_secs_f64(),
+        requests_per_s: served / elapsed.as_secs_f64(),
+        rounds_requests_per_s: Vec::new(),
+        record_us: record_time.as_secs_f64() * 1e6 / served,
+        read_us: read_time.as_secs_f64() * 1e6 / served,
         alloc_ns: 0.0,
         create_buffer_calls: stats.create_segment_calls,
         create_buffer_calls_after_warmup: stats.create_segment_calls - creates_at_warmup,
@@ -374,7 +475,48 @@ fn serve(pool: &Pool, workload: &Workload) -> Result<(Side, Vec<u64>)> {
         external_fragmentation: stats.external_fragmentation(),
         checksum,
     };
-    Ok((side, sizes))
+    Ok((side, sizes, timings))
+}
+
+/// Where a request's GPU time goes: the `small` workload of `scale` served by the pool with
+/// timestamps around every dispatch. Returns `(kernel, dispatches per request, GPU µs per
+/// request)`, most expensive first; empty where the adapter has no timestamps.
+pub fn profile(gpu: &Gpu, scale: Scale) -> Result<Vec<(String, f64, f64)>> {
+    let workload = scale
+        .workloads()
+        .into_iter()
+        .find(|w| w.name == "small")
+        .context("the small workload exists")?;
+    let pool = Pool::new(gpu, PoolOptions::default())?;
+    let options = ContextOptions {
+        profile: true,
+        ..ContextOptions::unchecked()
+    };
+    let (_, _, timings) = serve_with(&pool, &workload, options)?;
+    let requests = workload.requests as f64;
+    let mut by_kernel: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+    for timing in timings {
+        let entry = by_kernel.entry(timing.kernel).or_default();
+        entry.0 += 1.0 / requests;
+        entry.1 += timing.gpu_ns / 1e3 / requests;
+    }
+    let mut rows: Vec<_> = by_kernel
+        .into_iter()
+        .map(|(kernel, (count, us))| (kernel, count, us))
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    Ok(rows)
+}
+
+/// The round with the median requests/s, holding every round's requests/s.
+fn median_round(mut rounds: Vec<Side>) -> Result<Side> {
+    let all: Vec<f64> = rounds.iter().map(|side| side.requests_per_s).collect();
+    rounds.sort_by(|a, b| a.requests_per_s.total_cmp(&b.requests_per_s));
+    let middle = rounds.len().checked_sub(1).context("no round ran")? / 2;
+    Ok(Side {
+        rounds_requests_per_s: all,
+        ..rounds.swap_remove(middle)
+    })
 }
 
 /// ns per allocate + free of the workload's sizes, on their own (no kernels): the pool's cost
@@ -401,7 +543,27 @@ fn print_table(pool: &Side, naive: &Side, speedup: f64) {
     println!("\n{:<34} {:>16} {:>16}", "", "pool", "naive");
     println!(
         "{:<34} {:>16.1} {:>16.1}",
-        "requests/s (after warm-up)", pool.requests_per_s, naive.requests_per_s
+        "requests/s (median round)", pool.requests_per_s, naive.requests_per_s
+    );
+    let rounds = |side: &Side| {
+        side.rounds_requests_per_s
+            .iter()
+            .map(|rate| format!("{rate:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "  every round: pool {}; naive {}",
+        rounds(pool),
+        rounds(naive)
+    );
+    println!(
+        "{:<34} {:>16.1} {:>16.1}",
+        "  µs recording a request", pool.record_us, naive.record_us
+    );
+    println!(
+        "{:<34} {:>16.1} {:>16.1}",
+        "  µs reading its answer back", pool.read_us, naive.read_us
     );
     println!(
         "{:<34} {:>16.0} {:>16.0}",

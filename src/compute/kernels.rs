@@ -38,6 +38,7 @@ pub(crate) enum Source {
     Unary,
     Binary,
     Matmul,
+    MatmulNarrow,
     MatmulReduce,
     Rows,
 }
@@ -48,6 +49,7 @@ impl Source {
             Self::Unary => include_str!("../../shaders/unary.wgsl"),
             Self::Binary => include_str!("../../shaders/binary.wgsl"),
             Self::Matmul => include_str!("../../shaders/matmul.wgsl"),
+            Self::MatmulNarrow => include_str!("../../shaders/matmul_narrow.wgsl"),
             Self::MatmulReduce => include_str!("../../shaders/matmul_reduce.wgsl"),
             Self::Rows => include_str!("../../shaders/rows.wgsl"),
         }
@@ -58,7 +60,7 @@ impl Source {
         match self {
             Self::Unary | Self::Rows => 2,
             Self::Binary | Self::MatmulReduce => 3,
-            Self::Matmul => 4,
+            Self::Matmul | Self::MatmulNarrow => 4,
         }
     }
 }
@@ -74,6 +76,13 @@ pub(crate) enum Variant {
         group_rows: u32,
         vec4: bool,
         edges: bool,
+        bias: bool,
+        activation: Activation,
+    },
+    /// The matmul kernel for a few rows (`shaders/matmul_narrow.wgsl`).
+    Narrow {
+        rows: u32,
+        lanes: u32,
         bias: bool,
         activation: Activation,
     },
@@ -106,6 +115,17 @@ impl Variant {
                 int("ACT", activation.code()).ok();
                 writeln!(text, "const VEC4: bool = {vec4};").ok();
                 writeln!(text, "const EDGES: bool = {edges};").ok();
+                writeln!(text, "const BIAS: bool = {bias};").ok();
+            }
+            Self::Narrow {
+                rows,
+                lanes,
+                bias,
+                activation,
+            } => {
+                int("ROWS", rows).ok();
+                int("LANES", lanes).ok();
+                int("ACT", activation.code()).ok();
                 writeln!(text, "const BIAS: bool = {bias};").ok();
             }
             Self::Reduce { bias, activation } => {
@@ -152,6 +172,16 @@ impl Variant {
                 " {tiles}{}{}{}{}",
                 if vec4 { " vec4" } else { " scalar" },
                 if edges { " edges" } else { "" },
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+            Self::Narrow {
+                rows,
+                lanes,
+                bias,
+                activation,
+            } => format!(
+                " {rows} rows x{lanes} lanes{}{}",
                 if bias { " +bias" } else { "" },
                 activation.suffix()
             ),

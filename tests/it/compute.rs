@@ -475,6 +475,140 @@ fn matmul_epilogues_match_their_cpu_twin() {
     }
 }
 
+/// Shapes `(m, k, n)` of the narrow kernel: 1 to 8 rows, K and N multiples of 4; N not a
+/// multiple of a workgroup's columns (idle lanes), K shorter and longer than a workgroup's slices.
+const NARROW_SHAPES: [(usize, usize, usize); 6] = [
+    (1, 4, 4),
+    (3, 20, 36),
+    (4, 1024, 132),
+    (5, 516, 1028),
+    (7, 12, 8),
+    (8, 2052, 260),
+];
+
+#[test]
+fn narrow_matmul_matches_its_cpu_twin() {
+    for (index, (limits, gpu)) in both().into_iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(11);
+        // Automatic lanes and the extremes; under the default limits, automatic only (compiles
+        // are the slow part on a software GPU).
+        let lane_choices: &[Option<u32>] = if index == 0 {
+            &[None, Some(1), Some(8), Some(256)]
+        } else {
+            &[None]
+        };
+        for &lanes in lane_choices {
+            for checks in [ContextOptions::default(), ContextOptions::unchecked()] {
+                let context = context_with(
+                    gpu,
+                    ContextOptions {
+                        matmul: MatmulOptions {
+                            narrow_lanes: lanes,
+                            ..MatmulOptions::default()
+                        },
+                        ..checks
+                    },
+                );
+                for (i, &(m, k, n)) in NARROW_SHAPES.iter().enumerate() {
+                    let plan = context.matmul_plan(m, n, k).unwrap();
+                    assert!(plan.narrow_lanes > 0, "{m}x{k}x{n}: {plan:?}");
+                    if let Some(lanes) = lanes {
+                        assert_eq!(plan.narrow_lanes, lanes);
+                    }
+                    let (bias, activation) = match i % 3 {
+                        0 => (false, Activation::None),
+                        1 => (true, Activation::Gelu),
+                        _ => (true, Activation::Relu),
+                    };
+                    check_matmul(
+                        &context,
+                        &format!(
+                            "narrow lanes {lanes:?} {:?} ({limits})",
+                            checks.shader_checks
+                        ),
+                        (m, k, n),
+                        bias,
+                        activation,
+                        &mut rng,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
+    let context = context(gpu());
+    let plan = |m, k, n| context.matmul_plan(m, n, k).unwrap();
+    assert!(plan(8, 1024, 1024).narrow_lanes > 0);
+    assert_eq!(plan(8, 1024, 1024).workgroups[1..], [1, 1]);
+    // Nine rows, or rows that are not whole vec4s, take the tiled kernel.
+    for (m, k, n) in [(9, 1024, 1024), (8, 1022, 1024), (8, 1024, 1022)] {
+        assert_eq!(plan(m, k, n).narrow_lanes, 0, "{m}x{k}x{n}");
+    }
+    // Automatic lanes: on a GPU the most columns per workgroup (up to 64) that still give
+    // min_workgroups / 2 workgroups, at least 2; on a software GPU 64.
+    let lanes = plan(4, 256, 4096).narrow_lanes as usize;
+    if context.gpu().info.device_type == wgpu::DeviceType::Cpu {
+        assert_eq!(lanes, 64);
+    } else {
+        let wanted = (MatmulOptions::default().min_workgroups / 2) as usize;
+        assert!((2..=64).contains(&lanes), "{lanes}");
+        assert!(lanes == 2 || 4096 / 4 / lanes >= wanted, "{lanes}");
+        assert!(
+            lanes == 64 || (4096usize / 4).div_ceil(2 * lanes) < wanted,
+            "{lanes}"
+        );
+    }
+    // Forced tiles, or narrow_max_rows 0, turn it off.
+    for matmul in [
+        MatmulOptions {
+            tiles: Some(MatmulTiles::T64X64X8),
+            ..MatmulOptions::default()
+        },
+        MatmulOptions {
+            narrow_max_rows: 0,
+            ..MatmulOptions::default()
+        },
+    ] {
+        let other = context_with(
+            gpu(),
+            ContextOptions {
+                matmul,
+                ..ContextOptions::default()
+            },
+        );
+        assert_eq!(other.matmul_plan(8, 1024, 1024).unwrap().narrow_lanes, 0);
+    }
+    // Options out of range are typed errors.
+    for matmul in [
+        MatmulOptions {
+            narrow_lanes: Some(3),
+            ..MatmulOptions::default()
+        },
+        MatmulOptions {
+            narrow_lanes: Some(512),
+            ..MatmulOptions::default()
+        },
+        MatmulOptions {
+            narrow_max_rows: 9,
+            ..MatmulOptions::default()
+        },
+    ] {
+        let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+        let result = Context::new(
+            &pool,
+            ContextOptions {
+                matmul,
+                ..ContextOptions::default()
+            },
+        );
+        let is_config_error = matches!(result, Err(ComputeError::Config(_)));
+        assert!(is_config_error, "{:?}", result.err());
+    }
+}
+
 #[test]
 fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_the_gpu() {
     let context = context(gpu());

@@ -27,8 +27,14 @@ mod pool_vs_naive;
 #[test]
 fn pool_vs_naive_example_serves_both_workloads() {
     let out = std::env::temp_dir().join(format!("wgpu-pool-pvn-{}", std::process::id()));
-    let comparisons =
-        pool_vs_naive::run(gpu(), pool_vs_naive::Scale::Test, Some(&out), false).unwrap();
+    let comparisons = pool_vs_naive::run(
+        gpu(),
+        pool_vs_naive::Scale::Test,
+        &pool_vs_naive::Settings::default(),
+        Some(&out),
+        false,
+    )
+    .unwrap();
     assert_eq!(comparisons.len(), 2);
     for comparison in &comparisons {
         let name = comparison.workload.name;

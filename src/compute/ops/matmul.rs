@@ -13,6 +13,16 @@
 //! along K each write a partial product, and a second kernel adds them and runs the epilogue.
 //! Tiles that do not fit the device's limits (workgroup memory, invocations) are skipped.
 //!
+//! # Few rows
+//!
+//! With at most [`MatmulOptions::NARROW_MAX_ROWS`] rows (a small batch) and K, N multiples of 4,
+//! a tile would be mostly empty and would walk K serially; the narrow kernel
+//! (`shaders/matmul_narrow.wgsl`) computes a matrix-vector style product instead: each workgroup
+//! owns `narrow_lanes` vec4 columns of C and splits K over its invocations, which add their sums
+//! in workgroup memory. One dispatch, no split-K partials. On the H200 (`bench_kernels --large
+//! --matmul 8x1024x1024`): 15 µs against 41 µs for the 64×64 tile with split-K 4 at
+//! 8×1024×1024, 8.5 against 40 µs at 1×1024×1024, 76 against 766 µs at 8×4096×4096.
+//!
 //! Each variant is compiled for its case: `vec4` (K and N multiples of 4: vec4 loads of A and B,
 //! vec4 stores of C) or scalar loads; `edges` (a partial tile somewhere: masked loads and stores)
 //! or none. The K steps of a tile are unrolled on the host (see `shaders/matmul.wgsl`).
@@ -182,6 +192,9 @@ impl MatmulTiles {
     }
 }
 
+/// The most lanes the narrow kernel's automatic choice takes.
+const NARROW_AUTO_MAX_LANES: u32 = 64;
+
 /// How matmuls choose their tiles and split-K.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MatmulOptions {
@@ -204,6 +217,14 @@ pub struct MatmulOptions {
     /// group, so that the workgroups running at once share rows of A and columns of B in L2
     /// (1: row by row).
     pub group_rows: u32,
+    /// Matmuls of at most this many rows (and K, N multiples of 4) run the narrow kernel
+    /// (`shaders/matmul_narrow.wgsl`), unless `tiles` is forced. At most
+    /// [`MatmulOptions::NARROW_MAX_ROWS`]; 0: never.
+    pub narrow_max_rows: u32,
+    /// vec4 columns of C per workgroup of the narrow kernel: a power of two from 1 to 256
+    /// (`None`: on a GPU the largest up to 64 that still gives `min_workgroups / 2` workgroups,
+    /// at least 2; on a software GPU 64).
+    pub narrow_lanes: Option<u32>,
 }
 
 impl Default for MatmulOptions {
@@ -217,11 +238,16 @@ impl Default for MatmulOptions {
             min_split_depth: 256,
             max_splits: 16,
             group_rows: 8,
+            narrow_max_rows: Self::NARROW_MAX_ROWS,
+            narrow_lanes: None,
         }
     }
 }
 
 impl MatmulOptions {
+    /// The most rows the narrow kernel takes.
+    pub const NARROW_MAX_ROWS: u32 = 8;
+
     /// Checks that the forced tile (or at least one of the automatic ones) runs on the device.
     pub(crate) fn validate(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
         if self.split_k == Some(0) {
@@ -229,6 +255,20 @@ impl MatmulOptions {
         }
         if self.group_rows == 0 {
             return Err(ComputeError::Config("group_rows must be at least 1".into()));
+        }
+        if self.narrow_max_rows > Self::NARROW_MAX_ROWS {
+            return Err(ComputeError::Config(format!(
+                "narrow_max_rows must be at most {}, got {}",
+                Self::NARROW_MAX_ROWS,
+                self.narrow_max_rows
+            )));
+        }
+        if let Some(lanes) = self.narrow_lanes {
+            if !lanes.is_power_of_two() || lanes > 256 {
+                return Err(ComputeError::Config(format!(
+                    "narrow_lanes must be a power of two from 1 to 256, got {lanes}"
+                )));
+            }
         }
         match self.tiles {
             Some(tiles) => tiles.check(limits),
@@ -253,8 +293,11 @@ pub struct MatmulPlan {
     pub vec4: bool,
     /// Some tile is partial: loads and stores are masked.
     pub edges: bool,
-    /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`.
+    /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`, or of the narrow
+    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, 1]`.
     pub workgroups: [u32; 3],
+    /// vec4 columns per workgroup of the narrow kernel; 0 when the tiled kernel runs.
+    pub narrow_lanes: u32,
 }
 
 impl Context {
@@ -262,6 +305,9 @@ impl Context {
     pub fn matmul_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
         let options = &self.options().matmul;
         let limits = self.limits();
+        if let Some(plan) = self.narrow_plan(m, n, k) {
+            return Ok(plan);
+        }
         let blocks = |tiles: MatmulTiles| {
             (m as u64).div_ceil(u64::from(tiles.bm)) * (n as u64).div_ceil(u64::from(tiles.bn))
         };
@@ -326,6 +372,48 @@ impl Context {
                 || !n64.is_multiple_of(u64::from(tiles.bn))
                 || !k64.is_multiple_of(bk),
             workgroups: workgroups.map(|count| count as u32),
+            narrow_lanes: 0,
+        })
+    }
+
+    /// The plan of the narrow kernel, where it applies: few rows, K and N multiples of 4, tiles
+    /// not forced, and a grid the device takes.
+    fn narrow_plan(&self, m: usize, n: usize, k: usize) -> Option<MatmulPlan> {
+        let options = &self.options().matmul;
+        let applies = options.tiles.is_none()
+            && m >= 1
+            && m as u64 <= u64::from(options.narrow_max_rows)
+            && k.is_multiple_of(4)
+            && n.is_multiple_of(4);
+        if !applies {
+            return None;
+        }
+        let n4 = (n / 4) as u64;
+        let lanes = options.narrow_lanes.unwrap_or_else(|| {
+            // A software GPU runs invocations one after another: fewer slices (fewer barriers
+            // in the reduction) win there, whatever the number of workgroups.
+            if self.gpu().info.device_type == wgpu::DeviceType::Cpu {
+                return NARROW_AUTO_MAX_LANES;
+            }
+            let wanted = u64::from(options.min_workgroups / 2).max(1);
+            let mut lanes = NARROW_AUTO_MAX_LANES;
+            while lanes > 2 && n4.div_ceil(u64::from(lanes)) < wanted {
+                lanes /= 2;
+            }
+            lanes
+        });
+        let workgroups = n4.div_ceil(u64::from(lanes));
+        if workgroups > u64::from(self.limits().max_compute_workgroups_per_dimension) {
+            return None;
+        }
+        Some(MatmulPlan {
+            tiles: options.small_tiles,
+            splits: 1,
+            k_chunk: k as u32,
+            vec4: true,
+            edges: false,
+            workgroups: [workgroups as u32, 1, 1],
+            narrow_lanes: lanes,
         })
     }
 
@@ -375,24 +463,38 @@ impl Context {
         let plan = self.matmul_plan(m, n, k)?;
         let has_bias = epilogue.bias.is_some();
         let split = plan.splits > 1;
-        let kernel = KernelKey {
-            source: Source::Matmul,
-            entry: "matmul",
-            variant: Variant::Matmul {
-                tiles: plan.tiles,
-                group_rows: self.options().matmul.group_rows,
-                vec4: plan.vec4,
-                edges: plan.edges,
-                // With split-K the reduction runs the epilogue.
-                bias: has_bias && !split,
-                activation: if split {
-                    Activation::None
-                } else {
-                    epilogue.activation
+        let (kernel, matmul_params) = if plan.narrow_lanes > 0 {
+            let kernel = KernelKey {
+                source: Source::MatmulNarrow,
+                entry: "matmul_narrow",
+                variant: Variant::Narrow {
+                    rows: m as u32,
+                    lanes: plan.narrow_lanes,
+                    bias: has_bias,
+                    activation: epilogue.activation,
                 },
-            },
-        };
-        let matmul_params: Params = {
+            };
+            let mut words = Params::default();
+            words[..2].copy_from_slice(&[(n / 4) as u32, (k / 4) as u32]);
+            (kernel, words)
+        } else {
+            let kernel = KernelKey {
+                source: Source::Matmul,
+                entry: "matmul",
+                variant: Variant::Matmul {
+                    tiles: plan.tiles,
+                    group_rows: self.options().matmul.group_rows,
+                    vec4: plan.vec4,
+                    edges: plan.edges,
+                    // With split-K the reduction runs the epilogue.
+                    bias: has_bias && !split,
+                    activation: if split {
+                        Activation::None
+                    } else {
+                        epilogue.activation
+                    },
+                },
+            };
             let mut words = Params::default();
             words[..6].copy_from_slice(&[
                 m as u32,
@@ -402,7 +504,7 @@ impl Context {
                 plan.workgroups[0],
                 plan.workgroups[1],
             ]);
-            words
+            (kernel, words)
         };
         // Compile before recording anything, so that a refused kernel records nothing.
         self.prepare(&kernel)?;
