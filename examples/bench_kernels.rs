@@ -614,7 +614,7 @@ fn main() -> anyhow::Result<()> {
                 "{:<8} {:>10} {:>11.1} {:>9.1} {:>11.2e}",
                 r.op, r.n, r.time_us, r.gbs, r.max_rel_err
             );
-            // Exact for add and relu; GELU's tanh is the driver's.
+            // Exact for add and relu; GELU's exp is the driver's.
             let tolerance = if matches!(op, Elementwise::Unary(UnaryOp::Gelu)) {
                 1e-5
             } else {

@@ -2,12 +2,16 @@
 // every kernel's source (src/compute/kernels.rs). Keep in sync with the CPU twins in
 // src/compute/cpu.rs.
 
-// GELU, tanh approximation (PyTorch's `gelu(approximate="tanh")`). The argument of tanh is
-// clamped to [-15, 15], where tanh is ±1 in f32 already: some drivers compute tanh through
-// exp and return NaN for large arguments.
+// GELU, tanh approximation (PyTorch's `gelu(approximate="tanh")`), computed as
+// x · sigmoid(t) = x / (1 + e^(−t)) with t = 2·√(2/π)·(x + 0.044715·x³): the same function as
+// 0.5·x·(1 + tanh(t / 2)), with one exp and one division instead of a tanh (slow on some drivers,
+// NaN for large arguments on others), and without the cancellation of 1 + tanh for negative
+// arguments. t is clamped to [−80, 80] so that e^(−t) stays finite; below −80 the result is 0
+// (as PyTorch's f32 formula gives there). CPU twin: `gelu` in src/compute/cpu.rs.
 fn gelu4(x: vec4<f32>) -> vec4<f32> {
-    let inner = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-    return 0.5 * x * (vec4<f32>(1.0) + tanh(clamp(inner, vec4<f32>(-15.0), vec4<f32>(15.0))));
+    let t = 1.5957691216057308 * (x + 0.044715 * x * x * x);
+    let g = x / (vec4<f32>(1.0) + exp(-clamp(t, vec4<f32>(-80.0), vec4<f32>(80.0))));
+    return select(g, vec4<f32>(0.0), t < vec4<f32>(-80.0));
 }
 
 fn relu4(x: vec4<f32>) -> vec4<f32> {

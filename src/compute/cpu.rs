@@ -14,14 +14,19 @@ pub fn relu(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| v.max(0.0)).collect()
 }
 
-/// GELU, tanh approximation, with the kernel's clamp of tanh's argument to [−15, 15].
+/// GELU, tanh approximation, as the kernel computes it: `x / (1 + e^(−t))` with
+/// `t = 2·√(2/π)·(x + 0.044715·x³)` (equal to `0.5·x·(1 + tanh(t / 2))`), 0 where `t < −80`.
 pub fn gelu(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| gelu_one(f64::from(v)) as f32).collect()
 }
 
 fn gelu_one(x: f64) -> f64 {
-    let inner = 0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x);
-    0.5 * x * (1.0 + inner.clamp(-15.0, 15.0).tanh())
+    let t = 1.595_769_121_605_730_8 * (x + 0.044715 * x * x * x);
+    if t < -80.0 {
+        0.0
+    } else {
+        x / (1.0 + (-t.min(80.0)).exp())
+    }
 }
 
 /// `eˣ`.

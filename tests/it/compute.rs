@@ -8,7 +8,7 @@
 //!   forms, add_bias;
 //! - div, sqrt: 3 ulp (|gpu − cpu| ≤ 6u·|cpu|, Vulkan allows 2.5 ulp);
 //! - exp: (3 + 2|x|) ulp, Vulkan's bound;
-//! - gelu: 1e−5·|cpu| + 1e−6 (tanh's accuracy is the driver's);
+//! - gelu: 1e−5·|cpu| + 1e−6 (exp's accuracy is the driver's);
 //! - matmul: 2K·u·Σ|a·b| + 2u·|cpu| (the classic bound of a K-term dot product, any order), plus
 //!   1e−5·|cpu| + 1e−6 with a GELU epilogue;
 //! - sum: 2(⌈cols/256⌉ + 9)·u·Σ|x| (a sequential run per invocation, then an 8-level tree);
@@ -114,6 +114,43 @@ fn unary_ops_match_their_cpu_twins_on_odd_lengths() {
                     unary_tolerance(op, &x, &expected),
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn gelu_is_finite_and_matches_its_twin_at_extremes() {
+    let x = [
+        -3e38, -1e30, -1e10, -100.0, -40.0, -30.0, -10.0, -3.0, -1e-30, 0.0, 1e-30, 3.0, 10.0,
+        30.0, 40.0, 100.0, 1e10, 1e30, 3e38,
+    ];
+    for (limits, gpu) in both() {
+        let context = context(gpu);
+        let tensor = context.tensor(&x, &[x.len()]).unwrap();
+        for y in [
+            context.gelu(&tensor).unwrap().to_vec().unwrap(),
+            // The matmul epilogue shares the function: x · 1 with a GELU epilogue.
+            context
+                .matmul_with(
+                    &context.tensor(&x, &[x.len(), 1]).unwrap(),
+                    &context.tensor(&[1.0], &[1, 1]).unwrap(),
+                    Epilogue {
+                        bias: None,
+                        activation: Activation::Gelu,
+                    },
+                )
+                .unwrap()
+                .to_vec()
+                .unwrap(),
+        ] {
+            assert!(y.iter().all(|v| v.is_finite()), "{limits}: {y:?}");
+            let expected = cpu::gelu(&x);
+            assert_close(
+                &format!("gelu at extremes ({limits})"),
+                &y,
+                &expected,
+                unary_tolerance(UnaryOp::Gelu, &x, &expected),
+            );
         }
     }
 }

@@ -15,7 +15,8 @@ const WORKGROUP_SIZE: u64 = 256;
 pub enum UnaryOp {
     /// `max(x, 0)`.
     Relu,
-    /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, computed as
+    /// `x / (1 + e^(−2·√(2/π)·(x + 0.044715·x³)))` (see `shaders/common.wgsl`).
     Gelu,
     /// `eˣ`.
     Exp,
