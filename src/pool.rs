@@ -587,6 +587,7 @@ impl Pool {
                         offset_bytes: 0,
                         size_bytes,
                         label,
+                        last_use_submitted: false,
                     }
                     .with_offset()
                 }
@@ -648,6 +649,7 @@ impl Pool {
                         offset_bytes: 0,
                         size_bytes,
                         label,
+                        last_use_submitted: false,
                     }
                 }
             }
@@ -709,6 +711,24 @@ impl Pool {
         }
         let pending = std::mem::take(&mut self.shared.lock().pending);
         self.release(pending);
+    }
+
+    /// Frees allocations whose last use is in work already submitted (through [`Pool::submit`]
+    /// or the queue): their ranges are reusable at once, whatever anyone submits next. Dropping
+    /// an allocation instead makes it wait for the next submission through the pool, which is
+    /// right only if no one else submits before the work that uses it. With `zero_on_free` the
+    /// ranges are cleared first (one more submission). The compute context frees the tensors
+    /// dropped during a batch this way, after submitting the batch.
+    pub fn free_submitted<I: IntoIterator<Item = Allocation>>(&self, allocations: I) {
+        let mut any = false;
+        for mut allocation in allocations {
+            allocation.last_use_submitted = true;
+            any = true;
+            drop(allocation);
+        }
+        if any && self.shared.options.zero_on_free {
+            self.submit([]);
+        }
     }
 
     fn release(&self, pending: Vec<PendingFree>) {
@@ -1115,6 +1135,7 @@ impl Pool {
         live_slot: usize,
         buffer: wgpu::Buffer,
         size_bytes: u64,
+        last_use_submitted: bool,
     ) {
         let mut guard = self.shared.lock();
         let State {
@@ -1132,7 +1153,7 @@ impl Pool {
                 {
                     history.record(allocation_event(EventKind::FreeRequested, time_us, entry));
                 }
-                if self.shared.options.reuse == ReuseSafety::Immediate
+                if (self.shared.options.reuse == ReuseSafety::Immediate || last_use_submitted)
                     && !self.shared.options.zero_on_free
                 {
                     let entry = live.remove(live_slot);
@@ -1242,6 +1263,9 @@ pub struct Allocation {
     offset_bytes: u64,
     size_bytes: u64,
     label: Label,
+    /// Set by [`Pool::free_submitted`]: the last use is already submitted, so the range is
+    /// reusable as soon as it is dropped.
+    last_use_submitted: bool,
 }
 
 impl std::fmt::Debug for Allocation {
@@ -1347,6 +1371,7 @@ impl Drop for Allocation {
             self.live_slot,
             buffer,
             self.size_bytes,
+            self.last_use_submitted,
         );
     }
 }

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::kernels::{
@@ -213,10 +213,41 @@ pub(crate) struct Shared {
     timestamps: TimestampSupport,
     /// Bytes of tensors dropped since the last submission.
     pub(crate) freed_bytes: AtomicU64,
+    /// The allocations of tensors dropped since the last submission: the open batch may still
+    /// use them, so they go back to the pool only after the batch is submitted
+    /// ([`Pool::free_submitted`]), whoever else submits to the pool meanwhile.
+    deferred: Mutex<Vec<Allocation>>,
+    /// Set from the first op recorded into a batch until that batch is submitted: while it is
+    /// clear, a dropped tensor's last use is submitted and its range is reusable at once.
+    batch_open: AtomicBool,
     state: Mutex<State>,
 }
 
 impl Shared {
+    /// Gives a dropped tensor's allocation back: at once if no batch is open, else after the
+    /// open batch (which may use it) is submitted.
+    pub(crate) fn free_tensor(&self, allocation: Allocation) {
+        if self.batch_open.load(Ordering::Acquire) {
+            self.deferred
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(allocation);
+        } else {
+            self.pool.free_submitted([allocation]);
+        }
+    }
+
+    /// Gives the deferred allocations back: the batch that last used them is submitted.
+    fn release_deferred(&self) {
+        let deferred = std::mem::take(
+            &mut *self
+                .deferred
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        self.pool.free_submitted(deferred);
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while recording leaves at worst a batch that fails validation on submit.
         self.state
@@ -250,6 +281,7 @@ impl Drop for Shared {
             }
             self.pool.submit(buffers);
         }
+        self.release_deferred();
     }
 }
 
@@ -311,6 +343,8 @@ impl Context {
                 options,
                 limits,
                 freed_bytes: AtomicU64::new(0),
+                deferred: Mutex::new(Vec::new()),
+                batch_open: AtomicBool::new(false),
                 state: Mutex::new(state),
             }),
         })
@@ -543,6 +577,8 @@ impl Context {
         if state.batch.dispatches >= self.shared.options.max_ops_per_batch || timer_full {
             self.flush_locked(state)?;
         }
+        // The batch uses the dispatch's tensors from here on.
+        self.shared.batch_open.store(true, Ordering::Release);
         let params_offset = state.ring.push(&dispatch.params);
         let bind_group = self.bind_group(state, storage, dispatch.bindings);
 
@@ -708,6 +744,10 @@ impl Context {
     /// gave back.
     fn after_submit_locked(&self, state: &mut State, timed: bool) -> Result<(), ComputeError> {
         state.stats.submissions += 1;
+        // Cleared only now that the batch is submitted (and under the lock, so no op records
+        // meanwhile): a tensor dropped before this point waits in `deferred`.
+        self.shared.batch_open.store(false, Ordering::Release);
+        self.shared.release_deferred();
         if timed {
             if let Some(timer) = &mut state.timer {
                 let timings = timer.read(&self.shared.gpu.device)?;

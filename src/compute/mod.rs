@@ -58,10 +58,11 @@
 //!
 //! # Sharing the pool
 //!
-//! The context must be the only one submitting work to its pool while it has recorded but
-//! unsubmitted ops (or call [`Context::flush`] first): another [`Pool::submit`](crate::Pool::submit)
-//! would release the ranges of tensors dropped during the open batch while the batch still uses
-//! them.
+//! Other code may allocate from the context's pool and submit through it at any time. A tensor
+//! dropped while the context has recorded but unsubmitted ops is kept by the context and given
+//! back ([`Pool::free_submitted`](crate::Pool::free_submitted)) only once that batch is submitted,
+//! so another [`Pool::submit`](crate::Pool::submit) cannot release a range the batch still reads.
+//! A tensor dropped while no batch is open is reusable at once.
 
 pub mod context;
 pub mod cpu;

@@ -13,7 +13,8 @@ use crate::pool::Allocation;
 /// lanes past `len` hold unspecified values). Not `Clone`: dropping the tensor gives its range
 /// back to the pool, reusable after the submission that carries the last op recorded on it.
 pub struct Tensor {
-    allocation: Allocation,
+    /// `Some` until the tensor is dropped.
+    allocation: Option<Allocation>,
     shape: Vec<usize>,
     len: usize,
     pub(crate) context: Arc<Shared>,
@@ -36,7 +37,7 @@ impl Tensor {
         context: Arc<Shared>,
     ) -> Self {
         Self {
-            allocation,
+            allocation: Some(allocation),
             shape,
             len,
             context,
@@ -66,7 +67,9 @@ impl Tensor {
     /// The pool allocation holding the data, to bind it in kernels of your own (bind it
     /// `read_write`; see the pool's module documentation).
     pub fn allocation(&self) -> &Allocation {
-        &self.allocation
+        self.allocation
+            .as_ref()
+            .expect("a tensor holds its allocation until it is dropped")
     }
 
     /// The same data with another shape of as many elements (no copy).
@@ -106,6 +109,10 @@ impl Drop for Tensor {
     fn drop(&mut self) {
         self.context
             .freed_bytes
-            .fetch_add(self.allocation.size(), Ordering::Relaxed);
+            .fetch_add(self.allocation().size(), Ordering::Relaxed);
+        // An open batch may still use it: the context gives it back after submitting that.
+        if let Some(allocation) = self.allocation.take() {
+            self.context.free_tensor(allocation);
+        }
     }
 }

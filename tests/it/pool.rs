@@ -762,3 +762,89 @@ fn work_and_its_read_back_go_in_one_submission() {
     pool.read(&target).unwrap();
     assert_eq!(pool.pending_frees().0, 1);
 }
+
+#[test]
+fn another_submitter_cannot_release_a_tensor_the_open_batch_still_reads() {
+    use wgpu_pool::compute::{Context, ContextOptions};
+    for (limits, gpu) in both() {
+        let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+        let context = Context::new(&pool, ContextOptions::default()).unwrap();
+        let len = 1024;
+        let x_values: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let x = context.tensor(&x_values, &[len]).unwrap();
+        let ones = context.tensor(&vec![1.0; len], &[len]).unwrap();
+        // Recorded, not submitted: the open batch reads x.
+        let y = context.add(&x, &ones).unwrap();
+        drop(x);
+        // Someone else submits through the same pool (that must not release x's range), then
+        // allocates x's size, uploads and submits again.
+        pool.submit([]);
+        let other = pool.allocate(4 * len as u64).unwrap();
+        pool.write(&other, 0, bytemuck::cast_slice(&vec![-7.0f32; len]))
+            .unwrap();
+        pool.submit([]);
+        let got = context.read(&y).unwrap();
+        let wrong = (0..len).filter(|&i| got[i] != x_values[i] + 1.0).count();
+        assert_eq!(
+            wrong, 0,
+            "{limits}: {wrong} of {len} values wrong, e.g. {}",
+            got[0]
+        );
+        // After the batch is submitted x's range is free again: the pool reuses it.
+        drop(other);
+        pool.submit([]);
+        assert!(
+            pool.pending_frees().0 == 0,
+            "{limits}: {:?}",
+            pool.pending_frees()
+        );
+    }
+}
+
+#[test]
+fn free_submitted_releases_at_once_and_zeroes_when_asked() {
+    for (limits, gpu) in both() {
+        // Without zeroing: the range is free without waiting for a submission.
+        let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+        let first = pool.allocate(4096).unwrap();
+        let offset = first.offset();
+        drop(pool.allocate(4096).unwrap());
+        assert_eq!(
+            pool.pending_frees().0,
+            1,
+            "{limits}: a drop waits for a submission"
+        );
+        pool.free_submitted([first]);
+        assert_eq!(
+            pool.pending_frees().0,
+            1,
+            "{limits}: only the dropped one waits"
+        );
+        let again = pool.allocate(4096).unwrap();
+        assert_eq!(
+            again.offset(),
+            offset,
+            "{limits}: the range is reused at once"
+        );
+
+        // With zero_on_free: cleared before it is reused.
+        let pool = Pool::new(
+            gpu,
+            PoolOptions {
+                zero_on_free: true,
+                ..PoolOptions::default()
+            },
+        )
+        .unwrap();
+        let first = pool.allocate(4096).unwrap();
+        pool.write(&first, 0, &[0xAB; 4096]).unwrap();
+        pool.submit([]);
+        pool.free_submitted([first]);
+        assert_eq!(pool.pending_frees().0, 0, "{limits}");
+        let again = pool.allocate(4096).unwrap();
+        assert!(
+            pool.read(&again).unwrap().iter().all(|&b| b == 0),
+            "{limits}: zeroed"
+        );
+    }
+}
