@@ -10,8 +10,9 @@
 //!
 //! - **Placement**: among all segments, the one whose smallest sufficient free block has the lowest
 //!   order (a best fit by block size; ties go to the oldest segment); within a segment, the buddy
-//!   core takes the lowest-addressed block of that order. When no aligned block is free anywhere,
-//!   a run straddling two blocks is tried before growing.
+//!   core cuts it from the first-listed free run of the tightest class (see [`crate::buddy`]).
+//!   When no aligned block is free anywhere, a run straddling buddy boundaries is tried before
+//!   growing.
 //! - **Growth**: when nothing fits, a new segment is created of `next_power_of_two(request)`, but at
 //!   least `min_segment_bytes` and at least `reserved / growth_divisor` (rounded down to a power of
 //!   two), never above `max_segment_bytes`. Small pools grow in small steps; a large pool grows in

@@ -491,3 +491,102 @@ proptest! {
         run_against_model(Rounding::PowerOfTwo, if odd { 300 } else { 512 }, ops)?;
     }
 }
+
+#[test]
+fn the_tightest_run_is_used_first_listed_first() {
+    // 32 units of 1 KiB, filled with runs of 2, 2, 4, 4, 4 and 16 units, in address order.
+    let mut allocator = exact(KIB, 5);
+    let held: Vec<Allocation> = [2, 2, 4, 4, 4, 16]
+        .iter()
+        .map(|&units| allocator.allocate(units * KIB).unwrap())
+        .collect();
+    let offsets: Vec<u64> = held.iter().map(|a| a.offset() / KIB).collect();
+    assert_eq!(offsets, [0, 2, 4, 8, 12, 16]);
+    let mut held: Vec<Option<Allocation>> = held.into_iter().map(Some).collect();
+    // Free [2, 4), [4, 8) and [12, 16): the runs [2, 8) (blocks 2 at 2 and 4 at 4) and [12, 16)
+    // (4 at 12), both of class 2 (their largest block has 4 units), listed in that order.
+    for index in [1, 2, 4] {
+        allocator.free(held[index].take().unwrap());
+    }
+    assert_eq!(
+        allocator.free_blocks(),
+        vec![(2 * KIB, 2 * KIB), (4 * KIB, 4 * KIB), (12 * KIB, 4 * KIB)]
+    );
+    assert_eq!(allocator.fit_order(2 * KIB), Some(1));
+    // 2 units: the first run of class 2, at its smallest block of at least 2 units.
+    let two = allocator.allocate(2 * KIB).unwrap();
+    assert_eq!(two.offset(), 2 * KIB);
+    // [4, 8) is listed again, after [12, 16): a 4-unit request takes the first listed, at 12, not
+    // the lowest address (4).
+    let four = allocator.allocate(4 * KIB).unwrap();
+    assert_eq!(four.offset(), 12 * KIB);
+    allocator.check_invariants().unwrap();
+    for allocation in held.into_iter().flatten().chain([two, four]) {
+        allocator.free(allocation);
+    }
+    assert_fully_coalesced(allocator);
+}
+
+#[test]
+fn a_straddling_request_may_use_a_run_of_a_quarter_of_its_order() {
+    // 16 units. Hold [0, 1), [6, 7) and [8, 16): the free runs are [1, 6) (blocks 1 at 1, 2 at 2,
+    // 2 at 4: largest of order 1) and [7, 8). A 5-unit request (order 3) finds no block of 4 units
+    // or more, but the run [1, 6) of class 1 holds it.
+    let mut allocator = exact(KIB, 4);
+    let all = allocator.allocate(16 * KIB).unwrap();
+    allocator.free(all);
+    let first = allocator.allocate(KIB).unwrap();
+    let mut rest: Vec<Allocation> = (1..16).map(|_| allocator.allocate(KIB).unwrap()).collect();
+    assert_eq!(first.offset(), 0);
+    // Free units 1..=5 and 7.
+    let mut kept = Vec::new();
+    for allocation in rest.drain(..) {
+        let unit = allocation.offset() / KIB;
+        if (1..=5).contains(&unit) || unit == 7 {
+            allocator.free(allocation);
+        } else {
+            kept.push(allocation);
+        }
+    }
+    assert_eq!(allocator.stats().largest_free_bytes, 2 * KIB);
+    assert_eq!(allocator.fit_order(5 * KIB), None);
+    let five = allocator.allocate(5 * KIB).unwrap();
+    assert_eq!(five.offset(), KIB);
+    assert_eq!(allocator.free_blocks(), vec![(7 * KIB, KIB)]);
+    allocator.check_invariants().unwrap();
+    allocator.free(five);
+    allocator.free(first);
+    for allocation in kept {
+        allocator.free(allocation);
+    }
+    assert_fully_coalesced(allocator);
+}
+
+#[test]
+fn bookkeeping_follows_the_regions_not_the_capacity() {
+    // The largest capacity starts with one region; 1000 live allocations take about 2000.
+    let mut allocator = BuddyAllocator::new(256, MAX_ORDER_LIMIT, Rounding::Exact).unwrap();
+    assert!(
+        allocator.bookkeeping_bytes() <= 64,
+        "{}",
+        allocator.bookkeeping_bytes()
+    );
+    let held: Vec<Allocation> = (1..=1000u64)
+        .map(|i| allocator.allocate(i * 777).unwrap())
+        .collect();
+    allocator.check_invariants().unwrap();
+    let bytes = allocator.bookkeeping_bytes();
+    assert!(bytes <= 4 * 2 * 1000 * 32, "{bytes}");
+    for allocation in held {
+        allocator.free(allocation);
+    }
+    // Freed regions are reused, not added.
+    let again: Vec<Allocation> = (1..=1000u64)
+        .map(|i| allocator.allocate(i * 777).unwrap())
+        .collect();
+    assert_eq!(allocator.bookkeeping_bytes(), bytes);
+    for allocation in again {
+        allocator.free(allocation);
+    }
+    assert_fully_coalesced(allocator);
+}

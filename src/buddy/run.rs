@@ -1,0 +1,300 @@
+//! The buddy blocks of a run of free units, in closed form, and per-order counts of a few runs.
+//!
+//! The allocator keeps free space as maximal runs of free units. The buddy blocks of a run are its
+//! canonical decomposition (what [`super::for_each_piece`] walks: from the start, always the largest
+//! aligned block that fits). That decomposition rises then falls: blocks of increasing order from
+//! the start up to the most aligned point of the run, then blocks of decreasing order to the end.
+//! The orders of the rising blocks are the set bits of their total length and so are those of the
+//! falling blocks, so two words describe every block of a run, with no walk.
+
+/// The canonical decomposition of the run `[start, end)` into aligned buddy blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pieces {
+    /// The start of the run.
+    pub(crate) start: u64,
+    /// The most aligned point of `[start, end]`, where the blocks stop growing.
+    pub(crate) split: u64,
+    /// Bit `k` is set when a block of order `k` lies in `[start, split)` (lowest order first).
+    pub(crate) rising: u64,
+    /// Bit `k` is set when a block of order `k` lies in `[split, end)` (highest order first).
+    pub(crate) falling: u64,
+}
+
+impl Pieces {
+    /// The blocks of `[start, end)`, which must not be empty.
+    #[inline]
+    pub(crate) fn of(start: u64, end: u64) -> Self {
+        debug_assert!(start < end, "empty run [{start}, {end})");
+        let highest_difference = 63 - (start ^ end).leading_zeros();
+        let split = end & (u64::MAX << highest_difference);
+        Self {
+            start,
+            split,
+            rising: split - start,
+            falling: end - split,
+        }
+    }
+
+    /// Bit `k` is set when the run holds a block of order `k` (one or two of them).
+    #[inline]
+    pub(crate) fn orders(&self) -> u64 {
+        self.rising | self.falling
+    }
+
+    /// The order of the run's largest block.
+    #[inline]
+    pub(crate) fn top(&self) -> u32 {
+        63 - self.orders().leading_zeros()
+    }
+
+    /// The start of the lowest-addressed block of `order`, which the run must hold.
+    #[inline]
+    pub(crate) fn block_start(&self, order: u32) -> u64 {
+        debug_assert!(self.orders() >> order & 1 == 1);
+        if self.rising >> order & 1 == 1 {
+            self.start + (self.rising & ((1u64 << order) - 1))
+        } else {
+            self.split + (self.falling & (u64::MAX << order << 1))
+        }
+    }
+}
+
+/// Per-order block counts of up to three runs, bit-sliced: bit `k` of `bits[j]` is bit `j` of the
+/// number of blocks of order `k` (a run holds at most two blocks of one order).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally {
+    bits: [u64; 3],
+}
+
+impl Tally {
+    /// Adds one block of every order set in `mask`.
+    #[inline]
+    fn add_mask(&mut self, mask: u64) {
+        let carry_one = self.bits[0] & mask;
+        self.bits[0] ^= mask;
+        let carry_two = self.bits[1] & carry_one;
+        self.bits[1] ^= carry_one;
+        self.bits[2] ^= carry_two;
+    }
+
+    /// Adds the blocks of a run.
+    #[inline]
+    pub(crate) fn add(&mut self, pieces: Pieces) {
+        self.add_mask(pieces.rising);
+        self.add_mask(pieces.falling);
+    }
+}
+
+/// A change of every per-order count at once, from -8 to 7 each, bit-sliced in two's complement:
+/// bit `k` of `bits[j]` is bit `j` of the change at order `k`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Delta {
+    bits: [u64; 4],
+}
+
+impl Delta {
+    /// `plus - minus`, order by order.
+    #[inline]
+    pub(crate) fn between(plus: &Tally, minus: &Tally) -> Self {
+        // plus + !minus + 1, in four bits.
+        let mut bits = [0u64; 4];
+        let mut carry = u64::MAX;
+        for (j, bit) in bits.iter_mut().enumerate() {
+            let a = plus.bits.get(j).copied().unwrap_or(0);
+            let b = !minus.bits.get(j).copied().unwrap_or(0);
+            *bit = a ^ b ^ carry;
+            carry = (a & b) | (carry & (a ^ b));
+        }
+        Self { bits }
+    }
+
+    /// One block of `order` less, and one more block of every order set in `tail` (below `order`).
+    #[inline]
+    pub(crate) fn split(order: u32, tail: u64) -> Self {
+        debug_assert!(tail >> order == 0);
+        let taken = 1u64 << order;
+        Self {
+            bits: [tail | taken, taken, taken, taken],
+        }
+    }
+}
+
+/// One count per order (64 of them): the low eight bits bit-sliced (bit `k` of `low[j]` is bit `j`
+/// of the count of order `k`) and the rest in `high[k]`. Adding a [`Delta`] to all 64 counts is a
+/// fixed sequence of word operations, with no branch that depends on the data except the rare
+/// carry out of the low bits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Counts {
+    low: [u64; 8],
+    high: [u64; 64],
+}
+
+impl Counts {
+    /// All counts zero.
+    pub(crate) fn new() -> Self {
+        Self {
+            low: [0; 8],
+            high: [0; 64],
+        }
+    }
+
+    /// Adds `delta` to every count. No count may go below zero.
+    #[inline]
+    pub(crate) fn add(&mut self, delta: &Delta) {
+        let sign = delta.bits[3];
+        let mut carry = 0u64;
+        for (j, plane) in self.low.iter_mut().enumerate() {
+            // Above its own four bits the delta is its sign, repeated.
+            let bit = if j < 4 { delta.bits[j] } else { sign };
+            let sum = *plane ^ bit ^ carry;
+            carry = (*plane & bit) | (carry & (*plane ^ bit));
+            *plane = sum;
+        }
+        // Where the carry out of the low bits differs from the sign, the low bits wrapped: up past
+        // 255 where the delta is positive, down past 0 where it is negative.
+        let mut wrapped = carry ^ sign;
+        while wrapped != 0 {
+            let order = wrapped.trailing_zeros();
+            wrapped &= wrapped - 1;
+            let high = &mut self.high[order as usize];
+            if sign >> order & 1 == 0 {
+                *high += 1;
+            } else {
+                *high -= 1;
+            }
+        }
+    }
+
+    /// The count of `order`.
+    pub(crate) fn get(&self, order: u32) -> u64 {
+        let low: u64 = self
+            .low
+            .iter()
+            .enumerate()
+            .map(|(j, plane)| (plane >> order & 1) << j)
+            .sum();
+        self.high[order as usize] << 8 | low
+    }
+
+    /// Sets the count of `order` (for tests).
+    #[cfg(test)]
+    fn set(&mut self, order: u32, count: u64) {
+        for (j, plane) in self.low.iter_mut().enumerate() {
+            *plane = *plane & !(1 << order) | (count >> j & 1) << order;
+        }
+        self.high[order as usize] = count >> 8;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Counts, Delta, Pieces, Tally};
+    use proptest::prelude::*;
+
+    /// The decomposition walked one block at a time.
+    fn walked(start: u64, end: u64) -> Vec<(u64, u32)> {
+        let mut blocks = Vec::new();
+        super::super::for_each_piece(start, end, 63, |s, o| blocks.push((s, o)));
+        blocks
+    }
+
+    /// The decomposition read from the closed form.
+    fn closed_form(start: u64, end: u64) -> Vec<(u64, u32)> {
+        let pieces = Pieces::of(start, end);
+        let mut blocks = Vec::new();
+        let mut position = start;
+        for order in 0..64 {
+            if pieces.rising >> order & 1 == 1 {
+                blocks.push((position, order));
+                position += 1 << order;
+            }
+        }
+        assert_eq!(position, pieces.split);
+        for order in (0..64).rev() {
+            if pieces.falling >> order & 1 == 1 {
+                blocks.push((position, order));
+                position += 1 << order;
+            }
+        }
+        assert_eq!(position, end);
+        blocks
+    }
+
+    #[test]
+    fn examples() {
+        // [5, 8): 1 unit at 5, 2 at 6.
+        assert_eq!(closed_form(5, 8), vec![(5, 0), (6, 1)]);
+        // [0, 40): the roots of a 40-unit capacity.
+        assert_eq!(closed_form(0, 40), vec![(0, 5), (32, 3)]);
+        // [4, 12): two blocks of order 2 that are not buddies.
+        assert_eq!(closed_form(4, 12), vec![(4, 2), (8, 2)]);
+        let pieces = Pieces::of(4, 12);
+        assert_eq!((pieces.top(), pieces.block_start(2)), (2, 4));
+        let pieces = Pieces::of(3, 13);
+        assert_eq!(closed_form(3, 13), vec![(3, 0), (4, 2), (8, 2), (12, 0)]);
+        assert_eq!(pieces.block_start(0), 3);
+        assert_eq!(Pieces::of(1, 2).top(), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn the_closed_form_is_the_walk(start in 0u64..1 << 34, len in 1u64..1 << 34) {
+            let end = start + len;
+            let blocks = walked(start, end);
+            prop_assert_eq!(&closed_form(start, end), &blocks);
+            let pieces = Pieces::of(start, end);
+            prop_assert_eq!(pieces.top(), blocks.iter().map(|b| b.1).max().unwrap());
+            for order in 0..64 {
+                let first = blocks.iter().find(|b| b.1 == order).map(|b| b.0);
+                prop_assert_eq!(pieces.orders() >> order & 1 == 1, first.is_some());
+                if let Some(first) = first {
+                    prop_assert_eq!(pieces.block_start(order), first);
+                }
+            }
+        }
+
+        #[test]
+        fn deltas_change_the_counts(
+            runs in prop::collection::vec((0u64..1 << 20, 1u64..1 << 20), 4),
+            counts in prop::collection::vec(10u64..1 << 36, 64),
+            split in (0u32..36, any::<u64>()),
+        ) {
+            let mut applied = Counts::new();
+            for (order, &count) in counts.iter().enumerate() {
+                applied.set(order as u32, count);
+            }
+            let mut expected: Vec<i64> = counts.iter().map(|&c| c as i64).collect();
+            let mut plus = Tally::default();
+            let mut minus = Tally::default();
+            for (i, &(start, len)) in runs.iter().enumerate() {
+                let (tally, sign) = if i < 2 { (&mut plus, 1) } else { (&mut minus, -1) };
+                tally.add(Pieces::of(start, start + len));
+                for (_, order) in walked(start, start + len) {
+                    expected[order as usize] += sign;
+                }
+            }
+            applied.add(&Delta::between(&plus, &minus));
+            let (order, tail) = (split.0, split.1 & ((1u64 << split.0) - 1));
+            applied.add(&Delta::split(order, tail));
+            expected[order as usize] -= 1;
+            for (k, count) in expected.iter_mut().enumerate() {
+                *count += (tail >> k & 1) as i64;
+            }
+            let applied: Vec<i64> = (0..64).map(|k| applied.get(k) as i64).collect();
+            prop_assert_eq!(applied, expected);
+        }
+
+        #[test]
+        fn large_counts_carry_and_borrow(order in 0u32..64, start in 1u64..1 << 39) {
+            let mut counts = Counts::new();
+            let mut one = Tally::default();
+            one.add_mask(1 << order);
+            counts.set(order, start);
+            counts.add(&Delta::between(&one, &Tally::default()));
+            prop_assert_eq!(counts.get(order), start + 1);
+            counts.add(&Delta::between(&Tally::default(), &one));
+            counts.add(&Delta::between(&Tally::default(), &one));
+            prop_assert_eq!(counts.get(order), start - 1);
+        }
+    }
+}
