@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
-//!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--group-rows N]
+//!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
+//!     [--group-rows N]
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -26,8 +27,13 @@
 //! - Round trip: the wall time of one tiny `add` recorded, submitted and read back, and what each
 //!   further dependent `add` in the same batch adds to it (the floor of a small request).
 //! - `--only` runs one section; `--matmul MxNxK` (repeatable) measures these shapes instead of
-//!   the default list (with `--large`, also with every tile that fits); `--group-rows N` sets
+//!   the default list (with `--large`, also with every tile that fits); `--tile` (repeatable)
+//!   measures only these tiles of `MatmulTiles::ALL`, in this order, where `--large` measures
+//!   every tile (e.g. `--tile 128x128x8 --tile 128x128x8/16x8`); `--group-rows N` sets
 //!   `MatmulOptions::group_rows`.
+//! - In one process, large products measured one after another can slow down for the rest of
+//!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
+//!   tiles in separate processes, or early in one.
 //!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
@@ -62,11 +68,28 @@ struct Args {
     matmuls: Vec<(usize, usize, usize)>,
     /// `MatmulOptions::group_rows`, if not the default.
     group_rows: Option<u32>,
+    /// With `--large`, the tiles to compare (empty: every tile of `MatmulTiles::ALL`).
+    tiles: Vec<MatmulTiles>,
 }
 
 impl Args {
     fn runs(&self, section: &str) -> bool {
         self.only.as_deref().is_none_or(|only| only == section)
+    }
+
+    /// The tiles `--large` compares: those of `--tile` in their order, or all, where they fit
+    /// the device.
+    fn compared_tiles(&self, limits: &wgpu::Limits) -> Vec<MatmulTiles> {
+        let tiles: &[MatmulTiles] = if self.tiles.is_empty() {
+            &MatmulTiles::ALL
+        } else {
+            &self.tiles
+        };
+        tiles
+            .iter()
+            .copied()
+            .filter(|tiles| tiles.check(limits).is_ok())
+            .collect()
     }
 }
 
@@ -78,6 +101,7 @@ fn parse_args() -> anyhow::Result<Args> {
         only: None,
         matmuls: Vec::new(),
         group_rows: None,
+        tiles: Vec::new(),
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -97,6 +121,18 @@ fn parse_args() -> anyhow::Result<Args> {
                 };
                 args.matmuls.push((m, n, k));
             }
+            "--tile" => {
+                let name = iter.next().context("--tile needs BMxBNxBK[/TMxTN]")?;
+                let tiles = MatmulTiles::ALL
+                    .into_iter()
+                    .find(|tiles| tiles.to_string() == name)
+                    .with_context(|| {
+                        let all: Vec<String> =
+                            MatmulTiles::ALL.iter().map(ToString::to_string).collect();
+                        format!("--tile {name:?}: not one of {}", all.join(", "))
+                    })?;
+                args.tiles.push(tiles);
+            }
             "--group-rows" => {
                 let rows = iter.next().context("--group-rows needs a number")?;
                 args.group_rows = Some(rows.parse().context("--group-rows needs a number")?);
@@ -111,7 +147,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "-h" | "--help" => {
                 println!(
                     "bench_kernels [--json OUT] [--large] [--checked] \
-                     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--group-rows N]"
+                     [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
+                     [--tile BMxBNxBK[/TMxTN]]... [--group-rows N]"
                 );
                 std::process::exit(0);
             }
@@ -132,7 +169,7 @@ struct MatmulCase {
     narrow_lanes: Option<u32>,
 }
 
-fn matmul_cases(large: bool, limits: &wgpu::Limits) -> Vec<MatmulCase> {
+fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
     let case = |m, n, k| MatmulCase {
         m,
         n,
@@ -170,13 +207,11 @@ fn matmul_cases(large: bool, limits: &wgpu::Limits) -> Vec<MatmulCase> {
     cases.extend(skinny.iter().map(|&(m, n, k)| case(m, n, k)));
     if large {
         // Every tile at 4096³, for comparison.
-        for tiles in MatmulTiles::ALL {
-            if tiles.check(limits).is_ok() {
-                cases.push(MatmulCase {
-                    tiles: Some(tiles),
-                    ..case(4096, 4096, 4096)
-                });
-            }
+        for &tiles in compared {
+            cases.push(MatmulCase {
+                tiles: Some(tiles),
+                ..case(4096, 4096, 4096)
+            });
         }
     }
     cases
@@ -517,13 +552,13 @@ fn main() -> anyhow::Result<()> {
 
     println!();
     println!(
-        "{:>6} {:>6} {:>6}  {:<12} {:>5} {:>11} {:>10} {:>11}  check",
+        "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11} {:>10} {:>11}  check",
         "M", "N", "K", "tiles", "split", "time (µs)", "GFLOP/s", "max_rel_err"
     );
     let mut matmuls = Vec::new();
     let mut failures = 0;
     let cases = if !args.matmuls.is_empty() {
-        let limits = bench.gpu.device.limits();
+        let compared = args.compared_tiles(&bench.gpu.device.limits());
         let mut cases = Vec::new();
         for &(m, n, k) in &args.matmuls {
             // The automatic choice, then (with --large) every tile that fits, and for few rows
@@ -543,23 +578,18 @@ fn main() -> anyhow::Result<()> {
             }
             cases.push(case);
             if args.large {
-                cases.extend(
-                    MatmulTiles::ALL
-                        .into_iter()
-                        .filter(|t| t.check(&limits).is_ok())
-                        .map(|tiles| MatmulCase {
-                            m,
-                            n,
-                            k,
-                            tiles: Some(tiles),
-                            narrow_lanes: None,
-                        }),
-                );
+                cases.extend(compared.iter().map(|&tiles| MatmulCase {
+                    m,
+                    n,
+                    k,
+                    tiles: Some(tiles),
+                    narrow_lanes: None,
+                }));
             }
         }
         cases
     } else if args.runs("matmul") {
-        matmul_cases(args.large, &bench.gpu.device.limits())
+        matmul_cases(args.large, &args.compared_tiles(&bench.gpu.device.limits()))
     } else {
         Vec::new()
     };
@@ -567,7 +597,7 @@ fn main() -> anyhow::Result<()> {
         let r = bench_matmul(&bench, &case, &mut rng)
             .with_context(|| format!("matmul {}x{}x{}", case.m, case.n, case.k))?;
         println!(
-            "{:>6} {:>6} {:>6}  {:<12} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {}",
+            "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {}",
             r.m,
             r.n,
             r.k,

@@ -3,7 +3,8 @@
 //
 // The host prepends these constants (src/compute/kernels.rs, `MatmulTiles`):
 //   BM, BN, BK   the block tile: BM×BN outputs per workgroup, BK (8 or 16) deep per step of K
-//   THREADS      (BM / 8) · (BN / 8) invocations, each computing 8×8 outputs in registers
+//   TM, TN       outputs per invocation, in registers: TM×TN of 8×8, 16×8 or 8×16
+//   THREADS      (BM / TM) · (BN / TN) invocations
 //   A_LOADS, B_LOADS   vec4 global loads per invocation per tile of A and of B (1, 2 or 4)
 //   VEC4         K % 4 == 0 and N % 4 == 0: rows of A, B and C are whole vec4s
 //   EDGES        some tile is partial (M % BM, N % BN or K % BK is not 0): loads and stores
@@ -14,13 +15,13 @@
 // Split-K: workgroup z computes the partial product over K range [z·k_chunk, (z+1)·k_chunk)
 // into the z-th M×N slice of `c`; `matmul_reduce.wgsl` adds the slices (and runs the epilogue).
 //
-// Layout: invocation (tx, ty) owns rows {ty·4 + i, BM/2 + ty·4 + i} and columns
-// {tx·4 + j, BN/2 + tx·4 + j} (i, j < 4) of the block tile: two groups of four, so that the
-// vec4 reads of workgroup memory by neighbouring invocations are contiguous (no bank conflicts)
-// and the vec4 stores of C are coalesced. The A tile is stored transposed ([k][m]) so that
-// A's four rows are one vec4 read. Two tile buffers: invocations load the next tile from global
-// memory into registers before the product of the current one, and store it into the other
-// buffer after: one barrier per tile.
+// Layout: invocation (tx, ty) owns rows {I·(4·BM/TM) + ty·4 + e} (I < TM/4, e < 4) and columns
+// {J·(4·BN/TN) + tx·4 + j} (J < TN/4, j < 4) of the block tile (for 8×8: rows {ty·4 + e,
+// BM/2 + ty·4 + e}): groups of four, so that the vec4 reads of workgroup memory by neighbouring
+// invocations are contiguous (no bank conflicts) and the vec4 stores of C are coalesced. The A
+// tile is stored transposed ([k][m]) so that four rows of A are one vec4 read. Two tile buffers:
+// invocations load the next tile from global memory into registers before the product of the
+// current one, and store it into the other buffer after: one barrier per tile.
 //
 // Block tiles are visited in groups of GROUP_M tile rows (the order of Triton's matmul
 // tutorial): workgroups that run at the same time share columns of B and rows of A in L2.
@@ -48,6 +49,10 @@ struct MatmulParams {
 // vec4s of one tile buffer of A (BK × BM, transposed) and of B (BK × BN).
 const A_TILE: u32 = BK * BM / 4u;
 const B_TILE: u32 = BK * BN / 4u;
+
+// Distance between an invocation's groups of four rows, of four columns (see Layout).
+const ROW_GROUP: u32 = 4u * BM / TM;
+const COL_GROUP: u32 = 4u * BN / TN;
 
 var<workgroup> tile_a: array<vec4<f32>, 2u * A_TILE>;
 var<workgroup> tile_b: array<vec4<f32>, 2u * B_TILE>;
@@ -232,12 +237,12 @@ fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation
     let k_end = min(params.k, k_begin + params.k_chunk);
     // The host never makes an empty split: k_end > k_begin.
     let tiles = (k_end - k_begin + BK - 1u) / BK;
-    let tx = tid % (BN / 8u);
-    let ty = tid / (BN / 8u);
+    let tx = tid % (BN / TN);
+    let ty = tid / (BN / TN);
 
-    // acc[2·r + g]: row r of the invocation's eight, column group g. Indexed only by constants,
-    // so it lives in registers.
-    var acc: array<vec4<f32>, 16>;
+    // acc[r·(TN/4) + J] (`{A}` in the lines the host repeats): row r of the invocation's TM,
+    // column group J. Indexed only by constants, so it lives in registers.
+    var acc: array<vec4<f32>, TM * TN / 4u>;
 
     var staged = fetch(tid, row0, col0, k_begin, k_end);
     stage(0u, staged, tid);
@@ -251,34 +256,18 @@ fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation
             staged = fetch(tid, row0, col0, k_begin + (t + 1u) * BK, k_end);
         }
         // BK steps of K, unrolled by the host: it repeats the block between the STEP markers
-        // for STEP = 0u .. BK - 1u (src/compute/kernels.rs), so that the driver's compiler sees
-        // straight-line code whatever its unrolling heuristics. Each step is the 8×8 outer
-        // product of four rows of A (two vec4s of the transposed tile) and eight columns of B
-        // (two vec4s): 16 vec4 fused multiply-adds.
+        // for STEP = 0u .. BK - 1u, and each line marked `// each` for the values of I, E, J
+        // (src/compute/kernels.rs, `Variant::expand`), so that the driver's compiler sees
+        // straight-line code whatever its unrolling heuristics. Each step is the TM×TN outer
+        // product of TM rows of A (TM / 4 vec4s of the transposed tile) and TN columns of B
+        // (TN / 4 vec4s): TM · TN / 4 vec4 fused multiply-adds.
         let a = current * A_TILE + ty;
         let b = current * B_TILE + tx;
         // BEGIN STEP
         {
-            let a0 = tile_a[a + STEP * (BM / 4u)];
-            let a1 = tile_a[a + STEP * (BM / 4u) + BM / 8u];
-            let b0 = tile_b[b + STEP * (BN / 4u)];
-            let b1 = tile_b[b + STEP * (BN / 4u) + BN / 8u];
-            acc[0] = fma(vec4<f32>(a0.x), b0, acc[0]);
-            acc[1] = fma(vec4<f32>(a0.x), b1, acc[1]);
-            acc[2] = fma(vec4<f32>(a0.y), b0, acc[2]);
-            acc[3] = fma(vec4<f32>(a0.y), b1, acc[3]);
-            acc[4] = fma(vec4<f32>(a0.z), b0, acc[4]);
-            acc[5] = fma(vec4<f32>(a0.z), b1, acc[5]);
-            acc[6] = fma(vec4<f32>(a0.w), b0, acc[6]);
-            acc[7] = fma(vec4<f32>(a0.w), b1, acc[7]);
-            acc[8] = fma(vec4<f32>(a1.x), b0, acc[8]);
-            acc[9] = fma(vec4<f32>(a1.x), b1, acc[9]);
-            acc[10] = fma(vec4<f32>(a1.y), b0, acc[10]);
-            acc[11] = fma(vec4<f32>(a1.y), b1, acc[11]);
-            acc[12] = fma(vec4<f32>(a1.z), b0, acc[12]);
-            acc[13] = fma(vec4<f32>(a1.z), b1, acc[13]);
-            acc[14] = fma(vec4<f32>(a1.w), b0, acc[14]);
-            acc[15] = fma(vec4<f32>(a1.w), b1, acc[15]);
+            let a{I} = tile_a[a + STEP * (BM / 4u) + {I}u * (BM / TM)]; // each I
+            let b{J} = tile_b[b + STEP * (BN / 4u) + {J}u * (BN / TN)]; // each J
+            acc[{A}u] = fma(vec4<f32>(a{I}[{E}u]), b{J}, acc[{A}u]); // each I E J
         }
         // END STEP
         if (more) {
@@ -287,25 +276,8 @@ fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation
         workgroupBarrier();
     }
 
-    let r0 = row0 + ty * 4u;
-    let r1 = row0 + BM / 2u + ty * 4u;
-    let c0 = col0 + tx * 4u;
-    let c1 = col0 + BN / 2u + tx * 4u;
+    let row = row0 + ty * 4u;
+    let col = col0 + tx * 4u;
     let z = workgroup.z;
-    store_c(r0, c0, z, acc[0]);
-    store_c(r0, c1, z, acc[1]);
-    store_c(r0 + 1u, c0, z, acc[2]);
-    store_c(r0 + 1u, c1, z, acc[3]);
-    store_c(r0 + 2u, c0, z, acc[4]);
-    store_c(r0 + 2u, c1, z, acc[5]);
-    store_c(r0 + 3u, c0, z, acc[6]);
-    store_c(r0 + 3u, c1, z, acc[7]);
-    store_c(r1, c0, z, acc[8]);
-    store_c(r1, c1, z, acc[9]);
-    store_c(r1 + 1u, c0, z, acc[10]);
-    store_c(r1 + 1u, c1, z, acc[11]);
-    store_c(r1 + 2u, c0, z, acc[12]);
-    store_c(r1 + 2u, c1, z, acc[13]);
-    store_c(r1 + 3u, c0, z, acc[14]);
-    store_c(r1 + 3u, c1, z, acc[15]);
+    store_c(row + {I}u * ROW_GROUP + {E}u, col + {J}u * COL_GROUP, z, acc[{A}u]); // each I E J
 }

@@ -109,6 +109,8 @@ impl Variant {
                 int("BM", tiles.bm).ok();
                 int("BN", tiles.bn).ok();
                 int("BK", tiles.bk).ok();
+                int("TM", tiles.tm).ok();
+                int("TN", tiles.tn).ok();
                 int("THREADS", tiles.threads()).ok();
                 int("A_LOADS", tiles.a_loads()).ok();
                 int("B_LOADS", tiles.b_loads()).ok();
@@ -136,8 +138,13 @@ impl Variant {
         text
     }
 
-    /// The kernel's text with the host's unrolling applied: in the matmul kernel, the block
-    /// between `// BEGIN STEP` and `// END STEP` repeated for `STEP` = `0u` .. `BK - 1u`.
+    /// The kernel's text with the host's unrolling applied. In the matmul kernel: the block
+    /// between `// BEGIN STEP` and `// END STEP` repeated for `STEP` = `0u` .. `BK - 1u`, and
+    /// each line that ends in `// each` and some of `I`, `E`, `J` repeated for every value of
+    /// them (outer to inner, in the order named), `{I}`, `{E}`, `{J}` replaced by the values:
+    /// `I` < `TM / 4` (a group of four rows of an invocation's outputs), `E` < 4 (a row of the
+    /// group), `J` < `TN / 4` (a group of four columns); and `{A}` by `(4·I + E)·(TN / 4) + J`,
+    /// the index of that row and column group in the accumulators.
     fn expand<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let Self::Matmul { tiles, .. } = self else {
             return Cow::Borrowed(text);
@@ -154,7 +161,11 @@ impl Variant {
             expanded.push_str(&block.replace("STEP", &format!("{step}u")));
         }
         expanded.push_str(&text[end + END.len()..]);
-        Cow::Owned(expanded)
+        let mut lines = String::with_capacity(expanded.len() * 2);
+        for line in expanded.lines() {
+            expand_each(line, tiles, &mut lines);
+        }
+        Cow::Owned(lines)
     }
 
     /// A short label for reports and errors.
@@ -191,6 +202,54 @@ impl Variant {
                 activation.suffix()
             ),
         }
+    }
+}
+
+/// Appends `line` to `out`, repeated as its `// each` suffix asks (see [`Variant::expand`]);
+/// a line without one (a suffix of names other than `I`, `E`, `J` is none) once.
+fn expand_each(line: &str, tiles: &MatmulTiles, out: &mut String) {
+    const EACH: &str = "// each ";
+    let marker = line.rfind(EACH).filter(|&at| {
+        let names = &line[at + EACH.len()..];
+        names
+            .split_whitespace()
+            .all(|name| ["I", "E", "J"].contains(&name))
+    });
+    let Some(at) = marker else {
+        out.push_str(line);
+        out.push('\n');
+        return;
+    };
+    let (groups_i, groups_j) = (tiles.tm / 4, tiles.tn / 4);
+    // The values of (I, E, J) of each copy, outer to inner in the order the line names them.
+    let mut copies = vec![[0u32; 3]];
+    for name in line[at + EACH.len()..].split_whitespace() {
+        let (slot, count) = match name {
+            "I" => (0, groups_i),
+            "E" => (1, 4),
+            _ => (2, groups_j),
+        };
+        copies = copies
+            .iter()
+            .flat_map(|copy| {
+                (0..count).map(move |value| {
+                    let mut copy = *copy;
+                    copy[slot] = value;
+                    copy
+                })
+            })
+            .collect();
+    }
+    let body = line[..at].trim_end();
+    for [i, e, j] in copies {
+        let accumulator = (4 * i + e) * groups_j + j;
+        let copy = body
+            .replace("{I}", &i.to_string())
+            .replace("{E}", &e.to_string())
+            .replace("{J}", &j.to_string())
+            .replace("{A}", &accumulator.to_string());
+        out.push_str(&copy);
+        out.push('\n');
     }
 }
 
@@ -370,5 +429,49 @@ fn layouts(device: &wgpu::Device, storage: usize) -> Layouts {
     Layouts {
         bind_group,
         pipeline,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expanded(tiles: MatmulTiles) -> String {
+        let variant = Variant::Matmul {
+            tiles,
+            group_rows: 8,
+            vec4: true,
+            edges: false,
+            bias: false,
+            activation: Activation::None,
+        };
+        variant.expand(Source::Matmul.text()).into_owned()
+    }
+
+    #[test]
+    fn matmul_steps_and_outputs_are_unrolled_for_every_tile() {
+        for tiles in MatmulTiles::ALL {
+            // The code, without comments.
+            let text: String = expanded(tiles)
+                .lines()
+                .map(|line| line.split("//").next().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n");
+            let accumulators = tiles.tm * tiles.tn / 4;
+            for placeholder in ["STEP", "{I}", "{E}", "{J}", "{A}"] {
+                assert!(!text.contains(placeholder), "{tiles}: {placeholder} left");
+            }
+            let fmas = text.matches("] = fma(").count() as u32;
+            assert_eq!(fmas, accumulators * tiles.bk, "{tiles}");
+            assert_eq!(
+                text.matches("    store_c(").count() as u32,
+                accumulators,
+                "{tiles}"
+            );
+            let last = accumulators - 1;
+            let (i, j) = (tiles.tm / 4 - 1, tiles.tn / 4 - 1);
+            let line = format!("acc[{last}u] = fma(vec4<f32>(a{i}[3u]), b{j}, acc[{last}u]);");
+            assert!(text.contains(&line), "{tiles}: no {line}");
+        }
     }
 }

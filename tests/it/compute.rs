@@ -407,8 +407,8 @@ fn matmul_context(gpu: &Gpu, tiles: Option<MatmulTiles>, split_k: Option<u32>) -
 #[test]
 fn matmul_matches_its_cpu_twin_with_every_tile_on_odd_shapes() {
     // Every shape for the default tiles; for the others (on the adapter's limits only: every
-    // variant is a compile, the slow part on a software GPU), a scalar variant with edges and a
-    // vec4 one without, each with more than 8 rows of tiles.
+    // variant is a compile, the slow part on a software GPU), a scalar variant with edges and
+    // the fused epilogue, and a vec4 one without edges, each with more than 8 rows of tiles.
     let defaults = MatmulOptions::default();
     for (index, (limits, gpu)) in both().into_iter().enumerate() {
         let mut rng = StdRng::seed_from_u64(6);
@@ -419,20 +419,31 @@ fn matmul_matches_its_cpu_twin_with_every_tile_on_odd_shapes() {
                 continue;
             }
             let context = matmul_context(gpu, Some(tiles), Some(1));
-            let shapes: &[(usize, usize, usize)] = if default_tile {
-                &MATMUL_SHAPES
+            let (bm, bn, bk) = (tiles.bm as usize, tiles.bn as usize, tiles.bk as usize);
+            // 9 steps of K, an odd number (the other shapes: 1, and 64 or 32).
+            let exact = (9 * bm, 9 * bk, bn);
+            let shapes: Vec<(usize, usize, usize)> = if default_tile {
+                MATMUL_SHAPES.to_vec()
             } else {
-                &[(257, 511, 129), (1100, 4, 70), (1152, 64, 128)]
+                vec![(257, 511, 129), (1100, 4, 70), exact]
             };
-            for &shape in shapes {
+            for shape in shapes {
                 let plan = context.matmul_plan(shape.0, shape.2, shape.1).unwrap();
                 assert_eq!((plan.tiles, plan.splits), (tiles, 1));
+                if shape == exact {
+                    assert!(plan.vec4 && !plan.edges, "{plan:?}");
+                }
+                let epilogue = !default_tile && !plan.vec4;
                 check_matmul(
                     &context,
                     &format!("matmul {tiles} ({limits})"),
                     shape,
-                    false,
-                    Activation::None,
+                    epilogue,
+                    if epilogue {
+                        Activation::Gelu
+                    } else {
+                        Activation::None
+                    },
                     &mut rng,
                 );
             }
@@ -459,11 +470,19 @@ fn split_k_matmul_matches_its_cpu_twin() {
         let mut rng = StdRng::seed_from_u64(7);
         // Under the default limits, one configuration (compiles are the slow part).
         let configs: &[(MatmulTiles, u32)] = if index == 0 {
-            &[(MatmulTiles::T64X64X8, 3), (MatmulTiles::T128X128X8, 5)]
+            &[
+                (MatmulTiles::T64X64X8, 3),
+                (MatmulTiles::T128X128X8, 5),
+                (MatmulTiles::T128X128X8_16X8, 3),
+            ]
         } else {
             &[(MatmulTiles::T64X64X8, 3)]
         };
         for &(tiles, splits) in configs {
+            if tiles.check(&gpu.device.limits()).is_err() {
+                eprintln!("split-K {tiles} ({limits}): skipped");
+                continue;
+            }
             let context = matmul_context(gpu, Some(tiles), Some(splits));
             for shape in [(257, 511, 129), (20, 44, 36), (3, 17, 1), (64, 256, 64)] {
                 let plan = context.matmul_plan(shape.0, shape.2, shape.1).unwrap();

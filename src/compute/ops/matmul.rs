@@ -4,10 +4,11 @@
 //!
 //! # Tiles
 //!
-//! A workgroup computes a `bm × bn` block of C with `(bm / 8) · (bn / 8)` invocations, each
-//! holding 8×8 outputs in registers; it walks K in steps of `bk` through two workgroup-memory
-//! buffers (A stored transposed for vec4 reads). The large tile (128×128×8: 256 invocations,
-//! 16 KiB of workgroup memory, which every WebGPU device has) is used when it yields at least
+//! A workgroup computes a `bm × bn` block of C with `(bm / tm) · (bn / tn)` invocations, each
+//! holding `tm × tn` outputs in registers (8×8, 16×8 or 8×16; see [`MatmulTiles::ALL`]); it
+//! walks K in steps of `bk` through two workgroup-memory buffers (A stored transposed for vec4
+//! reads). The large tile (128×128×8 with 16×8 outputs per invocation: 128 invocations, 16 KiB
+//! of workgroup memory, which every WebGPU device has) is used when it yields at least
 //! [`MatmulOptions::min_workgroups`] workgroups; otherwise the small one (64×64×8: 64
 //! invocations, 8 KiB), and when even that leaves the GPU idle, split-K: `splits` workgroups
 //! along K each write a partial product, and a second kernel adds them and runs the epilogue.
@@ -29,11 +30,43 @@
 //!
 //! # Measured on an H200 (Vulkan, driver 580, `bench_kernels --large`)
 //!
-//! At 4096³, unchecked: 128×128×8 34.0 TFLOP/s (30.6 checked), the same in every run;
-//! 128×64×16 33.0, 128×64×8 32.4, 128×128×16 31.1. The tiles of 64 rows reached 36–39 TFLOP/s
-//! in some runs (64×128×8: 37.6 at 4096³, 39.4 at 8192³) and 16–24 in others of the same
-//! binary, so they are not the default. 2048³: 31.0 (small tile); 64×4096×4096: 15.9 (small
-//! tile, split-K 5). cuBLAS without TF32 reaches about 51.
+//! Earlier, at 4096³, unchecked: 128×128×8 34.0 TFLOP/s (30.6 checked); 128×64×16 33.0,
+//! 128×64×8 32.4, 128×128×16 31.1; 2048³: 31.0 (small tile); 64×4096×4096: 15.9 (small tile,
+//! split-K 5). cuBLAS without TF32 reaches about 51.
+//!
+//! In one process, `bench_kernels --large` measures 4096³ products one after another, each with
+//! new tensors; after the first six or so, every tile (the default too) can run 35–60% slower
+//! for the rest of the process (128×128×8: 34.1 first, 22.2 and 23.5 fourteenth). Tiles compared
+//! late in a long list are not comparable with those early in it; comparisons below run each
+//! tile in a fresh process, right after the automatic choice (`bench_kernels --large --only
+//! matmul --matmul 4096x4096x4096 --tile T`, one process per tile, the tiles in one order then
+//! in the reverse order; the two figures of a tile differ by at most 0.6):
+//!
+//! | tile (outputs per invocation) | invocations | workgroup memory | TFLOP/s at 4096³ |
+//! |---|---|---|---|
+//! | 128×128×8 (8×8, the default before) | 256 | 16 KiB | 34.0–34.1 |
+//! | 128×128×8/16×8 (the default) | 128 | 16 KiB | 39.3–39.4 |
+//! | 64×128×8 | 128 | 12 KiB | 37.9 |
+//! | 64×256×8/8×16 | 128 | 20 KiB | 37.8 |
+//! | 128×128×8/8×16 | 128 | 16 KiB | 37.5 |
+//! | 256×64×8/16×8 | 128 | 20 KiB | 37.2 |
+//! | 128×256×16/8×16 | 256 | 48 KiB | 37.1 |
+//! | 256×128×16/16×8 | 256 | 48 KiB | 36.2 |
+//! | 128×64×8 | 64 | 12 KiB | 35.6 |
+//! | 64×128×8/8×16 | 64 | 12 KiB | 35.2 |
+//! | 128×64×8/16×8 | 64 | 12 KiB | 34.0–34.3 |
+//! | 64×128×16 | 128 | 24 KiB | 33.6–34.1 |
+//! | 128×64×16 | 128 | 24 KiB | 32.6–33.2 |
+//! | 256×128×8/16×8 | 256 | 24 KiB | 31.9 |
+//! | 128×256×8/8×16 | 256 | 24 KiB | 31.5–31.6 |
+//! | 128×128×16/16×8 | 128 | 32 KiB | 19.3–19.4 |
+//!
+//! 128×128×8/16×8 also: 39.4 with `--group-rows 4` and 16; 39.6 against 34.7 at 8192³; 35.7
+//! against 31.6 at 2048³ (the automatic choice there, 64×64×8: 30.9); alternating with
+//! 128×128×8 in one process, 39.3, 39.4 against 34.1, 34.0, 34.0. It is the default large tile
+//! since these runs (it measured 16.5–25.1 only late in long single-process runs, the slowdown of
+//! late products). A second set of registers for the global loads, two tiles ahead of their product,
+//! was slower for every tile tried (128×128×8: 27.3; 128×128×8/16×8: 32.3), and dropped.
 
 use std::fmt;
 
@@ -82,8 +115,9 @@ pub struct Epilogue<'a> {
     pub activation: Activation,
 }
 
-/// A block tile of the matmul kernel: `bm × bn` outputs per workgroup, `bk` deep per step.
-/// Every invocation computes 8×8 outputs, so a workgroup has `(bm / 8) · (bn / 8)` invocations.
+/// A block tile of the matmul kernel: `bm × bn` outputs per workgroup, `bk` deep per step,
+/// `tm × tn` outputs per invocation (in registers), so a workgroup has `(bm / tm) · (bn / tn)`
+/// invocations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MatmulTiles {
     /// Rows of C per workgroup.
@@ -92,11 +126,19 @@ pub struct MatmulTiles {
     pub bn: u32,
     /// Depth of K per step (through workgroup memory).
     pub bk: u32,
+    /// Rows of C per invocation: 8 or 16.
+    pub tm: u32,
+    /// Columns of C per invocation: 8 or 16 (not both 16: too many registers).
+    pub tn: u32,
 }
 
 impl fmt::Display for MatmulTiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)
+        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)?;
+        if (self.tm, self.tn) != (8, 8) {
+            write!(f, "/{}x{}", self.tm, self.tn)?;
+        }
+        Ok(())
     }
 }
 
@@ -117,9 +159,32 @@ impl MatmulTiles {
     pub const T64X64X8: Self = Self::new(64, 64, 8);
     /// 64×64, 16 deep: 64 invocations, 16 KiB.
     pub const T64X64X16: Self = Self::new(64, 64, 16);
+    /// 256×128, 8 deep, 16×8 outputs per invocation: 256 invocations, 24 KiB.
+    pub const T256X128X8_16X8: Self = Self::new(256, 128, 8).per_invocation(16, 8);
+    /// 128×256, 8 deep, 8×16 outputs per invocation: 256 invocations, 24 KiB.
+    pub const T128X256X8_8X16: Self = Self::new(128, 256, 8).per_invocation(8, 16);
+    /// 128×128, 8 deep, 16×8 outputs per invocation: 128 invocations, 16 KiB.
+    pub const T128X128X8_16X8: Self = Self::new(128, 128, 8).per_invocation(16, 8);
+    /// 128×128, 8 deep, 8×16 outputs per invocation: 128 invocations, 16 KiB.
+    pub const T128X128X8_8X16: Self = Self::new(128, 128, 8).per_invocation(8, 16);
+    /// 128×128, 16 deep, 16×8 outputs per invocation: 128 invocations, 32 KiB.
+    pub const T128X128X16_16X8: Self = Self::new(128, 128, 16).per_invocation(16, 8);
+    /// 256×128, 16 deep, 16×8 outputs per invocation: 256 invocations, 48 KiB.
+    pub const T256X128X16_16X8: Self = Self::new(256, 128, 16).per_invocation(16, 8);
+    /// 128×256, 16 deep, 8×16 outputs per invocation: 256 invocations, 48 KiB.
+    pub const T128X256X16_8X16: Self = Self::new(128, 256, 16).per_invocation(8, 16);
+
+    /// 256×64, 8 deep, 16×8 outputs per invocation: 128 invocations, 20 KiB.
+    pub const T256X64X8_16X8: Self = Self::new(256, 64, 8).per_invocation(16, 8);
+    /// 64×256, 8 deep, 8×16 outputs per invocation: 128 invocations, 20 KiB.
+    pub const T64X256X8_8X16: Self = Self::new(64, 256, 8).per_invocation(8, 16);
+    /// 128×64, 8 deep, 16×8 outputs per invocation: 64 invocations, 12 KiB.
+    pub const T128X64X8_16X8: Self = Self::new(128, 64, 8).per_invocation(16, 8);
+    /// 64×128, 8 deep, 8×16 outputs per invocation: 64 invocations, 12 KiB.
+    pub const T64X128X8_8X16: Self = Self::new(64, 128, 8).per_invocation(8, 16);
 
     /// Every tile the kernel supports.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 19] = [
         Self::T128X128X8,
         Self::T128X128X16,
         Self::T128X64X8,
@@ -128,16 +193,39 @@ impl MatmulTiles {
         Self::T64X128X16,
         Self::T64X64X8,
         Self::T64X64X16,
+        Self::T256X128X8_16X8,
+        Self::T128X256X8_8X16,
+        Self::T128X128X8_16X8,
+        Self::T128X128X8_8X16,
+        Self::T128X128X16_16X8,
+        Self::T256X128X16_16X8,
+        Self::T128X256X16_8X16,
+        Self::T256X64X8_16X8,
+        Self::T64X256X8_8X16,
+        Self::T128X64X8_16X8,
+        Self::T64X128X8_8X16,
     ];
 
-    /// A tile; see [`MatmulTiles::check`] for the shapes the kernel takes.
+    /// A tile of 8×8 outputs per invocation; see [`MatmulTiles::check`] for the shapes the
+    /// kernel takes.
     pub const fn new(bm: u32, bn: u32, bk: u32) -> Self {
-        Self { bm, bn, bk }
+        Self {
+            bm,
+            bn,
+            bk,
+            tm: 8,
+            tn: 8,
+        }
     }
 
-    /// Invocations per workgroup: `(bm / 8) · (bn / 8)`.
+    /// This tile with `tm × tn` outputs per invocation.
+    pub const fn per_invocation(self, tm: u32, tn: u32) -> Self {
+        Self { tm, tn, ..self }
+    }
+
+    /// Invocations per workgroup: `(bm / tm) · (bn / tn)`.
     pub fn threads(&self) -> u32 {
-        (self.bm / 8) * (self.bn / 8)
+        (self.bm / self.tm.max(1)) * (self.bn / self.tn.max(1))
     }
 
     /// vec4 loads of the A tile per invocation.
@@ -155,27 +243,33 @@ impl MatmulTiles {
         2 * self.bk * (self.bm + self.bn) * 4
     }
 
-    /// Whether the kernel takes this tile (`bm`, `bn` multiples of 8, `bk` 8 or 16; each
-    /// invocation loads one, two or four vec4s of each tile) and the device runs it (invocations, workgroup size,
-    /// workgroup memory).
+    /// Whether the kernel takes this tile (`tm`, `tn` 8 or 16 but not both 16; `bm`, `bn`
+    /// multiples of `tm`, `tn`; `bk` 8 or 16; each invocation loads one, two or four vec4s of
+    /// each tile) and the device runs it (invocations, workgroup size, workgroup memory).
     pub fn check(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
-        let threads = self.threads();
-        let shape_ok = self.bm.is_multiple_of(8)
-            && self.bn.is_multiple_of(8)
+        let shape_ok = [8, 16].contains(&self.tm)
+            && [8, 16].contains(&self.tn)
+            && self.tm * self.tn <= 128
+            && self.bm > 0
+            && self.bn > 0
+            && self.bm.is_multiple_of(self.tm)
+            && self.bn.is_multiple_of(self.tn)
             && (self.bk == 8 || self.bk == 16)
-            && threads > 0
-            && (self.bm * self.bk / 4).is_multiple_of(threads)
-            && (self.bk * self.bn / 4).is_multiple_of(threads)
+            && (self.bm * self.bk / 4).is_multiple_of(self.threads())
+            && (self.bk * self.bn / 4).is_multiple_of(self.threads())
             && [1, 2, 4].contains(&self.a_loads())
             && [1, 2, 4].contains(&self.b_loads());
         if !shape_ok {
             return Err(ComputeError::Config(format!(
-                "matmul tile {self}: the kernel takes bm, bn multiples of 8, bk 8 or 16, \
-                 and 1, 2 or 4 vec4 loads of each tile per invocation (e.g. {}, {})",
+                "matmul tile {self}: the kernel takes tm × tn outputs per invocation of 8×8, 16×8 \
+                 or 8×16, bm, bn multiples of tm, tn, bk 8 or 16, and 1, 2 or 4 vec4 loads of \
+                 each tile per invocation (e.g. {}, {}, {})",
                 Self::T128X128X8,
-                Self::T64X64X8
+                Self::T64X64X8,
+                Self::T256X128X8_16X8
             )));
         }
+        let threads = self.threads();
         let device_ok = threads <= limits.max_compute_invocations_per_workgroup
             && threads <= limits.max_compute_workgroup_size_x
             && self.workgroup_storage_bytes() <= limits.max_compute_workgroup_storage_size;
@@ -231,7 +325,7 @@ impl Default for MatmulOptions {
     fn default() -> Self {
         Self {
             tiles: None,
-            large_tiles: MatmulTiles::T128X128X8,
+            large_tiles: MatmulTiles::T128X128X8_16X8,
             small_tiles: MatmulTiles::T64X64X8,
             split_k: None,
             min_workgroups: 264,
