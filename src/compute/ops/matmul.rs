@@ -61,7 +61,9 @@
 //! | 128×256×8/8×16 | 256 | 24 KiB | 31.5–31.6 |
 //! | 128×128×16/16×8 | 128 | 32 KiB | 19.3–19.4 |
 //!
-//! 128×128×8/16×8 also: 39.4 with `--group-rows 4` and 16; 39.6 against 34.7 at 8192³; 35.7
+//! 128×128×8/16×8 also: 39.7 in seven more fresh processes on three more machines (where an
+//! XOR-swizzled A tile measured 38.6 and an A tile padded by 4 floats per row 39.7, so both were
+//! dropped); 39.4 with `--group-rows 4` and 16; 39.6 against 34.7 at 8192³; 35.7
 //! against 31.6 at 2048³ (the automatic choice there, 64×64×8: 30.9); alternating with
 //! 128×128×8 in one process, 39.3, 39.4 against 34.1, 34.0, 34.0. It is the default large tile
 //! since these runs (it measured 16.5–25.1 only late in long single-process runs, the slowdown of
