@@ -250,11 +250,11 @@ fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation
 
     for (var t = 0u; t < tiles; t++) {
         let current = t & 1u;
-        let more = t + 1u < tiles;
-        // Prefetch the next tile into registers while this one is multiplied.
-        if (more) {
-            staged = fetch(tid, row0, col0, k_begin + (t + 1u) * BK, k_end);
-        }
+        // Prefetch the next tile into registers while this one is multiplied. Unconditional, so
+        // that the loads sit in the same block as the products (the compiler may interleave
+        // them): after the last tile the last tile is fetched and staged again, into the buffer
+        // no one reads any more.
+        staged = fetch(tid, row0, col0, k_begin + min(t + 1u, tiles - 1u) * BK, k_end);
         // BK steps of K, unrolled by the host: it repeats the block between the STEP markers
         // for STEP = 0u .. BK - 1u, and each line marked `// each` for the values of I, E, J
         // (src/compute/kernels.rs, `Variant::expand`), so that the driver's compiler sees
@@ -270,9 +270,7 @@ fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation
             acc[{A}u] = fma(vec4<f32>(a{I}[{E}u]), b{J}, acc[{A}u]); // each I E J
         }
         // END STEP
-        if (more) {
-            stage(1u - current, staged, tid);
-        }
+        stage(1u - current, staged, tid);
         workgroupBarrier();
     }
 

@@ -7,9 +7,11 @@
 //! A workgroup computes a `bm × bn` block of C with `(bm / tm) · (bn / tn)` invocations, each
 //! holding `tm × tn` outputs in registers (8×8, 16×8 or 8×16; see [`MatmulTiles::ALL`]); it
 //! walks K in steps of `bk` through two workgroup-memory buffers (A stored transposed for vec4
-//! reads). The large tile (128×128×8 with 16×8 outputs per invocation: 128 invocations, 16 KiB
-//! of workgroup memory, which every WebGPU device has) is used when it yields at least
-//! [`MatmulOptions::min_workgroups`] workgroups; otherwise the small one (64×64×8: 64
+//! reads). The large tile — the first of [`MatmulOptions::large_tiles`] the device allows:
+//! 128×256×16 with 8×16 outputs per invocation (256 invocations, 48 KiB of workgroup memory)
+//! where the device has 48 KiB, else 128×128×8 with 16×8 (128 invocations, 16 KiB, which every
+//! WebGPU device has) — is used when it yields at least [`MatmulOptions::min_workgroups`]
+//! workgroups; otherwise the small one (64×64×8: 64
 //! invocations, 8 KiB), and when even that leaves the GPU idle, split-K: `splits` workgroups
 //! along K each write a partial product, and a second kernel adds them and runs the epilogue.
 //! Tiles that do not fit the device's limits (workgroup memory, invocations) are skipped.
@@ -28,47 +30,38 @@
 //! vec4 stores of C) or scalar loads; `edges` (a partial tile somewhere: masked loads and stores)
 //! or none. The K steps of a tile are unrolled on the host (see `shaders/matmul.wgsl`).
 //!
-//! # Measured on an H200 (Vulkan, driver 580, `bench_kernels --large`)
-//!
-//! Earlier, at 4096³, unchecked: 128×128×8 34.0 TFLOP/s (30.6 checked); 128×64×16 33.0,
-//! 128×64×8 32.4, 128×128×16 31.1; 2048³: 31.0 (small tile); 64×4096×4096: 15.9 (small tile,
-//! split-K 5). cuBLAS without TF32 reaches about 51.
+//! # Measured on an H200 (Vulkan, driver 580, `bench_kernels`)
 //!
 //! In one process, `bench_kernels --large` measures 4096³ products one after another, each with
-//! new tensors; after the first six or so, every tile (the default too) can run 35–60% slower
-//! for the rest of the process (128×128×8: 34.1 first, 22.2 and 23.5 fourteenth). Tiles compared
-//! late in a long list are not comparable with those early in it; comparisons below run each
-//! tile in a fresh process, right after the automatic choice (`bench_kernels --large --only
-//! matmul --matmul 4096x4096x4096 --tile T`, one process per tile, the tiles in one order then
-//! in the reverse order; the two figures of a tile differ by at most 0.6):
+//! new tensors; after the first six or so, every tile can run 35–60% slower for the rest of the
+//! process (cause not found). So tiles are compared in fresh processes: `bench_kernels --large
+//! --only matmul --matmul 4096x4096x4096 --tile T`, one process per tile, every tile twice.
+//!
+//! The main loop fetches the next tile from global memory unconditionally (the last tile is
+//! fetched again rather than branching around the fetch), so the driver's compiler can
+//! interleave those loads with the products of the current tile. That alone took 128×128×8 from
+//! 34.0 to 39.4 TFLOP/s and 128×128×8/16×8 from 39.7 to 40.4 at 4096³. With it (two fresh
+//! processes per tile, the figures of a tile within 0.1):
 //!
 //! | tile (outputs per invocation) | invocations | workgroup memory | TFLOP/s at 4096³ |
 //! |---|---|---|---|
-//! | 128×128×8 (8×8, the default before) | 256 | 16 KiB | 34.0–34.1 |
-//! | 128×128×8/16×8 (the default) | 128 | 16 KiB | 39.3–39.4 |
-//! | 64×128×8 | 128 | 12 KiB | 37.9 |
-//! | 64×256×8/8×16 | 128 | 20 KiB | 37.8 |
-//! | 128×128×8/8×16 | 128 | 16 KiB | 37.5 |
-//! | 256×64×8/16×8 | 128 | 20 KiB | 37.2 |
-//! | 128×256×16/8×16 | 256 | 48 KiB | 37.1 |
-//! | 256×128×16/16×8 | 256 | 48 KiB | 36.2 |
-//! | 128×64×8 | 64 | 12 KiB | 35.6 |
-//! | 64×128×8/8×16 | 64 | 12 KiB | 35.2 |
-//! | 128×64×8/16×8 | 64 | 12 KiB | 34.0–34.3 |
-//! | 64×128×16 | 128 | 24 KiB | 33.6–34.1 |
-//! | 128×64×16 | 128 | 24 KiB | 32.6–33.2 |
-//! | 256×128×8/16×8 | 256 | 24 KiB | 31.9 |
-//! | 128×256×8/8×16 | 256 | 24 KiB | 31.5–31.6 |
-//! | 128×128×16/16×8 | 128 | 32 KiB | 19.3–19.4 |
+//! | 128×256×16/8×16 (the default where 48 KiB fit) | 256 | 48 KiB | 45.2 |
+//! | 256×128×8/16×8 | 256 | 24 KiB | 43.0 |
+//! | 64×256×8/8×16 | 128 | 20 KiB | 42.6 |
+//! | 128×128×8/16×8 (the default under 48 KiB) | 128 | 16 KiB | 40.4 |
+//! | 128×128×8/8×16 | 128 | 16 KiB | 40.3 |
+//! | 256×128×16/16×8 | 256 | 48 KiB | 40.1 |
+//! | 128×128×16 | 256 | 32 KiB | 39.7–39.8 |
+//! | 128×128×8 | 256 | 16 KiB | 39.4 |
+//! | 256×64×8/16×8 | 128 | 20 KiB | 38.0 |
+//! | 64×128×8 | 128 | 12 KiB | 37.4–37.5 |
+//! | 128×64×8 | 64 | 12 KiB | 35.3 |
+//! | 128×128×16/16×8 | 128 | 32 KiB | 24.2 |
 //!
-//! 128×128×8/16×8 also: 39.7 in seven more fresh processes on three more machines (where an
-//! XOR-swizzled A tile measured 38.6 and an A tile padded by 4 floats per row 39.7, so both were
-//! dropped); 39.4 with `--group-rows 4` and 16; 39.6 against 34.7 at 8192³; 35.7
-//! against 31.6 at 2048³ (the automatic choice there, 64×64×8: 30.9); alternating with
-//! 128×128×8 in one process, 39.3, 39.4 against 34.1, 34.0, 34.0. It is the default large tile
-//! since these runs (it measured 16.5–25.1 only late in long single-process runs, the slowdown of
-//! late products). A second set of registers for the global loads, two tiles ahead of their product,
-//! was slower for every tile tried (128×128×8: 27.3; 128×128×8/16×8: 32.3), and dropped.
+//! With the automatic plan: 45.2 at 4096³ (38.0 with wgpu's bounds checks), 45.9 at 8192³, 34.6
+//! at 2048³ (64×64×8), 28.7 at 1024³ (64×64×8, split-K 2), 19.4 at 64×4096×4096 (64×64×8,
+//! split-K 5). cuBLAS without TF32 reaches about 51. Tried and dropped: an XOR-swizzled and a
+//! padded A tile in workgroup memory (no gain), global loads two tiles ahead (slower).
 
 use std::fmt;
 
@@ -296,8 +289,9 @@ const NARROW_AUTO_MAX_LANES: u32 = 64;
 pub struct MatmulOptions {
     /// Use this tile for every matmul (`None`: choose per shape, see the module docs).
     pub tiles: Option<MatmulTiles>,
-    /// The tile for shapes that fill the GPU.
-    pub large_tiles: MatmulTiles,
+    /// The tiles for shapes that fill the GPU, in order of preference: the first that the
+    /// device's limits allow is used.
+    pub large_tiles: Vec<MatmulTiles>,
     /// The tile for smaller shapes, and wherever the large one does not fit the device.
     pub small_tiles: MatmulTiles,
     /// Split K this many ways (`Some(1)`: never; `None`: when the tile leaves the GPU idle). The
@@ -327,7 +321,8 @@ impl Default for MatmulOptions {
     fn default() -> Self {
         Self {
             tiles: None,
-            large_tiles: MatmulTiles::T128X128X8_16X8,
+            // 48 KiB of workgroup memory where the device has it (the H200 does), else 16 KiB.
+            large_tiles: vec![MatmulTiles::T128X256X16_8X16, MatmulTiles::T128X128X8_16X8],
             small_tiles: MatmulTiles::T64X64X8,
             split_k: None,
             min_workgroups: 264,
@@ -368,11 +363,17 @@ impl MatmulOptions {
         }
         match self.tiles {
             Some(tiles) => tiles.check(limits),
-            None => self
-                .large_tiles
-                .check(limits)
-                .or_else(|_| self.small_tiles.check(limits)),
+            None if self.large_tile(limits).is_some() => Ok(()),
+            None => self.small_tiles.check(limits),
         }
+    }
+
+    /// The first of [`MatmulOptions::large_tiles`] that the device's limits allow.
+    pub fn large_tile(&self, limits: &wgpu::Limits) -> Option<MatmulTiles> {
+        self.large_tiles
+            .iter()
+            .copied()
+            .find(|tiles| tiles.check(limits).is_ok())
     }
 }
 
@@ -411,12 +412,10 @@ impl Context {
         let tiles = match options.tiles {
             Some(tiles) => tiles,
             None => {
-                let large_fits = options.large_tiles.check(limits).is_ok();
                 let small_fits = options.small_tiles.check(limits).is_ok();
-                if large_fits && (blocks(options.large_tiles) >= min_workgroups || !small_fits) {
-                    options.large_tiles
-                } else {
-                    options.small_tiles
+                match options.large_tile(limits) {
+                    Some(large) if blocks(large) >= min_workgroups || !small_fits => large,
+                    _ => options.small_tiles,
                 }
             }
         };
