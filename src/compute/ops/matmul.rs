@@ -32,10 +32,11 @@
 //!
 //! # Measured on an H200 (Vulkan, driver 580, `bench_kernels`)
 //!
-//! In one process, `bench_kernels --large` measures 4096³ products one after another, each with
-//! new tensors; after the first six or so, every tile can run 35–60% slower for the rest of the
-//! process (cause not found). So tiles are compared in fresh processes: `bench_kernels --large
-//! --only matmul --matmul 4096x4096x4096 --tile T`, one process per tile, every tile twice.
+//! The lent H200 holds its 1,980 MHz SM clock for about 3 s of load, then runs at 660–900 MHz
+//! (cool and far below its power limit; `nvidia-smi` beside the benchmark), so the later cases of
+//! one long `bench_kernels --large` process run 35–60% slower whatever the tile. Tiles are
+//! compared at boost clock, in fresh processes: `bench_kernels --large --only matmul --matmul
+//! 4096x4096x4096 --tile T`, one process per tile, every tile twice.
 //!
 //! The main loop fetches the next tile from global memory unconditionally (the last tile is
 //! fetched again rather than branching around the fetch), so the driver's compiler can
