@@ -538,13 +538,24 @@ fn time_allocations(pool: &Pool, sizes: &[u64]) -> f64 {
 }
 
 fn print_table(pool: &Side, naive: &Side, speedup: f64) {
+    // One row: a label and each side's figure, formatted by `show`.
+    let row = |label: &str, show: &dyn Fn(&Side) -> String| {
+        println!("{label:<34} {:>16} {:>16}", show(pool), show(naive));
+    };
     let mib = |b: u64| format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64);
-    let device = |d: Option<u64>| d.map_or_else(|| "not reported".to_string(), mib);
-    println!("\n{:<34} {:>16} {:>16}", "", "pool", "naive");
-    println!(
-        "{:<34} {:>16.1} {:>16.1}",
-        "requests/s (median round)", pool.requests_per_s, naive.requests_per_s
-    );
+    let percent = |x: f64| format!("{:.1}%", x * 100.0);
+    println!();
+    row("", &|side| {
+        if std::ptr::eq(side, pool) {
+            "pool"
+        } else {
+            "naive"
+        }
+        .into()
+    });
+    row("requests/s (median round)", &|s| {
+        format!("{:.1}", s.requests_per_s)
+    });
     let rounds = |side: &Side| {
         side.rounds_requests_per_s
             .iter()
@@ -557,57 +568,30 @@ fn print_table(pool: &Side, naive: &Side, speedup: f64) {
         rounds(pool),
         rounds(naive)
     );
-    println!(
-        "{:<34} {:>16.1} {:>16.1}",
-        "  µs recording a request", pool.record_us, naive.record_us
-    );
-    println!(
-        "{:<34} {:>16.1} {:>16.1}",
-        "  µs reading its answer back", pool.read_us, naive.read_us
-    );
-    println!(
-        "{:<34} {:>16.0} {:>16.0}",
-        "ns per allocation (apart)", pool.alloc_ns, naive.alloc_ns
-    );
-    println!(
-        "{:<34} {:>16} {:>16}",
-        "create_buffer calls", pool.create_buffer_calls, naive.create_buffer_calls
-    );
-    println!(
-        "{:<34} {:>16} {:>16}",
-        "  after warm-up",
-        pool.create_buffer_calls_after_warmup,
-        naive.create_buffer_calls_after_warmup
-    );
-    println!(
-        "{:<34} {:>16} {:>16}",
-        "peak reserved",
-        mib(pool.peak_reserved_bytes),
-        mib(naive.peak_reserved_bytes)
-    );
-    println!(
-        "{:<34} {:>16} {:>16}",
-        "peak requested",
-        mib(pool.peak_requested_bytes),
-        mib(naive.peak_requested_bytes)
-    );
-    println!(
-        "{:<34} {:>16} {:>16}",
-        "device reports allocated (max)",
-        device(pool.device_reported_bytes),
-        device(naive.device_reported_bytes)
-    );
-    println!(
-        "{:<34} {:>15.1}% {:>15.1}%",
-        "internal / external fragmentation",
-        pool.internal_fragmentation * 100.0,
-        naive.internal_fragmentation * 100.0
-    );
-    println!(
-        "{:<34} {:>15.1}% {:>15.1}%",
-        "",
-        pool.external_fragmentation * 100.0,
-        naive.external_fragmentation * 100.0
-    );
+    row("  µs recording a request", &|s| {
+        format!("{:.1}", s.record_us)
+    });
+    row("  µs reading its answer back", &|s| {
+        format!("{:.1}", s.read_us)
+    });
+    row("ns per allocation (apart)", &|s| {
+        format!("{:.0}", s.alloc_ns)
+    });
+    row("create_buffer calls", &|s| {
+        s.create_buffer_calls.to_string()
+    });
+    row("  after warm-up", &|s| {
+        s.create_buffer_calls_after_warmup.to_string()
+    });
+    row("peak reserved", &|s| mib(s.peak_reserved_bytes));
+    row("peak requested", &|s| mib(s.peak_requested_bytes));
+    row("device reports allocated (max)", &|s| {
+        s.device_reported_bytes
+            .map_or_else(|| "not reported".into(), mib)
+    });
+    row("internal / external fragmentation", &|s| {
+        percent(s.internal_fragmentation)
+    });
+    row("", &|s| percent(s.external_fragmentation));
     println!("speedup (pool requests/s over naive): {speedup:.2}x");
 }
