@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
-//!     [--group-rows N]
+//!     [--group-rows N] [--op add|relu|gelu]...
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -30,7 +30,8 @@
 //!   the default list (with `--large`, also with every tile that fits); `--tile` (repeatable)
 //!   measures only these tiles of `MatmulTiles::ALL`, in this order, where `--large` measures
 //!   every tile (e.g. `--tile 128x128x8 --tile 128x128x8/16x8`); `--group-rows N` sets
-//!   `MatmulOptions::group_rows`.
+//!   `MatmulOptions::group_rows`; `--op` (repeatable) measures only these element-wise ops, in
+//!   this order.
 //! - In one process, large products measured one after another can slow down for the rest of
 //!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
 //!   tiles in separate processes, or early in one.
@@ -70,6 +71,8 @@ struct Args {
     group_rows: Option<u32>,
     /// With `--large`, the tiles to compare (empty: every tile of `MatmulTiles::ALL`).
     tiles: Vec<MatmulTiles>,
+    /// The element-wise ops to measure, in this order (empty: add, relu, gelu).
+    ops: Vec<String>,
 }
 
 impl Args {
@@ -99,6 +102,7 @@ fn parse_args() -> anyhow::Result<Args> {
         large: false,
         checks: ShaderChecks::Unchecked,
         only: None,
+        ops: Vec::new(),
         matmuls: Vec::new(),
         group_rows: None,
         tiles: Vec::new(),
@@ -137,6 +141,13 @@ fn parse_args() -> anyhow::Result<Args> {
                 let rows = iter.next().context("--group-rows needs a number")?;
                 args.group_rows = Some(rows.parse().context("--group-rows needs a number")?);
             }
+            "--op" => {
+                let op = iter.next().context("--op needs add, relu or gelu")?;
+                if !["add", "relu", "gelu"].contains(&op.as_str()) {
+                    bail!("--op takes add, relu or gelu, not {op:?}");
+                }
+                args.ops.push(op);
+            }
             "--only" => {
                 let section = iter.next().context("--only needs a section")?;
                 if !["matmul", "elementwise", "overhead"].contains(&section.as_str()) {
@@ -148,7 +159,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!(
                     "bench_kernels [--json OUT] [--large] [--checked] \
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
-                     [--tile BMxBNxBK[/TMxTN]]... [--group-rows N]"
+                     [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]..."
                 );
                 std::process::exit(0);
             }
@@ -626,17 +637,23 @@ fn main() -> anyhow::Result<()> {
     } else {
         &[1 << 20, 1 << 22, 1 << 24]
     };
-    let ops: &[Elementwise] = if args.runs("elementwise") {
-        &[
-            Elementwise::Binary(BinaryOp::Add),
-            Elementwise::Unary(UnaryOp::Relu),
-            Elementwise::Unary(UnaryOp::Gelu),
-        ]
+    let all_ops = [
+        Elementwise::Binary(BinaryOp::Add),
+        Elementwise::Unary(UnaryOp::Relu),
+        Elementwise::Unary(UnaryOp::Gelu),
+    ];
+    let ops: Vec<Elementwise> = if !args.runs("elementwise") {
+        Vec::new()
+    } else if args.ops.is_empty() {
+        all_ops.to_vec()
     } else {
-        &[]
+        args.ops
+            .iter()
+            .filter_map(|name| all_ops.iter().copied().find(|op| op.name() == name))
+            .collect()
     };
     let mut elementwise = Vec::new();
-    for &op in ops {
+    for op in ops {
         for &n in sizes {
             let r = bench_elementwise(&bench, op, n, &mut rng)
                 .with_context(|| format!("{} of {n}", op.name()))?;
