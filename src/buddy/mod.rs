@@ -71,6 +71,7 @@
 
 mod run;
 
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use run::{Counts, Delta, Pieces, Tally};
@@ -153,7 +154,8 @@ pub enum AllocError {
 #[must_use = "an allocation that is dropped instead of freed stays allocated"]
 pub struct Allocation {
     offset_bytes: u64,
-    requested_bytes: u64,
+    /// Never zero, which gives `Option<Allocation>` a niche: it is as small as the handle.
+    requested_bytes: NonZeroU64,
     units: u64,
     /// The id of the allocator that made it (high 32 bits) and the index of its region there (low
     /// 32 bits), in one word so that the handle is written and read back in whole words.
@@ -168,7 +170,7 @@ impl Allocation {
 
     /// The size that was asked for, in bytes.
     pub fn requested_size(&self) -> u64 {
-        self.requested_bytes
+        self.requested_bytes.get()
     }
 
     /// The size held for this request after rounding (a multiple of `min_block`), in bytes.
@@ -376,7 +378,9 @@ impl BuddyAllocator {
         allocator
             .free_counts
             .add(&Delta::between(&roots, &Tally::default()));
-        allocator.list_run(0, Pieces::of(0, capacity_units).top());
+        allocator
+            .links()
+            .list(0, Pieces::of(0, capacity_units).top());
         Ok(allocator)
     }
 
@@ -458,8 +462,29 @@ impl BuddyAllocator {
     pub fn allocate(&mut self, size_bytes: u64) -> Result<Allocation, AllocError> {
         // This part is inlined where it is called, so that the handle is built in registers there
         // rather than copied out of a returned value; the rest is in functions that are not.
+        let (offset_bytes, owner, units) = match self.place(size_bytes) {
+            Some(placed) => placed,
+            None => {
+                let allocation = self.allocate_slowly(size_bytes)?;
+                (allocation.offset_bytes, allocation.owner, allocation.units)
+            }
+        };
+        // Only the three words of the placement come out of the slow path, so that the handle is
+        // put together here from registers on every path. (A request of 0 bytes failed above.)
+        Ok(Allocation {
+            offset_bytes,
+            requested_bytes: NonZeroU64::new(size_bytes).unwrap_or(NonZeroU64::MIN),
+            units,
+            owner,
+        })
+    }
+
+    /// The common case of [`Self::allocate`]: `(offset_bytes, owner, units)`, or `None` when the
+    /// size is 0 or above the capacity, or no block of the request's order is free.
+    #[inline(always)]
+    fn place(&mut self, size_bytes: u64) -> Option<(u64, u64, u64)> {
         if size_bytes.wrapping_sub(1) >= self.capacity() {
-            return self.allocate_slowly(size_bytes);
+            return None;
         }
         let whole_units = (size_bytes >> self.min_block_shift)
             + u64::from(size_bytes & (self.min_block() - 1) != 0);
@@ -472,16 +497,11 @@ impl BuddyAllocator {
         // (A rounded size above the capacity has an order above every class, so it lands here.)
         let candidates = self.classes >> order;
         if candidates == 0 {
-            return self.allocate_slowly(size_bytes);
+            return None;
         }
         let class = order + candidates.trailing_zeros();
         let (offset_bytes, owner) = self.take_aligned(class, order, units, size_bytes);
-        Ok(Allocation {
-            offset_bytes,
-            requested_bytes: size_bytes,
-            units,
-            owner,
-        })
+        Some((offset_bytes, owner, units))
     }
 
     /// [`Self::allocate`] when the size is 0 or above the capacity, or no block of the request's
@@ -489,9 +509,7 @@ impl BuddyAllocator {
     #[cold]
     #[inline(never)]
     fn allocate_slowly(&mut self, size_bytes: u64) -> Result<Allocation, AllocError> {
-        if size_bytes == 0 {
-            return Err(AllocError::ZeroSize);
-        }
+        let requested_bytes = NonZeroU64::new(size_bytes).ok_or(AllocError::ZeroSize)?;
         if size_bytes > self.capacity() || self.units_for(size_bytes) > self.capacity_units {
             return Err(AllocError::TooLarge {
                 requested_bytes: size_bytes,
@@ -505,7 +523,7 @@ impl BuddyAllocator {
             let (offset_bytes, owner) = self.take_aligned(class, order, units, size_bytes);
             return Ok(Allocation {
                 offset_bytes,
-                requested_bytes: size_bytes,
+                requested_bytes,
                 units,
                 owner,
             });
@@ -516,7 +534,7 @@ impl BuddyAllocator {
                 let (offset_bytes, owner) = self.record(size_bytes, units, region, start);
                 Ok(Allocation {
                     offset_bytes,
-                    requested_bytes: size_bytes,
+                    requested_bytes,
                     units,
                     owner,
                 })
@@ -557,25 +575,27 @@ impl BuddyAllocator {
     #[inline(never)]
     fn take_aligned(&mut self, class: u32, order: u32, units: u64, size_bytes: u64) -> (u64, u64) {
         let run = self.heads[class as usize];
-        let pieces = self.regions[run as usize].pieces();
+        let found = self.regions[run as usize];
+        let pieces = found.pieces();
         let block_order = order + (pieces.orders() >> order).trailing_zeros();
         let start = pieces.block_start(block_order);
+        let region = self.split_run(run, found, class, start, start + units);
         // The blocks before and after the one taken stay as they are (a run's decomposition is
         // greedy from its start); the block leaves, and its tail comes back as the blocks of the
         // binary digits of its length.
         self.free_counts
             .add(&Delta::split(block_order, (1u64 << block_order) - units));
-        let region = self.split_run(run, class, start, start + units);
         self.record(size_bytes, units, region, start)
     }
 
     /// Takes `[start, start + units)` from the free run `run`, which holds it.
     fn take_straddling(&mut self, run: u32, start: u64, units: u64) -> u32 {
+        let found = self.regions[run as usize];
         let Region {
             start: run_start,
             end: run_end,
             ..
-        } = self.regions[run as usize];
+        } = found;
         let end = start + units;
         let mut before = Tally::default();
         before.add(Pieces::of(run_start, run_end));
@@ -588,7 +608,7 @@ impl BuddyAllocator {
         }
         self.free_counts.add(&Delta::between(&after, &before));
         let class = Pieces::of(run_start, run_end).top();
-        self.split_run(run, class, start, end)
+        self.split_run(run, found, class, start, end)
     }
 
     /// When no block of `order` is free (exact fit only): a free run of at least `units` whose
@@ -628,50 +648,91 @@ impl BuddyAllocator {
         }
     }
 
-    /// Splits the free run `run` (of class `class`) into the held region `[start, end)` and the
-    /// free runs before and after it, if any. Returns the held region. The free counts are the
-    /// caller's.
+    /// Splits the free run `run` (of class `class`, read as `found`) into the held region
+    /// `[start, end)` and the free runs before and after it, if any. Returns the held region. The
+    /// free counts are the caller's.
     #[inline(always)]
-    fn split_run(&mut self, run: u32, class: u32, start: u64, end: u64) -> u32 {
-        self.unlist_run(run, class);
+    fn split_run(&mut self, run: u32, found: Region, class: u32, start: u64, end: u64) -> u32 {
         let Region {
             start: run_start,
             end: run_end,
+            next: run_next,
+            list_prev,
+            list_next,
             ..
-        } = self.regions[run as usize];
+        } = found;
         debug_assert!(run_start <= start && start < end && end <= run_end);
-        if end < run_end {
-            let after = self.insert_after(run, end, run_end, NIL);
-            self.list_run(after, Pieces::of(end, run_end).top());
-        }
-        if run_start < start {
-            self.regions[run as usize].end = start;
-            self.list_run(run, Pieces::of(run_start, start).top());
-            self.insert_after(run, start, end, HELD)
+        // The new regions first (the arena may grow), each written once and whole.
+        let has_after = end < run_end;
+        let has_before = run_start < start;
+        let after = if has_after {
+            self.new_region(Region {
+                start: end,
+                end: run_end,
+                prev: NIL,
+                next: run_next,
+                list_prev: NIL,
+                list_next: NIL,
+            })
         } else {
-            let region = &mut self.regions[run as usize];
-            region.end = end;
-            region.list_prev = HELD;
+            run_next
+        };
+        let held = if has_before {
+            self.new_region(Region {
+                start,
+                end,
+                prev: run,
+                next: after,
+                list_prev: HELD,
+                list_next: NIL,
+            })
+        } else {
             run
+        };
+        let mut links = self.links();
+        links.unlink(class, list_prev, list_next);
+        if has_after {
+            links.regions[after as usize].prev = held;
+            if run_next != NIL {
+                links.regions[run_next as usize].prev = after;
+            }
+            links.list(after, Pieces::of(end, run_end).top());
+        } else if run_next != NIL {
+            links.regions[run_next as usize].prev = held;
+        }
+        let region = &mut links.regions[run as usize];
+        if has_before {
+            region.end = start;
+            region.next = held;
+            links.list(run, Pieces::of(run_start, start).top());
+        } else {
+            region.end = end;
+            region.next = after;
+            region.list_prev = HELD;
+        }
+        held
+    }
+
+    /// The address and class links, borrowed apart from the rest of the allocator.
+    #[inline(always)]
+    fn links(&mut self) -> Links<'_> {
+        Links {
+            regions: &mut self.regions,
+            heads: &mut self.heads,
+            tails: &mut self.tails,
+            classes: &mut self.classes,
+            spare: &mut self.spare,
         }
     }
 
-    /// A new region `[start, end)` right after `at` in address order.
+    /// A new region of the arena, not yet linked in address order.
     #[inline(always)]
-    fn insert_after(&mut self, at: u32, start: u64, end: u64, list_prev: u32) -> u32 {
-        let next = self.regions[at as usize].next;
-        let region = Region {
-            start,
-            end,
-            prev: at,
-            next,
-            list_prev,
-            list_next: NIL,
-        };
-        let index = if self.spare != NIL {
+    fn new_region(&mut self, region: Region) -> u32 {
+        if self.spare != NIL {
             let index = self.spare;
-            self.spare = self.regions[index as usize].next;
-            self.regions[index as usize] = region;
+            let entry = &mut self.regions[index as usize];
+            self.spare = entry.next;
+            *entry = region;
             index
         } else {
             let index = u32::try_from(self.regions.len())
@@ -680,63 +741,6 @@ impl BuddyAllocator {
                 .expect("fewer than 2^32 - 2 regions");
             self.regions.push(region);
             index
-        };
-        self.regions[at as usize].next = index;
-        if next != NIL {
-            self.regions[next as usize].prev = index;
-        }
-        index
-    }
-
-    /// Takes `index` out of the address order and onto the spare list. It is not region 0.
-    #[inline(always)]
-    fn remove_region(&mut self, index: u32) {
-        let Region { prev, next, .. } = self.regions[index as usize];
-        self.regions[prev as usize].next = next;
-        if next != NIL {
-            self.regions[next as usize].prev = prev;
-        }
-        self.regions[index as usize].next = self.spare;
-        self.spare = index;
-    }
-
-    /// Lists the free run `run` last in the list of `class`, its class.
-    #[inline(always)]
-    fn list_run(&mut self, run: u32, class: u32) {
-        debug_assert_eq!(self.regions[run as usize].pieces().top(), class);
-        let tail = self.tails[class as usize];
-        let region = &mut self.regions[run as usize];
-        region.list_prev = tail;
-        region.list_next = NIL;
-        if tail == NIL {
-            self.heads[class as usize] = run;
-            self.classes |= 1u64 << class;
-        } else {
-            self.regions[tail as usize].list_next = run;
-        }
-        self.tails[class as usize] = run;
-    }
-
-    /// Takes the free run `run` out of the list of `class`, its class.
-    #[inline(always)]
-    fn unlist_run(&mut self, run: u32, class: u32) {
-        let Region {
-            list_prev,
-            list_next,
-            ..
-        } = self.regions[run as usize];
-        if list_prev == NIL {
-            self.heads[class as usize] = list_next;
-        } else {
-            self.regions[list_prev as usize].list_next = list_next;
-        }
-        if list_next == NIL {
-            self.tails[class as usize] = list_prev;
-            if list_prev == NIL {
-                self.classes &= !(1u64 << class);
-            }
-        } else {
-            self.regions[list_next as usize].list_prev = list_prev;
         }
     }
 
@@ -761,7 +765,7 @@ impl BuddyAllocator {
         self.release(
             allocation.owner as u32,
             allocation.units,
-            allocation.requested_bytes,
+            allocation.requested_bytes.get(),
         );
     }
 
@@ -771,43 +775,8 @@ impl BuddyAllocator {
         self.allocated_units -= units;
         self.requested_bytes -= requested_bytes;
         self.allocation_count -= 1;
-        let held = self.regions[index as usize];
-        debug_assert!(!held.is_free());
-        let before = (held.prev != NIL && self.regions[held.prev as usize].is_free())
-            .then(|| self.regions[held.prev as usize].pieces());
-        let after = (held.next != NIL && self.regions[held.next as usize].is_free())
-            .then(|| self.regions[held.next as usize].pieces());
-        let start = before.map_or(held.start, |p| p.start);
-        let end = if after.is_some() {
-            self.regions[held.next as usize].end
-        } else {
-            held.end
-        };
-        // Merging runs is coalescing buddies: the merged run's blocks replace those of its parts.
-        let merged_pieces = Pieces::of(start, end);
-        let mut merged = Tally::default();
-        merged.add(merged_pieces);
-        let mut parts = Tally::default();
-        if let Some(pieces) = before {
-            parts.add(pieces);
-            self.unlist_run(held.prev, pieces.top());
-        }
-        if let Some(pieces) = after {
-            parts.add(pieces);
-            self.unlist_run(held.next, pieces.top());
-        }
-        self.free_counts.add(&Delta::between(&merged, &parts));
-        let keep = if before.is_some() {
-            self.remove_region(index);
-            held.prev
-        } else {
-            index
-        };
-        if after.is_some() {
-            self.remove_region(held.next);
-        }
-        self.regions[keep as usize].end = end;
-        self.list_run(keep, merged_pieces.top());
+        let delta = self.links().merge(index);
+        self.free_counts.add(&delta);
     }
 
     /// All free bytes.
@@ -980,6 +949,114 @@ impl BuddyAllocator {
             ));
         }
         Ok(())
+    }
+}
+
+/// The regions with the class lists and the spare list: what splitting and merging runs changes,
+/// borrowed apart from the counters so that the arena's address stays in a register.
+struct Links<'a> {
+    regions: &'a mut [Region],
+    heads: &'a mut [u32; 64],
+    tails: &'a mut [u32; 64],
+    classes: &'a mut u64,
+    spare: &'a mut u32,
+}
+
+impl Links<'_> {
+    /// Lists the free run `run` last in the list of `class`, its class.
+    #[inline(always)]
+    fn list(&mut self, run: u32, class: u32) {
+        debug_assert_eq!(self.regions[run as usize].pieces().top(), class);
+        let class = (class & 63) as usize;
+        let tail = self.tails[class];
+        let region = &mut self.regions[run as usize];
+        region.list_prev = tail;
+        region.list_next = NIL;
+        if tail == NIL {
+            self.heads[class] = run;
+            *self.classes |= 1u64 << class;
+        } else {
+            self.regions[tail as usize].list_next = run;
+        }
+        self.tails[class] = run;
+    }
+
+    /// Takes a free run out of the list of `class`, its class, given its neighbours there.
+    #[inline(always)]
+    fn unlink(&mut self, class: u32, list_prev: u32, list_next: u32) {
+        let class = (class & 63) as usize;
+        if list_prev == NIL {
+            self.heads[class] = list_next;
+        } else {
+            self.regions[list_prev as usize].list_next = list_next;
+        }
+        if list_next == NIL {
+            self.tails[class] = list_prev;
+            if list_prev == NIL {
+                *self.classes &= !(1u64 << class);
+            }
+        } else {
+            self.regions[list_next as usize].list_prev = list_prev;
+        }
+    }
+
+    /// Puts `index` on the spare list.
+    #[inline(always)]
+    fn spare(&mut self, index: u32) {
+        self.regions[index as usize].next = *self.spare;
+        *self.spare = index;
+    }
+
+    /// Frees the held region `index` and merges it with the free runs beside it: unlists them,
+    /// links the merged run in address order (the first region is kept, the others become spare)
+    /// and lists it. Returns the change of the free counts: merging runs is coalescing buddies,
+    /// and the merged run's blocks replace those of its parts.
+    #[inline(always)]
+    fn merge(&mut self, index: u32) -> Delta {
+        let held = self.regions[index as usize];
+        debug_assert!(!held.is_free());
+        // (`NIL` is past the end of the arena, so `get` finds no neighbour there.)
+        let before_free = self
+            .regions
+            .get(held.prev as usize)
+            .is_some_and(Region::is_free);
+        let after_free = self
+            .regions
+            .get(held.next as usize)
+            .is_some_and(Region::is_free);
+        let mut parts = Tally::default();
+        let (keep, start) = if before_free {
+            let before = self.regions[held.prev as usize];
+            let pieces = before.pieces();
+            parts.add(pieces);
+            self.unlink(pieces.top(), before.list_prev, before.list_next);
+            self.spare(index);
+            (held.prev, before.start)
+        } else {
+            (index, held.start)
+        };
+        let (end, next) = if after_free {
+            // Read after the first unlink, which may have changed its list links.
+            let after = self.regions[held.next as usize];
+            let pieces = after.pieces();
+            parts.add(pieces);
+            self.unlink(pieces.top(), after.list_prev, after.list_next);
+            self.spare(held.next);
+            (after.end, after.next)
+        } else {
+            (held.end, held.next)
+        };
+        if next != NIL {
+            self.regions[next as usize].prev = keep;
+        }
+        let region = &mut self.regions[keep as usize];
+        region.end = end;
+        region.next = next;
+        let merged_pieces = Pieces::of(start, end);
+        self.list(keep, merged_pieces.top());
+        let mut merged = Tally::default();
+        merged.add(merged_pieces);
+        Delta::between(&merged, &parts)
     }
 }
 
