@@ -3,14 +3,7 @@
 // workgroups. Tails: see unary.wgsl. Every storage binding is read_write (pool rule).
 // CPU twins: src/compute/cpu.rs, same names.
 
-// Keep in sync with `ElementwiseParams` in src/compute/ops/elementwise.rs.
-struct ElementwiseParams {
-    len_vec4: u32,
-    grid_x: u32,
-    cols: u32,
-    scalar: f32,
-}
-
+// `ElementwiseParams`: shaders/common.wgsl.
 @group(0) @binding(0) var<uniform> params: ElementwiseParams;
 @group(0) @binding(1) var<storage, read_write> a: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> b: array<vec4<f32>>;

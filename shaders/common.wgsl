@@ -35,3 +35,12 @@ fn activate4(x: vec4<f32>, activation: u32) -> vec4<f32> {
 fn linear_index(workgroup: vec3<u32>, local: u32, grid_x: u32, size: u32) -> u32 {
     return (workgroup.y * grid_x + workgroup.x) * size + local;
 }
+
+// The parameters of the element-wise kernels (unary.wgsl, binary.wgsl). Keep in sync with
+// `params` in src/compute/ops/elementwise.rs.
+struct ElementwiseParams {
+    len_vec4: u32,
+    grid_x: u32,
+    cols: u32,
+    scalar: f32,
+}

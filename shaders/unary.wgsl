@@ -6,14 +6,7 @@
 // Every storage binding is read_write: input and output may share one pool segment buffer.
 // CPU twins: src/compute/cpu.rs, same names.
 
-// Keep in sync with `ElementwiseParams` in src/compute/ops/elementwise.rs.
-struct ElementwiseParams {
-    len_vec4: u32,
-    grid_x: u32,
-    cols: u32,
-    scalar: f32,
-}
-
+// `ElementwiseParams`: shaders/common.wgsl.
 @group(0) @binding(0) var<uniform> params: ElementwiseParams;
 @group(0) @binding(1) var<storage, read_write> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;

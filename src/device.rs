@@ -158,3 +158,31 @@ pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceE
         info,
     })
 }
+
+/// Maps the first `size` bytes of `buffer` (a `MAP_READ` buffer whose copy has been submitted),
+/// waits for the device, copies the bytes out and unmaps. Errors are wgpu's, as text, for the
+/// caller to wrap in its own error type.
+pub(crate) fn read_mapped(
+    device: &wgpu::Device,
+    buffer: &wgpu::Buffer,
+    size: u64,
+) -> Result<Vec<u8>, String> {
+    let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+    buffer.map_async(wgpu::MapMode::Read, 0..size, move |result| {
+        sender.send(result).ok();
+    });
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| e.to_string())?;
+    match pollster::block_on(receiver.receive()) {
+        Some(Ok(())) => {}
+        Some(Err(error)) => return Err(error.to_string()),
+        None => return Err("the map callback was dropped".into()),
+    }
+    let bytes = buffer
+        .get_mapped_range(0..size)
+        .map_err(|e| e.to_string())?
+        .to_vec();
+    buffer.unmap();
+    Ok(bytes)
+}

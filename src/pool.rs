@@ -1106,26 +1106,8 @@ impl Pool {
                 self.submit(buffers);
             }
         }
-        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-        staging.map_async(wgpu::MapMode::Read, 0..size, move |result| {
-            sender.send(result).ok();
-        });
-        self.shared
-            .gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| PoolError::ReadBack(e.to_string()))?;
-        match pollster::block_on(receiver.receive()) {
-            Some(Ok(())) => {}
-            Some(Err(error)) => return Err(PoolError::ReadBack(error.to_string())),
-            None => return Err(PoolError::ReadBack("the map callback was dropped".into())),
-        }
-        let bytes = staging
-            .get_mapped_range(0..size)
-            .map_err(|e| PoolError::ReadBack(e.to_string()))?
-            .to_vec();
-        staging.unmap();
-        Ok(bytes)
+        crate::device::read_mapped(&self.shared.gpu.device, staging, size)
+            .map_err(PoolError::ReadBack)
     }
 
     fn free(

@@ -136,27 +136,11 @@ impl Timer {
             return Ok(Vec::new());
         }
         let bytes = u64::from(used) * u64::from(wgpu::QUERY_SIZE);
-        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-        self.readback
-            .map_async(wgpu::MapMode::Read, 0..bytes, move |result| {
-                sender.send(result).ok();
-            });
-        device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| ComputeError::Timing(e.to_string()))?;
-        match pollster::block_on(receiver.receive()) {
-            Some(Ok(())) => {}
-            Some(Err(error)) => return Err(ComputeError::Timing(error.to_string())),
-            None => return Err(ComputeError::Timing("the map callback was dropped".into())),
-        }
-        let ticks: Vec<u64> = {
-            let view = self
-                .readback
-                .get_mapped_range(0..bytes)
-                .map_err(|e| ComputeError::Timing(e.to_string()))?;
-            bytemuck::cast_slice(&view).to_vec()
-        };
-        self.readback.unmap();
+        let ticks: Vec<u64> = crate::device::read_mapped(device, &self.readback, bytes)
+            .map_err(ComputeError::Timing)?
+            .chunks_exact(8)
+            .map(bytemuck::pod_read_unaligned::<u64>)
+            .collect();
         Ok(kernels
             .into_iter()
             .zip(ticks.chunks_exact(2))

@@ -93,7 +93,7 @@ impl BinaryOp {
 }
 
 /// The parameters of the element-wise kernels. Keep in sync with `ElementwiseParams` in
-/// `shaders/unary.wgsl` and `shaders/binary.wgsl`.
+/// `shaders/common.wgsl`.
 fn params(len_vec4: u32, grid_x: u32, cols: u32, scalar: f32) -> Params {
     let mut words = Params::default();
     words[..4].copy_from_slice(&[len_vec4, grid_x, cols, scalar.to_bits()]);

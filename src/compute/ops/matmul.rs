@@ -604,21 +604,24 @@ impl Context {
         };
         // Compile before recording anything, so that a refused kernel records nothing.
         self.prepare(&kernel)?;
-        if !split {
-            self.before_op()?;
-            let c = self.allocate(OP, vec![m, n], len)?;
-            let bias = epilogue.bias.unwrap_or(a);
+        // The matmul (or narrow) kernel writing `out`; `bias` is bound even when unused.
+        let record_product = |out: &Tensor, bias: &Tensor| {
             self.record(Dispatch {
                 kernel,
                 params: matmul_params,
                 bindings: &[
                     a.allocation(),
                     b.allocation(),
-                    c.allocation(),
+                    out.allocation(),
                     bias.allocation(),
                 ],
                 workgroups: plan.workgroups,
-            })?;
+            })
+        };
+        if !split {
+            self.before_op()?;
+            let c = self.allocate(OP, vec![m, n], len)?;
+            record_product(&c, epilogue.bias.unwrap_or(a))?;
             return Ok(c);
         }
 
@@ -646,17 +649,7 @@ impl Context {
         self.before_op()?;
         let c = self.allocate(OP, vec![m, n], len)?;
         let partial = self.allocate("matmul split-K partial", vec![splits, m, n], partial_len)?;
-        self.record(Dispatch {
-            kernel,
-            params: matmul_params,
-            bindings: &[
-                a.allocation(),
-                b.allocation(),
-                partial.allocation(),
-                a.allocation(),
-            ],
-            workgroups: plan.workgroups,
-        })?;
+        record_product(&partial, a)?;
         let bias = epilogue.bias.unwrap_or(&partial);
         let mut reduce_params = Params::default();
         reduce_params[..4].copy_from_slice(&[len as u32, n as u32, plan.splits, grid_x]);
