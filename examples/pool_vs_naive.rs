@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example pool_vs_naive -- [--large] [--out DIR] [--json OUT] [--profile]
-//!     [--only small|mlp] [--batch-ops N]
+//!     [--only small|mlp] [--batch-ops N] [--width W] [--layers L]
 //! ```
 //!
 //! A server answers requests with an MLP: each request brings a batch of inputs, runs a few
@@ -26,7 +26,8 @@
 //! pytorch.org/memory_viz), `trace.json` (open it in ui.perfetto.dev), `report.txt`.
 //! `--json OUT` writes the figures of both workloads. `--profile` serves the small workload once
 //! more with timestamps around every dispatch and prints where a request's GPU time goes.
-//! `--only NAME` runs one workload; `--batch-ops N` submits a request's ops in batches of N.
+//! `--only NAME` runs one workload; `--batch-ops N` submits a request's ops in batches of N;
+//! `--width W` and `--layers L` change the `small` workload's layers (W a multiple of 4).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -105,6 +106,22 @@ pub struct Settings {
     /// batches of this many, so that the GPU starts on the first ops while the CPU records the
     /// next.
     pub max_ops_per_batch: Option<u32>,
+    /// The `small` workload's layer width, in place of the scale's (1024 with `--large`).
+    pub small_width: Option<usize>,
+    /// The `small` workload's number of layers, in place of the scale's (8 with `--large`).
+    pub small_layers: Option<usize>,
+}
+
+impl Settings {
+    /// `workload` with the overrides of these settings applied.
+    fn apply(&self, mut workload: Workload) -> Workload {
+        if workload.name == "small" && (self.small_width.is_some() || self.small_layers.is_some()) {
+            let width = self.small_width.unwrap_or(workload.widths[0]);
+            let layers = self.small_layers.unwrap_or(workload.widths.len() - 1);
+            workload.widths = vec![width; layers + 1];
+        }
+        workload
+    }
 }
 
 /// What one side (pool or naive) did with one workload.
@@ -173,6 +190,8 @@ struct Args {
     profile: bool,
     only: Option<String>,
     batch_ops: Option<u32>,
+    width: Option<usize>,
+    layers: Option<usize>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -183,6 +202,16 @@ fn parse_args() -> Result<Args> {
         profile: false,
         only: None,
         batch_ops: None,
+        width: None,
+        layers: None,
+    };
+    // A positive number following a flag.
+    let positive = |flag: &str, value: Option<String>| -> Result<usize> {
+        let value = value.with_context(|| format!("{flag} needs a number"))?;
+        match value.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => bail!("{flag} needs a positive number, not {value:?}"),
+        }
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -195,6 +224,14 @@ fn parse_args() -> Result<Args> {
                 let ops = iter.next().context("--batch-ops needs a number")?;
                 args.batch_ops = Some(ops.parse().context("--batch-ops needs a number")?);
             }
+            "--width" => {
+                let width = positive("--width", iter.next())?;
+                if width % 4 != 0 {
+                    bail!("--width needs a multiple of 4, not {width}");
+                }
+                args.width = Some(width);
+            }
+            "--layers" => args.layers = Some(positive("--layers", iter.next())?),
             "--only" => {
                 let name = iter
                     .next()
@@ -207,7 +244,7 @@ fn parse_args() -> Result<Args> {
             other => bail!(
                 "unknown argument {other}\n\
                  usage: pool_vs_naive [--large] [--out DIR] [--json OUT] [--profile] \
-                 [--only small|mlp] [--batch-ops N]"
+                 [--only small|mlp] [--batch-ops N] [--width W] [--layers L]"
             ),
         }
     }
@@ -223,10 +260,12 @@ fn main() -> Result<()> {
     let settings = Settings {
         only: args.only.clone(),
         max_ops_per_batch: args.batch_ops,
+        small_width: args.width,
+        small_layers: args.layers,
     };
     let comparisons = run(&gpu, args.scale, &settings, Some(&args.out), true)?;
     if args.profile {
-        let rows = profile(&gpu, args.scale)?;
+        let rows = profile(&gpu, args.scale, &settings)?;
         if rows.is_empty() {
             println!("\n--profile: this adapter has no timestamp queries");
         }
@@ -269,6 +308,7 @@ pub fn run(
 ) -> Result<Vec<Comparison>> {
     let mut comparisons = Vec::new();
     for workload in scale.workloads() {
+        let workload = settings.apply(workload);
         if settings
             .only
             .as_ref()
@@ -478,14 +518,16 @@ fn serve_with(
     Ok((side, sizes, timings))
 }
 
-/// Where a request's GPU time goes: the `small` workload of `scale` served by the pool with
+/// Where a request's GPU time goes: the `small` workload of `scale` (with the overrides of
+/// `settings`) served by the pool with
 /// timestamps around every dispatch. Returns `(kernel, dispatches per request, GPU µs per
 /// request)`, most expensive first; empty where the adapter has no timestamps.
-pub fn profile(gpu: &Gpu, scale: Scale) -> Result<Vec<(String, f64, f64)>> {
+pub fn profile(gpu: &Gpu, scale: Scale, settings: &Settings) -> Result<Vec<(String, f64, f64)>> {
     let workload = scale
         .workloads()
         .into_iter()
         .find(|w| w.name == "small")
+        .map(|w| settings.apply(w))
         .context("the small workload exists")?;
     let pool = Pool::new(gpu, PoolOptions::default())?;
     let options = ContextOptions {

@@ -65,7 +65,9 @@ pub struct ContextOptions {
     pub profile: bool,
     /// How matmuls choose tiles and split-K.
     pub matmul: MatmulOptions,
-    /// Bind groups kept for reuse; the cache is emptied when it reaches this size.
+    /// Bind groups kept for reuse; the cache is emptied when it reaches this size. Not used with
+    /// a naive pool ([`Pool::naive`]): there every tensor is a new buffer, so no bind group would
+    /// be asked for twice and the cache would only keep dropped buffers alive.
     pub max_cached_bind_groups: usize,
     /// Caps the x dimension of element-wise and row grids below the device's
     /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grid with small
@@ -112,6 +114,8 @@ pub struct ContextStats {
     pub bind_groups_created: u64,
     /// Dispatches that found their bind group in the cache.
     pub bind_group_cache_hits: u64,
+    /// Bind groups in the cache now (always 0 with a naive pool).
+    pub cached_bind_groups: u64,
     /// Bytes of op parameters written to the uniform ring.
     pub params_bytes_written: u64,
 }
@@ -211,6 +215,8 @@ pub(crate) struct Shared {
     options: ContextOptions,
     limits: wgpu::Limits,
     timestamps: TimestampSupport,
+    /// Whether bind groups are cached: `max_cached_bind_groups > 0` and the pool is not naive.
+    cache_bind_groups: bool,
     /// Bytes of tensors dropped since the last submission.
     pub(crate) freed_bytes: AtomicU64,
     /// The allocations of tensors dropped since the last submission: the open batch may still
@@ -339,6 +345,7 @@ impl Context {
             shared: Arc::new(Shared {
                 pool: pool.clone(),
                 timestamps: TimestampSupport::of(&gpu.device),
+                cache_bind_groups: options.max_cached_bind_groups > 0 && !pool.is_naive(),
                 gpu,
                 options,
                 limits,
@@ -380,6 +387,7 @@ impl Context {
         let state = self.shared.lock();
         ContextStats {
             pipelines_created: state.kernels.pipelines_created,
+            cached_bind_groups: state.bind_groups.len() as u64,
             ..state.stats
         }
     }
@@ -655,17 +663,20 @@ impl Context {
         storage: usize,
         bindings: &[&Allocation],
     ) -> wgpu::BindGroup {
-        let mut ranges: [Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS] =
-            Default::default();
-        for (range, allocation) in ranges.iter_mut().zip(bindings) {
-            *range = Some((
-                allocation.buffer().clone(),
-                allocation.offset(),
-                allocation.binding_size(),
-            ));
-        }
-        let key = BindKey(ranges);
-        if let Some(bind_group) = state.bind_groups.get(&key) {
+        // A naive pool's tensors are new buffers: nothing to look up, nothing worth keeping.
+        let key = self.shared.cache_bind_groups.then(|| {
+            let mut ranges: [Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS] =
+                Default::default();
+            for (range, allocation) in ranges.iter_mut().zip(bindings) {
+                *range = Some((
+                    allocation.buffer().clone(),
+                    allocation.offset(),
+                    allocation.binding_size(),
+                ));
+            }
+            BindKey(ranges)
+        });
+        if let Some(bind_group) = key.as_ref().and_then(|key| state.bind_groups.get(key)) {
             state.stats.bind_group_cache_hits += 1;
             return bind_group.clone();
         }
@@ -694,10 +705,10 @@ impl Context {
                 entries: &entries,
             });
         state.stats.bind_groups_created += 1;
-        if state.bind_groups.len() >= self.shared.options.max_cached_bind_groups {
-            state.bind_groups.clear();
-        }
-        if self.shared.options.max_cached_bind_groups > 0 {
+        if let Some(key) = key {
+            if state.bind_groups.len() >= self.shared.options.max_cached_bind_groups {
+                state.bind_groups.clear();
+            }
             state.bind_groups.insert(key, bind_group.clone());
         }
         bind_group

@@ -869,6 +869,7 @@ fn ops_are_recorded_into_one_pass_and_pipelines_and_bind_groups_are_cached() {
         "one submission, by the read"
     );
     assert_eq!(first.pipelines_created, 1);
+    assert!(first.cached_bind_groups > 0, "{first:?}");
     // The same work again: the ranges freed by the first round are reused in the same order, so
     // the bind groups come from the cache.
     assert_eq!(run(), vec![21.0; 17]);
@@ -1194,4 +1195,12 @@ fn ops_run_on_the_naive_baseline_and_give_its_buffers_back() {
     let stats = pool.stats();
     assert_eq!(stats.allocations.current, 2, "only the inputs live");
     assert_eq!(stats.segments.current, 2, "one buffer per live tensor");
+    // Every op's output is a new buffer there: no bind group is kept (a kept one would keep its
+    // dropped buffers alive).
+    let context_stats = context.stats();
+    assert_eq!(context_stats.cached_bind_groups, 0, "{context_stats:?}");
+    assert_eq!(
+        context_stats.bind_groups_created, context_stats.dispatches,
+        "{context_stats:?}"
+    );
 }

@@ -83,3 +83,26 @@ fn pool_vs_naive_example_serves_both_workloads() {
     snapshot.check_invariants().unwrap();
     std::fs::remove_dir_all(&out).ok();
 }
+
+#[test]
+fn pool_vs_naive_example_takes_the_small_workloads_width_and_depth() {
+    let settings = pool_vs_naive::Settings {
+        only: Some("small".into()),
+        small_width: Some(8),
+        small_layers: Some(5),
+        ..pool_vs_naive::Settings::default()
+    };
+    let comparisons =
+        pool_vs_naive::run(gpu(), pool_vs_naive::Scale::Test, &settings, None, false).unwrap();
+    assert_eq!(comparisons.len(), 1, "only the small workload");
+    let comparison = &comparisons[0];
+    assert_eq!(comparison.workload.name, "small");
+    assert_eq!(comparison.workload.widths, vec![8; 6]);
+    // The model really has these layers: five 8x8 weights and 8-wide biases (1,440 bytes) live
+    // throughout, beside a request's 16 tensors (input, 5 products, 5 biased sums, 4 GELUs, the
+    // softmax) of at most 8 rows x 8 columns (256 bytes), which go back when its batch is
+    // submitted.
+    let peak = comparison.naive.peak_requested_bytes;
+    assert!((1440 + 16 * 16..=1440 + 16 * 256).contains(&peak), "{peak}");
+    assert_eq!(comparison.pool.create_buffer_calls_after_warmup, 0);
+}
