@@ -28,7 +28,7 @@
 //!   refuses it, every empty segment is given back and the request is tried again with a segment
 //!   of exactly its rounded size.
 //!
-//! Measured by replaying `shared/traces` (the replay example, H200 limits): peak reserved over
+//! Measured by replaying `tests/data/traces` (the replay example, H200 limits): peak reserved over
 //! peak requested 1.09 on `gpt_train` and 1.07 on `frag_churn`, against PyTorch's 1.25 and 1.29;
 //! the cost is more segments created (see ARCHITECTURE.md for the figures and the trade-off).
 
@@ -65,7 +65,7 @@ pub struct StorageError {
 }
 
 /// The default cap on segment size. Before dedicated segments were cached, replaying the traces in
-/// `shared/traces` (H200 limits) gave peak reserved / peak requested of 1.39 and 1.42 with 1 GiB
+/// `tests/data/traces` (H200 limits) gave peak reserved / peak requested of 1.39 and 1.42 with 1 GiB
 /// segments, 1.29 and 1.42 with 256 MiB, and 1.11 and 1.38 with 64 MiB: smaller segments leave
 /// less memory stranded in partly used ones.
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;

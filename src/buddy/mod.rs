@@ -46,7 +46,7 @@
 //! tightly, and within it from the smallest sufficient block. This is a change from the earlier
 //! bitmaps, which took the lowest-addressed block of the globally smallest sufficient order: an
 //! address order or a global smallest block costs a search that a list cannot give in O(1).
-//! Replaying the real traces (`shared/traces`, the replay example) the pool reserved 1.086 x the
+//! Replaying the real traces (`tests/data/traces`, the replay example) the pool reserved 1.086 x the
 //! peak requested bytes on `gpt_train` with either placement, and 1.063 on `frag_churn` where
 //! lowest-address placement gave 1.076; listing runs last-in first-out instead gave 1.099 on
 //! `gpt_train`. On the benchmark's synthetic churn (70% occupancy of sizes from 256 B to 64 MiB)

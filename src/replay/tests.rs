@@ -146,14 +146,14 @@ fn webgpu_limits_refuse_what_no_buffer_can_hold() {
     assert_eq!(LimitsProfile::by_name("nope"), None);
 }
 
-/// The real traces captured from PyTorch on an H200 (`shared/traces` beside the repository).
+/// The real traces captured from PyTorch on an H200 (`tests/data/traces`).
 fn real_trace(name: &str) -> Vec<ReplayEvent> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/traces")
+        .join("tests/data/traces")
         .join(name);
     let snapshot = Snapshot::from_path(&path).unwrap_or_else(|error| {
         panic!(
-            "this test replays the real trace {}, expected in shared/traces beside the repository: {error}",
+            "this test replays the real trace {}, expected in tests/data/traces: {error}",
             path.display()
         )
     });

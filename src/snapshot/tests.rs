@@ -1,7 +1,7 @@
 //! Tests of the snapshot types, the safe importer, the exporters and the invariants.
 //!
-//! The real traces live outside the crate, in `../shared/traces/` beside the checkout;
-//! the tests that need them fail (they do not skip) when the files are missing.
+//! The real traces are in `tests/data/traces/` (see its README.md); the tests that need them
+//! fail (they do not skip) when the files are missing.
 //! The pickle fixtures in `testdata/` come from `testdata/make_fixtures.py`.
 
 use std::collections::BTreeMap;
@@ -15,19 +15,19 @@ use super::*;
 
 const GPT_TRAIN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/traces/gpt_train.pickle"
+    "/tests/data/traces/gpt_train.pickle"
 );
 const GPT_TRAIN_STATS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/traces/gpt_train.json"
+    "/tests/data/traces/gpt_train.json"
 );
 const FRAG_CHURN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/traces/frag_churn.pickle"
+    "/tests/data/traces/frag_churn.pickle"
 );
 const FRAG_CHURN_STATS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/traces/frag_churn.json"
+    "/tests/data/traces/frag_churn.json"
 );
 
 // ---------------------------------------------------------------------------------------
@@ -37,8 +37,8 @@ const FRAG_CHURN_STATS: &str = concat!(
 fn read_real(path: &str) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|error| {
         panic!(
-            "the real PyTorch traces are expected at {path} (the shared/traces folder beside the \
-             crate, CARGO_MANIFEST_DIR/../shared/traces; see its README.md): {error}"
+            "the real PyTorch traces are expected at {path} (tests/data/traces in the \
+             repository; see its README.md): {error}"
         )
     })
 }
