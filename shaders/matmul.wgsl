@@ -41,10 +41,8 @@ struct MatmulParams {
 }
 
 @group(0) @binding(0) var<uniform> params: MatmulParams;
-@group(0) @binding(1) var<storage, read_write> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> b: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> c: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> bias: array<vec4<f32>>;
+// A, B, C and the bias (bindings 1 to 4) and their accessors `a_vec4`, `a_at`, ...,
+// `store_c_at` come from matmul_vec4.wgsl or matmul_scalar.wgsl, which the host prepends.
 
 // vec4s of one tile buffer of A (BK × BM, transposed) and of B (BK × BN).
 const A_TILE: u32 = BK * BM / 4u;
@@ -63,16 +61,22 @@ fn load_a(row: u32, col: u32, k_end: u32) -> vec4<f32> {
         if (EDGES && (row >= params.m || col >= k_end)) {
             return vec4<f32>(0.0);
         }
-        return a[(row * params.k + col) / 4u];
+        return a_vec4((row * params.k + col) / 4u);
     }
     var v = vec4<f32>(0.0);
     if (row < params.m) {
-        let base = row * params.k + col;
-        for (var j = 0u; j < 4u; j++) {
-            if (col + j < k_end) {
-                let e = base + j;
-                v[j] = a[e / 4u][e % 4u];
-            }
+        let e = row * params.k + col;
+        if (col < k_end) {
+            v.x = a_at(e);
+        }
+        if (col + 1u < k_end) {
+            v.y = a_at(e + 1u);
+        }
+        if (col + 2u < k_end) {
+            v.z = a_at(e + 2u);
+        }
+        if (col + 3u < k_end) {
+            v.w = a_at(e + 3u);
         }
     }
     return v;
@@ -84,16 +88,22 @@ fn load_b(row: u32, col: u32, k_end: u32) -> vec4<f32> {
         if (EDGES && (row >= k_end || col >= params.n)) {
             return vec4<f32>(0.0);
         }
-        return b[(row * params.n + col) / 4u];
+        return b_vec4((row * params.n + col) / 4u);
     }
     var v = vec4<f32>(0.0);
     if (row < k_end) {
-        let base = row * params.n + col;
-        for (var j = 0u; j < 4u; j++) {
-            if (col + j < params.n) {
-                let e = base + j;
-                v[j] = b[e / 4u][e % 4u];
-            }
+        let e = row * params.n + col;
+        if (col < params.n) {
+            v.x = b_at(e);
+        }
+        if (col + 1u < params.n) {
+            v.y = b_at(e + 1u);
+        }
+        if (col + 2u < params.n) {
+            v.z = b_at(e + 2u);
+        }
+        if (col + 3u < params.n) {
+            v.w = b_at(e + 3u);
         }
     }
     return v;
@@ -200,20 +210,31 @@ fn store_c(row: u32, col: u32, split: u32, v_in: vec4<f32>) {
         }
         var v = v_in;
         if (BIAS) {
-            v += bias[col / 4u];
+            v += bias_vec4(col / 4u);
         }
-        c[base / 4u] = activate4(v, ACT);
+        store_c_vec4(base / 4u, activate4(v, ACT));
         return;
     }
-    for (var j = 0u; j < 4u; j++) {
-        if (col + j < params.n) {
-            var x = v_in[j];
-            if (BIAS) {
-                x += bias[(col + j) / 4u][(col + j) % 4u];
+    var v = v_in;
+    if (BIAS) {
+        for (var j = 0u; j < 4u; j++) {
+            if (col + j < params.n) {
+                v[j] += bias_at(col + j);
             }
-            let e = base + j;
-            c[e / 4u][e % 4u] = activate4(vec4<f32>(x), ACT).x;
         }
+    }
+    v = activate4(v, ACT);
+    if (col < params.n) {
+        store_c_at(base, v.x);
+    }
+    if (col + 1u < params.n) {
+        store_c_at(base + 1u, v.y);
+    }
+    if (col + 2u < params.n) {
+        store_c_at(base + 2u, v.z);
+    }
+    if (col + 3u < params.n) {
+        store_c_at(base + 3u, v.w);
     }
 }
 

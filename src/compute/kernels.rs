@@ -1,8 +1,10 @@
 //! Kernel sources, their compile-time constants, and the layouts and pipelines built from them.
 //!
-//! A kernel's module is `constants + shaders/common.wgsl + shaders/<source>.wgsl`; the constants
-//! (tile sizes, which edges to mask, the fused epilogue) are WGSL `const` declarations generated
-//! here, so each variant is compiled with its branches resolved. Modules are cached by
+//! A kernel's module is `constants + shaders/common.wgsl + bindings + shaders/<source>.wgsl`; the
+//! constants (tile sizes, which edges to mask, the fused epilogue) are WGSL `const` declarations
+//! generated here, so each variant is compiled with its branches resolved; the bindings are the
+//! tiled matmul's storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`) or as elements
+//! (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4), empty for other kernels. Modules are cached by
 //! `(source, variant)`, pipelines by `(source, entry point, variant)`.
 //!
 //! Layouts: binding 0 is the op's parameters (a uniform with a dynamic offset into the context's
@@ -136,6 +138,16 @@ impl Variant {
             }
         }
         text
+    }
+
+    /// Declarations the kernel's text leaves to the variant: the storage bindings of the matmul,
+    /// as vec4s (`shaders/matmul_vec4.wgsl`) or as elements (`shaders/matmul_scalar.wgsl`).
+    fn bindings(&self) -> &'static str {
+        match self {
+            Self::Matmul { vec4: true, .. } => include_str!("../../shaders/matmul_vec4.wgsl"),
+            Self::Matmul { vec4: false, .. } => include_str!("../../shaders/matmul_scalar.wgsl"),
+            _ => "",
+        }
     }
 
     /// The kernel's text with the host's unrolling applied. In the matmul kernel: the block
@@ -334,9 +346,10 @@ impl Kernels {
             Some(module) => module.clone(),
             None => {
                 let source = format!(
-                    "{}{}{}",
+                    "{}{}{}{}",
                     key.variant.constants(),
                     COMMON,
+                    key.variant.bindings(),
                     key.variant.expand(key.source.text())
                 );
                 let descriptor = wgpu::ShaderModuleDescriptor {
