@@ -183,27 +183,34 @@ struct JsonReport<'a> {
     workloads: &'a [Comparison],
 }
 
-struct Args {
-    scale: Scale,
-    out: PathBuf,
-    json: Option<PathBuf>,
-    profile: bool,
-    only: Option<String>,
-    batch_ops: Option<u32>,
-    width: Option<usize>,
-    layers: Option<usize>,
+/// The command line, parsed.
+#[derive(Debug)]
+pub struct Args {
+    /// `--large`: [`Scale::Large`], else [`Scale::Default`].
+    pub scale: Scale,
+    /// `--out DIR`: where the memory report goes.
+    pub out: PathBuf,
+    /// `--json OUT`.
+    pub json: Option<PathBuf>,
+    /// `--profile`.
+    pub profile: bool,
+    /// `--only`, `--batch-ops`, `--width`, `--layers`.
+    pub settings: Settings,
 }
 
-fn parse_args() -> Result<Args> {
+/// The widest `--width` accepted here; the device's binding limit is checked in [`run`].
+pub const MAX_WIDTH: usize = 1 << 16;
+/// The most `--layers` accepted.
+pub const MAX_LAYERS: usize = 1024;
+
+/// Parses the arguments after the program's name.
+pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
     let mut args = Args {
         scale: Scale::Default,
         out: PathBuf::from("target/pool_vs_naive"),
         json: None,
         profile: false,
-        only: None,
-        batch_ops: None,
-        width: None,
-        layers: None,
+        settings: Settings::default(),
     };
     // A positive number following a flag.
     let positive = |flag: &str, value: Option<String>| -> Result<usize> {
@@ -213,7 +220,7 @@ fn parse_args() -> Result<Args> {
             _ => bail!("{flag} needs a positive number, not {value:?}"),
         }
     };
-    let mut iter = std::env::args().skip(1);
+    let mut iter = arguments.into_iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--large" => args.scale = Scale::Large,
@@ -222,16 +229,23 @@ fn parse_args() -> Result<Args> {
             "--profile" => args.profile = true,
             "--batch-ops" => {
                 let ops = iter.next().context("--batch-ops needs a number")?;
-                args.batch_ops = Some(ops.parse().context("--batch-ops needs a number")?);
+                args.settings.max_ops_per_batch =
+                    Some(ops.parse().context("--batch-ops needs a number")?);
             }
             "--width" => {
                 let width = positive("--width", iter.next())?;
-                if width % 4 != 0 {
-                    bail!("--width needs a multiple of 4, not {width}");
+                if width % 4 != 0 || width > MAX_WIDTH {
+                    bail!("--width needs a multiple of 4 up to {MAX_WIDTH}, not {width}");
                 }
-                args.width = Some(width);
+                args.settings.small_width = Some(width);
             }
-            "--layers" => args.layers = Some(positive("--layers", iter.next())?),
+            "--layers" => {
+                let layers = positive("--layers", iter.next())?;
+                if layers > MAX_LAYERS {
+                    bail!("--layers takes at most {MAX_LAYERS}, not {layers}");
+                }
+                args.settings.small_layers = Some(layers);
+            }
             "--only" => {
                 let name = iter
                     .next()
@@ -239,7 +253,7 @@ fn parse_args() -> Result<Args> {
                 if name != "small" && name != "mlp" {
                     bail!("--only takes small or mlp, not {name:?}");
                 }
-                args.only = Some(name);
+                args.settings.only = Some(name);
             }
             other => bail!(
                 "unknown argument {other}\n\
@@ -248,21 +262,20 @@ fn parse_args() -> Result<Args> {
             ),
         }
     }
+    let shaped = args.settings.small_width.is_some() || args.settings.small_layers.is_some();
+    if shaped && args.settings.only.as_deref() == Some("mlp") {
+        bail!("--width and --layers shape the small workload, which --only mlp leaves out");
+    }
     Ok(args)
 }
 
 fn main() -> Result<()> {
     env_logger::init();
-    let args = parse_args()?;
+    let args = parse_args(std::env::args().skip(1))?;
     // Getting the device is kept apart from using it: the tests call `run` on their own device.
     let gpu = request_gpu(LimitsChoice::Adapter)?;
     println!("adapter: {gpu}");
-    let settings = Settings {
-        only: args.only.clone(),
-        max_ops_per_batch: args.batch_ops,
-        small_width: args.width,
-        small_layers: args.layers,
-    };
+    let settings = args.settings;
     let comparisons = run(&gpu, args.scale, &settings, Some(&args.out), true)?;
     if args.profile {
         let rows = profile(&gpu, args.scale, &settings)?;
@@ -307,8 +320,19 @@ pub fn run(
     verbose: bool,
 ) -> Result<Vec<Comparison>> {
     let mut comparisons = Vec::new();
+    let max_binding = gpu.device.limits().max_storage_buffer_binding_size;
     for workload in scale.workloads() {
         let workload = settings.apply(workload);
+        // A layer's weights are one tensor: it must fit a binding of this device.
+        let widest = workload.widths.iter().max().copied().unwrap_or(0) as u64;
+        if widest.saturating_mul(widest).saturating_mul(4) > max_binding {
+            bail!(
+                "{}: a {widest} x {widest} layer of weights takes {} bytes, above this device's \
+                 max_storage_buffer_binding_size of {max_binding}",
+                workload.name,
+                widest.saturating_mul(widest).saturating_mul(4)
+            );
+        }
         if settings
             .only
             .as_ref()

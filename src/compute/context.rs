@@ -114,7 +114,8 @@ pub struct ContextStats {
     pub bind_groups_created: u64,
     /// Dispatches that found their bind group in the cache.
     pub bind_group_cache_hits: u64,
-    /// Bind groups in the cache now (always 0 with a naive pool).
+    /// Bind groups in the cache when the stats were read (a current count, not a total; always
+    /// 0 with a naive pool).
     pub cached_bind_groups: u64,
     /// Bytes of op parameters written to the uniform ring.
     pub params_bytes_written: u64,

@@ -4,8 +4,8 @@
 //! constants (tile sizes, which edges to mask, the fused epilogue) are WGSL `const` declarations
 //! generated here, so each variant is compiled with its branches resolved; the bindings are the
 //! tiled matmul's storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`) or as elements
-//! (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4), empty for other kernels. Modules are cached by
-//! `(source, variant)`, pipelines by `(source, entry point, variant)`.
+//! (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4), empty for other kernels.
+//! Modules are cached by `(source, variant)`, pipelines by `(source, entry point, variant)`.
 //!
 //! Layouts: binding 0 is the op's parameters (a uniform with a dynamic offset into the context's
 //! ring), bindings 1.. are the storage ranges, all `read_write`. There is one layout per number of

@@ -50,7 +50,8 @@
 //!   kernels are compiled without wgpu's injected bounds checks
 //!   (`create_shader_module_trusted`). Every op validates shapes, sizes, grid limits and binding
 //!   ranges on the host before recording, and every kernel masks its own edges, so no access
-//!   leaves its binding. The tests run checked (the default).
+//!   leaves its binding. Most tests run checked (the default); the narrow matmul's and
+//!   `unchecked_kernels_compute_what_checked_ones_do` run both.
 //! - **Workgroup memory is not zeroed** (`zero_initialize_workgroup_memory: false`, in both
 //!   modes): every kernel writes it before reading it, and on GL the zeroing made llvmpipe take
 //!   4–14 s to compile each matmul variant while holding wgpu's GL context lock (other threads'

@@ -1183,6 +1183,12 @@ fn ops_run_on_the_naive_baseline_and_give_its_buffers_back() {
     let c = context.matmul(&ta, &tb).unwrap();
     let probabilities = context.softmax(&c).unwrap();
     drop(c);
+    // Every op's output is a new buffer there: no bind group is kept, not even while the batch is
+    // open (a kept one would only hold dropped buffers).
+    assert!(context.pending_dispatches() > 0, "the batch is still open");
+    let open = context.stats();
+    assert_eq!(open.cached_bind_groups, 0, "{open:?}");
+    assert_eq!(open.bind_groups_created, open.dispatches, "{open:?}");
     let expected = cpu::softmax(&cpu::matmul(&a, &b, m, k, n), n);
     assert_close(
         "naive softmax(matmul)",
@@ -1195,10 +1201,7 @@ fn ops_run_on_the_naive_baseline_and_give_its_buffers_back() {
     let stats = pool.stats();
     assert_eq!(stats.allocations.current, 2, "only the inputs live");
     assert_eq!(stats.segments.current, 2, "one buffer per live tensor");
-    // Every op's output is a new buffer there: no bind group is kept (a kept one would keep its
-    // dropped buffers alive).
     let context_stats = context.stats();
-    assert_eq!(context_stats.cached_bind_groups, 0, "{context_stats:?}");
     assert_eq!(
         context_stats.bind_groups_created, context_stats.dispatches,
         "{context_stats:?}"

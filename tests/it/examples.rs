@@ -106,3 +106,42 @@ fn pool_vs_naive_example_takes_the_small_workloads_width_and_depth() {
     assert!((1440 + 16 * 16..=1440 + 16 * 256).contains(&peak), "{peak}");
     assert_eq!(comparison.pool.create_buffer_calls_after_warmup, 0);
 }
+
+#[test]
+fn pool_vs_naive_example_refuses_bad_arguments_with_a_message() {
+    let parse = |line: &str| pool_vs_naive::parse_args(line.split_whitespace().map(String::from));
+    let args = parse("--large --only small --width 256 --layers 32 --batch-ops 8").unwrap();
+    assert_eq!(args.scale, pool_vs_naive::Scale::Large);
+    assert_eq!(args.settings.only.as_deref(), Some("small"));
+    assert_eq!(args.settings.small_width, Some(256));
+    assert_eq!(args.settings.small_layers, Some(32));
+    assert_eq!(args.settings.max_ops_per_batch, Some(8));
+    for (line, expected) in [
+        ("--width 0", "positive number"),
+        ("--width 6", "multiple of 4"),
+        ("--width 1000000", "multiple of 4 up to"),
+        ("--width", "needs a number"),
+        ("--layers -3", "positive number"),
+        ("--layers 18446744073709551615", "at most"),
+        ("--only mlp --width 64", "--only mlp leaves out"),
+        ("--only big", "small or mlp"),
+        ("--batch-ops many", "needs a number"),
+        ("--fast", "unknown argument"),
+    ] {
+        let error = format!("{:#}", parse(line).unwrap_err());
+        assert!(error.contains(expected), "{line}: {error}");
+    }
+    // A layer's weights must fit one binding of the device: refused before anything is served.
+    let limit = gpu().device.limits().max_storage_buffer_binding_size;
+    let width = (((limit / 4) as f64).sqrt() as usize + 4) / 4 * 4;
+    let settings = pool_vs_naive::Settings {
+        only: Some("small".into()),
+        small_width: Some(width),
+        small_layers: Some(1),
+        ..pool_vs_naive::Settings::default()
+    };
+    let error = pool_vs_naive::run(gpu(), pool_vs_naive::Scale::Test, &settings, None, false)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("max_storage_buffer_binding_size"), "{error}");
+}

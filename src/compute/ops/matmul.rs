@@ -27,8 +27,8 @@
 //! 8×1024×1024, 8.5 against 40 µs at 1×1024×1024, 76 against 766 µs at 8×4096×4096.
 //!
 //! Each variant is compiled for its case: `vec4` (K and N multiples of 4: vec4 loads of A and B,
-//! vec4 stores of C) or element loads and stores (the bindings declared as `array<f32>`); `edges` (a partial tile somewhere: masked loads and stores)
-//! or none. The K steps of a tile are unrolled on the host (see `shaders/matmul.wgsl`).
+//! vec4 stores of C) or element loads and stores (the bindings declared as `array<f32>`);
+//! `edges` (a partial tile somewhere: masked loads and stores) or none. The K steps of a tile are unrolled on the host (see `shaders/matmul.wgsl`).
 //!
 //! # Measured on an H200 (Vulkan, driver 580, `bench_kernels`)
 //!
