@@ -325,12 +325,12 @@ pub fn run(
         let workload = settings.apply(workload);
         // A layer's weights are one tensor: it must fit a binding of this device.
         let widest = workload.widths.iter().max().copied().unwrap_or(0) as u64;
-        if widest.saturating_mul(widest).saturating_mul(4) > max_binding {
+        let weight_bytes = widest.saturating_mul(widest).saturating_mul(4);
+        if weight_bytes > max_binding {
             bail!(
-                "{}: a {widest} x {widest} layer of weights takes {} bytes, above this device's \
-                 max_storage_buffer_binding_size of {max_binding}",
-                workload.name,
-                widest.saturating_mul(widest).saturating_mul(4)
+                "{}: a {widest} x {widest} layer of weights takes {weight_bytes} bytes, above this \
+                 device's max_storage_buffer_binding_size of {max_binding}",
+                workload.name
             );
         }
         if settings

@@ -67,7 +67,7 @@ pub struct ContextOptions {
     pub matmul: MatmulOptions,
     /// Bind groups kept for reuse; the cache is emptied when it reaches this size. Not used with
     /// a naive pool ([`Pool::naive`]): there every tensor is a new buffer, so no bind group would
-    /// be asked for twice and the cache would only keep dropped buffers alive.
+    /// be asked for twice and the cache would only hash and hold dropped buffers.
     pub max_cached_bind_groups: usize,
     /// Caps the x dimension of element-wise and row grids below the device's
     /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grid with small
