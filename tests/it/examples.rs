@@ -145,3 +145,14 @@ fn pool_vs_naive_example_refuses_bad_arguments_with_a_message() {
         .to_string();
     assert!(error.contains("max_storage_buffer_binding_size"), "{error}");
 }
+
+#[expect(dead_code, reason = "the example's main() is not called here")]
+#[path = "../../examples/first_steps.rs"]
+mod first_steps;
+
+#[test]
+fn first_steps_example_doubles_every_value() {
+    let doubled = first_steps::run(gpu()).unwrap();
+    let expected: Vec<f32> = (0..1024).map(|i| 2.0 * i as f32).collect();
+    assert_eq!(doubled, expected);
+}
