@@ -23,17 +23,26 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 }
 ";
 
+fn main() -> Result<(), Box<dyn Error>> {
+    // 1. A device: the adapter `WGPU_BACKEND` selects (vulkan, gl, ...), with its own limits.
+    let gpu = request_gpu(LimitsChoice::Adapter)?;
+    println!("device: {gpu}");
+    let doubled = run(&gpu)?;
+    println!("doubled on the GPU: {:?} ...", &doubled[..4]);
+    Ok(())
+}
+
 /// Runs the whole story on `gpu` and returns the values read back: `0, 2, 4, ..., 2046`.
 pub fn run(gpu: &Gpu) -> Result<Vec<f32>, Box<dyn Error>> {
-    // 1. A pool: it carves large buffers into ranges; the defaults suit most programs.
+    // 2. A pool: it carves large buffers into ranges; the defaults suit most programs.
     let pool = Pool::new(gpu, PoolOptions::default())?;
 
-    // 2. One allocation for 1024 floats (4 KiB), then its contents: 0, 1, 2, ..., 1023.
+    // 3. One allocation for 1024 floats (4 KiB), then its contents: 0, 1, 2, ..., 1023.
     let input: Vec<f32> = (0..1024).map(|i| i as f32).collect();
     let values = pool.allocate(std::mem::size_of_val(input.as_slice()) as u64)?;
     pool.write(&values, 0, bytemuck::cast_slice(&input))?;
 
-    // 3. The kernel's pipeline; its bind group takes the allocation as (buffer, offset, size).
+    // 4. The kernel's pipeline; its bind group takes the allocation as (buffer, offset, size).
     let device = &gpu.device;
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("double"),
@@ -56,7 +65,7 @@ pub fn run(gpu: &Gpu) -> Result<Vec<f32>, Box<dyn Error>> {
         }],
     });
 
-    // 4. Record one dispatch: 1024 values in workgroups of 64.
+    // 5. Record one dispatch: 1024 values in workgroups of 64.
     let mut encoder = device.create_command_encoder(&Default::default());
     {
         let mut pass = encoder.begin_compute_pass(&Default::default());
@@ -65,7 +74,7 @@ pub fn run(gpu: &Gpu) -> Result<Vec<f32>, Box<dyn Error>> {
         pass.dispatch_workgroups(input.len().div_ceil(64) as u32, 1, 1);
     }
 
-    // 5. Submit through the pool (so that it knows when ranges may be reused) and read back,
+    // 6. Submit through the pool (so that it knows when ranges may be reused) and read back,
     //    in one submission.
     let bytes = pool.submit_and_read([encoder.finish()], &values)?;
     let doubled: Vec<f32> = bytes
@@ -73,7 +82,7 @@ pub fn run(gpu: &Gpu) -> Result<Vec<f32>, Box<dyn Error>> {
         .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
         .collect();
 
-    // 6. Check, then ask the pool to explain its memory (like torch.cuda.memory_summary()).
+    // 7. Check, then ask the pool to explain its memory (like torch.cuda.memory_summary()).
     for (i, (x, y)) in input.iter().zip(&doubled).enumerate() {
         if *y != 2.0 * x {
             return Err(format!("value {i}: expected {}, read {y}", 2.0 * x).into());
@@ -81,17 +90,4 @@ pub fn run(gpu: &Gpu) -> Result<Vec<f32>, Box<dyn Error>> {
     }
     println!("{}", Report::from_pool(&pool));
     Ok(doubled)
-}
-
-fn main() -> Result<(), Box<dyn Error>> {
-    // 0. A device: the adapter `WGPU_BACKEND` selects (vulkan, gl, ...), with its own limits.
-    let gpu = request_gpu(LimitsChoice::Adapter)?;
-    println!("device: {gpu}");
-    let doubled = run(&gpu)?;
-    println!(
-        "doubled 1024 values on the GPU: {:?} ... {:?}",
-        &doubled[..4],
-        &doubled[1020..]
-    );
-    Ok(())
 }
