@@ -153,7 +153,8 @@ impl ParamsRing {
         let start = (self.used_slots * self.slot_bytes) as usize;
         self.staging[start..start + PARAMS_BYTES as usize].copy_from_slice(params.bytes());
         self.used_slots += 1;
-        let offset = start as u32;
+        let offset = u32::try_from(start)
+            .expect("the ring has at most 65,536 slots of at most 256 bytes: offsets fit a u32");
         self.slots_by_params.insert(*params, offset);
         offset
     }

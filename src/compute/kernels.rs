@@ -516,16 +516,16 @@ mod tests {
     }
 
     /// Parses and validates `text` with naga; the error as naga prints it, with the source.
-    fn validate(text: &str) -> Result<naga::Module, String> {
+    fn validate(text: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
         let module =
             naga::front::wgsl::parse_str(text).map_err(|error| error.emit_to_string(text))?;
-        naga::valid::Validator::new(
+        let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
             naga::valid::Capabilities::default(),
         )
         .validate(&module)
         .map_err(|error| error.emit_to_string(text))?;
-        Ok(module)
+        Ok((module, info))
     }
 
     /// Checks that the module reads its parameters at binding 0 as a uniform of the struct of
@@ -603,7 +603,7 @@ mod tests {
                         let mut failures = Vec::new();
                         for (source, variant) in chunk {
                             let text = module_source(*source, variant);
-                            let checked = validate(&text).and_then(|module| {
+                            let checked = validate(&text).and_then(|(module, _)| {
                                 let layout = params_layout(*source);
                                 check_bindings(&module, &layout, source.storage_bindings())
                             });
@@ -636,6 +636,68 @@ mod tests {
             .chain([&defaults.small_tiles])
         {
             assert!(tiles.contains(tile), "{tile} is not checked");
+        }
+    }
+
+    /// What wgpu's Vulkan backend asks of naga in each mode (wgpu-hal 30 on a device without
+    /// robust buffer access; the pipelines do not zero workgroup memory).
+    fn spirv_options(checks: ShaderChecks) -> naga::back::spv::Options<'static> {
+        use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+        let policy = match checks {
+            ShaderChecks::Checked => BoundsCheckPolicy::Restrict,
+            ShaderChecks::Unchecked => BoundsCheckPolicy::Unchecked,
+        };
+        naga::back::spv::Options {
+            lang_version: (1, 3),
+            bounds_check_policies: BoundsCheckPolicies {
+                index: policy,
+                buffer: policy,
+                image_load: policy,
+                binding_array: BoundsCheckPolicy::Unchecked,
+            },
+            force_loop_bounding: checks == ShaderChecks::Checked,
+            zero_initialize_workgroup_memory:
+                naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn kernels_translate_to_spirv_with_and_without_bounds_checks() {
+        // The tiled matmul with every tile of `MatmulTiles::ALL` in its vec4, scalar and edge
+        // forms, the narrow one with every number of rows: the code the checks act on.
+        let modules = every_module()
+            .into_iter()
+            .filter(|(_, variant)| match *variant {
+                Variant::Matmul {
+                    tiles,
+                    group_rows,
+                    bias,
+                    activation,
+                    ..
+                } => {
+                    MatmulTiles::ALL.contains(&tiles)
+                        && group_rows == MatmulOptions::default().group_rows
+                        && bias
+                        && activation == Activation::Gelu
+                }
+                Variant::Narrow {
+                    lanes,
+                    bias,
+                    activation,
+                    ..
+                } => [1, 64, 256].contains(&lanes) && bias && activation == Activation::Gelu,
+                Variant::Plain | Variant::Reduce { .. } => true,
+            });
+        for (source, variant) in modules {
+            let text = module_source(source, &variant);
+            let (module, info) = validate(&text).unwrap_or_else(|error| panic!("{error}"));
+            for checks in [ShaderChecks::Checked, ShaderChecks::Unchecked] {
+                let options = spirv_options(checks);
+                if let Err(error) = naga::back::spv::write_vec(&module, &info, &options, None) {
+                    panic!("{source:?}{} {checks:?}: {error}", variant.label());
+                }
+            }
         }
     }
 

@@ -693,7 +693,10 @@ mod tests {
             })
         );
         // Fewer than 2^30 elements: their byte offsets fit a u32.
-        assert_eq!(element_count("op", &[3, (1 << 30) / 3]), Ok(3 * ((1 << 30) / 3)));
+        assert_eq!(
+            element_count("op", &[3, (1 << 30) / 3]),
+            Ok(3 * ((1 << 30) / 3))
+        );
         assert!(element_count("op", &[1 << 15, 1 << 15]).is_err());
         assert!(element_count("op", &[usize::MAX, 2]).is_err());
         assert_eq!(tensor_bytes(1), 16);

@@ -28,7 +28,9 @@
 //!
 //! Each variant is compiled for its case: `vec4` (K and N multiples of 4: vec4 loads of A and B,
 //! vec4 stores of C) or element loads and stores (the bindings declared as `array<f32>`);
-//! `edges` (a partial tile somewhere: masked loads and stores) or none. The K steps of a tile are unrolled on the host (see `shaders/matmul.wgsl`).
+//! `edges` (a partial tile somewhere: masked loads and stores) or none. The kernel's entry point
+//! is written on the host with the K steps of a tile and the outputs of an invocation unrolled
+//! (`kernels.rs`; its outline is in `shaders/matmul.wgsl`).
 //!
 //! # Measured on an H200 (Vulkan, driver 580, `bench_kernels`)
 //!
