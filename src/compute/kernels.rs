@@ -17,9 +17,10 @@
 //!    whose `BK` steps of K and whose `TM × TN` outputs per invocation are unrolled here into
 //!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics).
 //!
-//! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. A test parses
-//! and validates every variant with naga, and checks that the parameter structs of the shaders
-//! have the layout of their Rust twins in `vocab.rs`.
+//! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. Tests (no GPU)
+//! parse and validate every variant with naga, check that the parameter struct each kernel reads
+//! has the member names, offsets, types and size of its Rust twin in `vocab.rs`, and translate
+//! each kind of kernel to SPIR-V with and without bounds checks.
 //!
 //! Modules are cached by `(source, variant)`, pipelines by `(source, entry point, variant)`.
 //!
