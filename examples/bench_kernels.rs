@@ -43,8 +43,7 @@
 //! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us"}`. A section not run has an
 //! empty list or `null`.
 //!
-//! On the GPU machine (see `../shared/gpu/README.md`): `../shared/gpu/prepare --example
-//! bench_kernels`, then `sh .gpu/run bench_kernels --large --json $OUT/kernels.json`.
+//! On a real GPU: `cargo run --release --example bench_kernels -- --large --json kernels.json`.
 
 use std::path::PathBuf;
 use std::time::Instant;

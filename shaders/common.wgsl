@@ -1,6 +1,6 @@
-// Helpers shared by the kernels; the host prepends this file (and each kernel's constants) to
-// every kernel's source (src/compute/kernels.rs). Keep in sync with the CPU twins in
-// src/compute/cpu.rs.
+// Helpers shared by the kernels; the host puts this file (after each kernel's constants) before
+// every kernel's source (src/compute/kernels.rs). The CPU twins in src/compute/cpu.rs compute
+// the same functions.
 
 // GELU, tanh approximation (PyTorch's `gelu(approximate="tanh")`), computed as
 // x · sigmoid(t) = x / (1 + e^(−t)) with t = 2·√(2/π)·(x + 0.044715·x³): the same function as
@@ -18,8 +18,8 @@ fn relu4(x: vec4<f32>) -> vec4<f32> {
     return max(x, vec4<f32>(0.0));
 }
 
-// The fused activation of the matmul epilogue: 0 none, 1 relu, 2 gelu.
-// Keep in sync with `Activation` in src/compute/ops/matmul.rs.
+// The fused activation of the matmul epilogue: 0 none, 1 relu, 2 gelu (`Activation::code` in
+// src/compute/vocab.rs).
 fn activate4(x: vec4<f32>, activation: u32) -> vec4<f32> {
     if (activation == 1u) {
         return relu4(x);
@@ -36,8 +36,8 @@ fn linear_index(workgroup: vec3<u32>, local: u32, grid_x: u32, size: u32) -> u32
     return (workgroup.y * grid_x + workgroup.x) * size + local;
 }
 
-// The parameters of the element-wise kernels (unary.wgsl, binary.wgsl). Keep in sync with
-// `params` in src/compute/ops/elementwise.rs.
+// The parameters of the element-wise kernels (unary.wgsl, binary.wgsl): the Rust struct of the
+// same name in src/compute/vocab.rs, whose layout a test checks against this one.
 struct ElementwiseParams {
     len_vec4: u32,
     grid_x: u32,

@@ -1,7 +1,7 @@
 // C[M, N] = A[M, K] · B[K, N], f32, row-major, any sizes; with an optional fused epilogue
 // C = act(A·B + bias[N]). CPU twin: `matmul` in src/compute/cpu.rs.
 //
-// The host prepends these constants (src/compute/kernels.rs, `MatmulTiles`):
+// The host puts these constants before this file (src/compute/kernels.rs, from `MatmulTiles`):
 //   BM, BN, BK   the block tile: BM×BN outputs per workgroup, BK (8 or 16) deep per step of K
 //   TM, TN       outputs per invocation, in registers: TM×TN of 8×8, 16×8 or 8×16
 //   THREADS      (BM / TM) · (BN / TN) invocations
@@ -27,8 +27,27 @@
 // tutorial): workgroups that run at the same time share columns of B and rows of A in L2.
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
+//
+// The entry point `matmul` follows this file: the host writes it (src/compute/kernels.rs,
+// `matmul_entry`) with its loops over the BK steps of K and over the TM×TN outputs of an
+// invocation unrolled into straight-line code. Rolled up, it reads:
+//
+//   tile = block_tile(workgroup); row0 = tile.x · BM; col0 = tile.y · BN
+//   [k_begin, k_end) = this split's range of K; tiles = ⌈(k_end − k_begin) / BK⌉
+//   tx = tid % (BN / TN); ty = tid / (BN / TN)
+//   var acc: array<vec4<f32>, TM · TN / 4>    (acc[(4·I + E)·(TN / 4) + J]: row 4·I + E, column
+//                                              group J of the invocation's outputs)
+//   stage(0, fetch(the tile at k_begin)); workgroupBarrier()
+//   for t < tiles, current = t & 1:
+//       staged = fetch(the next tile, or the last one again after the last)
+//       for step < BK:
+//           aI = tile_a[current·A_TILE + ty + step·(BM / 4) + I·(BM / TM)]  for I < TM / 4
+//           bJ = tile_b[current·B_TILE + tx + step·(BN / 4) + J·(BN / TN)]  for J < TN / 4
+//           acc[(4·I + E)·(TN / 4) + J] = fma(vec4(aI[E]), bJ, acc[...])   for I, E < 4, J
+//       stage(1 − current, staged); workgroupBarrier()
+//   store_c(row0 + 4·ty + I·ROW_GROUP + E, col0 + 4·tx + J·COL_GROUP, z, acc[...])  for I, E, J
 
-// Keep in sync with `MatmulParams` in src/compute/ops/matmul.rs.
+// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
 struct MatmulParams {
     m: u32,
     n: u32,
@@ -42,7 +61,8 @@ struct MatmulParams {
 
 @group(0) @binding(0) var<uniform> params: MatmulParams;
 // A, B, C and the bias (bindings 1 to 4) and their accessors `a_vec4`, `a_at`, ...,
-// `store_c_at` come from matmul_vec4.wgsl or matmul_scalar.wgsl, which the host prepends.
+// `store_c_at` come from matmul_vec4.wgsl or matmul_scalar.wgsl, which the host puts before
+// this file.
 
 // vec4s of one tile buffer of A (BK × BM, transposed) and of B (BK × BN).
 const A_TILE: u32 = BK * BM / 4u;
@@ -247,56 +267,4 @@ fn block_tile(workgroup: vec3<u32>) -> vec2<u32> {
     let rows = min(params.tiles_m - first_row, GROUP_M);
     let in_group = id % per_group;
     return vec2<u32>(first_row + in_group % rows, in_group / rows);
-}
-
-@compute @workgroup_size(THREADS)
-fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let tile = block_tile(workgroup);
-    let row0 = tile.x * BM;
-    let col0 = tile.y * BN;
-    let k_begin = workgroup.z * params.k_chunk;
-    let k_end = min(params.k, k_begin + params.k_chunk);
-    // The host never makes an empty split: k_end > k_begin.
-    let tiles = (k_end - k_begin + BK - 1u) / BK;
-    let tx = tid % (BN / TN);
-    let ty = tid / (BN / TN);
-
-    // acc[r·(TN/4) + J] (`{A}` in the lines the host repeats): row r of the invocation's TM,
-    // column group J. Indexed only by constants, so it lives in registers.
-    var acc: array<vec4<f32>, TM * TN / 4u>;
-
-    var staged = fetch(tid, row0, col0, k_begin, k_end);
-    stage(0u, staged, tid);
-    workgroupBarrier();
-
-    for (var t = 0u; t < tiles; t++) {
-        let current = t & 1u;
-        // Prefetch the next tile into registers while this one is multiplied. Unconditional, so
-        // that the loads sit in the same block as the products (the compiler may interleave
-        // them): after the last tile the last tile is fetched and staged again, into the buffer
-        // no one reads any more.
-        staged = fetch(tid, row0, col0, k_begin + min(t + 1u, tiles - 1u) * BK, k_end);
-        // BK steps of K, unrolled by the host: it repeats the block between the STEP markers
-        // for STEP = 0u .. BK - 1u, and each line marked `// each` for the values of I, E, J
-        // (src/compute/kernels.rs, `Variant::expand`), so that the driver's compiler sees
-        // straight-line code whatever its unrolling heuristics. Each step is the TM×TN outer
-        // product of TM rows of A (TM / 4 vec4s of the transposed tile) and TN columns of B
-        // (TN / 4 vec4s): TM · TN / 4 vec4 fused multiply-adds.
-        let a = current * A_TILE + ty;
-        let b = current * B_TILE + tx;
-        // BEGIN STEP
-        {
-            let a{I} = tile_a[a + STEP * (BM / 4u) + {I}u * (BM / TM)]; // each I
-            let b{J} = tile_b[b + STEP * (BN / 4u) + {J}u * (BN / TN)]; // each J
-            acc[{A}u] = fma(vec4<f32>(a{I}[{E}u]), b{J}, acc[{A}u]); // each I E J
-        }
-        // END STEP
-        stage(1u - current, staged, tid);
-        workgroupBarrier();
-    }
-
-    let row = row0 + ty * 4u;
-    let col = col0 + tx * 4u;
-    let z = workgroup.z;
-    store_c(row + {I}u * ROW_GROUP + {E}u, col + {J}u * COL_GROUP, z, acc[{A}u]); // each I E J
 }

@@ -9,14 +9,14 @@
 // vec4 of each row of A, and keeps ROWS vec4 sums in registers. The slices are then added in
 // workgroup memory (a halving tree, four rows at a time) and slice 0 stores C.
 //
-// The host prepends ROWS (= M, 1 to 8), LANES (a power of two, 1 to 256), BIAS and ACT (0 none,
+// The host puts before this file the constants ROWS (= M, 1 to 8), LANES (a power of two, 1 to 256), BIAS and ACT (0 none,
 // 1 relu, 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is in
 // bounds by construction (ROWS is M exactly; lanes past N do no loads or stores), so the kernel
 // may run unchecked.
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 
-// Keep in sync with `NarrowParams` in src/compute/ops/matmul.rs.
+// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
 struct NarrowParams {
     n4: u32,
     k4: u32,

@@ -2,10 +2,10 @@
 // runs the fused epilogue: C = act(Σ_s P[s] + bias[N]). One element per invocation, workgroups of
 // 256, a 2-D grid past 65,535 workgroups. Part of the CPU twin `matmul` in src/compute/cpu.rs.
 //
-// The host prepends BIAS (bool) and ACT (0 none, 1 relu, 2 gelu).
+// The host puts the constants BIAS (bool) and ACT (0 none, 1 relu, 2 gelu) before this file.
 // Every storage binding is read_write (pool rule).
 
-// Keep in sync with `ReduceParams` in src/compute/ops/matmul.rs.
+// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
 struct ReduceParams {
     // M · N.
     len: u32,

@@ -5,7 +5,7 @@
 // CPU twins: `sum` and `softmax` in src/compute/cpu.rs.
 // Every storage binding is read_write (pool rule).
 
-// Keep in sync with `RowsParams` in src/compute/ops/rows.rs.
+// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
 struct RowsParams {
     rows: u32,
     cols: u32,

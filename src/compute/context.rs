@@ -18,35 +18,25 @@
 //!
 //! Between submissions the pool cannot reuse what was dropped: a batch's memory peak is what it
 //! allocates, plus what was live when it began.
+//!
+//! This module knows dispatches and allocations, not tensors: the context's methods that make,
+//! write and read tensors are in [`super::tensor`], its ops in [`super::ops`].
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::kernels::{
-    KernelKey, Kernels, Params, MAX_STORAGE_BINDINGS, PARAMS_BYTES, PARAMS_WORDS,
-};
-use super::ops::matmul::MatmulOptions;
-use super::tensor::Tensor;
+use super::kernels::Kernels;
 use super::timing::{KernelTiming, Timer, TimestampSupport};
-use super::ComputeError;
+use super::vocab::{
+    ComputeError, Dispatch, KernelKey, MatmulOptions, ParamsBlock, MAX_STORAGE_BINDINGS,
+    PARAMS_BYTES,
+};
 use crate::device::Gpu;
-use crate::pool::{AllocOptions, Allocation, Pool};
+use crate::pool::{Allocation, Pool};
 
-/// Whether kernels are compiled with wgpu's injected bounds checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ShaderChecks {
-    /// wgpu's bounds checks in every kernel (the default; tests use it).
-    #[default]
-    Checked,
-    /// No injected bounds checks (`create_shader_module_trusted` with
-    /// `ShaderRuntimeChecks::unchecked()`). Sound because every op validates shapes, sizes and
-    /// offsets on the host and every kernel masks its own edges;
-    /// on an H200 the 4096³ matmul ran at 34.0 TFLOP/s unchecked against 30.6 checked (1.7× for
-    /// the plainer kernel of DESIGN.md). Benchmarks use it.
-    Unchecked,
-}
+pub use super::vocab::ShaderChecks;
 
 /// How a [`Context`] records, submits and compiles.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,7 +123,7 @@ struct ParamsRing {
     slot_bytes: u64,
     staging: Vec<u8>,
     used_slots: u64,
-    slots_by_params: HashMap<Params, u32>,
+    slots_by_params: HashMap<ParamsBlock, u32>,
 }
 
 impl ParamsRing {
@@ -156,15 +146,15 @@ impl ParamsRing {
 
     /// The dynamic offset of a slot holding `params`. The ring has a slot per dispatch of a batch,
     /// so it never fills before the batch does.
-    fn push(&mut self, params: &Params) -> u32 {
+    fn push(&mut self, params: &ParamsBlock) -> u32 {
         if let Some(&offset) = self.slots_by_params.get(params) {
             return offset;
         }
         let start = (self.used_slots * self.slot_bytes) as usize;
-        self.staging[start..start + PARAMS_BYTES as usize]
-            .copy_from_slice(bytemuck::cast_slice(params));
+        self.staging[start..start + PARAMS_BYTES as usize].copy_from_slice(params.bytes());
         self.used_slots += 1;
-        let offset = start as u32;
+        let offset = u32::try_from(start)
+            .expect("the ring has at most 65,536 slots of at most 256 bytes: offsets fit a u32");
         self.slots_by_params.insert(*params, offset);
         offset
     }
@@ -199,15 +189,6 @@ struct State {
     stats: ContextStats,
     /// The pool's count of segments given back, when the bind-group cache was last checked.
     segments_freed_seen: u64,
-}
-
-/// One dispatch, validated by its op.
-pub(crate) struct Dispatch<'a> {
-    pub(crate) kernel: KernelKey,
-    pub(crate) params: Params,
-    /// The storage bindings, in binding order (1, 2, ...).
-    pub(crate) bindings: &'a [&'a Allocation],
-    pub(crate) workgroups: [u32; 3],
 }
 
 pub(crate) struct Shared {
@@ -292,7 +273,7 @@ impl Drop for Shared {
     }
 }
 
-/// Records ops on [`Tensor`]s into batched command buffers. Cheap to clone (clones share one
+/// Records ops on [`Tensor`](super::Tensor)s into batched command buffers. Cheap to clone (clones share one
 /// context); `Send + Sync` (ops from several threads are recorded one at a time).
 #[derive(Clone)]
 pub struct Context {
@@ -398,60 +379,15 @@ impl Context {
         self.shared.lock().batch.dispatches
     }
 
-    /// Uploads `data` as a tensor of `shape` (row-major). The upload lands before any op recorded
-    /// on it.
-    pub fn tensor(&self, data: &[f32], shape: &[usize]) -> Result<Tensor, ComputeError> {
-        let len = element_count("tensor", shape)?;
-        if data.len() != len {
-            return Err(ComputeError::DataLength {
-                shape: shape.to_vec(),
-                data_len: data.len(),
-                expected_len: len,
-            });
-        }
-        let tensor = self.allocate("tensor", shape.to_vec(), len)?;
-        self.shared
-            .pool
-            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
-        Ok(tensor)
-    }
-
-    /// Overwrites `tensor` with `data`. Submits the open batch first (an upload lands at the start
-    /// of the next submission, so ops recorded earlier would otherwise read the new data).
-    pub fn write(&self, tensor: &Tensor, data: &[f32]) -> Result<(), ComputeError> {
-        self.check_owner("write", tensor)?;
-        if data.len() != tensor.len() {
-            return Err(ComputeError::DataLength {
-                shape: tensor.shape().to_vec(),
-                data_len: data.len(),
-                expected_len: tensor.len(),
-            });
-        }
-        if self.pending_dispatches() > 0 {
-            self.flush()?;
-        }
-        self.shared
-            .pool
-            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
-        Ok(())
-    }
-
-    /// Reads `tensor` back: submits the open batch (which computes it) and waits for it.
-    pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
-        self.check_owner("read", tensor)?;
+    /// Submits the open batch (which may compute `allocation`) together with a read-back of
+    /// `allocation`, and waits for it: the allocation's bytes.
+    pub(crate) fn read_allocation(&self, allocation: &Allocation) -> Result<Vec<u8>, ComputeError> {
         // The open batch and the read-back go in one submission.
         let mut state = self.shared.lock();
         let (buffers, timed) = self.finish_batch_locked(&mut state);
-        let bytes = self
-            .shared
-            .pool
-            .submit_and_read(buffers, tensor.allocation());
+        let bytes = self.shared.pool.submit_and_read(buffers, allocation);
         self.after_submit_locked(&mut state, timed)?;
-        Ok(bytes?
-            .chunks_exact(4)
-            .take(tensor.len())
-            .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
-            .collect())
+        Ok(bytes?)
     }
 
     /// Submits the open batch (possibly empty: that still releases the ranges of dropped tensors).
@@ -491,18 +427,6 @@ impl Context {
         Ok(self.shared.pool.trim())
     }
 
-    pub(crate) fn check_owner(
-        &self,
-        op: &'static str,
-        tensor: &Tensor,
-    ) -> Result<(), ComputeError> {
-        if Arc::ptr_eq(&tensor.context, &self.shared) {
-            Ok(())
-        } else {
-            Err(ComputeError::ForeignTensor { op })
-        }
-    }
-
     /// The largest x dimension of a grid.
     pub(crate) fn max_grid_x(&self) -> u32 {
         let device = self.shared.limits.max_compute_workgroups_per_dimension;
@@ -521,21 +445,6 @@ impl Context {
             }
         }
         Ok(())
-    }
-
-    /// Allocates a tensor of `len` elements (rounded up to 16 bytes) from the pool.
-    pub(crate) fn allocate(
-        &self,
-        label: &'static str,
-        shape: Vec<usize>,
-        len: usize,
-    ) -> Result<Tensor, ComputeError> {
-        let bytes = tensor_bytes(len);
-        let allocation = self
-            .shared
-            .pool
-            .allocate_with(bytes, AllocOptions::labeled(label))?;
-        Ok(Tensor::new(allocation, shape, len, self.shared.clone()))
     }
 
     /// Compiles `kernel` if it is not yet (so that an op can fail before it records anything).
@@ -776,34 +685,3 @@ impl Context {
         Ok(())
     }
 }
-
-/// The bytes a tensor of `len` elements allocates: `4 · len` rounded up to 16 (whole vec4s).
-pub(crate) fn tensor_bytes(len: usize) -> u64 {
-    (len as u64 * 4).div_ceil(16) * 16
-}
-
-/// The elements of `shape`; refuses shapes without elements and overflowing ones.
-pub(crate) fn element_count(op: &'static str, shape: &[usize]) -> Result<usize, ComputeError> {
-    let invalid = |reason| ComputeError::InvalidShape {
-        op,
-        shape: shape.to_vec(),
-        reason,
-    };
-    if shape.is_empty() {
-        return Err(invalid("a tensor has at least one dimension"));
-    }
-    let len = shape
-        .iter()
-        .try_fold(1usize, |len, &dim| len.checked_mul(dim))
-        .ok_or_else(|| invalid("the element count overflows"))?;
-    if len == 0 {
-        return Err(invalid("tensors without elements are not supported"));
-    }
-    if len > (u32::MAX / 4) as usize {
-        return Err(invalid("more than 2^30 elements (kernels index with u32)"));
-    }
-    Ok(len)
-}
-
-// Params is [u32; PARAMS_WORDS]: keep the constant in use for readers of this module.
-const _: () = assert!(PARAMS_WORDS * 4 == PARAMS_BYTES as usize);

@@ -7,7 +7,7 @@
 //! Keep in sync with `shaders/`.
 
 use super::ops::elementwise::{BinaryOp, UnaryOp};
-use super::ops::matmul::Activation;
+use super::vocab::Activation;
 
 /// `max(x, 0)`.
 pub fn relu(x: &[f32]) -> Vec<f32> {

@@ -1,290 +1,212 @@
-//! Kernel sources, their compile-time constants, and the layouts and pipelines built from them.
+//! Kernel sources, the WGSL the host writes for each variant, and the layouts and pipelines
+//! built from them.
 //!
-//! A kernel's module is `constants + shaders/common.wgsl + bindings + shaders/<source>.wgsl`; the
-//! constants (tile sizes, which edges to mask, the fused epilogue) are WGSL `const` declarations
-//! generated here, so each variant is compiled with its branches resolved; the bindings are the
-//! tiled matmul's storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`) or as elements
-//! (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4), empty for other kernels.
+//! # What is generated
+//!
+//! Every file of `shaders/` is plain WGSL, used as it is. A kernel's module is, in this order:
+//!
+//! 1. **generated**: the variant's constants, WGSL `const` declarations ([`constants`]): the
+//!    tile sizes, which edges to mask and the fused epilogue of the tiled matmul, the rows and
+//!    lanes of the narrow one, the epilogue of the split-K reduction (none for the other
+//!    kernels), so that each variant is compiled with its branches resolved;
+//! 2. `shaders/common.wgsl` (activations, grid indexing, the element-wise parameters);
+//! 3. for the tiled matmul, its storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`)
+//!    or as elements (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4);
+//! 4. the kernel's file, `shaders/<source>.wgsl`;
+//! 5. **generated**, for the tiled matmul only: its entry point `matmul` ([`matmul_entry`]),
+//!    whose `BK` steps of K and whose `TM × TN` outputs per invocation are unrolled here into
+//!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics).
+//!
+//! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. Tests (no GPU)
+//! parse and validate every variant with naga, check that the parameter struct each kernel reads
+//! has the member names, offsets, types and size of its Rust twin in `vocab.rs`, and translate
+//! each kind of kernel to SPIR-V with and without bounds checks.
+//!
 //! Modules are cached by `(source, variant)`, pipelines by `(source, entry point, variant)`.
 //!
 //! Layouts: binding 0 is the op's parameters (a uniform with a dynamic offset into the context's
 //! ring), bindings 1.. are the storage ranges, all `read_write`. There is one layout per number of
 //! storage bindings, so bind groups are shared by every kernel with that many.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::num::NonZeroU64;
 
-use super::context::ShaderChecks;
-use super::ops::matmul::{Activation, MatmulTiles};
-use super::ComputeError;
+use super::vocab::{
+    ComputeError, KernelKey, MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS,
+    PARAMS_BYTES,
+};
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
-/// Bytes of every kernel's parameter block (the size of the uniform binding).
-pub(crate) const PARAMS_BYTES: u64 = 32;
-
-/// Words of every kernel's parameter block.
-pub(crate) const PARAMS_WORDS: usize = (PARAMS_BYTES / 4) as usize;
-
-/// One kernel's parameters, as the uniform's words (floats by their bits).
-pub(crate) type Params = [u32; PARAMS_WORDS];
-
-/// Most storage bindings of any kernel.
-pub(crate) const MAX_STORAGE_BINDINGS: usize = 4;
-
-/// A WGSL file of `shaders/`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Source {
-    Unary,
-    Binary,
-    Matmul,
-    MatmulNarrow,
-    MatmulReduce,
-    Rows,
-}
-
-impl Source {
-    fn text(self) -> &'static str {
-        match self {
-            Self::Unary => include_str!("../../shaders/unary.wgsl"),
-            Self::Binary => include_str!("../../shaders/binary.wgsl"),
-            Self::Matmul => include_str!("../../shaders/matmul.wgsl"),
-            Self::MatmulNarrow => include_str!("../../shaders/matmul_narrow.wgsl"),
-            Self::MatmulReduce => include_str!("../../shaders/matmul_reduce.wgsl"),
-            Self::Rows => include_str!("../../shaders/rows.wgsl"),
-        }
-    }
-
-    /// Storage bindings (after the parameters at binding 0).
-    pub(crate) fn storage_bindings(self) -> usize {
-        match self {
-            Self::Unary | Self::Rows => 2,
-            Self::Binary | Self::MatmulReduce => 3,
-            Self::Matmul | Self::MatmulNarrow => 4,
-        }
+/// The WGSL file of `source`.
+fn source_text(source: Source) -> &'static str {
+    match source {
+        Source::Unary => include_str!("../../shaders/unary.wgsl"),
+        Source::Binary => include_str!("../../shaders/binary.wgsl"),
+        Source::Matmul => include_str!("../../shaders/matmul.wgsl"),
+        Source::MatmulNarrow => include_str!("../../shaders/matmul_narrow.wgsl"),
+        Source::MatmulReduce => include_str!("../../shaders/matmul_reduce.wgsl"),
+        Source::Rows => include_str!("../../shaders/rows.wgsl"),
     }
 }
 
-/// The compile-time constants of one variant of a kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Variant {
-    /// No constants.
-    Plain,
-    /// The matmul kernel.
-    Matmul {
-        tiles: MatmulTiles,
-        group_rows: u32,
-        vec4: bool,
-        edges: bool,
-        bias: bool,
-        activation: Activation,
-    },
-    /// The matmul kernel for a few rows (`shaders/matmul_narrow.wgsl`).
-    Narrow {
-        rows: u32,
-        lanes: u32,
-        bias: bool,
-        activation: Activation,
-    },
-    /// The split-K reduction.
-    Reduce { bias: bool, activation: Activation },
+/// The WGSL module of `source` in `variant` (see the module docs for its parts).
+pub(crate) fn module_source(source: Source, variant: &Variant) -> String {
+    let mut text = constants(variant);
+    text.push_str(COMMON);
+    if let Variant::Matmul { vec4, .. } = *variant {
+        text.push_str(if vec4 {
+            include_str!("../../shaders/matmul_vec4.wgsl")
+        } else {
+            include_str!("../../shaders/matmul_scalar.wgsl")
+        });
+    }
+    text.push_str(source_text(source));
+    if let Variant::Matmul { tiles, .. } = variant {
+        text.push_str(&matmul_entry(tiles));
+    }
+    text
 }
 
-impl Variant {
-    /// The WGSL `const` declarations of this variant.
-    fn constants(&self) -> String {
-        let mut text = String::new();
-        let mut int = |name: &str, value: u32| writeln!(text, "const {name}: u32 = {value}u;");
-        match *self {
-            Self::Plain => {}
-            Self::Matmul {
-                tiles,
-                group_rows,
-                vec4,
-                edges,
-                bias,
-                activation,
-            } => {
-                int("GROUP_M", group_rows).ok();
-                int("BM", tiles.bm).ok();
-                int("BN", tiles.bn).ok();
-                int("BK", tiles.bk).ok();
-                int("TM", tiles.tm).ok();
-                int("TN", tiles.tn).ok();
-                int("THREADS", tiles.threads()).ok();
-                int("A_LOADS", tiles.a_loads()).ok();
-                int("B_LOADS", tiles.b_loads()).ok();
-                int("ACT", activation.code()).ok();
-                writeln!(text, "const VEC4: bool = {vec4};").ok();
-                writeln!(text, "const EDGES: bool = {edges};").ok();
-                writeln!(text, "const BIAS: bool = {bias};").ok();
-            }
-            Self::Narrow {
-                rows,
-                lanes,
-                bias,
-                activation,
-            } => {
-                int("ROWS", rows).ok();
-                int("LANES", lanes).ok();
-                int("ACT", activation.code()).ok();
-                writeln!(text, "const BIAS: bool = {bias};").ok();
-            }
-            Self::Reduce { bias, activation } => {
-                int("ACT", activation.code()).ok();
-                writeln!(text, "const BIAS: bool = {bias};").ok();
-            }
-        }
-        text
-    }
-
-    /// Declarations the kernel's text leaves to the variant: the storage bindings of the matmul,
-    /// as vec4s (`shaders/matmul_vec4.wgsl`) or as elements (`shaders/matmul_scalar.wgsl`).
-    fn bindings(&self) -> &'static str {
-        match self {
-            Self::Matmul { vec4: true, .. } => include_str!("../../shaders/matmul_vec4.wgsl"),
-            Self::Matmul { vec4: false, .. } => include_str!("../../shaders/matmul_scalar.wgsl"),
-            _ => "",
-        }
-    }
-
-    /// The kernel's text with the host's unrolling applied. In the matmul kernel: the block
-    /// between `// BEGIN STEP` and `// END STEP` repeated for `STEP` = `0u` .. `BK - 1u`, and
-    /// each line that ends in `// each` and some of `I`, `E`, `J` repeated for every value of
-    /// them (outer to inner, in the order named), `{I}`, `{E}`, `{J}` replaced by the values:
-    /// `I` < `TM / 4` (a group of four rows of an invocation's outputs), `E` < 4 (a row of the
-    /// group), `J` < `TN / 4` (a group of four columns); and `{A}` by `(4·I + E)·(TN / 4) + J`,
-    /// the index of that row and column group in the accumulators.
-    fn expand<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        let Self::Matmul { tiles, .. } = self else {
-            return Cow::Borrowed(text);
-        };
-        const BEGIN: &str = "        // BEGIN STEP\n";
-        const END: &str = "        // END STEP\n";
-        let (Some(begin), Some(end)) = (text.find(BEGIN), text.find(END)) else {
-            return Cow::Borrowed(text);
-        };
-        let block = &text[begin + BEGIN.len()..end];
-        let mut expanded = String::with_capacity(text.len() + block.len() * tiles.bk as usize);
-        expanded.push_str(&text[..begin]);
-        for step in 0..tiles.bk {
-            expanded.push_str(&block.replace("STEP", &format!("{step}u")));
-        }
-        expanded.push_str(&text[end + END.len()..]);
-        let mut lines = String::with_capacity(expanded.len() * 2);
-        for line in expanded.lines() {
-            expand_each(line, tiles, &mut lines);
-        }
-        Cow::Owned(lines)
-    }
-
-    /// A short label for reports and errors.
-    pub(crate) fn label(&self) -> String {
-        match *self {
-            Self::Plain => String::new(),
-            Self::Matmul {
-                tiles,
-                group_rows: _,
-                vec4,
-                edges,
-                bias,
-                activation,
-            } => format!(
-                " {tiles}{}{}{}{}",
-                if vec4 { " vec4" } else { " scalar" },
-                if edges { " edges" } else { "" },
-                if bias { " +bias" } else { "" },
-                activation.suffix()
-            ),
-            Self::Narrow {
-                rows,
-                lanes,
-                bias,
-                activation,
-            } => format!(
-                " {rows} rows x{lanes} lanes{}{}",
-                if bias { " +bias" } else { "" },
-                activation.suffix()
-            ),
-            Self::Reduce { bias, activation } => format!(
-                "{}{}",
-                if bias { " +bias" } else { "" },
-                activation.suffix()
-            ),
+/// The WGSL `const` declarations of `variant`.
+fn constants(variant: &Variant) -> String {
+    let int = |name: &str, value: u32| format!("const {name}: u32 = {value}u;\n");
+    let bool = |name: &str, value: bool| format!("const {name}: bool = {value};\n");
+    match *variant {
+        Variant::Plain => String::new(),
+        Variant::Matmul {
+            tiles,
+            group_rows,
+            vec4,
+            edges,
+            bias,
+            activation,
+        } => [
+            int("GROUP_M", group_rows),
+            int("BM", tiles.bm),
+            int("BN", tiles.bn),
+            int("BK", tiles.bk),
+            int("TM", tiles.tm),
+            int("TN", tiles.tn),
+            int("THREADS", tiles.threads()),
+            int("A_LOADS", tiles.a_loads()),
+            int("B_LOADS", tiles.b_loads()),
+            int("ACT", activation.code()),
+            bool("VEC4", vec4),
+            bool("EDGES", edges),
+            bool("BIAS", bias),
+        ]
+        .concat(),
+        Variant::Narrow {
+            rows,
+            lanes,
+            bias,
+            activation,
+        } => [
+            int("ROWS", rows),
+            int("LANES", lanes),
+            int("ACT", activation.code()),
+            bool("BIAS", bias),
+        ]
+        .concat(),
+        Variant::Reduce { bias, activation } => {
+            [int("ACT", activation.code()), bool("BIAS", bias)].concat()
         }
     }
 }
 
-/// Appends `line` to `out`, repeated as its `// each` suffix asks (see [`Variant::expand`]);
-/// a line without one (a suffix of names other than `I`, `E`, `J` is none) once.
-fn expand_each(line: &str, tiles: &MatmulTiles, out: &mut String) {
-    const EACH: &str = "// each ";
-    let marker = line.rfind(EACH).filter(|&at| {
-        let names = &line[at + EACH.len()..];
-        names
-            .split_whitespace()
-            .all(|name| ["I", "E", "J"].contains(&name))
-    });
-    let Some(at) = marker else {
-        out.push_str(line);
-        out.push('\n');
-        return;
-    };
+/// The tiled matmul's entry point up to its steps of K (see `shaders/matmul.wgsl` for the
+/// layout and the helpers it calls).
+const MATMUL_ENTRY_BEGIN: &str = "
+// The entry point, written by the host (src/compute/kernels.rs, `matmul_entry`) with the BK
+// steps of K and the TM×TN outputs of an invocation unrolled.
+@compute @workgroup_size(THREADS)
+fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let tile = block_tile(workgroup);
+    let row0 = tile.x * BM;
+    let col0 = tile.y * BN;
+    let k_begin = workgroup.z * params.k_chunk;
+    let k_end = min(params.k, k_begin + params.k_chunk);
+    // The host never makes an empty split: k_end > k_begin.
+    let tiles = (k_end - k_begin + BK - 1u) / BK;
+    let tx = tid % (BN / TN);
+    let ty = tid / (BN / TN);
+
+    // acc[(4·I + E)·(TN/4) + J]: row 4·I + E of the invocation's TM (I < TM/4, E < 4), column
+    // group J (J < TN/4). Indexed only by constants, so it lives in registers.
+    var acc: array<vec4<f32>, TM * TN / 4u>;
+
+    var staged = fetch(tid, row0, col0, k_begin, k_end);
+    stage(0u, staged, tid);
+    workgroupBarrier();
+
+    for (var t = 0u; t < tiles; t++) {
+        let current = t & 1u;
+        // Prefetch the next tile into registers while this one is multiplied. Unconditional, so
+        // that the loads sit in the same block as the products (the compiler may interleave
+        // them): after the last tile the last tile is fetched and staged again, into the buffer
+        // no one reads any more.
+        staged = fetch(tid, row0, col0, k_begin + min(t + 1u, tiles - 1u) * BK, k_end);
+        // BK steps of K, one block each. Each step is the TM×TN outer product of TM rows of A
+        // (TM / 4 vec4s of the transposed tile) and TN columns of B (TN / 4 vec4s): TM · TN / 4
+        // vec4 fused multiply-adds.
+        let a = current * A_TILE + ty;
+        let b = current * B_TILE + tx;
+";
+
+/// The tiled matmul's entry point after its steps of K, up to its stores.
+const MATMUL_ENTRY_STORES: &str = "        stage(1u - current, staged, tid);
+        workgroupBarrier();
+    }
+
+    let row = row0 + ty * 4u;
+    let col = col0 + tx * 4u;
+    let z = workgroup.z;
+";
+
+/// The WGSL entry point `matmul` of the tiled matmul for `tiles`: [`MATMUL_ENTRY_BEGIN`], then
+/// for each step `s < BK` a block that reads `a{I}` (`I < TM / 4`: four rows of the
+/// invocation's outputs, one vec4 of the transposed A tile) and `b{J}` (`J < TN / 4`: four
+/// columns) at depth `s` and updates every accumulator `acc[(4·I + E)·(TN / 4) + J]`
+/// (`E < 4`), then [`MATMUL_ENTRY_STORES`] and one `store_c` per accumulator, in the same order.
+fn matmul_entry(tiles: &MatmulTiles) -> String {
     let (groups_i, groups_j) = (tiles.tm / 4, tiles.tn / 4);
-    // The values of (I, E, J) of each copy, outer to inner in the order the line names them.
-    let mut copies = vec![[0u32; 3]];
-    for name in line[at + EACH.len()..].split_whitespace() {
-        let (slot, count) = match name {
-            "I" => (0, groups_i),
-            "E" => (1, 4),
-            _ => (2, groups_j),
-        };
-        copies = copies
-            .iter()
-            .flat_map(|copy| {
-                (0..count).map(move |value| {
-                    let mut copy = *copy;
-                    copy[slot] = value;
-                    copy
-                })
+    // (I, E, J, accumulator) of every accumulator, in its order.
+    let outputs = || {
+        (0..groups_i).flat_map(move |i| {
+            (0..4).flat_map(move |e| {
+                (0..groups_j).map(move |j| (i, e, j, (4 * i + e) * groups_j + j))
             })
-            .collect();
-    }
-    let body = line[..at].trim_end();
-    for [i, e, j] in copies {
-        let accumulator = (4 * i + e) * groups_j + j;
-        let copy = body
-            .replace("{I}", &i.to_string())
-            .replace("{E}", &e.to_string())
-            .replace("{J}", &j.to_string())
-            .replace("{A}", &accumulator.to_string());
-        out.push_str(&copy);
-        out.push('\n');
-    }
-}
-
-/// Which kernel: a source, an entry point and a variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct KernelKey {
-    pub(crate) source: Source,
-    pub(crate) entry: &'static str,
-    pub(crate) variant: Variant,
-}
-
-impl KernelKey {
-    pub(crate) const fn plain(source: Source, entry: &'static str) -> Self {
-        Self {
-            source,
-            entry,
-            variant: Variant::Plain,
+        })
+    };
+    let mut text = String::from(MATMUL_ENTRY_BEGIN);
+    for step in 0..tiles.bk {
+        text.push_str("        {\n");
+        for i in 0..groups_i {
+            text.push_str(&format!(
+                "            let a{i} = tile_a[a + {step}u * (BM / 4u) + {i}u * (BM / TM)];\n"
+            ));
         }
+        for j in 0..groups_j {
+            text.push_str(&format!(
+                "            let b{j} = tile_b[b + {step}u * (BN / 4u) + {j}u * (BN / TN)];\n"
+            ));
+        }
+        for (i, e, j, acc) in outputs() {
+            text.push_str(&format!(
+                "            acc[{acc}u] = fma(vec4<f32>(a{i}[{e}u]), b{j}, acc[{acc}u]);\n"
+            ));
+        }
+        text.push_str("        }\n");
     }
-
-    pub(crate) fn label(&self) -> String {
-        format!("{}{}", self.entry, self.variant.label())
+    text.push_str(MATMUL_ENTRY_STORES);
+    for (i, e, j, acc) in outputs() {
+        text.push_str(&format!(
+            "    store_c(row + {i}u * ROW_GROUP + {e}u, col + {j}u * COL_GROUP, z, acc[{acc}u]);\n"
+        ));
     }
+    text.push_str("}\n");
+    text
 }
 
 /// The layouts for kernels with `n` storage bindings.
@@ -345,13 +267,7 @@ impl Kernels {
         let module = match self.modules.get(&(key.source, key.variant)) {
             Some(module) => module.clone(),
             None => {
-                let source = format!(
-                    "{}{}{}{}",
-                    key.variant.constants(),
-                    COMMON,
-                    key.variant.bindings(),
-                    key.variant.expand(key.source.text())
-                );
+                let source = module_source(key.source, &key.variant);
                 let descriptor = wgpu::ShaderModuleDescriptor {
                     label: Some(&label),
                     source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -447,33 +363,363 @@ fn layouts(device: &wgpu::Device, storage: usize) -> Layouts {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::mem::{offset_of, size_of};
 
-    fn expanded(tiles: MatmulTiles) -> String {
-        let variant = Variant::Matmul {
-            tiles,
-            group_rows: 8,
-            vec4: true,
-            edges: false,
-            bias: false,
-            activation: Activation::None,
+    use super::*;
+    use crate::compute::vocab::{
+        Activation, ElementwiseParams, MatmulOptions, MatmulParams, NarrowParams, ReduceParams,
+        RowsParams,
+    };
+
+    /// Every tile the kernel takes ([`MatmulTiles::check`] on a device without limits): 8×8,
+    /// 16×8 or 8×16 outputs per invocation, 8 or 16 deep, 1, 2 or 4 loads of each tile.
+    fn every_tile() -> Vec<MatmulTiles> {
+        let unlimited = wgpu::Limits {
+            max_compute_invocations_per_workgroup: u32::MAX,
+            max_compute_workgroup_size_x: u32::MAX,
+            max_compute_workgroup_storage_size: u32::MAX,
+            ..wgpu::Limits::default()
         };
-        variant.expand(Source::Matmul.text()).into_owned()
+        let mut tiles = Vec::new();
+        for (tm, tn) in [(8, 8), (16, 8), (8, 16)] {
+            for bk in [8, 16] {
+                for bm in (8..=1024).step_by(8) {
+                    for bn in (8..=1024).step_by(8) {
+                        let tile = MatmulTiles::new(bm, bn, bk).per_invocation(tm, tn);
+                        if tile.check(&unlimited).is_ok() {
+                            tiles.push(tile);
+                        }
+                    }
+                }
+            }
+        }
+        tiles
+    }
+
+    /// Every module the crate compiles: each kernel in every variant an op can ask for, with
+    /// every tile of [`MatmulTiles::ALL`] and of the defaults; the other tiles the kernel takes
+    /// (which only a forced [`MatmulOptions::tiles`] runs) with one epilogue, and the order of
+    /// block tiles (`group_rows`, the value of one constant) with one tile.
+    fn every_module() -> Vec<(Source, Variant)> {
+        let mut modules = vec![
+            (Source::Unary, Variant::Plain),
+            (Source::Binary, Variant::Plain),
+            (Source::Rows, Variant::Plain),
+        ];
+        let epilogues = || {
+            [false, true]
+                .into_iter()
+                .flat_map(|bias| Activation::ALL.map(|activation| (bias, activation)))
+        };
+        let defaults = MatmulOptions::default();
+        let mut main_tiles = MatmulTiles::ALL.to_vec();
+        main_tiles.extend(defaults.large_tiles.iter().chain([&defaults.small_tiles]));
+        for tiles in every_tile() {
+            let group_rows: &[u32] = if tiles == MatmulTiles::ALL[0] {
+                &[1, defaults.group_rows]
+            } else {
+                &[defaults.group_rows]
+            };
+            let epilogues: Vec<_> = if main_tiles.contains(&tiles) {
+                epilogues().collect()
+            } else {
+                vec![(true, Activation::Gelu)]
+            };
+            for &group_rows in group_rows {
+                for vec4 in [false, true] {
+                    for edges in [false, true] {
+                        for &(bias, activation) in &epilogues {
+                            let variant = Variant::Matmul {
+                                tiles,
+                                group_rows,
+                                vec4,
+                                edges,
+                                bias,
+                                activation,
+                            };
+                            modules.push((Source::Matmul, variant));
+                        }
+                    }
+                }
+            }
+        }
+        for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
+            for lanes in (0..=MatmulOptions::NARROW_MAX_LANES.ilog2()).map(|power| 1 << power) {
+                for (bias, activation) in epilogues() {
+                    let variant = Variant::Narrow {
+                        rows,
+                        lanes,
+                        bias,
+                        activation,
+                    };
+                    modules.push((Source::MatmulNarrow, variant));
+                }
+            }
+        }
+        for (bias, activation) in epilogues() {
+            modules.push((Source::MatmulReduce, Variant::Reduce { bias, activation }));
+        }
+        modules
+    }
+
+    /// A parameter struct as the test compares it: its name, `(member, offset, type)` in order,
+    /// and its size.
+    struct Layout {
+        name: &'static str,
+        members: Vec<(&'static str, usize, &'static str)>,
+        size: usize,
+    }
+
+    /// The layout of a `#[repr(C)]` struct of `vocab.rs`, from the compiler.
+    macro_rules! layout {
+        ($name:ident { $($member:ident: $ty:ident),* $(,)? }) => {{
+            // The members listed here are the struct's: a struct literal names every one.
+            let _complete = |value: $name| $name { $($member: value.$member),* };
+            Layout {
+                name: stringify!($name),
+                members: vec![$((stringify!($member), offset_of!($name, $member), stringify!($ty))),*],
+                size: size_of::<$name>(),
+            }
+        }};
+    }
+
+    /// The Rust twin of the parameter struct that `source` reads at binding 0.
+    fn params_layout(source: Source) -> Layout {
+        match source {
+            Source::Unary | Source::Binary => layout!(ElementwiseParams {
+                len_vec4: u32,
+                grid_x: u32,
+                cols: u32,
+                scalar: f32,
+            }),
+            Source::Matmul => layout!(MatmulParams {
+                m: u32,
+                n: u32,
+                k: u32,
+                k_chunk: u32,
+                tiles_n: u32,
+                tiles_m: u32,
+            }),
+            Source::MatmulNarrow => layout!(NarrowParams { n4: u32, k4: u32 }),
+            Source::MatmulReduce => layout!(ReduceParams {
+                len: u32,
+                n: u32,
+                splits: u32,
+                grid_x: u32,
+            }),
+            Source::Rows => layout!(RowsParams {
+                rows: u32,
+                cols: u32,
+                grid_x: u32,
+                pad: u32,
+            }),
+        }
+    }
+
+    /// Parses and validates `text` with naga; the error as naga prints it, with the source.
+    fn validate(text: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
+        let module =
+            naga::front::wgsl::parse_str(text).map_err(|error| error.emit_to_string(text))?;
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::default(),
+        )
+        .validate(&module)
+        .map_err(|error| error.emit_to_string(text))?;
+        Ok((module, info))
+    }
+
+    /// Checks that the module reads its parameters at binding 0 as a uniform of the struct of
+    /// `expected`'s name and layout, and has `storage` read-write storage bindings 1 to `storage`.
+    fn check_bindings(
+        module: &naga::Module,
+        expected: &Layout,
+        storage: usize,
+    ) -> Result<(), String> {
+        let mut uniform = None;
+        let mut storage_bindings = Vec::new();
+        for (_, global) in module.global_variables.iter() {
+            let Some(binding) = &global.binding else {
+                continue;
+            };
+            if binding.group != 0 {
+                return Err(format!("binding in group {}", binding.group));
+            }
+            match global.space {
+                naga::AddressSpace::Uniform if binding.binding == 0 => uniform = Some(global.ty),
+                naga::AddressSpace::Storage { access }
+                    if access.contains(naga::StorageAccess::LOAD | naga::StorageAccess::STORE) =>
+                {
+                    storage_bindings.push(binding.binding)
+                }
+                space => return Err(format!("binding {} in {space:?}", binding.binding)),
+            }
+        }
+        storage_bindings.sort_unstable();
+        if storage_bindings != (1..=storage as u32).collect::<Vec<_>>() {
+            return Err(format!(
+                "read_write storage bindings {storage_bindings:?}, expected 1 to {storage}"
+            ));
+        }
+        let ty = &module.types[uniform.ok_or("no uniform at binding 0")?];
+        let naga::TypeInner::Struct { members, span } = &ty.inner else {
+            return Err(format!("the uniform at binding 0 is a {:?}", ty.inner));
+        };
+        let name = ty.name.as_deref().unwrap_or_default();
+        let wgsl: Vec<_> = members
+            .iter()
+            .map(|member| {
+                let ty = match module.types[member.ty].inner {
+                    naga::TypeInner::Scalar(naga::Scalar::U32) => "u32",
+                    naga::TypeInner::Scalar(naga::Scalar::I32) => "i32",
+                    naga::TypeInner::Scalar(naga::Scalar::F32) => "f32",
+                    _ => "another type",
+                };
+                let name = member.name.as_deref().unwrap_or_default();
+                (name, member.offset as usize, ty)
+            })
+            .collect();
+        if name != expected.name || wgsl != expected.members || *span as usize != expected.size {
+            return Err(format!(
+                "the parameters at binding 0 are `{name}` {wgsl:?} of {span} bytes in WGSL, but \
+                 `{}` {:?} of {} bytes in Rust (src/compute/vocab.rs)",
+                expected.name, expected.members, expected.size
+            ));
+        }
+        if expected.size > PARAMS_BYTES as usize {
+            return Err(format!("{name} is larger than the uniform binding"));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_variant_is_valid_wgsl_with_the_parameters_of_its_rust_struct() {
+        let modules = every_module();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let failures: Vec<String> = std::thread::scope(|scope| {
+            let workers: Vec<_> = modules
+                .chunks(modules.len().div_ceil(threads))
+                .map(|chunk| {
+                    scope.spawn(move || {
+                        let mut failures = Vec::new();
+                        for (source, variant) in chunk {
+                            let text = module_source(*source, variant);
+                            let checked = validate(&text).and_then(|(module, _)| {
+                                let layout = params_layout(*source);
+                                check_bindings(&module, &layout, source.storage_bindings())
+                            });
+                            if let Err(error) = checked {
+                                failures.push(format!("{source:?}{}: {error}", variant.label()));
+                            }
+                        }
+                        failures
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| worker.join().expect("a validating thread panicked"))
+                .collect()
+        });
+        assert!(
+            failures.is_empty(),
+            "{} of {} modules failed; the first:\n{}",
+            failures.len(),
+            modules.len(),
+            failures[..failures.len().min(8)].join("\n")
+        );
+        // Every tile of `MatmulTiles::ALL` and of the defaults is among those checked.
+        let tiles = every_tile();
+        let defaults = MatmulOptions::default();
+        for tile in MatmulTiles::ALL
+            .iter()
+            .chain(&defaults.large_tiles)
+            .chain([&defaults.small_tiles])
+        {
+            assert!(tiles.contains(tile), "{tile} is not checked");
+        }
+    }
+
+    /// What wgpu's Vulkan backend asks of naga in each mode (wgpu-hal 30 on a device without
+    /// robust buffer access; the pipelines do not zero workgroup memory).
+    fn spirv_options(checks: ShaderChecks) -> naga::back::spv::Options<'static> {
+        use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+        let policy = match checks {
+            ShaderChecks::Checked => BoundsCheckPolicy::Restrict,
+            ShaderChecks::Unchecked => BoundsCheckPolicy::Unchecked,
+        };
+        naga::back::spv::Options {
+            lang_version: (1, 3),
+            bounds_check_policies: BoundsCheckPolicies {
+                index: policy,
+                buffer: policy,
+                image_load: policy,
+                binding_array: BoundsCheckPolicy::Unchecked,
+            },
+            force_loop_bounding: checks == ShaderChecks::Checked,
+            zero_initialize_workgroup_memory:
+                naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn kernels_translate_to_spirv_with_and_without_bounds_checks() {
+        // The tiled matmul with every tile of `MatmulTiles::ALL` in its vec4, scalar and edge
+        // forms, the narrow one with every number of rows: the code the checks act on.
+        let modules = every_module()
+            .into_iter()
+            .filter(|(_, variant)| match *variant {
+                Variant::Matmul {
+                    tiles,
+                    group_rows,
+                    bias,
+                    activation,
+                    ..
+                } => {
+                    MatmulTiles::ALL.contains(&tiles)
+                        && group_rows == MatmulOptions::default().group_rows
+                        && bias
+                        && activation == Activation::Gelu
+                }
+                Variant::Narrow {
+                    lanes,
+                    bias,
+                    activation,
+                    ..
+                } => [1, 64, 256].contains(&lanes) && bias && activation == Activation::Gelu,
+                Variant::Plain | Variant::Reduce { .. } => true,
+            });
+        for (source, variant) in modules {
+            let text = module_source(source, &variant);
+            let (module, info) = validate(&text).unwrap_or_else(|error| panic!("{error}"));
+            for checks in [ShaderChecks::Checked, ShaderChecks::Unchecked] {
+                let options = spirv_options(checks);
+                if let Err(error) = naga::back::spv::write_vec(&module, &info, &options, None) {
+                    panic!("{source:?}{} {checks:?}: {error}", variant.label());
+                }
+            }
+        }
     }
 
     #[test]
     fn matmul_steps_and_outputs_are_unrolled_for_every_tile() {
         for tiles in MatmulTiles::ALL {
+            let variant = Variant::Matmul {
+                tiles,
+                group_rows: 8,
+                vec4: true,
+                edges: false,
+                bias: false,
+                activation: Activation::None,
+            };
             // The code, without comments.
-            let text: String = expanded(tiles)
+            let text: String = module_source(Source::Matmul, &variant)
                 .lines()
                 .map(|line| line.split("//").next().unwrap_or_default())
                 .collect::<Vec<_>>()
                 .join("\n");
             let accumulators = tiles.tm * tiles.tn / 4;
-            for placeholder in ["STEP", "{I}", "{E}", "{J}", "{A}"] {
-                assert!(!text.contains(placeholder), "{tiles}: {placeholder} left");
-            }
             let fmas = text.matches("] = fma(").count() as u32;
             assert_eq!(fmas, accumulators * tiles.bk, "{tiles}");
             assert_eq!(

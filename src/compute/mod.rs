@@ -64,6 +64,23 @@
 //! back ([`Pool::free_submitted`](crate::Pool::free_submitted)) only once that batch is submitted,
 //! so another [`Pool::submit`](crate::Pool::submit) cannot release a range the batch still reads.
 //! A tensor dropped while no batch is open is reusable at once.
+//!
+//! # Modules, bottom up
+//!
+//! Each module uses only those listed before it:
+//!
+//! - `vocab` (private; its public items are re-exported here): the words the others share —
+//!   [`ComputeError`], [`ShaderChecks`], [`Activation`], [`MatmulTiles`], [`MatmulOptions`],
+//!   which kernel runs and what a dispatch binds, one `#[repr(C)]` parameter struct per kernel,
+//!   size helpers;
+//! - `kernels` (private): the WGSL of each kernel variant (`shaders/` plus the constants and the
+//!   unrolled matmul entry point written on the host), pipelines and layouts;
+//! - [`timing`]: GPU timestamps per dispatch;
+//! - [`context`]: [`Context`], its options and statistics; records dispatches into batches and
+//!   submits them through the pool;
+//! - [`tensor`]: [`Tensor`], and the context's methods that upload, overwrite and read tensors;
+//! - [`ops`]: the context's ops (element-wise, matmul, row reductions);
+//! - [`cpu`]: the CPU twins of the kernels.
 
 pub mod context;
 pub mod cpu;
@@ -71,90 +88,11 @@ mod kernels;
 pub mod ops;
 pub mod tensor;
 pub mod timing;
+mod vocab;
 
-pub use context::{Context, ContextOptions, ContextStats, ShaderChecks};
+pub use context::{Context, ContextOptions, ContextStats};
 pub use ops::elementwise::{BinaryOp, UnaryOp};
-pub use ops::matmul::{Activation, Epilogue, MatmulOptions, MatmulPlan, MatmulTiles};
+pub use ops::matmul::{Epilogue, MatmulPlan};
 pub use tensor::Tensor;
 pub use timing::{KernelTiming, TimestampSupport};
-
-use crate::pool::PoolError;
-
-/// Why an op, an upload or a read-back was refused. Nothing is recorded when an op fails.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ComputeError {
-    /// The pool refused an allocation or a transfer (out of memory, too large for one binding...).
-    #[error(transparent)]
-    Pool(#[from] PoolError),
-    /// The shapes of an op's operands do not fit together.
-    #[error("{op}: shapes {left:?} and {right:?} do not fit: {expected}")]
-    ShapeMismatch {
-        /// The op.
-        op: &'static str,
-        /// The first operand's shape.
-        left: Vec<usize>,
-        /// The second operand's shape.
-        right: Vec<usize>,
-        /// What the op expects.
-        expected: &'static str,
-    },
-    /// A shape the op cannot take (wrong rank, no elements, too many elements).
-    #[error("{op}: shape {shape:?} is not valid: {reason}")]
-    InvalidShape {
-        /// The op.
-        op: &'static str,
-        /// The shape given.
-        shape: Vec<usize>,
-        /// Why not.
-        reason: &'static str,
-    },
-    /// Uploaded data does not have the shape's number of elements.
-    #[error("data of {data_len} values does not fill shape {shape:?} ({expected_len} values)")]
-    DataLength {
-        /// The shape given.
-        shape: Vec<usize>,
-        /// Values given.
-        data_len: usize,
-        /// Values the shape holds.
-        expected_len: usize,
-    },
-    /// A size beyond what the device can dispatch or bind.
-    #[error(
-        "{op}: {what} = {value} exceeds the device's {limit_name} ({limit}); split the work into smaller ops"
-    )]
-    ExceedsLimit {
-        /// The op.
-        op: &'static str,
-        /// What was too large.
-        what: &'static str,
-        /// Its value.
-        value: u64,
-        /// The device limit that refused it.
-        limit_name: &'static str,
-        /// The limit's value.
-        limit: u64,
-    },
-    /// A tensor of another context was passed to an op.
-    #[error("{op}: the tensor belongs to another context")]
-    ForeignTensor {
-        /// The op.
-        op: &'static str,
-    },
-    /// A configuration the device or the kernels cannot run.
-    #[error("invalid compute configuration: {0}")]
-    Config(String),
-    /// wgpu refused a kernel (a compile or pipeline error on this backend).
-    #[error("kernel {kernel} was refused by the device: {message}")]
-    Kernel {
-        /// The kernel's entry point and variant.
-        kernel: String,
-        /// What wgpu said.
-        message: String,
-    },
-    /// Waiting for the GPU failed.
-    #[error("waiting for the GPU failed: {0}")]
-    Wait(String),
-    /// Reading GPU timestamps back failed.
-    #[error("reading GPU timestamps failed: {0}")]
-    Timing(String),
-}
+pub use vocab::{Activation, ComputeError, MatmulOptions, MatmulTiles, ShaderChecks};

@@ -1,11 +1,12 @@
-//! Tensors: pool allocations with a shape.
+//! Tensors: pool allocations with a shape; and the context's methods that make, write and read
+//! them.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::context::{element_count, Shared};
-use super::{ComputeError, Context};
-use crate::pool::Allocation;
+use super::context::{Context, Shared};
+use super::vocab::{element_count, tensor_bytes, ComputeError};
+use crate::pool::{AllocOptions, Allocation};
 
 /// An f32 tensor, row-major, whose storage is a pool [`Allocation`] of its context's pool.
 ///
@@ -30,20 +31,6 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
-    pub(crate) fn new(
-        allocation: Allocation,
-        shape: Vec<usize>,
-        len: usize,
-        context: Arc<Shared>,
-    ) -> Self {
-        Self {
-            allocation: Some(allocation),
-            shape,
-            len,
-            context,
-        }
-    }
-
     /// The dimensions, outermost first.
     pub fn shape(&self) -> &[usize] {
         &self.shape
@@ -114,5 +101,85 @@ impl Drop for Tensor {
         if let Some(allocation) = self.allocation.take() {
             self.context.free_tensor(allocation);
         }
+    }
+}
+
+impl Context {
+    /// Uploads `data` as a tensor of `shape` (row-major). The upload lands before any op recorded
+    /// on it.
+    pub fn tensor(&self, data: &[f32], shape: &[usize]) -> Result<Tensor, ComputeError> {
+        let len = element_count("tensor", shape)?;
+        if data.len() != len {
+            return Err(ComputeError::DataLength {
+                shape: shape.to_vec(),
+                data_len: data.len(),
+                expected_len: len,
+            });
+        }
+        let tensor = self.allocate("tensor", shape.to_vec(), len)?;
+        self.pool()
+            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
+        Ok(tensor)
+    }
+
+    /// Overwrites `tensor` with `data`. Submits the open batch first (an upload lands at the start
+    /// of the next submission, so ops recorded earlier would otherwise read the new data).
+    pub fn write(&self, tensor: &Tensor, data: &[f32]) -> Result<(), ComputeError> {
+        self.check_owner("write", tensor)?;
+        if data.len() != tensor.len() {
+            return Err(ComputeError::DataLength {
+                shape: tensor.shape().to_vec(),
+                data_len: data.len(),
+                expected_len: tensor.len(),
+            });
+        }
+        if self.pending_dispatches() > 0 {
+            self.flush()?;
+        }
+        self.pool()
+            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
+        Ok(())
+    }
+
+    /// Reads `tensor` back: submits the open batch (which computes it) and waits for it.
+    pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
+        self.check_owner("read", tensor)?;
+        Ok(self
+            .read_allocation(tensor.allocation())?
+            .chunks_exact(4)
+            .take(tensor.len())
+            .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+            .collect())
+    }
+
+    /// Refuses a tensor of another context.
+    pub(crate) fn check_owner(
+        &self,
+        op: &'static str,
+        tensor: &Tensor,
+    ) -> Result<(), ComputeError> {
+        if Arc::ptr_eq(&tensor.context, &self.shared) {
+            Ok(())
+        } else {
+            Err(ComputeError::ForeignTensor { op })
+        }
+    }
+
+    /// Allocates a tensor of `len` elements (rounded up to 16 bytes) from the pool.
+    pub(crate) fn allocate(
+        &self,
+        label: &'static str,
+        shape: Vec<usize>,
+        len: usize,
+    ) -> Result<Tensor, ComputeError> {
+        let allocation = self
+            .pool()
+            .allocate_with(tensor_bytes(len), AllocOptions::labeled(label))?;
+        Ok(Tensor {
+            allocation: Some(allocation),
+            shape,
+            len,
+            context: self.shared.clone(),
+        })
     }
 }

@@ -8,7 +8,7 @@
 //! timestamps of a batch are resolved in the batch's command buffer and read back when it is
 //! submitted (profiling therefore waits for every batch).
 
-use super::ComputeError;
+use super::vocab::ComputeError;
 
 /// What the adapter offers for GPU timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

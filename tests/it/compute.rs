@@ -667,6 +667,19 @@ fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
 }
 
 #[test]
+fn plans_beyond_the_kernels_u32_parameters_are_typed_errors() {
+    let context = context(gpu());
+    // K of 2^36: no split of at most 16 ways brings it within a u32 (the plans used to truncate
+    // the depth per split to 0).
+    let k = 1usize << 36;
+    for m in [1, 8, 64, 4096] {
+        let result = context.matmul_plan(m, 1024, k);
+        let overflows = matches!(result, Err(ComputeError::ParameterOverflow { .. }));
+        assert!(overflows, "{m}x{k}x1024: {result:?}");
+    }
+}
+
+#[test]
 fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_the_gpu() {
     let context = context(gpu());
     let limits = context.limits().clone();

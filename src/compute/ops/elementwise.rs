@@ -3,9 +3,11 @@
 //! of 256, a 2-D grid past the x limit). CPU twins: [`crate::compute::cpu`].
 
 use super::grid_1d;
-use crate::compute::context::Dispatch;
-use crate::compute::kernels::{KernelKey, Params, Source};
-use crate::compute::{ComputeError, Context, Tensor};
+use crate::compute::context::Context;
+use crate::compute::tensor::Tensor;
+use crate::compute::vocab::{
+    kernel_u32, ComputeError, Dispatch, ElementwiseParams, KernelKey, ParamsBlock, Source,
+};
 
 /// Invocations per workgroup of the element-wise kernels.
 const WORKGROUP_SIZE: u64 = 256;
@@ -90,14 +92,6 @@ impl BinaryOp {
             Self::Maximum => "maximum_scalar",
         }
     }
-}
-
-/// The parameters of the element-wise kernels. Keep in sync with `ElementwiseParams` in
-/// `shaders/common.wgsl`.
-fn params(len_vec4: u32, grid_x: u32, cols: u32, scalar: f32) -> Params {
-    let mut words = Params::default();
-    words[..4].copy_from_slice(&[len_vec4, grid_x, cols, scalar.to_bits()]);
-    words
 }
 
 impl Context {
@@ -202,7 +196,8 @@ impl Context {
             });
         }
         let key = KernelKey::plain(Source::Binary, OP);
-        self.elementwise(OP, key, &[x, bias], x.shape(), cols as u32, 0.0)
+        let cols = kernel_u32(OP, "columns", cols)?;
+        self.elementwise(OP, key, &[x, bias], x.shape(), cols, 0.0)
     }
 
     /// Records one element-wise kernel over `shape`, writing a new tensor.
@@ -224,7 +219,12 @@ impl Context {
         bindings.push(output.allocation());
         self.record(Dispatch {
             kernel: key,
-            params: params(len_vec4 as u32, grid_x, cols, scalar),
+            params: ParamsBlock::new(&ElementwiseParams {
+                len_vec4: kernel_u32(op, "vec4s", len_vec4)?,
+                grid_x,
+                cols,
+                scalar,
+            }),
             bindings: &bindings,
             workgroups,
         })?;

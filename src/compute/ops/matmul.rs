@@ -28,7 +28,9 @@
 //!
 //! Each variant is compiled for its case: `vec4` (K and N multiples of 4: vec4 loads of A and B,
 //! vec4 stores of C) or element loads and stores (the bindings declared as `array<f32>`);
-//! `edges` (a partial tile somewhere: masked loads and stores) or none. The K steps of a tile are unrolled on the host (see `shaders/matmul.wgsl`).
+//! `edges` (a partial tile somewhere: masked loads and stores) or none. The kernel's entry point
+//! is written on the host with the K steps of a tile and the outputs of an invocation unrolled
+//! (`kernels.rs`; its outline is in `shaders/matmul.wgsl`).
 //!
 //! # Measured on an H200 (Vulkan, driver 580, `bench_kernels`)
 //!
@@ -64,43 +66,18 @@
 //! split-K 5). cuBLAS without TF32 reaches about 51. Tried and dropped: an XOR-swizzled and a
 //! padded A tile in workgroup memory (no gain), global loads two tiles ahead (slower).
 
-use std::fmt;
-
 use super::grid_1d;
-use crate::compute::context::{element_count, tensor_bytes, Dispatch};
-use crate::compute::kernels::{KernelKey, Params, Source, Variant};
-use crate::compute::{ComputeError, Context, Tensor};
+use crate::compute::context::Context;
+use crate::compute::tensor::Tensor;
+use crate::compute::vocab::{
+    element_count, kernel_u32, tensor_bytes, ComputeError, Dispatch, KernelKey, MatmulParams,
+    NarrowParams, ParamsBlock, ReduceParams, Source, Variant,
+};
 
-/// The activation of a fused epilogue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Activation {
-    /// None.
-    #[default]
-    None,
-    /// `max(x, 0)`.
-    Relu,
-    /// GELU, tanh approximation (as [`crate::compute::UnaryOp::Gelu`]).
-    Gelu,
-}
+pub use crate::compute::vocab::{Activation, MatmulOptions, MatmulTiles};
 
-impl Activation {
-    /// The code the kernels use. Keep in sync with `activate4` in `shaders/common.wgsl`.
-    pub(crate) fn code(self) -> u32 {
-        match self {
-            Self::None => 0,
-            Self::Relu => 1,
-            Self::Gelu => 2,
-        }
-    }
-
-    pub(crate) fn suffix(self) -> &'static str {
-        match self {
-            Self::None => "",
-            Self::Relu => " +relu",
-            Self::Gelu => " +gelu",
-        }
-    }
-}
+/// The most lanes the narrow kernel's automatic choice takes.
+const NARROW_AUTO_MAX_LANES: u32 = 64;
 
 /// What a matmul does to its result before storing it: `act(A·B + bias)`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -109,273 +86,6 @@ pub struct Epilogue<'a> {
     pub bias: Option<&'a Tensor>,
     /// The activation applied last.
     pub activation: Activation,
-}
-
-/// A block tile of the matmul kernel: `bm × bn` outputs per workgroup, `bk` deep per step,
-/// `tm × tn` outputs per invocation (in registers), so a workgroup has `(bm / tm) · (bn / tn)`
-/// invocations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MatmulTiles {
-    /// Rows of C per workgroup.
-    pub bm: u32,
-    /// Columns of C per workgroup.
-    pub bn: u32,
-    /// Depth of K per step (through workgroup memory).
-    pub bk: u32,
-    /// Rows of C per invocation: 8 or 16.
-    pub tm: u32,
-    /// Columns of C per invocation: 8 or 16 (not both 16: too many registers).
-    pub tn: u32,
-}
-
-impl fmt::Display for MatmulTiles {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)?;
-        if (self.tm, self.tn) != (8, 8) {
-            write!(f, "/{}x{}", self.tm, self.tn)?;
-        }
-        Ok(())
-    }
-}
-
-impl MatmulTiles {
-    /// 128×128, 8 deep: 256 invocations, 16 KiB of workgroup memory. The default large tile.
-    pub const T128X128X8: Self = Self::new(128, 128, 8);
-    /// 128×128, 16 deep: 256 invocations, 32 KiB of workgroup memory (half the barriers).
-    pub const T128X128X16: Self = Self::new(128, 128, 16);
-    /// 128×64, 8 deep: 128 invocations, 12 KiB.
-    pub const T128X64X8: Self = Self::new(128, 64, 8);
-    /// 64×128, 8 deep: 128 invocations, 12 KiB.
-    pub const T64X128X8: Self = Self::new(64, 128, 8);
-    /// 128×64, 16 deep: 128 invocations, 24 KiB.
-    pub const T128X64X16: Self = Self::new(128, 64, 16);
-    /// 64×128, 16 deep: 128 invocations, 24 KiB.
-    pub const T64X128X16: Self = Self::new(64, 128, 16);
-    /// 64×64, 8 deep: 64 invocations, 8 KiB. The default small tile.
-    pub const T64X64X8: Self = Self::new(64, 64, 8);
-    /// 64×64, 16 deep: 64 invocations, 16 KiB.
-    pub const T64X64X16: Self = Self::new(64, 64, 16);
-    /// 256×128, 8 deep, 16×8 outputs per invocation: 256 invocations, 24 KiB.
-    pub const T256X128X8_16X8: Self = Self::new(256, 128, 8).per_invocation(16, 8);
-    /// 128×256, 8 deep, 8×16 outputs per invocation: 256 invocations, 24 KiB.
-    pub const T128X256X8_8X16: Self = Self::new(128, 256, 8).per_invocation(8, 16);
-    /// 128×128, 8 deep, 16×8 outputs per invocation: 128 invocations, 16 KiB.
-    pub const T128X128X8_16X8: Self = Self::new(128, 128, 8).per_invocation(16, 8);
-    /// 128×128, 8 deep, 8×16 outputs per invocation: 128 invocations, 16 KiB.
-    pub const T128X128X8_8X16: Self = Self::new(128, 128, 8).per_invocation(8, 16);
-    /// 128×128, 16 deep, 16×8 outputs per invocation: 128 invocations, 32 KiB.
-    pub const T128X128X16_16X8: Self = Self::new(128, 128, 16).per_invocation(16, 8);
-    /// 256×128, 16 deep, 16×8 outputs per invocation: 256 invocations, 48 KiB.
-    pub const T256X128X16_16X8: Self = Self::new(256, 128, 16).per_invocation(16, 8);
-    /// 128×256, 16 deep, 8×16 outputs per invocation: 256 invocations, 48 KiB.
-    pub const T128X256X16_8X16: Self = Self::new(128, 256, 16).per_invocation(8, 16);
-
-    /// 256×64, 8 deep, 16×8 outputs per invocation: 128 invocations, 20 KiB.
-    pub const T256X64X8_16X8: Self = Self::new(256, 64, 8).per_invocation(16, 8);
-    /// 64×256, 8 deep, 8×16 outputs per invocation: 128 invocations, 20 KiB.
-    pub const T64X256X8_8X16: Self = Self::new(64, 256, 8).per_invocation(8, 16);
-    /// 128×64, 8 deep, 16×8 outputs per invocation: 64 invocations, 12 KiB.
-    pub const T128X64X8_16X8: Self = Self::new(128, 64, 8).per_invocation(16, 8);
-    /// 64×128, 8 deep, 8×16 outputs per invocation: 64 invocations, 12 KiB.
-    pub const T64X128X8_8X16: Self = Self::new(64, 128, 8).per_invocation(8, 16);
-
-    /// Every tile the kernel supports.
-    pub const ALL: [Self; 19] = [
-        Self::T128X128X8,
-        Self::T128X128X16,
-        Self::T128X64X8,
-        Self::T128X64X16,
-        Self::T64X128X8,
-        Self::T64X128X16,
-        Self::T64X64X8,
-        Self::T64X64X16,
-        Self::T256X128X8_16X8,
-        Self::T128X256X8_8X16,
-        Self::T128X128X8_16X8,
-        Self::T128X128X8_8X16,
-        Self::T128X128X16_16X8,
-        Self::T256X128X16_16X8,
-        Self::T128X256X16_8X16,
-        Self::T256X64X8_16X8,
-        Self::T64X256X8_8X16,
-        Self::T128X64X8_16X8,
-        Self::T64X128X8_8X16,
-    ];
-
-    /// A tile of 8×8 outputs per invocation; see [`MatmulTiles::check`] for the shapes the
-    /// kernel takes.
-    pub const fn new(bm: u32, bn: u32, bk: u32) -> Self {
-        Self {
-            bm,
-            bn,
-            bk,
-            tm: 8,
-            tn: 8,
-        }
-    }
-
-    /// This tile with `tm × tn` outputs per invocation.
-    pub const fn per_invocation(self, tm: u32, tn: u32) -> Self {
-        Self { tm, tn, ..self }
-    }
-
-    /// Invocations per workgroup: `(bm / tm) · (bn / tn)`.
-    pub fn threads(&self) -> u32 {
-        (self.bm / self.tm.max(1)) * (self.bn / self.tn.max(1))
-    }
-
-    /// vec4 loads of the A tile per invocation.
-    pub(crate) fn a_loads(&self) -> u32 {
-        self.bm * self.bk / 4 / self.threads().max(1)
-    }
-
-    /// vec4 loads of the B tile per invocation.
-    pub(crate) fn b_loads(&self) -> u32 {
-        self.bk * self.bn / 4 / self.threads().max(1)
-    }
-
-    /// Workgroup memory of the two tile buffers, in bytes.
-    pub fn workgroup_storage_bytes(&self) -> u32 {
-        2 * self.bk * (self.bm + self.bn) * 4
-    }
-
-    /// Whether the kernel takes this tile (`tm`, `tn` 8 or 16 but not both 16; `bm`, `bn`
-    /// multiples of `tm`, `tn`; `bk` 8 or 16; each invocation loads one, two or four vec4s of
-    /// each tile) and the device runs it (invocations, workgroup size, workgroup memory).
-    pub fn check(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
-        let shape_ok = [8, 16].contains(&self.tm)
-            && [8, 16].contains(&self.tn)
-            && self.tm * self.tn <= 128
-            && self.bm > 0
-            && self.bn > 0
-            && self.bm.is_multiple_of(self.tm)
-            && self.bn.is_multiple_of(self.tn)
-            && (self.bk == 8 || self.bk == 16)
-            && (self.bm * self.bk / 4).is_multiple_of(self.threads())
-            && (self.bk * self.bn / 4).is_multiple_of(self.threads())
-            && [1, 2, 4].contains(&self.a_loads())
-            && [1, 2, 4].contains(&self.b_loads());
-        if !shape_ok {
-            return Err(ComputeError::Config(format!(
-                "matmul tile {self}: the kernel takes tm × tn outputs per invocation of 8×8, 16×8 \
-                 or 8×16, bm, bn multiples of tm, tn, bk 8 or 16, and 1, 2 or 4 vec4 loads of \
-                 each tile per invocation (e.g. {}, {}, {})",
-                Self::T128X128X8,
-                Self::T64X64X8,
-                Self::T256X128X8_16X8
-            )));
-        }
-        let threads = self.threads();
-        let device_ok = threads <= limits.max_compute_invocations_per_workgroup
-            && threads <= limits.max_compute_workgroup_size_x
-            && self.workgroup_storage_bytes() <= limits.max_compute_workgroup_storage_size;
-        if !device_ok {
-            return Err(ComputeError::Config(format!(
-                "matmul tile {self} needs {threads} invocations and {} bytes of workgroup memory; \
-                 the device allows {} invocations and {} bytes",
-                self.workgroup_storage_bytes(),
-                limits.max_compute_invocations_per_workgroup,
-                limits.max_compute_workgroup_storage_size
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// The most lanes the narrow kernel's automatic choice takes.
-const NARROW_AUTO_MAX_LANES: u32 = 64;
-
-/// How matmuls choose their tiles and split-K.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MatmulOptions {
-    /// Use this tile for every matmul (`None`: choose per shape, see the module docs).
-    pub tiles: Option<MatmulTiles>,
-    /// The tiles for shapes that fill the GPU, in order of preference: the first that the
-    /// device's limits allow is used.
-    pub large_tiles: Vec<MatmulTiles>,
-    /// The tile for smaller shapes, and wherever the large one does not fit the device.
-    pub small_tiles: MatmulTiles,
-    /// Split K this many ways (`Some(1)`: never; `None`: when the tile leaves the GPU idle). The
-    /// split is capped so that no split is empty.
-    pub split_k: Option<u32>,
-    /// Workgroups that fill the GPU: about two per SM (264 for an H200's 132 SMs).
-    pub min_workgroups: u32,
-    /// Automatic split-K keeps at least this much of K per split.
-    pub min_split_depth: u32,
-    /// Automatic split-K splits at most this many ways.
-    pub max_splits: u32,
-    /// Block tiles are visited in groups of this many tile rows, column by column within a
-    /// group, so that the workgroups running at once share rows of A and columns of B in L2
-    /// (1: row by row).
-    pub group_rows: u32,
-    /// Matmuls of at most this many rows (and K, N multiples of 4) run the narrow kernel
-    /// (`shaders/matmul_narrow.wgsl`), unless `tiles` is forced. At most
-    /// [`MatmulOptions::NARROW_MAX_ROWS`]; 0: never.
-    pub narrow_max_rows: u32,
-    /// vec4 columns of C per workgroup of the narrow kernel: a power of two from 1 to 256
-    /// (`None`: on a GPU the largest up to 64 that still gives `min_workgroups / 2` workgroups,
-    /// at least 2; on a software GPU 64).
-    pub narrow_lanes: Option<u32>,
-}
-
-impl Default for MatmulOptions {
-    fn default() -> Self {
-        Self {
-            tiles: None,
-            // 48 KiB of workgroup memory where the device has it (the H200 does), else 16 KiB.
-            large_tiles: vec![MatmulTiles::T128X256X16_8X16, MatmulTiles::T128X128X8_16X8],
-            small_tiles: MatmulTiles::T64X64X8,
-            split_k: None,
-            min_workgroups: 264,
-            min_split_depth: 256,
-            max_splits: 16,
-            group_rows: 8,
-            narrow_max_rows: Self::NARROW_MAX_ROWS,
-            narrow_lanes: None,
-        }
-    }
-}
-
-impl MatmulOptions {
-    /// The most rows the narrow kernel takes.
-    pub const NARROW_MAX_ROWS: u32 = 8;
-
-    /// Checks that the forced tile (or at least one of the automatic ones) runs on the device.
-    pub(crate) fn validate(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
-        if self.split_k == Some(0) {
-            return Err(ComputeError::Config("split_k must be at least 1".into()));
-        }
-        if self.group_rows == 0 {
-            return Err(ComputeError::Config("group_rows must be at least 1".into()));
-        }
-        if self.narrow_max_rows > Self::NARROW_MAX_ROWS {
-            return Err(ComputeError::Config(format!(
-                "narrow_max_rows must be at most {}, got {}",
-                Self::NARROW_MAX_ROWS,
-                self.narrow_max_rows
-            )));
-        }
-        if let Some(lanes) = self.narrow_lanes {
-            if !lanes.is_power_of_two() || lanes > 256 {
-                return Err(ComputeError::Config(format!(
-                    "narrow_lanes must be a power of two from 1 to 256, got {lanes}"
-                )));
-            }
-        }
-        match self.tiles {
-            Some(tiles) => tiles.check(limits),
-            None if self.large_tile(limits).is_some() => Ok(()),
-            None => self.small_tiles.check(limits),
-        }
-    }
-
-    /// The first of [`MatmulOptions::large_tiles`] that the device's limits allow.
-    pub fn large_tile(&self, limits: &wgpu::Limits) -> Option<MatmulTiles> {
-        self.large_tiles
-            .iter()
-            .copied()
-            .find(|tiles| tiles.check(limits).is_ok())
-    }
 }
 
 /// How one matmul runs: its tile, split-K and kernel variant.
@@ -403,6 +113,7 @@ impl Context {
     pub fn matmul_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
         let options = &self.options().matmul;
         let limits = self.limits();
+        const OP: &str = "matmul";
         if let Some(plan) = self.narrow_plan(m, n, k) {
             return Ok(plan);
         }
@@ -451,7 +162,7 @@ impl Context {
         {
             if *count > max {
                 return Err(ComputeError::ExceedsLimit {
-                    op: "matmul",
+                    op: OP,
                     what,
                     value: *count,
                     limit_name: "max_compute_workgroups_per_dimension",
@@ -459,21 +170,26 @@ impl Context {
                 });
             }
         }
+        let [x, y, z] = workgroups;
         Ok(MatmulPlan {
             tiles,
-            splits: splits as u32,
-            k_chunk: k_chunk as u32,
+            splits: kernel_u32(OP, "splits along K", splits)?,
+            k_chunk: kernel_u32(OP, "depth of K per split", k_chunk)?,
             vec4: k.is_multiple_of(4) && n.is_multiple_of(4),
             edges: !m64.is_multiple_of(u64::from(tiles.bm))
                 || !n64.is_multiple_of(u64::from(tiles.bn))
                 || !k64.is_multiple_of(bk),
-            workgroups: workgroups.map(|count| count as u32),
+            workgroups: [
+                kernel_u32(OP, "workgroups along N", x)?,
+                kernel_u32(OP, "workgroups along M", y)?,
+                kernel_u32(OP, "splits along K", z)?,
+            ],
             narrow_lanes: 0,
         })
     }
 
     /// The plan of the narrow kernel, where it applies: few rows, K and N multiples of 4, tiles
-    /// not forced, and a grid the device takes.
+    /// not forced, K within the kernels' `u32` parameters and a grid the device takes.
     fn narrow_plan(&self, m: usize, n: usize, k: usize) -> Option<MatmulPlan> {
         let options = &self.options().matmul;
         let applies = options.tiles.is_none()
@@ -498,17 +214,16 @@ impl Context {
             }
             lanes
         });
-        let workgroups = n4.div_ceil(u64::from(lanes));
-        if workgroups > u64::from(self.limits().max_compute_workgroups_per_dimension) {
-            return None;
-        }
+        let workgroups = u32::try_from(n4.div_ceil(u64::from(lanes)))
+            .ok()
+            .filter(|&count| count <= self.limits().max_compute_workgroups_per_dimension)?;
         Some(MatmulPlan {
             tiles: options.small_tiles,
             splits: 1,
-            k_chunk: k as u32,
+            k_chunk: u32::try_from(k).ok()?,
             vec4: true,
             edges: false,
-            workgroups: [workgroups as u32, 1, 1],
+            workgroups: [workgroups, 1, 1],
             narrow_lanes: lanes,
         })
     }
@@ -564,15 +279,17 @@ impl Context {
                 source: Source::MatmulNarrow,
                 entry: "matmul_narrow",
                 variant: Variant::Narrow {
-                    rows: m as u32,
+                    rows: kernel_u32(OP, "rows", m)?,
                     lanes: plan.narrow_lanes,
                     bias: has_bias,
                     activation: epilogue.activation,
                 },
             };
-            let mut words = Params::default();
-            words[..2].copy_from_slice(&[(n / 4) as u32, (k / 4) as u32]);
-            (kernel, words)
+            let params = NarrowParams {
+                n4: kernel_u32(OP, "N / 4", n / 4)?,
+                k4: kernel_u32(OP, "K / 4", k / 4)?,
+            };
+            (kernel, ParamsBlock::new(&params))
         } else {
             let kernel = KernelKey {
                 source: Source::Matmul,
@@ -591,16 +308,15 @@ impl Context {
                     },
                 },
             };
-            let mut words = Params::default();
-            words[..6].copy_from_slice(&[
-                m as u32,
-                n as u32,
-                k as u32,
-                plan.k_chunk,
-                plan.workgroups[0],
-                plan.workgroups[1],
-            ]);
-            (kernel, words)
+            let params = MatmulParams {
+                m: kernel_u32(OP, "M", m)?,
+                n: kernel_u32(OP, "N", n)?,
+                k: kernel_u32(OP, "K", k)?,
+                k_chunk: plan.k_chunk,
+                tiles_n: plan.workgroups[0],
+                tiles_m: plan.workgroups[1],
+            };
+            (kernel, ParamsBlock::new(&params))
         };
         // Compile before recording anything, so that a refused kernel records nothing.
         self.prepare(&kernel)?;
@@ -651,11 +367,15 @@ impl Context {
         let partial = self.allocate("matmul split-K partial", vec![splits, m, n], partial_len)?;
         record_product(&partial, a)?;
         let bias = epilogue.bias.unwrap_or(&partial);
-        let mut reduce_params = Params::default();
-        reduce_params[..4].copy_from_slice(&[len as u32, n as u32, plan.splits, grid_x]);
+        let reduce_params = ReduceParams {
+            len: kernel_u32(OP, "M · N", len)?,
+            n: kernel_u32(OP, "N", n)?,
+            splits: plan.splits,
+            grid_x,
+        };
         self.record(Dispatch {
             kernel: reduce,
-            params: reduce_params,
+            params: ParamsBlock::new(&reduce_params),
             bindings: &[partial.allocation(), bias.allocation(), c.allocation()],
             workgroups: reduce_workgroups,
         })?;

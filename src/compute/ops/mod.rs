@@ -5,7 +5,8 @@ pub mod elementwise;
 pub mod matmul;
 pub mod rows;
 
-use super::{ComputeError, Context};
+use super::context::Context;
+use super::vocab::{kernel_u32, ComputeError};
 
 /// The grid of `workgroups` workgroups of a 1-D kernel: `[x, 1, 1]`, or `[x, y, 1]` with
 /// `x · y ≥ workgroups` when more than the x dimension holds (kernels recover the linear index
@@ -18,7 +19,8 @@ pub(crate) fn grid_1d(
     let max_x = u64::from(context.max_grid_x());
     let max_y = u64::from(context.limits().max_compute_workgroups_per_dimension);
     if workgroups <= max_x {
-        return Ok(([workgroups as u32, 1, 1], workgroups as u32));
+        let x = kernel_u32(op, "workgroups", workgroups)?;
+        return Ok(([x, 1, 1], x));
     }
     let y = workgroups.div_ceil(max_x);
     if y > max_y {
@@ -31,5 +33,7 @@ pub(crate) fn grid_1d(
         });
     }
     let x = workgroups.div_ceil(y);
-    Ok(([x as u32, y as u32, 1], x as u32))
+    let x = kernel_u32(op, "workgroups along x", x)?;
+    let y = kernel_u32(op, "workgroups along y", y)?;
+    Ok(([x, y, 1], x))
 }

@@ -3,9 +3,11 @@
 //! CPU twins: [`crate::compute::cpu::sum`] and [`crate::compute::cpu::softmax`].
 
 use super::grid_1d;
-use crate::compute::context::Dispatch;
-use crate::compute::kernels::{KernelKey, Params, Source};
-use crate::compute::{ComputeError, Context, Tensor};
+use crate::compute::context::Context;
+use crate::compute::tensor::Tensor;
+use crate::compute::vocab::{
+    kernel_u32, ComputeError, Dispatch, KernelKey, ParamsBlock, RowsParams, Source,
+};
 
 impl Context {
     /// The sum over the last dimension: `[.., cols]` → `[..]` (`[cols]` → `[1]`).
@@ -36,12 +38,15 @@ impl Context {
         let len = shape.iter().product();
         self.before_op()?;
         let output = self.allocate(op, shape, len)?;
-        // Keep in sync with `RowsParams` in shaders/rows.wgsl.
-        let mut params = Params::default();
-        params[..3].copy_from_slice(&[rows as u32, cols as u32, grid_x]);
+        let params = RowsParams {
+            rows: kernel_u32(op, "rows", rows)?,
+            cols: kernel_u32(op, "columns", cols)?,
+            grid_x,
+            pad: 0,
+        };
         self.record(Dispatch {
             kernel: KernelKey::plain(Source::Rows, op),
-            params,
+            params: ParamsBlock::new(&params),
             bindings: &[x.allocation(), output.allocation()],
             workgroups,
         })?;

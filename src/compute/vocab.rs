@@ -1,0 +1,722 @@
+//! The ground floor of `compute`: the words its other modules share, and nothing that uses them.
+//! It imports no other module of `compute`; every other module builds on it.
+//!
+//! - [`ComputeError`], what an op, an upload or a read-back refuses with;
+//! - [`ShaderChecks`], how kernels are compiled;
+//! - the matmul's choices: [`Activation`], [`MatmulTiles`], [`MatmulOptions`];
+//! - which kernel runs ([`Source`], [`Variant`], [`KernelKey`]) and what one dispatch of it
+//!   binds ([`Dispatch`]);
+//! - each kernel's parameters: one `#[repr(C)]` [`bytemuck::Pod`] struct per kernel's uniform,
+//!   with a WGSL `struct` of the same name in its shader; a test in `kernels.rs` checks with naga
+//!   that both have the same member offsets and size. A dispatch carries them as a
+//!   [`ParamsBlock`], the bytes of its slot in the context's uniform ring;
+//! - size helpers: [`element_count`], [`tensor_bytes`], [`kernel_u32`].
+
+use std::fmt;
+
+use crate::pool::{Allocation, PoolError};
+
+/// Why an op, an upload or a read-back was refused. Nothing is recorded when an op fails.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ComputeError {
+    /// The pool refused an allocation or a transfer (out of memory, too large for one binding...).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// The shapes of an op's operands do not fit together.
+    #[error("{op}: shapes {left:?} and {right:?} do not fit: {expected}")]
+    ShapeMismatch {
+        /// The op.
+        op: &'static str,
+        /// The first operand's shape.
+        left: Vec<usize>,
+        /// The second operand's shape.
+        right: Vec<usize>,
+        /// What the op expects.
+        expected: &'static str,
+    },
+    /// A shape the op cannot take (wrong rank, no elements, too many elements).
+    #[error("{op}: shape {shape:?} is not valid: {reason}")]
+    InvalidShape {
+        /// The op.
+        op: &'static str,
+        /// The shape given.
+        shape: Vec<usize>,
+        /// Why not.
+        reason: &'static str,
+    },
+    /// Uploaded data does not have the shape's number of elements.
+    #[error("data of {data_len} values does not fill shape {shape:?} ({expected_len} values)")]
+    DataLength {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// Values given.
+        data_len: usize,
+        /// Values the shape holds.
+        expected_len: usize,
+    },
+    /// A size beyond what the device can dispatch or bind.
+    #[error(
+        "{op}: {what} = {value} exceeds the device's {limit_name} ({limit}); split the work into smaller ops"
+    )]
+    ExceedsLimit {
+        /// The op.
+        op: &'static str,
+        /// What was too large.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The device limit that refused it.
+        limit_name: &'static str,
+        /// The limit's value.
+        limit: u64,
+    },
+    /// A size beyond what a kernel's 32-bit parameters hold.
+    #[error("{op}: {what} = {value} does not fit the kernels' 32-bit parameters")]
+    ParameterOverflow {
+        /// The op.
+        op: &'static str,
+        /// What was too large.
+        what: &'static str,
+        /// Its value (`u64::MAX` if even that does not hold it).
+        value: u64,
+    },
+    /// A tensor of another context was passed to an op.
+    #[error("{op}: the tensor belongs to another context")]
+    ForeignTensor {
+        /// The op.
+        op: &'static str,
+    },
+    /// A configuration the device or the kernels cannot run.
+    #[error("invalid compute configuration: {0}")]
+    Config(String),
+    /// wgpu refused a kernel (a compile or pipeline error on this backend).
+    #[error("kernel {kernel} was refused by the device: {message}")]
+    Kernel {
+        /// The kernel's entry point and variant.
+        kernel: String,
+        /// What wgpu said.
+        message: String,
+    },
+    /// Waiting for the GPU failed.
+    #[error("waiting for the GPU failed: {0}")]
+    Wait(String),
+    /// Reading GPU timestamps back failed.
+    #[error("reading GPU timestamps failed: {0}")]
+    Timing(String),
+}
+
+/// Whether kernels are compiled with wgpu's injected bounds checks. The WGSL of a kernel is the
+/// same in both modes; only its compilation differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShaderChecks {
+    /// wgpu's bounds checks in every kernel (the default; tests use it).
+    #[default]
+    Checked,
+    /// No injected bounds checks (`create_shader_module_trusted` with
+    /// `ShaderRuntimeChecks::unchecked()`). Sound because every op validates shapes, sizes and
+    /// offsets on the host and every kernel masks its own edges;
+    /// on an H200 the 4096³ matmul ran at 34.0 TFLOP/s unchecked against 30.6 checked (an
+    /// earlier, plainer kernel gained 1.7×). Benchmarks use it.
+    Unchecked,
+}
+
+/// The activation of a fused epilogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    /// None.
+    #[default]
+    None,
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh approximation (as [`UnaryOp::Gelu`](crate::compute::UnaryOp::Gelu)).
+    Gelu,
+}
+
+impl Activation {
+    /// Every activation.
+    pub const ALL: [Self; 3] = [Self::None, Self::Relu, Self::Gelu];
+
+    /// The code the kernels take (`activate4` in `shaders/common.wgsl`): 0 none, 1 relu, 2 gelu.
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Self::None => 0,
+            Self::Relu => 1,
+            Self::Gelu => 2,
+        }
+    }
+
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            Self::None => "",
+            Self::Relu => " +relu",
+            Self::Gelu => " +gelu",
+        }
+    }
+}
+
+/// A block tile of the matmul kernel: `bm × bn` outputs per workgroup, `bk` deep per step,
+/// `tm × tn` outputs per invocation (in registers), so a workgroup has `(bm / tm) · (bn / tn)`
+/// invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatmulTiles {
+    /// Rows of C per workgroup.
+    pub bm: u32,
+    /// Columns of C per workgroup.
+    pub bn: u32,
+    /// Depth of K per step (through workgroup memory).
+    pub bk: u32,
+    /// Rows of C per invocation: 8 or 16.
+    pub tm: u32,
+    /// Columns of C per invocation: 8 or 16 (not both 16: too many registers).
+    pub tn: u32,
+}
+
+impl fmt::Display for MatmulTiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)?;
+        if (self.tm, self.tn) != (8, 8) {
+            write!(f, "/{}x{}", self.tm, self.tn)?;
+        }
+        Ok(())
+    }
+}
+
+impl MatmulTiles {
+    /// 128×128, 8 deep: 256 invocations, 16 KiB of workgroup memory. The default large tile.
+    pub const T128X128X8: Self = Self::new(128, 128, 8);
+    /// 128×128, 16 deep: 256 invocations, 32 KiB of workgroup memory (half the barriers).
+    pub const T128X128X16: Self = Self::new(128, 128, 16);
+    /// 128×64, 8 deep: 128 invocations, 12 KiB.
+    pub const T128X64X8: Self = Self::new(128, 64, 8);
+    /// 64×128, 8 deep: 128 invocations, 12 KiB.
+    pub const T64X128X8: Self = Self::new(64, 128, 8);
+    /// 128×64, 16 deep: 128 invocations, 24 KiB.
+    pub const T128X64X16: Self = Self::new(128, 64, 16);
+    /// 64×128, 16 deep: 128 invocations, 24 KiB.
+    pub const T64X128X16: Self = Self::new(64, 128, 16);
+    /// 64×64, 8 deep: 64 invocations, 8 KiB. The default small tile.
+    pub const T64X64X8: Self = Self::new(64, 64, 8);
+    /// 64×64, 16 deep: 64 invocations, 16 KiB.
+    pub const T64X64X16: Self = Self::new(64, 64, 16);
+    /// 256×128, 8 deep, 16×8 outputs per invocation: 256 invocations, 24 KiB.
+    pub const T256X128X8_16X8: Self = Self::new(256, 128, 8).per_invocation(16, 8);
+    /// 128×256, 8 deep, 8×16 outputs per invocation: 256 invocations, 24 KiB.
+    pub const T128X256X8_8X16: Self = Self::new(128, 256, 8).per_invocation(8, 16);
+    /// 128×128, 8 deep, 16×8 outputs per invocation: 128 invocations, 16 KiB.
+    pub const T128X128X8_16X8: Self = Self::new(128, 128, 8).per_invocation(16, 8);
+    /// 128×128, 8 deep, 8×16 outputs per invocation: 128 invocations, 16 KiB.
+    pub const T128X128X8_8X16: Self = Self::new(128, 128, 8).per_invocation(8, 16);
+    /// 128×128, 16 deep, 16×8 outputs per invocation: 128 invocations, 32 KiB.
+    pub const T128X128X16_16X8: Self = Self::new(128, 128, 16).per_invocation(16, 8);
+    /// 256×128, 16 deep, 16×8 outputs per invocation: 256 invocations, 48 KiB.
+    pub const T256X128X16_16X8: Self = Self::new(256, 128, 16).per_invocation(16, 8);
+    /// 128×256, 16 deep, 8×16 outputs per invocation: 256 invocations, 48 KiB.
+    pub const T128X256X16_8X16: Self = Self::new(128, 256, 16).per_invocation(8, 16);
+
+    /// 256×64, 8 deep, 16×8 outputs per invocation: 128 invocations, 20 KiB.
+    pub const T256X64X8_16X8: Self = Self::new(256, 64, 8).per_invocation(16, 8);
+    /// 64×256, 8 deep, 8×16 outputs per invocation: 128 invocations, 20 KiB.
+    pub const T64X256X8_8X16: Self = Self::new(64, 256, 8).per_invocation(8, 16);
+    /// 128×64, 8 deep, 16×8 outputs per invocation: 64 invocations, 12 KiB.
+    pub const T128X64X8_16X8: Self = Self::new(128, 64, 8).per_invocation(16, 8);
+    /// 64×128, 8 deep, 8×16 outputs per invocation: 64 invocations, 12 KiB.
+    pub const T64X128X8_8X16: Self = Self::new(64, 128, 8).per_invocation(8, 16);
+
+    /// Every tile the kernel supports.
+    pub const ALL: [Self; 19] = [
+        Self::T128X128X8,
+        Self::T128X128X16,
+        Self::T128X64X8,
+        Self::T128X64X16,
+        Self::T64X128X8,
+        Self::T64X128X16,
+        Self::T64X64X8,
+        Self::T64X64X16,
+        Self::T256X128X8_16X8,
+        Self::T128X256X8_8X16,
+        Self::T128X128X8_16X8,
+        Self::T128X128X8_8X16,
+        Self::T128X128X16_16X8,
+        Self::T256X128X16_16X8,
+        Self::T128X256X16_8X16,
+        Self::T256X64X8_16X8,
+        Self::T64X256X8_8X16,
+        Self::T128X64X8_16X8,
+        Self::T64X128X8_8X16,
+    ];
+
+    /// A tile of 8×8 outputs per invocation; see [`MatmulTiles::check`] for the shapes the
+    /// kernel takes.
+    pub const fn new(bm: u32, bn: u32, bk: u32) -> Self {
+        Self {
+            bm,
+            bn,
+            bk,
+            tm: 8,
+            tn: 8,
+        }
+    }
+
+    /// This tile with `tm × tn` outputs per invocation.
+    pub const fn per_invocation(self, tm: u32, tn: u32) -> Self {
+        Self { tm, tn, ..self }
+    }
+
+    /// Invocations per workgroup: `(bm / tm) · (bn / tn)`.
+    pub fn threads(&self) -> u32 {
+        (self.bm / self.tm.max(1)) * (self.bn / self.tn.max(1))
+    }
+
+    /// vec4 loads of the A tile per invocation.
+    pub(crate) fn a_loads(&self) -> u32 {
+        self.bm * self.bk / 4 / self.threads().max(1)
+    }
+
+    /// vec4 loads of the B tile per invocation.
+    pub(crate) fn b_loads(&self) -> u32 {
+        self.bk * self.bn / 4 / self.threads().max(1)
+    }
+
+    /// Workgroup memory of the two tile buffers, in bytes.
+    pub fn workgroup_storage_bytes(&self) -> u32 {
+        2 * self.bk * (self.bm + self.bn) * 4
+    }
+
+    /// Whether the kernel takes this tile (`tm`, `tn` 8 or 16 but not both 16; `bm`, `bn`
+    /// multiples of `tm`, `tn`; `bk` 8 or 16; each invocation loads one, two or four vec4s of
+    /// each tile) and the device runs it (invocations, workgroup size, workgroup memory).
+    pub fn check(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
+        let shape_ok = [8, 16].contains(&self.tm)
+            && [8, 16].contains(&self.tn)
+            && self.tm * self.tn <= 128
+            && self.bm > 0
+            && self.bn > 0
+            && self.bm.is_multiple_of(self.tm)
+            && self.bn.is_multiple_of(self.tn)
+            && (self.bk == 8 || self.bk == 16)
+            && (self.bm * self.bk / 4).is_multiple_of(self.threads())
+            && (self.bk * self.bn / 4).is_multiple_of(self.threads())
+            && [1, 2, 4].contains(&self.a_loads())
+            && [1, 2, 4].contains(&self.b_loads());
+        if !shape_ok {
+            return Err(ComputeError::Config(format!(
+                "matmul tile {self}: the kernel takes tm × tn outputs per invocation of 8×8, 16×8 \
+                 or 8×16, bm, bn multiples of tm, tn, bk 8 or 16, and 1, 2 or 4 vec4 loads of \
+                 each tile per invocation (e.g. {}, {}, {})",
+                Self::T128X128X8,
+                Self::T64X64X8,
+                Self::T256X128X8_16X8
+            )));
+        }
+        let threads = self.threads();
+        let device_ok = threads <= limits.max_compute_invocations_per_workgroup
+            && threads <= limits.max_compute_workgroup_size_x
+            && self.workgroup_storage_bytes() <= limits.max_compute_workgroup_storage_size;
+        if !device_ok {
+            return Err(ComputeError::Config(format!(
+                "matmul tile {self} needs {threads} invocations and {} bytes of workgroup memory; \
+                 the device allows {} invocations and {} bytes",
+                self.workgroup_storage_bytes(),
+                limits.max_compute_invocations_per_workgroup,
+                limits.max_compute_workgroup_storage_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How matmuls choose their tiles and split-K (see [`crate::compute::ops::matmul`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatmulOptions {
+    /// Use this tile for every matmul (`None`: choose per shape, see
+    /// [`crate::compute::ops::matmul`]).
+    pub tiles: Option<MatmulTiles>,
+    /// The tiles for shapes that fill the GPU, in order of preference: the first that the
+    /// device's limits allow is used.
+    pub large_tiles: Vec<MatmulTiles>,
+    /// The tile for smaller shapes, and wherever the large one does not fit the device.
+    pub small_tiles: MatmulTiles,
+    /// Split K this many ways (`Some(1)`: never; `None`: when the tile leaves the GPU idle). The
+    /// split is capped so that no split is empty.
+    pub split_k: Option<u32>,
+    /// Workgroups that fill the GPU: about two per SM (264 for an H200's 132 SMs).
+    pub min_workgroups: u32,
+    /// Automatic split-K keeps at least this much of K per split.
+    pub min_split_depth: u32,
+    /// Automatic split-K splits at most this many ways.
+    pub max_splits: u32,
+    /// Block tiles are visited in groups of this many tile rows, column by column within a
+    /// group, so that the workgroups running at once share rows of A and columns of B in L2
+    /// (1: row by row).
+    pub group_rows: u32,
+    /// Matmuls of at most this many rows (and K, N multiples of 4) run the narrow kernel
+    /// (`shaders/matmul_narrow.wgsl`), unless `tiles` is forced. At most
+    /// [`MatmulOptions::NARROW_MAX_ROWS`]; 0: never.
+    pub narrow_max_rows: u32,
+    /// vec4 columns of C per workgroup of the narrow kernel: a power of two from 1 to 256
+    /// (`None`: on a GPU the largest up to 64 that still gives `min_workgroups / 2` workgroups,
+    /// at least 2; on a software GPU 64).
+    pub narrow_lanes: Option<u32>,
+}
+
+impl Default for MatmulOptions {
+    fn default() -> Self {
+        Self {
+            tiles: None,
+            // 48 KiB of workgroup memory where the device has it (the H200 does), else 16 KiB.
+            large_tiles: vec![MatmulTiles::T128X256X16_8X16, MatmulTiles::T128X128X8_16X8],
+            small_tiles: MatmulTiles::T64X64X8,
+            split_k: None,
+            min_workgroups: 264,
+            min_split_depth: 256,
+            max_splits: 16,
+            group_rows: 8,
+            narrow_max_rows: Self::NARROW_MAX_ROWS,
+            narrow_lanes: None,
+        }
+    }
+}
+
+impl MatmulOptions {
+    /// The most rows the narrow kernel takes.
+    pub const NARROW_MAX_ROWS: u32 = 8;
+
+    /// The most vec4 columns per workgroup of the narrow kernel.
+    pub(crate) const NARROW_MAX_LANES: u32 = 256;
+
+    /// Checks that the forced tile (or at least one of the automatic ones) runs on the device.
+    pub(crate) fn validate(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
+        if self.split_k == Some(0) {
+            return Err(ComputeError::Config("split_k must be at least 1".into()));
+        }
+        if self.group_rows == 0 {
+            return Err(ComputeError::Config("group_rows must be at least 1".into()));
+        }
+        if self.narrow_max_rows > Self::NARROW_MAX_ROWS {
+            return Err(ComputeError::Config(format!(
+                "narrow_max_rows must be at most {}, got {}",
+                Self::NARROW_MAX_ROWS,
+                self.narrow_max_rows
+            )));
+        }
+        if let Some(lanes) = self.narrow_lanes {
+            if !lanes.is_power_of_two() || lanes > Self::NARROW_MAX_LANES {
+                return Err(ComputeError::Config(format!(
+                    "narrow_lanes must be a power of two from 1 to {}, got {lanes}",
+                    Self::NARROW_MAX_LANES
+                )));
+            }
+        }
+        match self.tiles {
+            Some(tiles) => tiles.check(limits),
+            None if self.large_tile(limits).is_some() => Ok(()),
+            None => self.small_tiles.check(limits),
+        }
+    }
+
+    /// The first of [`MatmulOptions::large_tiles`] that the device's limits allow.
+    pub fn large_tile(&self, limits: &wgpu::Limits) -> Option<MatmulTiles> {
+        self.large_tiles
+            .iter()
+            .copied()
+            .find(|tiles| tiles.check(limits).is_ok())
+    }
+}
+
+/// A WGSL file of `shaders/` with entry points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Source {
+    Unary,
+    Binary,
+    Matmul,
+    MatmulNarrow,
+    MatmulReduce,
+    Rows,
+}
+
+impl Source {
+    /// Storage bindings (after the parameters at binding 0).
+    pub(crate) fn storage_bindings(self) -> usize {
+        match self {
+            Self::Unary | Self::Rows => 2,
+            Self::Binary | Self::MatmulReduce => 3,
+            Self::Matmul | Self::MatmulNarrow => 4,
+        }
+    }
+}
+
+/// The compile-time choices of one variant of a kernel (WGSL constants the host writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Variant {
+    /// No constants.
+    Plain,
+    /// The tiled matmul (`shaders/matmul.wgsl`).
+    Matmul {
+        tiles: MatmulTiles,
+        group_rows: u32,
+        vec4: bool,
+        edges: bool,
+        bias: bool,
+        activation: Activation,
+    },
+    /// The matmul kernel for a few rows (`shaders/matmul_narrow.wgsl`).
+    Narrow {
+        rows: u32,
+        lanes: u32,
+        bias: bool,
+        activation: Activation,
+    },
+    /// The split-K reduction (`shaders/matmul_reduce.wgsl`).
+    Reduce { bias: bool, activation: Activation },
+}
+
+impl Variant {
+    /// A short label for reports and errors.
+    pub(crate) fn label(&self) -> String {
+        match *self {
+            Self::Plain => String::new(),
+            Self::Matmul {
+                tiles,
+                group_rows: _,
+                vec4,
+                edges,
+                bias,
+                activation,
+            } => format!(
+                " {tiles}{}{}{}{}",
+                if vec4 { " vec4" } else { " scalar" },
+                if edges { " edges" } else { "" },
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+            Self::Narrow {
+                rows,
+                lanes,
+                bias,
+                activation,
+            } => format!(
+                " {rows} rows x{lanes} lanes{}{}",
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+            Self::Reduce { bias, activation } => format!(
+                "{}{}",
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+        }
+    }
+}
+
+/// Which kernel: a source, an entry point and a variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KernelKey {
+    pub(crate) source: Source,
+    pub(crate) entry: &'static str,
+    pub(crate) variant: Variant,
+}
+
+impl KernelKey {
+    pub(crate) const fn plain(source: Source, entry: &'static str) -> Self {
+        Self {
+            source,
+            entry,
+            variant: Variant::Plain,
+        }
+    }
+
+    pub(crate) fn label(&self) -> String {
+        format!("{}{}", self.entry, self.variant.label())
+    }
+}
+
+/// One dispatch, validated by its op.
+pub(crate) struct Dispatch<'a> {
+    pub(crate) kernel: KernelKey,
+    pub(crate) params: ParamsBlock,
+    /// The storage bindings, in binding order (1, 2, ...).
+    pub(crate) bindings: &'a [&'a Allocation],
+    pub(crate) workgroups: [u32; 3],
+}
+
+/// Bytes of the uniform binding through which every kernel reads its parameters (binding 0, at a
+/// dynamic offset into the context's ring): room for the largest parameter struct.
+pub(crate) const PARAMS_BYTES: u64 = 32;
+
+/// Most storage bindings of any kernel.
+pub(crate) const MAX_STORAGE_BINDINGS: usize = 4;
+
+/// A kernel's parameter struct as the bytes of its uniform slot (zero past the struct).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ParamsBlock([u8; PARAMS_BYTES as usize]);
+
+impl ParamsBlock {
+    /// The block of `params`, one of the parameter structs below.
+    pub(crate) fn new<P: bytemuck::Pod>(params: &P) -> Self {
+        const { assert!(size_of::<P>() <= PARAMS_BYTES as usize) };
+        let bytes = bytemuck::bytes_of(params);
+        let mut block = [0; PARAMS_BYTES as usize];
+        block[..bytes.len()].copy_from_slice(bytes);
+        Self(block)
+    }
+
+    /// The bytes the uniform slot holds.
+    pub(crate) fn bytes(&self) -> &[u8; PARAMS_BYTES as usize] {
+        &self.0
+    }
+}
+
+/// The parameters of the element-wise kernels (`shaders/unary.wgsl`, `shaders/binary.wgsl`);
+/// WGSL `ElementwiseParams` in `shaders/common.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct ElementwiseParams {
+    /// vec4s to compute: ⌈len / 4⌉.
+    pub(crate) len_vec4: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// Columns of `x` (the bias length of `add_bias`); 0 for the other kernels.
+    pub(crate) cols: u32,
+    /// The scalar of the `*_scalar` kernels; 0 for the others.
+    pub(crate) scalar: f32,
+}
+
+/// The parameters of the tiled matmul; WGSL `MatmulParams` in `shaders/matmul.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct MatmulParams {
+    pub(crate) m: u32,
+    pub(crate) n: u32,
+    pub(crate) k: u32,
+    /// Depth of K per split (a multiple of the tile's `bk`); K when there is no split.
+    pub(crate) k_chunk: u32,
+    /// Block tiles along N (the grid's x).
+    pub(crate) tiles_n: u32,
+    /// Block tiles along M (the grid's y).
+    pub(crate) tiles_m: u32,
+}
+
+/// The parameters of the narrow matmul; WGSL `NarrowParams` in `shaders/matmul_narrow.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct NarrowParams {
+    /// N / 4.
+    pub(crate) n4: u32,
+    /// K / 4.
+    pub(crate) k4: u32,
+}
+
+/// The parameters of the split-K reduction; WGSL `ReduceParams` in
+/// `shaders/matmul_reduce.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct ReduceParams {
+    /// M · N.
+    pub(crate) len: u32,
+    pub(crate) n: u32,
+    pub(crate) splits: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+}
+
+/// The parameters of the row reductions; WGSL `RowsParams` in `shaders/rows.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct RowsParams {
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// Unused (0).
+    pub(crate) pad: u32,
+}
+
+/// The bytes a tensor of `len` elements allocates: `4 · len` rounded up to 16 (whole vec4s).
+pub(crate) fn tensor_bytes(len: usize) -> u64 {
+    (len as u64 * 4).div_ceil(16) * 16
+}
+
+/// The elements of `shape`; refuses shapes without elements and overflowing ones.
+pub(crate) fn element_count(op: &'static str, shape: &[usize]) -> Result<usize, ComputeError> {
+    let invalid = |reason| ComputeError::InvalidShape {
+        op,
+        shape: shape.to_vec(),
+        reason,
+    };
+    if shape.is_empty() {
+        return Err(invalid("a tensor has at least one dimension"));
+    }
+    let len = shape
+        .iter()
+        .try_fold(1usize, |len, &dim| len.checked_mul(dim))
+        .ok_or_else(|| invalid("the element count overflows"))?;
+    if len == 0 {
+        return Err(invalid("tensors without elements are not supported"));
+    }
+    if len > (u32::MAX / 4) as usize {
+        return Err(invalid("more than 2^30 elements (kernels index with u32)"));
+    }
+    Ok(len)
+}
+
+/// `value` (a size `what` of op `op`) as a kernel's `u32` parameter, or
+/// [`ComputeError::ParameterOverflow`].
+pub(crate) fn kernel_u32<T>(
+    op: &'static str,
+    what: &'static str,
+    value: T,
+) -> Result<u32, ComputeError>
+where
+    T: Copy + TryInto<u32> + TryInto<u64>,
+{
+    TryInto::<u32>::try_into(value).map_err(|_| ComputeError::ParameterOverflow {
+        op,
+        what,
+        value: TryInto::<u64>::try_into(value).unwrap_or(u64::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_beyond_u32_are_typed_errors() {
+        assert_eq!(kernel_u32("op", "rows", 7usize), Ok(7));
+        assert_eq!(kernel_u32("op", "rows", u64::from(u32::MAX)), Ok(u32::MAX));
+        assert_eq!(
+            kernel_u32("op", "rows", u64::from(u32::MAX) + 1),
+            Err(ComputeError::ParameterOverflow {
+                op: "op",
+                what: "rows",
+                value: 1 << 32
+            })
+        );
+        // Fewer than 2^30 elements: their byte offsets fit a u32.
+        assert_eq!(
+            element_count("op", &[3, (1 << 30) / 3]),
+            Ok(3 * ((1 << 30) / 3))
+        );
+        assert!(element_count("op", &[1 << 15, 1 << 15]).is_err());
+        assert!(element_count("op", &[usize::MAX, 2]).is_err());
+        assert_eq!(tensor_bytes(1), 16);
+        assert_eq!(tensor_bytes(5), 32);
+    }
+
+    #[test]
+    fn a_params_block_holds_the_struct_then_zeros() {
+        let params = ReduceParams {
+            len: 1,
+            n: 2,
+            splits: 3,
+            grid_x: 4,
+        };
+        let block = ParamsBlock::new(&params);
+        let words: Vec<u32> = block
+            .bytes()
+            .chunks_exact(4)
+            .map(|word| u32::from_ne_bytes(word.try_into().unwrap()))
+            .collect();
+        assert_eq!(words, [1, 2, 3, 4, 0, 0, 0, 0]);
+    }
+}
