@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
-//!     [--group-rows N] [--op add|relu|gelu]...
+//!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE]
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -32,15 +32,24 @@
 //!   every tile (e.g. `--tile 128x128x8 --tile 128x128x8/16x8`); `--group-rows N` sets
 //!   `MatmulOptions::group_rows`; `--op` (repeatable) measures only these element-wise ops, in
 //!   this order.
+//! - `--serving` measures the shapes of a server's products ([`SERVING`]: batches of 1 to 512 rows
+//!   through 4096-wide layers, and 4096³) with the automatic plans, and the wall time that each
+//!   further dependent 8x1024x1024 product adds to a chain read back at its end
+//!   (`matmul_chain_step_us`). `--large` includes the serving shapes in its list.
+//! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
+//!   TF32 off) and prints its time beside ours for each shape with an automatic plan, and the ratio
+//!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
+//!   `torch_chain_step_us`. Run both in one session of the GPU: its clocks vary between sessions.
 //! - In one process, large products measured one after another can slow down for the rest of
 //!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
 //!   tiles in separate processes, or early in one.
 //!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
-//! "forced_narrow_lanes"}],
+//! "forced_narrow_lanes", "torch_time_us", "ratio"}],
 //! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us"}], "op_overhead_us",
-//! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us"}`. A section not run has an
+//! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us", "matmul_chain_single_us",
+//! "matmul_chain_step_us", "torch_chain_step_us"}`. A section not run has an
 //! empty list or `null`.
 //!
 //! On a real GPU: `cargo run --release --example bench_kernels -- --large --json kernels.json`.
@@ -72,6 +81,10 @@ struct Args {
     tiles: Vec<MatmulTiles>,
     /// The element-wise ops to measure, in this order (empty: add, relu, gelu).
     ops: Vec<String>,
+    /// Measure the serving shapes and the chain of dependent products.
+    serving: bool,
+    /// PyTorch's figures (`benches/torch/matmul.py --json`) to print beside ours.
+    torch: Option<PathBuf>,
 }
 
 impl Args {
@@ -105,12 +118,16 @@ fn parse_args() -> anyhow::Result<Args> {
         matmuls: Vec::new(),
         group_rows: None,
         tiles: Vec::new(),
+        serving: false,
+        torch: None,
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
             "--large" => args.large = true,
+            "--serving" => args.serving = true,
+            "--torch" => args.torch = Some(iter.next().context("--torch needs a file")?.into()),
             "--checked" => args.checks = ShaderChecks::Checked,
             "--matmul" => {
                 let shape = iter.next().context("--matmul needs MxNxK")?;
@@ -158,14 +175,69 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!(
                     "bench_kernels [--json OUT] [--large] [--checked] \
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
-                     [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]..."
+                     [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
+                     [--serving] [--torch FILE]"
                 );
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other:?} (try --help)"),
         }
     }
+    if args.serving && args.matmuls.is_empty() {
+        args.matmuls = SERVING.to_vec();
+    }
     Ok(args)
+}
+
+/// The shapes `(m, n, k)` of a server's products: a batch of `m` rows through a layer of `k`
+/// inputs and `n` outputs.
+const SERVING: [(usize, usize, usize); 10] = [
+    (1, 4096, 4096),
+    (8, 4096, 4096),
+    (64, 4096, 4096),
+    (128, 4096, 4096),
+    (256, 4096, 4096),
+    (512, 4096, 4096),
+    (256, 4096, 1024),
+    (256, 1024, 4096),
+    (8, 1024, 1024),
+    (4096, 4096, 4096),
+];
+
+/// PyTorch's figures from `benches/torch/matmul.py --json`.
+struct Torch {
+    /// Time per product by shape, in µs (the median).
+    products: std::collections::HashMap<(usize, usize, usize), f64>,
+    chain_step_us: Option<f64>,
+}
+
+impl Torch {
+    fn read(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        let mut products = std::collections::HashMap::new();
+        for entry in json["matmul"]
+            .as_array()
+            .with_context(|| format!("{}: no \"matmul\" list", path.display()))?
+        {
+            let dim = |name: &str| {
+                entry[name]
+                    .as_u64()
+                    .and_then(|v| usize::try_from(v).ok())
+                    .with_context(|| format!("{}: a product without {name:?}", path.display()))
+            };
+            let time_us = entry["time_us"]
+                .as_f64()
+                .with_context(|| format!("{}: a product without \"time_us\"", path.display()))?;
+            products.insert((dim("m")?, dim("n")?, dim("k")?), time_us);
+        }
+        Ok(Self {
+            products,
+            chain_step_us: json["chain_step_us"].as_f64(),
+        })
+    }
 }
 
 /// One matmul shape to measure, optionally with a forced tile.
@@ -200,8 +272,14 @@ fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
         &[
             (1, 1024, 1024),
             (8, 1024, 1024),
+            (1, 4096, 4096),
             (8, 4096, 4096),
             (64, 4096, 4096),
+            (128, 4096, 4096),
+            (256, 4096, 4096),
+            (512, 4096, 4096),
+            (256, 4096, 1024),
+            (256, 1024, 4096),
             (4096, 64, 4096),
             (4096, 4096, 64),
             (256, 256, 16384),
@@ -462,6 +540,46 @@ struct Overhead {
 }
 
 /// The CPU cost of small `add`s recorded into one open pass, with warm caches.
+/// Chains of dependent 8x1024x1024 products `x = x · W`, read back at the end: the median wall
+/// time of a chain of one product, and what each further product adds (chains of 1 and 65).
+fn matmul_chain_us(bench: &Bench) -> anyhow::Result<(f64, f64)> {
+    const STEPS: usize = 64;
+    const REPEATS: usize = 101;
+    let context = bench.context(bench.matmul.clone())?;
+    let mut rng = StdRng::seed_from_u64(7);
+    let x0 = context.tensor(&random(&mut rng, 8 * 1024), &[8, 1024])?;
+    // Scaled so that values stay finite along the chain.
+    let w_values: Vec<f32> = random(&mut rng, 1024 * 1024)
+        .into_iter()
+        .map(|v| v / 32.0)
+        .collect();
+    let w = context.tensor(&w_values, &[1024, 1024])?;
+    let chain_us = |length: usize| -> anyhow::Result<f64> {
+        let mut times = Vec::with_capacity(REPEATS);
+        for round in 0..REPEATS + 10 {
+            let started = Instant::now();
+            let mut x = context.matmul(&x0, &w)?;
+            for _ in 1..length {
+                x = context.matmul(&x, &w)?;
+            }
+            let values = context.read(&x)?;
+            let elapsed = started.elapsed().as_secs_f64() * 1e6;
+            anyhow::ensure!(
+                values.iter().all(|v| v.is_finite()),
+                "chain of {length}: values not finite"
+            );
+            if round >= 10 {
+                times.push(elapsed);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[REPEATS / 2])
+    };
+    let single = chain_us(1)?;
+    let long = chain_us(1 + STEPS)?;
+    Ok((single, (long - single) / STEPS as f64))
+}
+
 fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
     const OPS: u32 = 10_000;
     let context = Context::new(
@@ -559,11 +677,24 @@ fn main() -> anyhow::Result<()> {
         args.checks
     );
     let mut rng = StdRng::seed_from_u64(42);
+    let torch = args.torch.as_deref().map(Torch::read).transpose()?;
 
     println!();
     println!(
-        "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11} {:>10} {:>11}  check",
-        "M", "N", "K", "tiles", "split", "time (µs)", "GFLOP/s", "max_rel_err"
+        "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11} {:>10} {:>11}  check{}",
+        "M",
+        "N",
+        "K",
+        "tiles",
+        "split",
+        "time (µs)",
+        "GFLOP/s",
+        "max_rel_err",
+        if torch.is_some() {
+            "  torch (µs)  ours/torch"
+        } else {
+            ""
+        }
     );
     let mut matmuls = Vec::new();
     let mut failures = 0;
@@ -606,8 +737,15 @@ fn main() -> anyhow::Result<()> {
     for case in cases {
         let r = bench_matmul(&bench, &case, &mut rng)
             .with_context(|| format!("matmul {}x{}x{}", case.m, case.n, case.k))?;
+        // PyTorch's time beside the automatic plan's.
+        let automatic = case.tiles.is_none() && case.narrow_lanes.is_none();
+        let torch_us = torch
+            .as_ref()
+            .filter(|_| automatic)
+            .and_then(|t| t.products.get(&(r.m, r.n, r.k)).copied());
+        let ratio = torch_us.map(|theirs| r.time_us / theirs);
         println!(
-            "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {}",
+            "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {:<5}{}",
             r.m,
             r.n,
             r.k,
@@ -616,15 +754,34 @@ fn main() -> anyhow::Result<()> {
             r.time_us,
             r.gflops,
             r.max_rel_err,
-            if r.ok { "ok" } else { "FAIL" }
+            if r.ok { "ok" } else { "FAIL" },
+            match (torch_us, ratio) {
+                (Some(theirs), Some(ratio)) => format!(" {theirs:>11.1} {ratio:>11.2}"),
+                _ => String::new(),
+            }
         );
         failures += usize::from(!r.ok);
         matmuls.push(json!({
             "m": r.m, "n": r.n, "k": r.k, "gflops": r.gflops, "max_rel_err": r.max_rel_err,
             "tiles": r.kernel, "splits": r.splits, "time_us": r.time_us,
             "forced_tiles": case.tiles.is_some(), "forced_narrow_lanes": case.narrow_lanes,
+            "torch_time_us": torch_us, "ratio": ratio,
         }));
     }
+    let matmul_chain = if args.serving && args.runs("matmul") {
+        let (single, step) = matmul_chain_us(&bench)?;
+        println!(
+            "chain of 8x1024x1024 products read back: {single:.1} µs for one, {step:.2} µs per \
+             further dependent product{}",
+            match torch.as_ref().and_then(|t| t.chain_step_us) {
+                Some(theirs) => format!(" (PyTorch: {theirs:.2} µs)"),
+                None => String::new(),
+            }
+        );
+        Some((single, step))
+    } else {
+        None
+    };
 
     println!();
     println!(
@@ -707,6 +864,9 @@ fn main() -> anyhow::Result<()> {
             "op_overhead_with_submit_us": overhead.as_ref().map(|o| o.with_submit_us),
             "round_trip_us": overhead.as_ref().map(|o| o.round_trip_us),
             "chain_step_us": overhead.as_ref().map(|o| o.chain_step_us),
+            "matmul_chain_single_us": matmul_chain.map(|c| c.0),
+            "matmul_chain_step_us": matmul_chain.map(|c| c.1),
+            "torch_chain_step_us": torch.as_ref().and_then(|t| t.chain_step_us),
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;

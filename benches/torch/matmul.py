@@ -1,0 +1,130 @@
+"""PyTorch's side of `bench_kernels`' matmul figures, on the same GPU: fp32 products, TF32 off.
+
+    python3 benches/torch/matmul.py --serving --json torch.json
+    python3 benches/torch/matmul.py --shape 8x1024x1024 --shape 4096x4096x4096 --json torch.json
+
+Then `bench_kernels --serving --torch torch.json` prints PyTorch's time beside each of its own and
+the ratio. Time per product: CUDA events around each of `--runs` products recorded back to back
+(after `--warmup` products), the median and the mean; the same operands every run, as
+`bench_kernels` does. `chain_step_us`: the wall time that each further dependent product of
+8x1024x1024 adds to a chain whose result is copied to the host (chains of 1 and of 65, medians of
+`--chains` each), the figure `bench_kernels` reports as `matmul_chain_step_us`.
+
+The JSON: {"device", "torch", "tf32", "matmul": [{"m", "n", "k", "time_us", "mean_us",
+"gflops"}], "chain_step_us", "chain_single_us"}.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+# The shapes of a server's products (batch x out x in), as `bench_kernels --serving` lists them.
+SERVING = [
+    (1, 4096, 4096),
+    (8, 4096, 4096),
+    (64, 4096, 4096),
+    (128, 4096, 4096),
+    (256, 4096, 4096),
+    (512, 4096, 4096),
+    (256, 4096, 1024),
+    (256, 1024, 4096),
+    (8, 1024, 1024),
+    (4096, 4096, 4096),
+]
+
+
+def parse_shape(text):
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MxNxK")
+    return tuple(int(p) for p in parts)
+
+
+def time_product(m, n, k, runs, warmup):
+    generator = torch.Generator(device="cuda").manual_seed(42)
+    a = torch.rand((m, k), device="cuda", generator=generator) * 2 - 1
+    b = torch.rand((k, n), device="cuda", generator=generator) * 2 - 1
+    for _ in range(warmup):
+        a @ b
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    for start, end in zip(starts, ends):
+        start.record()
+        a @ b
+        end.record()
+    torch.cuda.synchronize()
+    times_us = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    return statistics.median(times_us), statistics.fmean(times_us)
+
+
+def chain_us(length, repeats, x0, w):
+    times = []
+    for round_ in range(repeats + 5):
+        started = time.perf_counter()
+        x = x0 @ w
+        for _ in range(1, length):
+            x = x @ w
+        x.cpu()
+        elapsed = (time.perf_counter() - started) * 1e6
+        if round_ >= 5:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serving", action="store_true", help="the serving shapes (default)")
+    parser.add_argument("--shape", type=parse_shape, action="append", default=[], help="MxNxK")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--chains", type=int, default=101)
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("matmul.py: no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+    shapes = list(args.shape)
+    if args.serving or not shapes:
+        shapes = SERVING + [s for s in shapes if s not in SERVING]
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, fp32, TF32 off")
+    print(f"{'M':>6} {'N':>6} {'K':>6} {'median (µs)':>12} {'mean (µs)':>10} {'GFLOP/s':>10}")
+    results = []
+    for m, n, k in shapes:
+        median, mean = time_product(m, n, k, args.runs, args.warmup)
+        gflops = 2 * m * n * k / (median * 1e3)
+        print(f"{m:>6} {n:>6} {k:>6} {median:>12.1f} {mean:>10.1f} {gflops:>10.1f}")
+        results.append({"m": m, "n": n, "k": k, "time_us": median, "mean_us": mean, "gflops": gflops})
+
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    x0 = torch.rand((8, 1024), device="cuda", generator=generator) * 2 - 1
+    # Scaled so that values stay finite along the chain.
+    w = (torch.rand((1024, 1024), device="cuda", generator=generator) * 2 - 1) / 32
+    single = chain_us(1, args.chains, x0, w)
+    long = chain_us(65, args.chains, x0, w)
+    step = (long - single) / 64
+    print(f"chain of 8x1024x1024 products read back: {single:.1f} µs for one, {step:.2f} µs per further product")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "tf32": False,
+                    "matmul": results,
+                    "chain_single_us": single,
+                    "chain_step_us": step,
+                },
+                f,
+                indent=1,
+            )
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
