@@ -59,8 +59,10 @@ use crate::policy::{
     OutOfMemory, Placement, PolicyConfig, PolicyError, PoolCore, PoolStats, SegmentEvent,
     SegmentId, SegmentStorage, StorageError,
 };
-use crate::report::{HistoryStatus, PolicySummary, PoolState, SegmentState, Span, SpanKind};
 use crate::snapshot::Snapshot;
+use crate::state::{HistoryStatus, PolicySummary, PoolState, SegmentState, Span, SpanKind};
+
+pub use crate::state::SegmentInfo;
 
 /// The usages of every segment buffer.
 pub const SEGMENT_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -991,12 +993,12 @@ impl Pool {
     /// The pool as a PyTorch memory snapshot: its segments (blocks tiling each one) and, when
     /// history is on, its events as device 0's trace. Write it with
     /// [`Snapshot::to_pickle_bytes`] for `python -m torch.cuda._memory_viz` and
-    /// pytorch.org/memory_viz. See [`crate::report::pytorch_snapshot`] for the mapping.
+    /// pytorch.org/memory_viz. See [`crate::state::pytorch_snapshot`] for the mapping.
     pub fn snapshot(&self) -> Snapshot {
         // Under one lock, so that the trace ends exactly at the state the segments show.
         let guard = self.shared.lock();
         let state = self.memory_state_of(&guard);
-        crate::report::pytorch_snapshot(&state, guard.history.as_ref())
+        crate::state::pytorch_snapshot(&state, guard.history.as_ref())
     }
 
     /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer` (it lands at
@@ -1215,21 +1217,6 @@ impl Drop for OpScope<'_> {
     fn drop(&mut self) {
         self.pool.shared.lock().op = self.previous.take();
     }
-}
-
-/// One segment's figures, for reports.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SegmentInfo {
-    /// The segment's id.
-    pub id: SegmentId,
-    /// Its size, in bytes.
-    pub size_bytes: u64,
-    /// True for a segment made for one large request.
-    pub dedicated: bool,
-    /// Its buddy statistics.
-    pub stats: crate::buddy::Stats,
-    /// Its free blocks as `(offset_bytes, size_bytes)`, in address order.
-    pub free_blocks: Vec<(u64, u64)>,
 }
 
 /// A range of a GPU buffer, held until dropped. Binds directly as `(buffer, offset, size)`. Not
