@@ -528,6 +528,11 @@ impl<S: SegmentStorage> PoolCore<S> {
         &self.storage
     }
 
+    /// The storage, to change its settings (the GPU pool names the next naive buffer).
+    pub fn storage_mut(&mut self) -> &mut S {
+        &mut self.storage
+    }
+
     /// The segments, by slot; a slot is `None` after its segment was given back.
     pub fn segments(&self) -> impl Iterator<Item = &Segment<S::Segment>> {
         self.segments.iter().flatten()

@@ -281,7 +281,7 @@ fn largest_allocation_now_follows_the_binding_limit_and_the_budget() {
     let gpu = gpu();
     let limits = gpu.device.limits();
     let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
-    let min_block = pool.policy().expect("pooled").min_block_bytes;
+    let min_block = pool.policy().min_block_bytes;
     let figures = PoolFigures::from_state(&pool.memory_state());
     assert_eq!(
         figures.largest_allocation_now_bytes,
