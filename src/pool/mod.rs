@@ -24,6 +24,8 @@
 //! own purposes (zeroing, reading back) do not release pending ranges.
 //!
 //! [`ReuseSafety::Immediate`] switches this off, for measurements and to show the hazard in tests.
+//! The naive baseline needs none of this: a dropped allocation's buffer is given back at once
+//! (wgpu keeps it alive until the submitted work that uses it is done) and nothing reuses it.
 //!
 //! # Read-only and read-write bindings
 //!
