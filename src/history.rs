@@ -179,15 +179,13 @@ enum LabelRepr {
 impl Label {
     /// The label `text`.
     pub fn new(text: &str) -> Self {
-        if text.len() <= INLINE_LABEL_BYTES {
-            let mut bytes = [0; INLINE_LABEL_BYTES];
-            bytes[..text.len()].copy_from_slice(text.as_bytes());
-            Self(LabelRepr::Inline {
-                len: text.len() as u8,
-                bytes,
-            })
-        } else {
-            Self(LabelRepr::Shared(Arc::from(text)))
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= INLINE_LABEL_BYTES => {
+                let mut bytes = [0; INLINE_LABEL_BYTES];
+                bytes[..text.len()].copy_from_slice(text.as_bytes());
+                Self(LabelRepr::Inline { len, bytes })
+            }
+            _ => Self(LabelRepr::Shared(Arc::from(text))),
         }
     }
 

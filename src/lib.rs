@@ -9,6 +9,7 @@ pub mod pool;
 pub mod replay;
 pub mod report;
 pub mod snapshot;
+pub mod state;
 
 pub use buddy::{BuddyAllocator, Rounding};
 pub use device::{request_gpu, Gpu, LimitsChoice};

@@ -28,10 +28,19 @@
 //!   refuses it, every empty segment is given back and the request is tried again with a segment
 //!   of exactly its rounded size.
 //!
+//! # The naive mode
+//!
+//! [`PolicyConfig::naive`] is the baseline "one buffer per allocation", as a mode of the same
+//! policy ([`PolicyMode::Naive`]): every request gets a segment of its own, of the request rounded
+//! up to `min_block_bytes` (the copy alignment, 4 bytes on a GPU), given back as soon as it is
+//! freed; nothing is reused or cached. The GPU pool, the replay and the reports run it through the
+//! same [`PoolCore`] as the pool, so their figures are counted the same way.
+//!
 //! Measured by replaying `tests/data/traces` (the replay example, H200 limits): peak reserved over
 //! peak requested 1.09 on `gpt_train` and 1.07 on `frag_churn`, against PyTorch's 1.25 and 1.29;
 //! the cost is more segments created (see ARCHITECTURE.md for the figures and the trade-off).
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use crate::buddy::{self, BuddyAllocator, Rounding};
@@ -70,9 +79,24 @@ pub struct StorageError {
 /// less memory stranded in partly used ones.
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
 
-/// The policy's settings. [`PolicyConfig::for_limits`] derives them from a device's limits.
+/// How the policy serves requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PolicyMode {
+    /// The pool: segments carved by buddy allocators, grown, cached and reused (the default).
+    #[default]
+    Pooled,
+    /// The naive baseline: every request a segment of its own, of the request rounded up to
+    /// `min_block_bytes`, given back as soon as it is freed; nothing is reused. Only
+    /// `min_block_bytes`, `max_allocation_bytes` and `budget_bytes` apply.
+    Naive,
+}
+
+/// The policy's settings. [`PolicyConfig::for_limits`] derives them from a device's limits;
+/// [`PolicyConfig::naive`] is the naive baseline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyConfig {
+    /// Pooled (the default) or naive.
+    pub mode: PolicyMode,
     /// Smallest block and alignment of every offset, in bytes; a power of two.
     pub min_block_bytes: u64,
     /// Smallest segment created, in bytes; a power of two multiple of `min_block_bytes`.
@@ -116,6 +140,7 @@ impl PolicyConfig {
         let max_segment_bytes =
             largest_power_of_two.clamp(min_block_bytes, DEFAULT_MAX_SEGMENT_BYTES);
         Self {
+            mode: PolicyMode::Pooled,
             min_block_bytes,
             min_segment_bytes: (2u64 << 20).clamp(min_block_bytes, max_segment_bytes),
             max_segment_bytes,
@@ -129,8 +154,39 @@ impl PolicyConfig {
         }
     }
 
+    /// The naive baseline ([`PolicyMode::Naive`]) for a device whose buffers are sized in
+    /// multiples of `alignment_bytes` (a power of two: `wgpu::COPY_BUFFER_ALIGNMENT`, 4 bytes, on a
+    /// GPU) and at most `max_buffer_size` bytes: every request gets a segment of its own, of the
+    /// request rounded up to `alignment_bytes`, given back as soon as it is freed.
+    pub fn naive(alignment_bytes: u64, max_buffer_size: u64) -> Self {
+        Self {
+            mode: PolicyMode::Naive,
+            min_block_bytes: alignment_bytes,
+            min_segment_bytes: alignment_bytes,
+            max_segment_bytes: alignment_bytes,
+            growth_divisor: 0,
+            dedicated_above_bytes: 0,
+            dedicated_reuse_divisor: 0,
+            max_allocation_bytes: max_buffer_size,
+            rounding: Rounding::Exact,
+            keep_empty_divisor: 0,
+            budget_bytes: None,
+        }
+    }
+
+    /// True for the naive baseline.
+    pub fn is_naive(&self) -> bool {
+        self.mode == PolicyMode::Naive
+    }
+
     fn validate(&self) -> Result<(), buddy::ConfigError> {
-        for size in [self.min_segment_bytes, self.max_segment_bytes] {
+        let sizes = if self.is_naive() {
+            // Segments are sized by requests; only the block size must be valid.
+            [self.min_block_bytes; 2]
+        } else {
+            [self.min_segment_bytes, self.max_segment_bytes]
+        };
+        for size in sizes {
             BuddyAllocator::with_capacity(self.min_block_bytes, size, self.rounding).map(drop)?;
         }
         Ok(())
@@ -424,6 +480,9 @@ pub struct PoolCore<S: SegmentStorage> {
     config: PolicyConfig,
     storage: S,
     segments: Vec<Option<Segment<S::Segment>>>,
+    /// The slots of `segments` that hold no segment, so that a new segment takes the lowest one
+    /// without a scan.
+    vacant_slots: BTreeSet<usize>,
     next_segment_id: u64,
     stats: PoolStats,
     events: Vec<SegmentEvent>,
@@ -447,6 +506,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             config,
             storage,
             segments: Vec::new(),
+            vacant_slots: BTreeSet::new(),
             next_segment_id: 0,
             stats: PoolStats::default(),
             events: Vec::new(),
@@ -468,6 +528,11 @@ impl<S: SegmentStorage> PoolCore<S> {
         &self.storage
     }
 
+    /// The storage, to change its settings (the GPU pool names the next naive buffer).
+    pub fn storage_mut(&mut self) -> &mut S {
+        &mut self.storage
+    }
+
     /// The segments, by slot; a slot is `None` after its segment was given back.
     pub fn segments(&self) -> impl Iterator<Item = &Segment<S::Segment>> {
         self.segments.iter().flatten()
@@ -480,7 +545,7 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     /// The number of segments held.
     pub fn segment_count(&self) -> usize {
-        self.segments.iter().flatten().count()
+        self.segments.len() - self.vacant_slots.len()
     }
 
     /// The segment events since the last call (creations and destructions, in order).
@@ -488,11 +553,15 @@ impl<S: SegmentStorage> PoolCore<S> {
         std::mem::take(&mut self.events)
     }
 
-    /// The statistics, with the free-space figures brought up to date. O(segments).
+    /// The statistics, with the free-space figures brought up to date. O(segments) in a pool,
+    /// O(1) in the naive mode (which has no free space).
     pub fn stats(&self) -> PoolStats {
         let mut stats = self.stats;
         stats.free_bytes = 0;
         stats.largest_free_bytes = 0;
+        if self.config.is_naive() {
+            return stats;
+        }
         for segment in self.segments.iter().flatten() {
             if let Some(allocator) = &segment.allocator {
                 stats.free_bytes += allocator.free_bytes();
@@ -501,6 +570,16 @@ impl<S: SegmentStorage> PoolCore<S> {
             }
         }
         stats
+    }
+
+    /// The counters of the statistics, without the free-space figures (`free_bytes` and
+    /// `largest_free_bytes` are 0): O(1).
+    pub fn counters(&self) -> PoolStats {
+        PoolStats {
+            free_bytes: 0,
+            largest_free_bytes: 0,
+            ..self.stats
+        }
     }
 
     /// Starts new peaks from the current values.
@@ -529,11 +608,12 @@ impl<S: SegmentStorage> PoolCore<S> {
                 max_allocation_bytes: self.config.max_allocation_bytes,
             });
         }
-        if size_bytes
-            > self
-                .config
-                .dedicated_above_bytes
-                .min(self.config.max_segment_bytes)
+        if self.config.is_naive()
+            || size_bytes
+                > self
+                    .config
+                    .dedicated_above_bytes
+                    .min(self.config.max_segment_bytes)
         {
             return self.allocate_dedicated(size_bytes);
         }
@@ -570,6 +650,10 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// `reserved / keep_empty_divisor` (all of them when the divisor is 0). None of them could
     /// serve the request at hand.
     fn release_for_growth(&mut self) {
+        if self.config.is_naive() {
+            // Nothing to give back: a naive segment is given back as soon as it is freed.
+            return;
+        }
         let mut empty: Vec<(u64, usize)> = self
             .segments
             .iter()
@@ -662,7 +746,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// The smallest empty dedicated segment that can serve `size_bytes` within the reuse slack.
     fn cached_dedicated(&self, size_bytes: u64) -> Option<usize> {
         let divisor = self.config.dedicated_reuse_divisor;
-        if divisor == 0 {
+        if divisor == 0 || self.config.is_naive() {
             return None;
         }
         self.segments
@@ -695,7 +779,9 @@ impl<S: SegmentStorage> PoolCore<S> {
         match self.try_create(segment_bytes, dedicated) {
             Ok(slot) => Ok(slot),
             Err(first_error) => {
-                self.release_empty(|_| true);
+                if !self.config.is_naive() {
+                    self.release_empty(|_| true);
+                }
                 self.try_create(fallback_bytes, dedicated)
                     .map_err(|device_error| {
                         let error = device_error.or(first_error);
@@ -741,7 +827,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.stats.reserved_bytes.add(size_bytes);
         self.stats.segments.add(1);
         self.events.push(SegmentEvent::Created { id, size_bytes });
-        let slot = match self.segments.iter().position(Option::is_none) {
+        let slot = match self.vacant_slots.pop_first() {
             Some(slot) => {
                 self.segments[slot] = Some(segment);
                 slot
@@ -801,13 +887,19 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.stats.requested_bytes.sub(placement.requested_bytes);
         self.stats.allocated_bytes.sub(placement.allocated_bytes);
         self.stats.allocations.sub(1);
-        if segment.allocator.is_none() && self.config.dedicated_reuse_divisor == 0 {
+        if segment.allocator.is_none()
+            && (self.config.dedicated_reuse_divisor == 0 || self.config.is_naive())
+        {
             self.destroy_slot(placement.slot);
         }
     }
 
     /// Gives back every empty segment (PyTorch's `empty_cache`). Returns the bytes given back.
     pub fn trim(&mut self) -> u64 {
+        if self.config.is_naive() {
+            // No segment of the naive mode outlives its allocation.
+            return 0;
+        }
         self.release_empty(|_| true)
     }
 
@@ -826,6 +918,7 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     fn destroy_slot(&mut self, slot: usize) -> u64 {
         let segment = self.segments[slot].take().expect("slot holds a segment");
+        self.vacant_slots.insert(slot);
         self.stats.reserved_bytes.sub(segment.size_bytes);
         self.stats.segments.sub(1);
         self.events.push(SegmentEvent::Destroyed {

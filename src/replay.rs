@@ -3,7 +3,7 @@
 //!
 //! The `pool` strategy is the very policy the GPU pool runs ([`crate::policy::PoolCore`]), over a
 //! [`SimulatedStorage`]; `pool_pow2` is the same with power-of-two rounding; `naive` is one buffer per
-//! allocation. PyTorch's own reserved memory comes from the trace's `segment_alloc` and
+//! allocation, the policy's naive mode over the same storage. PyTorch's own reserved memory comes from the trace's `segment_alloc` and
 //! `segment_free` events.
 
 use std::collections::HashMap;
@@ -135,6 +135,10 @@ impl LimitsProfile {
     }
 }
 
+/// The size granularity of the naive strategy's buffers: wgpu's `COPY_BUFFER_ALIGNMENT`, in
+/// bytes.
+pub const NAIVE_ALIGNMENT_BYTES: u64 = 4;
+
 /// An allocation strategy to replay.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Strategy {
@@ -145,7 +149,8 @@ pub enum Strategy {
         /// The policy.
         config: PolicyConfig,
     },
-    /// One buffer per allocation, sized to the request rounded up to 4 bytes.
+    /// One buffer per allocation, sized to the request rounded up to 4 bytes: the policy's
+    /// naive mode ([`PolicyConfig::naive`]).
     Naive,
 }
 
@@ -168,6 +173,15 @@ impl Strategy {
             },
             Self::Naive,
         ]
+    }
+
+    /// The policy replayed for a device with `profile`'s limits: the pool's own, or for `Naive`
+    /// [`PolicyConfig::naive`] (buffers sized in multiples of [`NAIVE_ALIGNMENT_BYTES`]).
+    pub fn config(&self, profile: &LimitsProfile) -> PolicyConfig {
+        match self {
+            Self::Pool { config, .. } => config.clone(),
+            Self::Naive => PolicyConfig::naive(NAIVE_ALIGNMENT_BYTES, profile.max_buffer_size),
+        }
     }
 
     /// The name reported.
@@ -338,19 +352,15 @@ pub fn replay(
         .enumerate()
         .map(|(i, strategy)| {
             let mut local = |done: usize| progress(i * events.len() + done);
-            match strategy {
-                Strategy::Pool { name, config } => replay_pool(
-                    name,
-                    config.clone(),
-                    events,
-                    peak_at,
-                    capacity_bytes,
-                    &mut local,
-                ),
-                Strategy::Naive => {
-                    replay_naive(events, peak_at, profile, capacity_bytes, &mut local)
-                }
-            }
+            // One code path for every strategy: the naive one is the policy's naive mode.
+            replay_pool(
+                strategy.name(),
+                strategy.config(&profile),
+                events,
+                peak_at,
+                capacity_bytes,
+                &mut local,
+            )
         })
         .collect();
     ReplayReport {
@@ -437,7 +447,8 @@ fn replay_pool(
             outcome.internal_fragmentation = stats.internal_fragmentation();
             outcome.external_fragmentation = stats.external_fragmentation();
         }
-        timeline.record(index, pool.stats().reserved_bytes.current);
+        // The counters alone: O(1), where `stats()` would scan the segments at every event.
+        timeline.record(index, pool.counters().reserved_bytes.current);
         if index % PROGRESS_EVERY == 0 {
             progress(index);
         }
@@ -456,79 +467,6 @@ fn record_failure(outcome: &mut StrategyOutcome, index: usize, error: &PolicyErr
         outcome.oom_at_event = Some(index);
         outcome.oom_reason = Some(error.to_string());
     }
-}
-
-fn replay_naive(
-    events: &[ReplayEvent],
-    peak_at: usize,
-    profile: LimitsProfile,
-    capacity_bytes: Option<u64>,
-    progress: &mut dyn FnMut(usize),
-) -> StrategyOutcome {
-    let mut outcome = StrategyOutcome::empty("naive");
-    let mut timeline = Timeline::new(events.len());
-    let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
-    let (mut reserved, mut requested) = (0u64, 0u64);
-    for (index, event) in events.iter().enumerate() {
-        match *event {
-            ReplayEvent::Alloc { addr, size } => {
-                let buffer = size.div_ceil(4) * 4;
-                let refusal = if size == 0 {
-                    Some(PolicyError::ZeroSize)
-                } else if size > profile.max_buffer_size {
-                    Some(PolicyError::TooLarge {
-                        requested_bytes: size,
-                        max_allocation_bytes: profile.max_buffer_size,
-                    })
-                } else if capacity_bytes.is_some_and(|c| reserved + buffer > c) {
-                    Some(PolicyError::OutOfMemory(Box::new(
-                        crate::policy::OutOfMemory {
-                            requested_bytes: size,
-                            segment_bytes: buffer,
-                            reserved_bytes: reserved,
-                            allocated_bytes: reserved,
-                            largest_free_bytes: 0,
-                            external_fragmentation: 0.0,
-                            budget_bytes: None,
-                            device_error: Some("simulated device is full".into()),
-                        },
-                    )))
-                } else {
-                    None
-                };
-                match refusal {
-                    Some(error) => record_failure(&mut outcome, index, &error),
-                    None => {
-                        if let Some((old_buffer, old_size)) = live.insert(addr, (buffer, size)) {
-                            reserved -= old_buffer;
-                            requested -= old_size;
-                        }
-                        reserved += buffer;
-                        requested += size;
-                        outcome.segments_created += 1;
-                        outcome.peak_reserved_bytes = outcome.peak_reserved_bytes.max(reserved);
-                    }
-                }
-            }
-            ReplayEvent::Free { addr } => {
-                if let Some((buffer, size)) = live.remove(&addr) {
-                    reserved -= buffer;
-                    requested -= size;
-                }
-            }
-            ReplayEvent::SegmentAlloc { .. } | ReplayEvent::SegmentFree { .. } => {}
-        }
-        if index == peak_at && reserved > 0 {
-            outcome.internal_fragmentation = 1.0 - requested as f64 / reserved as f64;
-        }
-        timeline.record(index, reserved);
-        if index % PROGRESS_EVERY == 0 {
-            progress(index);
-        }
-    }
-    progress(events.len());
-    outcome.reserved_timeline = timeline.points;
-    outcome
 }
 
 #[cfg(test)]

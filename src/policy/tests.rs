@@ -6,6 +6,7 @@ const MIB: u64 = 1 << 20;
 
 fn config() -> PolicyConfig {
     PolicyConfig {
+        mode: PolicyMode::Pooled,
         min_block_bytes: 256,
         min_segment_bytes: 2 * MIB,
         max_segment_bytes: 64 * MIB,
@@ -252,4 +253,73 @@ fn a_segment_of_the_request_size_is_the_last_resort_before_out_of_memory() {
     assert_eq!(pool.stats().oom_count, 1);
     pool.free(a);
     pool.free(b);
+}
+
+#[test]
+fn the_naive_mode_gives_every_request_a_segment_of_its_own_and_reuses_nothing() {
+    let mut pool = pool(PolicyConfig::naive(4, 256 * MIB));
+    let a = pool.allocate(10).unwrap();
+    let b = pool.allocate(3 * MIB + 1).unwrap();
+    let c = pool.allocate(8).unwrap();
+    for (placement, size) in [(&a, 12), (&b, 3 * MIB + 4), (&c, 8)] {
+        assert_eq!(placement.offset(), 0);
+        assert!(placement.is_dedicated());
+        assert_eq!(placement.allocated_size(), size);
+    }
+    let ids = [a.segment(), b.segment(), c.segment()];
+    assert_eq!(ids, [SegmentId(0), SegmentId(1), SegmentId(2)]);
+    let stats = pool.stats();
+    assert_eq!(stats.create_segment_calls, 3);
+    assert_eq!(stats.segments.current, 3);
+    assert_eq!(stats.reserved_bytes.current, 12 + 3 * MIB + 4 + 8);
+    assert_eq!(stats.allocated_bytes.current, stats.reserved_bytes.current);
+    assert_eq!(stats.requested_bytes.current, 10 + 3 * MIB + 1 + 8);
+    assert_eq!((stats.free_bytes, stats.largest_free_bytes), (0, 0));
+    // Freed: the segment is given back at once, and never reused.
+    let b_slot = b.slot();
+    pool.free(b);
+    assert_eq!(pool.segment_count(), 2);
+    assert_eq!(
+        pool.take_events().last(),
+        Some(&SegmentEvent::Destroyed {
+            id: SegmentId(1),
+            size_bytes: 3 * MIB + 4,
+        })
+    );
+    let d = pool.allocate(3 * MIB + 1).unwrap();
+    assert_eq!(d.segment(), SegmentId(3));
+    assert_eq!(d.slot(), b_slot, "the lowest vacant slot is taken again");
+    assert_eq!(pool.stats().create_segment_calls, 4);
+    assert_eq!(pool.trim(), 0);
+    for placement in [a, c, d] {
+        pool.free(placement);
+    }
+    let stats = pool.stats();
+    assert_eq!(stats.reserved_bytes.current, 0);
+    assert_eq!(stats.segments.current, 0);
+    assert_eq!(stats.reserved_bytes.peak, 12 + 3 * MIB + 4 + 8);
+    assert!(matches!(
+        pool.allocate(256 * MIB + 1),
+        Err(PolicyError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn the_naive_mode_runs_out_of_memory_with_figures() {
+    let mut pool = PoolCore::new(
+        PolicyConfig::naive(4, 256 * MIB),
+        SimulatedStorage::new(Some(MIB)),
+    )
+    .unwrap();
+    let a = pool.allocate(MIB / 2).unwrap();
+    let error = pool.allocate(MIB).unwrap_err();
+    let PolicyError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    assert_eq!(oom.segment_bytes, MIB);
+    assert_eq!(oom.reserved_bytes, MIB / 2);
+    assert_eq!(oom.allocated_bytes, MIB / 2);
+    assert!(oom.device_error.is_some());
+    pool.free(a);
+    assert!(pool.allocate(MIB).is_ok());
 }

@@ -243,7 +243,7 @@ fn segment_slice(segment: SegmentId, size_bytes: u64, start_us: u64, end_us: u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::fixtures::{synthetic, MIB};
+    use crate::state::fixtures::{synthetic, MIB};
 
     #[test]
     fn counters_slices_and_lanes() {

@@ -10,15 +10,15 @@
 //!   [`memory_svg`] and [`segments_svg`] (plots), [`segment_map`] (terminal).
 //! - [`write_exports`] writes all of them into a directory.
 //!
+//! The plain data itself ([`PoolState`], [`SegmentState`], [`Span`], [`PoolFigures`], ...) and
+//! [`pytorch_snapshot`] live below the pool, in [`crate::state`], and are re-exported here: the
+//! pool fills the state, the report reads it (and reads the pool), never the reverse.
+//!
 //! Only [`DeviceReport`] (and the functions that read a live pool) talk to wgpu; the exporters work
 //! on plain data, so they run and are tested without a GPU.
 
 mod chrome;
 mod device;
-#[cfg(test)]
-pub(crate) mod fixtures;
-mod snapshot_export;
-mod state;
 mod summary;
 mod svg;
 
@@ -26,15 +26,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::state::{
+    pytorch_snapshot, FreeBlockCount, HistoryStatus, PolicySummary, PoolFigures, PoolState,
+    SegmentAddresses, SegmentState, Span, SpanKind, SMALL_SEGMENT_BYTES,
+};
 pub use chrome::chrome_trace;
 pub use device::{
     vendor_name, AdapterSummary, AllocatorReport, BufferLimits, DeviceAllocation, DeviceCounters,
     DeviceReport, LARGEST_ALLOCATIONS,
-};
-pub use snapshot_export::{pytorch_snapshot, SegmentAddresses, SMALL_SEGMENT_BYTES};
-pub use state::{
-    FreeBlockCount, HistoryStatus, PolicySummary, PoolFigures, PoolState, SegmentState, Span,
-    SpanKind,
 };
 pub use summary::{format_bytes, format_bytes_short, segment_line, segment_map, MAP_LEGEND};
 pub use svg::{memory_svg, segments_svg, SVG_MAX_SEGMENTS};

@@ -4,9 +4,9 @@
 use std::fmt;
 
 use super::device::{AllocatorReport, DeviceCounters, DeviceReport};
-use super::state::{PoolFigures, PoolState, SegmentState, SpanKind};
 use super::Report;
 use crate::policy::Counter;
+use crate::state::{PoolFigures, PoolState, SegmentState, SpanKind};
 
 /// Width of the summary table, in characters.
 const TABLE_WIDTH: usize = 79;
@@ -474,8 +474,8 @@ fn density_bar(segment: &SegmentState, width: usize) -> String {
 mod tests {
     use super::*;
     use crate::policy::SegmentId;
-    use crate::report::fixtures::{synthetic, MIB};
-    use crate::report::state::Span;
+    use crate::state::fixtures::{synthetic, MIB};
+    use crate::state::Span;
 
     #[test]
     fn bytes_are_formatted_with_binary_units() {

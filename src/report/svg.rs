@@ -4,10 +4,10 @@
 
 use plotters::prelude::*;
 
-use super::state::{PoolState, SpanKind};
 use super::summary::format_bytes;
 use super::ReportError;
 use crate::history::{History, Totals};
+use crate::state::{PoolState, SpanKind};
 
 const USED: RGBColor = RGBColor(70, 130, 180);
 const PENDING: RGBColor = RGBColor(255, 165, 0);
@@ -265,7 +265,7 @@ pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
 mod tests {
     use super::*;
     use crate::history::HistoryOptions;
-    use crate::report::fixtures::synthetic;
+    use crate::state::fixtures::synthetic;
 
     #[test]
     fn memory_plot_has_three_series() {

@@ -128,7 +128,10 @@ impl Kernels {
         self.dispatch(gpu, encoder, &self.copy, target, &params, source, len);
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a test helper that takes one dispatch's pieces as they are"
+    )]
     fn dispatch(
         &self,
         gpu: &Gpu,
@@ -448,7 +451,7 @@ fn limits_decide_what_can_be_allocated() {
     for (name, gpu) in both() {
         let limits = gpu.device.limits();
         let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
-        let policy = pool.policy().unwrap();
+        let policy = pool.policy();
         assert!(
             policy.min_block_bytes >= u64::from(limits.min_storage_buffer_offset_alignment),
             "{name}"
@@ -592,7 +595,7 @@ fn eight_threads_churn_without_overlap_and_trim_gives_every_buffer_back() {
                 for _ in 0..400 {
                     if live.is_empty() || rng.gen_bool(0.6) {
                         let allocation = pool.allocate(rng.gen_range(1..100_000)).unwrap();
-                        let key = (allocation.segment().unwrap(), allocation.offset());
+                        let key = (allocation.segment(), allocation.offset());
                         let end = allocation.offset() + allocation.allocated_size();
                         let mut ranges = ranges.lock().unwrap();
                         if let Some((&(segment, _), &previous_end)) =
@@ -614,7 +617,7 @@ fn eight_threads_churn_without_overlap_and_trim_gives_every_buffer_back() {
                         ranges
                             .lock()
                             .unwrap()
-                            .remove(&(allocation.segment().unwrap(), allocation.offset()));
+                            .remove(&(allocation.segment(), allocation.offset()));
                     }
                     if rng.gen_bool(0.1) {
                         pool.mark_submitted();
@@ -623,7 +626,7 @@ fn eight_threads_churn_without_overlap_and_trim_gives_every_buffer_back() {
                 // Forget the ranges before they go back to the pool.
                 let mut ranges = ranges.lock().unwrap();
                 for allocation in &live {
-                    ranges.remove(&(allocation.segment().unwrap(), allocation.offset()));
+                    ranges.remove(&(allocation.segment(), allocation.offset()));
                 }
             });
         }
@@ -690,12 +693,27 @@ fn the_naive_baseline_has_the_same_interface() {
     }
     let stats = naive.stats();
     assert_eq!(stats.create_segment_calls, 20);
+    // One code path: the naive mode of the policy, with every buffer a dedicated segment.
+    assert!(naive.policy().is_naive());
+    let segments = naive.segments();
+    assert_eq!(segments.len(), 20);
+    assert!(segments.iter().all(|segment| segment.dedicated));
+    assert_eq!(
+        segments
+            .iter()
+            .map(|segment| segment.size_bytes)
+            .sum::<u64>(),
+        stats.reserved_bytes.current
+    );
+    assert_eq!(naive.trim(), 0);
     assert_eq!(
         stats.requested_bytes.current,
         (1..=20).map(|s| s * 100).sum::<u64>()
     );
     assert_eq!(stats.reserved_bytes.current, stats.allocated_bytes.current);
     drop(live);
+    assert_eq!(naive.pending_frees(), (0, 0), "naive frees are immediate");
+    assert!(naive.segments().is_empty());
     assert_eq!(naive.stats().reserved_bytes.current, 0);
     assert_eq!(
         naive.stats().reserved_bytes.peak,

@@ -281,7 +281,7 @@ fn largest_allocation_now_follows_the_binding_limit_and_the_budget() {
     let gpu = gpu();
     let limits = gpu.device.limits();
     let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
-    let min_block = pool.policy().expect("pooled").min_block_bytes;
+    let min_block = pool.policy().min_block_bytes;
     let figures = PoolFigures::from_state(&pool.memory_state());
     assert_eq!(
         figures.largest_allocation_now_bytes,
@@ -445,6 +445,13 @@ fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapsh
     let live = churn(&naive, 11, 60);
     let snapshot = naive.snapshot();
     check_snapshot_against_stats("naive", &snapshot, &naive.stats(), &naive);
+    let state = naive.memory_state();
+    assert!(state.naive && state.policy.is_none());
+    assert!(state.segments.windows(2).all(|w| w[0].id < w[1].id));
+    assert!(state
+        .segments
+        .iter()
+        .all(|s| s.dedicated && s.spans.len() == 1));
     assert_eq!(snapshot.segments.len(), live.len());
     drop(live);
     let history = naive.history().expect("history");

@@ -20,7 +20,7 @@
 
 use serde_json::{Map, Value};
 
-use super::state::{PoolState, Span, SpanKind};
+use super::{PoolState, Span, SpanKind};
 use crate::history::{Event, EventKind, History};
 use crate::policy::SegmentId;
 use crate::snapshot::{
@@ -259,7 +259,7 @@ fn allocator_settings(state: &PoolState) -> Map<String, Value> {
 mod tests {
     use super::*;
 
-    use crate::report::fixtures::{synthetic, MIB};
+    use crate::state::fixtures::{synthetic, MIB};
 
     #[test]
     fn blocks_tile_segments_and_sizes_add_up() {

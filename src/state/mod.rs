@@ -1,11 +1,23 @@
-//! The pool's memory as plain data (what [`Pool::memory_state`](crate::Pool::memory_state)
-//! returns), and the figures derived from it. No wgpu: exporters and tests build these by hand.
+//! The pool's memory as plain data, below the pool: the GPU pool fills a [`PoolState`] (its
+//! `memory_state`), and the exporters in `report` read it, together with the figures derived from
+//! it ([`PoolFigures`]) and its conversion into a PyTorch memory snapshot ([`pytorch_snapshot`]).
+//!
+//! No wgpu, and nothing of the pool or the report: exporters and tests build these by hand, and
+//! the module only reads the policy's statistics, the history and the snapshot format.
+
+mod pytorch;
+
+#[cfg(test)]
+pub(crate) mod fixtures;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::buddy;
 use crate::policy::{PoolStats, SegmentId};
+
+pub use pytorch::{pytorch_snapshot, SegmentAddresses, SMALL_SEGMENT_BYTES};
 
 /// What a [`Span`] of a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -219,6 +231,21 @@ pub struct PoolState {
     pub history: Option<HistoryStatus>,
     /// Every segment, in id order, with its spans.
     pub segments: Vec<SegmentState>,
+}
+
+/// One segment's figures, for reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentInfo {
+    /// The segment's id.
+    pub id: SegmentId,
+    /// Its size, in bytes.
+    pub size_bytes: u64,
+    /// True for a segment made for one large request.
+    pub dedicated: bool,
+    /// Its buddy statistics.
+    pub stats: buddy::Stats,
+    /// Its free blocks as `(offset_bytes, size_bytes)`, in address order.
+    pub free_blocks: Vec<(u64, u64)>,
 }
 
 /// How many free blocks of one size there are.

@@ -2,7 +2,7 @@
 
 use crate::history::{Event, EventKind, History, HistoryOptions, OomDetails, Totals};
 use crate::policy::{PoolStats, SegmentId};
-use crate::report::state::{PolicySummary, PoolState, SegmentState, Span, SpanKind};
+use crate::state::{PolicySummary, PoolState, SegmentState, Span, SpanKind};
 
 /// One mebibyte, in bytes.
 pub(crate) const MIB: u64 = 1 << 20;

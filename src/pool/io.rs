@@ -1,0 +1,88 @@
+//! Moving bytes in and out of allocations: uploads with `queue.write_buffer`, and reads through one
+//! staging buffer, alone or behind submitted work.
+
+use super::allocation::Allocation;
+use super::options::PoolError;
+use super::shared::Shared;
+
+impl Shared {
+    /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer`.
+    pub(super) fn write(
+        &self,
+        allocation: &Allocation,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        // A slice's length always fits 64 bits; were it not to, no allocation could hold it.
+        let len_bytes = u64::try_from(data.len()).unwrap_or(u64::MAX);
+        allocation.check_access(offset_bytes, len_bytes)?;
+        if !data.is_empty() {
+            self.gpu.queue.write_buffer(
+                allocation.buffer(),
+                allocation.offset() + offset_bytes,
+                data,
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies `allocation` into the staging buffer — alone, or behind `work` through
+    /// [`Shared::submit`] — waits, and returns its bytes.
+    pub(super) fn read_via(
+        &self,
+        allocation: &Allocation,
+        work: Option<Vec<wgpu::CommandBuffer>>,
+    ) -> Result<Vec<u8>, PoolError> {
+        let size = allocation.binding_size();
+        // One staging buffer, reused by every read (reads wait for each other here).
+        let mut staging_slot = self
+            .staging
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if staging_slot
+            .as_ref()
+            .is_none_or(|buffer| buffer.size() < size)
+        {
+            *staging_slot = Some(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgpu-pool read-back"),
+                size: size.next_power_of_two().max(64 << 10),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let staging = staging_slot.as_ref().expect("just ensured");
+        let result = self.read_through(staging, allocation, size, work);
+        if result.is_err() {
+            // A failed read may leave the staging buffer mapped: start afresh next time.
+            *staging_slot = None;
+        }
+        result
+    }
+
+    fn read_through(
+        &self,
+        staging: &wgpu::Buffer,
+        allocation: &Allocation,
+        size: u64,
+        work: Option<Vec<wgpu::CommandBuffer>>,
+    ) -> Result<Vec<u8>, PoolError> {
+        let mut encoder = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgpu-pool read-back"),
+            });
+        encoder.copy_buffer_to_buffer(allocation.buffer(), allocation.offset(), staging, 0, size);
+        match work {
+            // The pool's own submission: ranges waiting for one stay pending.
+            None => {
+                self.gpu.queue.submit([encoder.finish()]);
+            }
+            Some(mut buffers) => {
+                buffers.push(encoder.finish());
+                self.submit(buffers);
+            }
+        }
+        crate::device::read_mapped(&self.gpu.device, staging, size).map_err(PoolError::ReadBack)
+    }
+}

@@ -1,0 +1,237 @@
+//! The live allocations (and dropped ones waiting for a submission) in a slab, each record owning
+//! its [`Placement`]; the history events made from them; and the filling of the plain-data
+//! [`PoolState`] and [`SegmentInfo`]s from the policy's segments and these records.
+
+use std::collections::HashMap;
+
+use crate::history::{Event, EventKind, History, Label, OomDetails};
+use crate::policy::{OutOfMemory, Placement, PoolCore, SegmentEvent, SegmentId, SegmentStorage};
+use crate::state::{
+    HistoryStatus, PolicySummary, PoolState, SegmentInfo, SegmentState, Span, SpanKind,
+};
+
+/// What the pool remembers of a live allocation (or one dropped and waiting for a submission):
+/// where it lives, for freeing it, and its label and op, for snapshots and history.
+#[derive(Debug)]
+pub(super) struct LiveAllocation {
+    /// Where it lives; given back to the policy when the record is removed.
+    pub(super) placement: Placement,
+    pub(super) label: Label,
+    pub(super) op: Option<Label>,
+    /// Dropped, waiting for the submission that releases it.
+    pub(super) pending: bool,
+}
+
+/// The live allocations in a slab: each handle (and each pending free) holds its record's index,
+/// so keeping the records costs a vector write per allocation and no hashing.
+#[derive(Debug, Default)]
+pub(super) struct LiveSlab {
+    slots: Vec<Option<LiveAllocation>>,
+    vacant: Vec<usize>,
+}
+
+impl LiveSlab {
+    pub(super) fn insert(&mut self, entry: LiveAllocation) -> usize {
+        match self.vacant.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(entry);
+                slot
+            }
+            None => {
+                self.slots.push(Some(entry));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    pub(super) fn get(&self, slot: usize) -> Option<&LiveAllocation> {
+        self.slots.get(slot).and_then(Option::as_ref)
+    }
+
+    pub(super) fn get_mut(&mut self, slot: usize) -> Option<&mut LiveAllocation> {
+        self.slots.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    /// Removes the record in `slot`.
+    ///
+    /// # Panics
+    ///
+    /// When the slot is vacant: every handle and pending free keeps its record until it is removed
+    /// here, once.
+    pub(super) fn remove(&mut self, slot: usize) -> LiveAllocation {
+        let entry = self
+            .slots
+            .get_mut(slot)
+            .and_then(Option::take)
+            .expect("a live allocation keeps its record until it is freed");
+        self.vacant.push(slot);
+        entry
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &LiveAllocation> {
+        self.slots.iter().flatten()
+    }
+}
+
+/// An event about a live allocation, with its label and op.
+pub(super) fn allocation_event(kind: EventKind, time_us: u64, live: &LiveAllocation) -> Event {
+    let placement = &live.placement;
+    let mut event = Event::new(
+        kind,
+        time_us,
+        placement.requested_size(),
+        placement.allocated_size(),
+        Some(placement.segment()),
+        placement.offset(),
+    );
+    event.label = live.label.clone();
+    event.op = live.op.clone();
+    event
+}
+
+/// Records the policy's segment events.
+pub(super) fn record_segment_events(
+    history: &mut History,
+    events: Vec<SegmentEvent>,
+    time_us: u64,
+) {
+    for event in events {
+        let (kind, id, size_bytes) = match event {
+            SegmentEvent::Created { id, size_bytes } => (EventKind::SegmentAlloc, id, size_bytes),
+            SegmentEvent::Destroyed { id, size_bytes } => (EventKind::SegmentFree, id, size_bytes),
+        };
+        history.record(Event::new(
+            kind,
+            time_us,
+            size_bytes,
+            size_bytes,
+            Some(id),
+            0,
+        ));
+    }
+}
+
+/// Records an out-of-memory refusal.
+pub(super) fn record_oom(
+    history: &mut History,
+    time_us: u64,
+    oom: &OutOfMemory,
+    op: Option<&Label>,
+) {
+    let mut event = Event::new(EventKind::Oom, time_us, oom.requested_bytes, 0, None, 0);
+    event.op = op.cloned();
+    event.oom = Some(Box::new(OomDetails {
+        segment_bytes: oom.segment_bytes,
+        reserved_bytes: oom.reserved_bytes,
+        allocated_bytes: oom.allocated_bytes,
+        largest_free_bytes: oom.largest_free_bytes,
+        budget_bytes: oom.budget_bytes,
+        device_refused: oom.device_error.is_some(),
+    }));
+    history.record(event);
+}
+
+/// The device's limits that a [`PoolState`] reports.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StateLimits {
+    pub(super) max_buffer_size: u64,
+    pub(super) max_storage_buffer_binding_size: u64,
+}
+
+/// The pool's memory as plain data: the policy's statistics and settings, and every segment tiled,
+/// in address order, by its allocations, pending frees and free blocks; segments in id order.
+/// O(segments + live allocations + free blocks), plus sorting the segments.
+pub(super) fn fill_state<S: SegmentStorage>(
+    core: &PoolCore<S>,
+    live: &LiveSlab,
+    history: Option<&History>,
+    time_us: u64,
+    limits: StateLimits,
+) -> PoolState {
+    let mut by_segment: HashMap<SegmentId, Vec<Span>> = HashMap::new();
+    for live in live.iter() {
+        let placement = &live.placement;
+        by_segment
+            .entry(placement.segment())
+            .or_default()
+            .push(Span {
+                offset_bytes: placement.offset(),
+                size_bytes: placement.allocated_size(),
+                requested_bytes: placement.requested_size(),
+                kind: if live.pending {
+                    SpanKind::PendingFree
+                } else {
+                    SpanKind::Allocated
+                },
+                label: live.label.to_string(),
+                op: live.op.as_ref().map(|op| op.to_string()),
+            });
+    }
+    let mut segments: Vec<SegmentState> =
+        core.segments()
+            .map(|segment| {
+                let mut spans = by_segment.remove(&segment.id).unwrap_or_default();
+                match &segment.allocator {
+                    Some(allocator) => {
+                        spans.extend(allocator.free_blocks().into_iter().map(
+                            |(offset_bytes, size_bytes)| Span::free(offset_bytes, size_bytes),
+                        ));
+                    }
+                    None if segment.is_empty() => {
+                        spans.push(Span::free(0, segment.size_bytes));
+                    }
+                    None => {}
+                }
+                spans.sort_unstable_by_key(|span| span.offset_bytes);
+                SegmentState {
+                    id: segment.id,
+                    size_bytes: segment.size_bytes,
+                    dedicated: segment.allocator.is_none(),
+                    spans,
+                }
+            })
+            .collect();
+    segments.sort_unstable_by_key(|segment| segment.id);
+    let config = core.config();
+    let policy = (!config.is_naive()).then(|| PolicySummary {
+        min_block_bytes: config.min_block_bytes,
+        min_segment_bytes: config.min_segment_bytes,
+        max_segment_bytes: config.max_segment_bytes,
+        dedicated_above_bytes: config.dedicated_above_bytes,
+        max_allocation_bytes: config.max_allocation_bytes,
+        rounding: format!("{:?}", config.rounding),
+        budget_bytes: config.budget_bytes,
+    });
+    PoolState {
+        naive: config.is_naive(),
+        time_us,
+        stats: core.stats(),
+        policy,
+        max_buffer_size: limits.max_buffer_size,
+        max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+        history: history.map(|history| HistoryStatus {
+            max_events: history.max_events(),
+            events: history.len(),
+            dropped_events: history.dropped_events(),
+        }),
+        segments,
+    }
+}
+
+/// Per-segment figures: id, size, whether dedicated, and the buddy statistics, in slot order.
+pub(super) fn segment_infos<S: SegmentStorage>(core: &PoolCore<S>) -> Vec<SegmentInfo> {
+    let min_block = core.config().min_block_bytes;
+    core.segments()
+        .map(|segment| SegmentInfo {
+            id: segment.id,
+            size_bytes: segment.size_bytes,
+            dedicated: segment.allocator.is_none(),
+            stats: segment.stats(min_block),
+            free_blocks: segment
+                .allocator
+                .as_ref()
+                .map(|a| a.free_blocks())
+                .unwrap_or_default(),
+        })
+        .collect()
+}

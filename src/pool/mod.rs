@@ -1,0 +1,411 @@
+//! The GPU buffer pool: ranges of large `wgpu::Buffer`s handed out as allocations that bind directly
+//! as `(buffer, offset, size)`, and the naive baseline (one buffer per allocation) behind the same
+//! interface.
+//!
+//! The decisions — which segment, when to grow, when to give memory back — are the
+//! [`policy`](crate::policy)'s; this module supplies its storage (segments are `wgpu::Buffer`s with
+//! `STORAGE | COPY_SRC | COPY_DST` usage), keeps reuse safe, and talks to the device. The naive
+//! baseline ([`Pool::naive`]) is the policy's naive mode ([`PolicyConfig::naive`]) through the same
+//! code: every allocation a buffer of its own (a plain `create_buffer`), given back when it is
+//! dropped.
+//!
+//! # Reuse safety
+//!
+//! `queue.write_buffer` data lands at the start of the *next* submission, before command buffers
+//! recorded earlier but submitted with it. If a freed range were handed out at once, this could
+//! happen: record kernel K reading allocation X, drop X, allocate Y on the same range, write Y with
+//! `queue.write_buffer`, submit K — and K reads Y's data. So a dropped allocation's range is not
+//! reusable at once: it waits in a pending list until the next [`Pool::submit`] (the submission that
+//! carries the last work recorded on it). After that submission, any new use of the range — an
+//! upload, a kernel, a copy — is ordered after it on the one queue, so work still running on the
+//! GPU is safe too. The rule for callers: **submit every command buffer that uses an allocation
+//! through [`Pool::submit`] (or call [`Pool::mark_submitted`] after submitting it yourself) no later
+//! than the first submission after the allocation is dropped.** Submissions the pool makes for its
+//! own purposes (zeroing, reading back) do not release pending ranges.
+//!
+//! [`ReuseSafety::Immediate`] switches this off, for measurements and to show the hazard in tests.
+//! The naive baseline needs none of this: a dropped allocation's buffer is given back at once
+//! (wgpu keeps it alive until the submitted work that uses it is done) and nothing reuses it.
+//!
+//! # Read-only and read-write bindings
+//!
+//! wgpu rejects a dispatch that binds one buffer both as `var<storage, read>` and
+//! `var<storage, read_write>`. Many allocations share one segment buffer, so an op reading
+//! allocation A and writing allocation B of the same segment would hit this. The crate's kernels
+//! therefore declare **every storage binding `read_write`**; kernels of your own that bind pool
+//! allocations must do the same (or guarantee that inputs and outputs live in different buffers).
+//!
+//! # Contents
+//!
+//! Pool memory is uninitialised on reuse, like `torch.empty`: a new allocation may hold data of an
+//! earlier one. [`AllocOptions::zeroed`] clears the range on the GPU before it is handed out, and
+//! [`PoolOptions::zero_on_free`] clears freed ranges (for sensitive data) in the submission that
+//! releases them.
+//!
+//! # Layout
+//!
+//! Bottom up, each file using only the ones listed before it: `options.rs` (options and errors),
+//! `storage.rs` (the policy's storage of `wgpu::Buffer`s), `live.rs` (the live-allocation slab, the
+//! history events made from it, and the filling of the plain-data [`PoolState`]), `shared.rs` (the
+//! state under the pool's lock, and reserving, freeing, submitting and releasing), `allocation.rs`
+//! (the [`Allocation`] handle, which holds the shared state, not a [`Pool`]), `io.rs` (writes and
+//! reads), and this file ([`Pool`], [`OpScope`]).
+//!
+//! # History and reports
+//!
+//! The pool keeps every live allocation's sizes, label and op (the one in scope when it was made,
+//! see [`Pool::op_scope`]), so that [`Pool::memory_state`] and [`Pool::snapshot`] can tile each
+//! segment with its allocations, pending frees and free blocks. With
+//! [`PoolOptions::history`] (or [`Pool::set_history`]) it also records every allocation, free,
+//! segment creation and destruction and out-of-memory refusal in a bounded ring
+//! ([`crate::history`]); off, that costs one branch under the lock the pool takes anyway. The
+//! state ([`crate::state`]) is plain data below the pool; the `report` module turns it and the
+//! history into text, JSON, PyTorch snapshots, Chrome traces and SVG plots.
+
+mod allocation;
+mod io;
+mod live;
+mod options;
+mod shared;
+mod storage;
+
+use std::sync::Arc;
+
+use crate::device::Gpu;
+use crate::history::{History, HistoryOptions, Label, Totals};
+use crate::policy::{PolicyConfig, PoolCore, PoolStats};
+use crate::snapshot::Snapshot;
+use crate::state::PoolState;
+
+pub use allocation::Allocation;
+pub use options::{AllocOptions, PoolError, PoolOptions, ReuseSafety};
+pub use storage::SEGMENT_USAGES;
+
+pub use crate::state::SegmentInfo;
+
+use live::{record_segment_events, segment_infos};
+use shared::Shared;
+use storage::BufferStorage;
+
+/// A pool of GPU memory. Cheap to clone (all clones share one pool); `Send + Sync`.
+#[derive(Clone)]
+pub struct Pool {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("naive", &self.is_naive())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// A pool on `gpu`'s device, with the policy derived from its limits unless `options.policy`
+    /// says otherwise (a naive policy, [`PolicyConfig::naive`], makes the naive baseline).
+    pub fn new(gpu: &Gpu, options: PoolOptions) -> Result<Self, PoolError> {
+        let limits = gpu.device.limits();
+        let policy = options.policy.clone().unwrap_or_else(|| {
+            PolicyConfig::for_limits(
+                u64::from(limits.min_storage_buffer_offset_alignment),
+                limits.max_buffer_size,
+            )
+        });
+        // Naive buffers are bound at offset 0 and sized by requests: only their size limit
+        // applies.
+        if !policy.is_naive()
+            && policy.min_block_bytes < u64::from(limits.min_storage_buffer_offset_alignment)
+        {
+            return Err(PoolError::Config(format!(
+                "min_block_bytes {} is below the device's min_storage_buffer_offset_alignment {}",
+                policy.min_block_bytes, limits.min_storage_buffer_offset_alignment
+            )));
+        }
+        if (!policy.is_naive() && policy.max_segment_bytes > limits.max_buffer_size)
+            || policy.max_allocation_bytes > limits.max_buffer_size
+        {
+            return Err(PoolError::Config(format!(
+                "segments of {} bytes and allocations of {} bytes exceed the device's max_buffer_size {}",
+                policy.max_segment_bytes, policy.max_allocation_bytes, limits.max_buffer_size
+            )));
+        }
+        let storage =
+            BufferStorage::new(gpu.device.clone(), options.label.clone(), policy.is_naive());
+        let core = PoolCore::new(policy, storage)?;
+        Ok(Self {
+            shared: Arc::new(Shared::new(gpu, options, core)),
+        })
+    }
+
+    /// The naive baseline: one `wgpu::Buffer` per allocation, dropped when the allocation is —
+    /// what a user writes without a pool. Same interface and statistics: it is [`Pool::new`] with
+    /// the policy's naive mode ([`PolicyConfig::naive`]; `options.policy` is replaced by it).
+    pub fn naive(gpu: &Gpu, options: PoolOptions) -> Self {
+        let policy = PolicyConfig::naive(
+            wgpu::COPY_BUFFER_ALIGNMENT,
+            gpu.device.limits().max_buffer_size,
+        );
+        Self::new(
+            gpu,
+            PoolOptions {
+                policy: Some(policy),
+                ..options
+            },
+        )
+        .expect("the naive policy fits every device")
+    }
+
+    /// True for the naive baseline.
+    pub fn is_naive(&self) -> bool {
+        self.shared.naive
+    }
+
+    /// The device and queue the pool allocates on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.shared.gpu
+    }
+
+    /// Allocates `size_bytes` with default options (bindable, uninitialised).
+    pub fn allocate(&self, size_bytes: u64) -> Result<Allocation, PoolError> {
+        self.allocate_with(size_bytes, AllocOptions::default())
+    }
+
+    /// Allocates `size_bytes`.
+    pub fn allocate_with(
+        &self,
+        size_bytes: u64,
+        options: AllocOptions<'_>,
+    ) -> Result<Allocation, PoolError> {
+        if size_bytes == 0 {
+            return Err(PoolError::ZeroSize);
+        }
+        if options.bindable && size_bytes > self.shared.max_binding_bytes {
+            return Err(PoolError::ExceedsBindingLimit {
+                requested_bytes: size_bytes,
+                max_storage_buffer_binding_size: self.shared.max_binding_bytes,
+            });
+        }
+        if size_bytes > self.shared.max_buffer_size {
+            return Err(PoolError::ExceedsBufferLimit {
+                requested_bytes: size_bytes,
+                max_buffer_size: self.shared.max_buffer_size,
+            });
+        }
+        let label = Label::new(options.label);
+        let reserved = self.shared.reserve(size_bytes, &label)?;
+        let allocation = Allocation::new(Arc::clone(&self.shared), reserved, size_bytes, label);
+        if options.zeroed {
+            let mut encoder =
+                self.shared
+                    .gpu
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("wgpu-pool zero"),
+                    });
+            encoder.clear_buffer(
+                allocation.buffer(),
+                allocation.offset(),
+                Some(allocation.allocated_size()),
+            );
+            self.shared.gpu.queue.submit([encoder.finish()]);
+        }
+        Ok(allocation)
+    }
+
+    /// Submits `command_buffers`, then releases the ranges of allocations dropped before this call
+    /// (see the module documentation). Returns the submission index.
+    pub fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(
+        &self,
+        command_buffers: I,
+    ) -> wgpu::SubmissionIndex {
+        self.shared.submit(command_buffers.into_iter().collect())
+    }
+
+    /// Declares that every command buffer recorded so far has been submitted (by the caller, through
+    /// the queue), so that ranges dropped before this call can be reused.
+    pub fn mark_submitted(&self) {
+        self.shared.mark_submitted();
+    }
+
+    /// Frees allocations whose last use is in work already submitted (through [`Pool::submit`]
+    /// or the queue): their ranges are reusable at once, whatever anyone submits next. Dropping
+    /// an allocation instead makes it wait for the next submission through the pool, which is
+    /// right only if no one else submits before the work that uses it. With `zero_on_free` the
+    /// ranges are cleared first (one more submission). The compute context frees the tensors
+    /// dropped during a batch this way, after submitting the batch.
+    pub fn free_submitted<I: IntoIterator<Item = Allocation>>(&self, allocations: I) {
+        let mut any = false;
+        for mut allocation in allocations {
+            allocation.set_last_use_submitted();
+            any = true;
+            drop(allocation);
+        }
+        if any && self.shared.options.zero_on_free {
+            self.submit([]);
+        }
+    }
+
+    /// Ranges dropped but not yet reusable (waiting for a submission), and their bytes.
+    pub fn pending_frees(&self) -> (usize, u64) {
+        let state = self.shared.lock();
+        (
+            state.pending.len(),
+            state.pending.iter().map(|p| p.allocated_bytes).sum(),
+        )
+    }
+
+    /// Gives back every empty segment (PyTorch's `empty_cache`). Returns the bytes given back.
+    /// Ranges waiting for a submission keep their segments.
+    pub fn trim(&self) -> u64 {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let released = state.core.trim();
+        let segment_events = state.core.take_events();
+        if let Some(history) = &mut state.history {
+            record_segment_events(history, segment_events, self.shared.now_us());
+        }
+        released
+    }
+
+    /// Sets or clears the budget on reserved bytes.
+    pub fn set_budget(&self, budget_bytes: Option<u64>) {
+        self.shared.lock().core.set_budget(budget_bytes);
+    }
+
+    /// The statistics (current, peak and total of reserved, allocated and requested bytes,
+    /// allocations and segments; `create_buffer` calls; OOMs; free-space figures).
+    pub fn stats(&self) -> PoolStats {
+        self.shared.lock().core.stats()
+    }
+
+    /// Starts new peaks from the current values.
+    pub fn reset_peaks(&self) {
+        self.shared.lock().core.reset_peaks();
+    }
+
+    /// The policy in use (for the naive baseline, the naive mode: [`PolicyConfig::is_naive`]).
+    pub fn policy(&self) -> PolicyConfig {
+        self.shared.lock().core.config().clone()
+    }
+
+    /// Per-segment figures: id, size, whether dedicated, and the buddy statistics, in slot order
+    /// (in the naive baseline, one dedicated segment per live allocation).
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        segment_infos(&self.shared.lock().core)
+    }
+
+    /// Switches history recording on (a fresh, empty ring whose totals start from the pool's
+    /// current figures) or off (`None`, dropping what was recorded). Like PyTorch's
+    /// `_record_memory_history`.
+    pub fn set_history(&self, options: Option<HistoryOptions>) {
+        let mut state = self.shared.lock();
+        let baseline = Totals::of_stats(&state.core.stats());
+        state.history = options.map(|options| History::new(options, baseline));
+    }
+
+    /// A copy of the recorded history (`None` when recording is off).
+    pub fn history(&self) -> Option<History> {
+        self.shared.lock().history.clone()
+    }
+
+    /// Sets the op that later allocations and events are attributed to (`None`: no op). The op is
+    /// the pool's, not the thread's: with several threads allocating, attribute with care. See
+    /// [`Pool::op_scope`] for a guard that restores the previous op.
+    pub fn set_op(&self, op: Option<&str>) {
+        self.shared.lock().op = op.map(Label::new);
+    }
+
+    /// The op in scope, if any.
+    pub fn op(&self) -> Option<String> {
+        self.shared.lock().op.as_ref().map(|op| op.to_string())
+    }
+
+    /// Attributes allocations and events to `op` until the guard is dropped, then restores the op
+    /// that was in scope before. Scopes nest.
+    pub fn op_scope(&self, op: &str) -> OpScope<'_> {
+        let previous = self.shared.lock().op.replace(Label::new(op));
+        OpScope {
+            pool: self,
+            previous,
+        }
+    }
+
+    /// The pool's memory as plain data: its statistics and policy, and every segment (in id
+    /// order) tiled, in address order, by its allocations, pending frees and free blocks. Taken
+    /// under one lock, so the figures agree with each other. O(segments + live allocations + free
+    /// blocks).
+    pub fn memory_state(&self) -> PoolState {
+        self.shared.memory_state_of(&self.shared.lock())
+    }
+
+    /// [`Pool::memory_state`] and [`Pool::history`] taken under one lock, so that the history ends
+    /// exactly at the state.
+    pub fn state_and_history(&self) -> (PoolState, Option<History>) {
+        let guard = self.shared.lock();
+        (self.shared.memory_state_of(&guard), guard.history.clone())
+    }
+
+    /// The pool as a PyTorch memory snapshot: its segments (blocks tiling each one) and, when
+    /// history is on, its events as device 0's trace. Write it with
+    /// [`Snapshot::to_pickle_bytes`] for `python -m torch.cuda._memory_viz` and
+    /// pytorch.org/memory_viz. See [`crate::state::pytorch_snapshot`] for the mapping.
+    pub fn snapshot(&self) -> Snapshot {
+        // Under one lock, so that the trace ends exactly at the state the segments show.
+        let guard = self.shared.lock();
+        let state = self.shared.memory_state_of(&guard);
+        crate::state::pytorch_snapshot(&state, guard.history.as_ref())
+    }
+
+    /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer` (it lands at
+    /// the start of the next submission). Offset and length must be multiples of 4.
+    pub fn write(
+        &self,
+        allocation: &Allocation,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        self.shared.write(allocation, offset_bytes, data)
+    }
+
+    /// Reads the whole allocation back (its size rounded up to 4 bytes): submits a copy into a
+    /// staging buffer and waits for it. Work recorded but not submitted is not included.
+    pub fn read(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
+        self.shared.read_via(allocation, None)
+    }
+
+    /// Submits `command_buffers` as [`Pool::submit`] does (ranges dropped before this call become
+    /// reusable after it), with a copy of `allocation` behind them in the same submission; then
+    /// waits for it and returns the allocation's bytes (its size rounded up to 4). The work and its
+    /// read-back cost one submission instead of two.
+    pub fn submit_and_read<I: IntoIterator<Item = wgpu::CommandBuffer>>(
+        &self,
+        command_buffers: I,
+        allocation: &Allocation,
+    ) -> Result<Vec<u8>, PoolError> {
+        self.shared
+            .read_via(allocation, Some(command_buffers.into_iter().collect()))
+    }
+}
+
+/// Restores the op that was in scope before [`Pool::op_scope`] when dropped.
+#[must_use = "the op scope ends when this guard is dropped"]
+pub struct OpScope<'a> {
+    pool: &'a Pool,
+    previous: Option<Label>,
+}
+
+impl std::fmt::Debug for OpScope<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpScope")
+            .field("previous", &self.previous)
+            .finish()
+    }
+}
+
+impl Drop for OpScope<'_> {
+    fn drop(&mut self) {
+        self.pool.shared.lock().op = self.previous.take();
+    }
+}

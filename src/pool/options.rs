@@ -1,0 +1,143 @@
+//! What a pool and an allocation are asked to do, and why the pool refuses: [`PoolOptions`],
+//! [`ReuseSafety`], [`AllocOptions`], [`PoolError`]. Plain data over the policy's types.
+
+use crate::history::HistoryOptions;
+use crate::policy::{OutOfMemory, PolicyConfig, PolicyError};
+
+/// When a dropped allocation's range may be handed out again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReuseSafety {
+    /// After the next `Pool::submit` or `Pool::mark_submitted` (the default; see the pool
+    /// module's documentation).
+    #[default]
+    AfterSubmission,
+    /// At once. Unsafe for data (a recorded kernel may read a later upload); for measurements and
+    /// for tests that show the hazard.
+    Immediate,
+}
+
+/// How a pool behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolOptions {
+    /// The policy; `None` derives the default one from the device's limits. `Pool::naive` sets the
+    /// naive mode here ([`PolicyConfig::naive`]).
+    pub policy: Option<PolicyConfig>,
+    /// When freed ranges become reusable.
+    pub reuse: ReuseSafety,
+    /// Clear freed ranges on the GPU before they are reused.
+    pub zero_on_free: bool,
+    /// A prefix for the labels of the buffers the pool creates.
+    pub label: String,
+    /// Record the allocation history from the start (`None`, the default: off; see
+    /// `Pool::set_history` to switch it on later).
+    pub history: Option<HistoryOptions>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            policy: None,
+            reuse: ReuseSafety::AfterSubmission,
+            zero_on_free: false,
+            label: "wgpu-pool".into(),
+            history: None,
+        }
+    }
+}
+
+/// Options of one allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocOptions<'a> {
+    /// A label for reports and history.
+    pub label: &'a str,
+    /// Clear the range on the GPU before handing it out.
+    pub zeroed: bool,
+    /// The allocation will be bound by kernels (the default): it must fit
+    /// `max_storage_buffer_binding_size`. Set to `false` for copy-only allocations larger than that.
+    pub bindable: bool,
+}
+
+impl Default for AllocOptions<'_> {
+    fn default() -> Self {
+        Self {
+            label: "",
+            zeroed: false,
+            bindable: true,
+        }
+    }
+}
+
+impl<'a> AllocOptions<'a> {
+    /// Default options with this label.
+    pub fn labeled(label: &'a str) -> Self {
+        Self {
+            label,
+            ..Self::default()
+        }
+    }
+}
+
+/// Why the pool refused a request or an operation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PoolError {
+    /// A request of zero bytes.
+    #[error("cannot allocate 0 bytes")]
+    ZeroSize,
+    /// A bindable request larger than the device lets one binding be.
+    #[error(
+        "request of {requested_bytes} bytes exceeds max_storage_buffer_binding_size ({max_storage_buffer_binding_size} bytes): \
+         no kernel could bind it. Split it, or ask for a copy-only allocation (AllocOptions {{ bindable: false, .. }})"
+    )]
+    ExceedsBindingLimit {
+        /// The size asked for, in bytes.
+        requested_bytes: u64,
+        /// The device's `max_storage_buffer_binding_size`, in bytes.
+        max_storage_buffer_binding_size: u64,
+    },
+    /// A request larger than any buffer the device can create.
+    #[error(
+        "request of {requested_bytes} bytes exceeds max_buffer_size ({max_buffer_size} bytes)"
+    )]
+    ExceedsBufferLimit {
+        /// The size asked for, in bytes.
+        requested_bytes: u64,
+        /// The device's `max_buffer_size`, in bytes.
+        max_buffer_size: u64,
+    },
+    /// The budget or the device has no memory for the request.
+    #[error("{0}")]
+    OutOfMemory(Box<OutOfMemory>),
+    /// A write or read outside the allocation, or not aligned to 4 bytes.
+    #[error("access of {len_bytes} bytes at offset {offset_bytes} does not fit an allocation of {size_bytes} bytes, or is not a multiple of 4 bytes")]
+    OutOfBounds {
+        /// Offset in the allocation, in bytes.
+        offset_bytes: u64,
+        /// Length of the access, in bytes.
+        len_bytes: u64,
+        /// The allocation's size, in bytes.
+        size_bytes: u64,
+    },
+    /// The pool's configuration is not valid.
+    #[error("invalid pool configuration: {0}")]
+    Config(String),
+    /// Reading back from the GPU failed.
+    #[error("reading back from the GPU failed: {0}")]
+    ReadBack(String),
+}
+
+impl From<PolicyError> for PoolError {
+    fn from(error: PolicyError) -> Self {
+        match error {
+            PolicyError::ZeroSize => Self::ZeroSize,
+            PolicyError::TooLarge {
+                requested_bytes,
+                max_allocation_bytes,
+            } => Self::ExceedsBufferLimit {
+                requested_bytes,
+                max_buffer_size: max_allocation_bytes,
+            },
+            PolicyError::OutOfMemory(oom) => Self::OutOfMemory(oom),
+            PolicyError::Config(config) => Self::Config(config.to_string()),
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The state every clone of a pool and every allocation share: the policy's core over the buffer
+//! storage, the live-allocation slab, the pending frees, the op in scope and the history, under one
+//! lock; and what is done under it — reserving a range, freeing it (at once or after the next
+//! submission), submitting and releasing, filling the plain-data state.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use super::live::{
+    allocation_event, fill_state, record_oom, record_segment_events, LiveAllocation, LiveSlab,
+    StateLimits,
+};
+use super::options::{PoolError, PoolOptions, ReuseSafety};
+use super::storage::BufferStorage;
+use crate::device::Gpu;
+use crate::history::{EventKind, History, Label};
+use crate::policy::{PolicyError, PoolCore, SegmentId};
+use crate::state::PoolState;
+
+/// A dropped allocation waiting for the submission that carries its last use.
+pub(super) struct PendingFree {
+    /// Its record in the live slab (which owns its placement).
+    pub(super) live_slot: usize,
+    pub(super) buffer: wgpu::Buffer,
+    pub(super) offset_bytes: u64,
+    pub(super) allocated_bytes: u64,
+}
+
+/// What the lock guards.
+pub(super) struct State {
+    pub(super) core: PoolCore<BufferStorage>,
+    pub(super) pending: Vec<PendingFree>,
+    pub(super) live: LiveSlab,
+    /// The op in scope (see `Pool::op_scope`).
+    pub(super) op: Option<Label>,
+    /// The recorded history, when it is on.
+    pub(super) history: Option<History>,
+}
+
+/// A range just reserved for an allocation: what its handle needs.
+pub(super) struct Reserved {
+    pub(super) buffer: wgpu::Buffer,
+    pub(super) live_slot: usize,
+    pub(super) segment: SegmentId,
+    pub(super) offset_bytes: u64,
+    pub(super) allocated_bytes: u64,
+}
+
+/// The pool itself, shared by its clones and its allocations.
+pub(super) struct Shared {
+    pub(super) gpu: Gpu,
+    pub(super) options: PoolOptions,
+    /// The policy's naive mode: one buffer per allocation, freed at once.
+    pub(super) naive: bool,
+    pub(super) max_buffer_size: u64,
+    pub(super) max_binding_bytes: u64,
+    /// The pool's time origin: event times are microseconds since then.
+    created: Instant,
+    state: Mutex<State>,
+    /// The staging buffer reads copy through, kept between reads (grown to the largest read).
+    pub(super) staging: Mutex<Option<wgpu::Buffer>>,
+}
+
+impl Shared {
+    pub(super) fn new(gpu: &Gpu, options: PoolOptions, core: PoolCore<BufferStorage>) -> Self {
+        let limits = gpu.device.limits();
+        let history = options
+            .history
+            .map(|history| History::new(history, crate::history::Totals::default()));
+        Self {
+            gpu: gpu.clone(),
+            naive: core.config().is_naive(),
+            options,
+            max_buffer_size: limits.max_buffer_size,
+            max_binding_bytes: limits.max_storage_buffer_binding_size,
+            created: Instant::now(),
+            staging: Mutex::new(None),
+            state: Mutex::new(State {
+                core,
+                pending: Vec::new(),
+                live: LiveSlab::default(),
+                op: None,
+                history,
+            }),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held cannot leave the counters half-updated in a way that
+        // matters more than losing the pool: carry on with the data as it is.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Microseconds since the pool was created.
+    pub(super) fn now_us(&self) -> u64 {
+        u64::try_from(self.created.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Asks the policy for `size_bytes` (already checked against the device's limits) and records
+    /// the allocation in the slab and the history.
+    pub(super) fn reserve(&self, size_bytes: u64, label: &Label) -> Result<Reserved, PoolError> {
+        let mut guard = self.lock();
+        let State {
+            core,
+            live,
+            op,
+            history,
+            ..
+        } = &mut *guard;
+        if self.naive {
+            // The label of the one buffer this request gets.
+            label
+                .as_ref()
+                .clone_into(&mut core.storage_mut().allocation_label);
+        }
+        let result = core.allocate(size_bytes);
+        // Drained always, so that the policy's event list stays empty when history is off; an
+        // empty list costs nothing to take.
+        let segment_events = core.take_events();
+        let time_us = history.as_ref().map(|_| self.now_us());
+        if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+            record_segment_events(history, segment_events, time_us);
+            if let Err(PolicyError::OutOfMemory(oom)) = &result {
+                record_oom(history, time_us, oom, op.as_ref());
+            }
+        }
+        let placement = result?;
+        let buffer = core
+            .segment(placement.slot())
+            .expect("placement's segment is held")
+            .memory
+            .clone();
+        let (segment, offset_bytes, allocated_bytes) = (
+            placement.segment(),
+            placement.offset(),
+            placement.allocated_size(),
+        );
+        let entry = LiveAllocation {
+            placement,
+            label: label.clone(),
+            op: op.clone(),
+            pending: false,
+        };
+        if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+            history.record(allocation_event(EventKind::Alloc, time_us, &entry));
+        }
+        Ok(Reserved {
+            buffer,
+            live_slot: live.insert(entry),
+            segment,
+            offset_bytes,
+            allocated_bytes,
+        })
+    }
+
+    /// Frees the allocation recorded in `live_slot`: at once when reuse is immediate, its last use
+    /// is submitted, or the pool is naive (its buffer is given back, nothing waits for reuse);
+    /// else it waits for the next submission through the pool.
+    pub(super) fn free(&self, live_slot: usize, buffer: wgpu::Buffer, last_use_submitted: bool) {
+        let mut guard = self.lock();
+        let State {
+            core,
+            pending,
+            live,
+            history,
+            ..
+        } = &mut *guard;
+        let time_us = history.as_ref().map(|_| self.now_us());
+        if let (Some(history), Some(time_us), Some(entry)) =
+            (history.as_mut(), time_us, live.get(live_slot))
+        {
+            history.record(allocation_event(EventKind::FreeRequested, time_us, entry));
+        }
+        let at_once = self.naive
+            || ((self.options.reuse == ReuseSafety::Immediate || last_use_submitted)
+                && !self.options.zero_on_free);
+        if at_once {
+            let entry = live.remove(live_slot);
+            if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+                history.record(allocation_event(EventKind::FreeCompleted, time_us, &entry));
+            }
+            core.free(entry.placement);
+            let segment_events = core.take_events();
+            if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+                record_segment_events(history, segment_events, time_us);
+            }
+        } else if let Some(entry) = live.get_mut(live_slot) {
+            entry.pending = true;
+            pending.push(PendingFree {
+                live_slot,
+                buffer,
+                offset_bytes: entry.placement.offset(),
+                allocated_bytes: entry.placement.allocated_size(),
+            });
+        }
+    }
+
+    /// Submits `buffers`, then releases the ranges dropped before the call (clearing them first in
+    /// the same submission with `zero_on_free`).
+    pub(super) fn submit(&self, mut buffers: Vec<wgpu::CommandBuffer>) -> wgpu::SubmissionIndex {
+        let pending = std::mem::take(&mut self.lock().pending);
+        if self.options.zero_on_free && !pending.is_empty() {
+            let mut encoder =
+                self.gpu
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("wgpu-pool zero on free"),
+                    });
+            for free in &pending {
+                encoder.clear_buffer(&free.buffer, free.offset_bytes, Some(free.allocated_bytes));
+            }
+            buffers.push(encoder.finish());
+        }
+        let index = self.gpu.queue.submit(buffers);
+        self.release(pending);
+        index
+    }
+
+    /// Declares every command buffer recorded so far submitted: ranges dropped before the call
+    /// become reusable.
+    pub(super) fn mark_submitted(&self) {
+        if self.options.zero_on_free {
+            self.submit(Vec::new());
+            return;
+        }
+        let pending = std::mem::take(&mut self.lock().pending);
+        self.release(pending);
+    }
+
+    /// Gives the pending frees' ranges back to the policy.
+    fn release(&self, pending: Vec<PendingFree>) {
+        if pending.is_empty() {
+            return;
+        }
+        let mut guard = self.lock();
+        let State {
+            core,
+            live,
+            history,
+            ..
+        } = &mut *guard;
+        let time_us = history.as_ref().map(|_| self.now_us());
+        for free in pending {
+            let entry = live.remove(free.live_slot);
+            if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+                history.record(allocation_event(EventKind::FreeCompleted, time_us, &entry));
+            }
+            core.free(entry.placement);
+        }
+        let segment_events = core.take_events();
+        if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+            record_segment_events(history, segment_events, time_us);
+        }
+    }
+
+    /// The pool's memory as plain data, from the state under the lock.
+    pub(super) fn memory_state_of(&self, state: &State) -> PoolState {
+        fill_state(
+            &state.core,
+            &state.live,
+            state.history.as_ref(),
+            self.now_us(),
+            StateLimits {
+                max_buffer_size: self.max_buffer_size,
+                max_storage_buffer_binding_size: self.max_binding_bytes,
+            },
+        )
+    }
+}

@@ -1,0 +1,93 @@
+//! The pool's [`SegmentStorage`]: every segment is one `wgpu::Buffer`. Pooled segments are created
+//! with out-of-memory and validation errors caught ([`create_buffer_checked`]); in the naive mode a
+//! segment is what a user writes without a pool, a plain `create_buffer`.
+
+use crate::policy::{SegmentStorage, StorageError};
+
+/// The usages of every segment buffer.
+pub const SEGMENT_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// The storage of a pool: every segment is one `wgpu::Buffer`.
+pub(super) struct BufferStorage {
+    device: wgpu::Device,
+    /// The prefix of every buffer's label.
+    label: String,
+    /// The naive baseline: plain `create_buffer` calls, one per allocation.
+    naive: bool,
+    /// In the naive mode, the label of the allocation the next segment is made for (set before
+    /// each allocation).
+    pub(super) allocation_label: String,
+}
+
+impl BufferStorage {
+    pub(super) fn new(device: wgpu::Device, label: String, naive: bool) -> Self {
+        Self {
+            device,
+            label,
+            naive,
+            allocation_label: String::new(),
+        }
+    }
+}
+
+impl SegmentStorage for BufferStorage {
+    type Segment = wgpu::Buffer;
+
+    fn create_segment(
+        &mut self,
+        size_bytes: u64,
+        dedicated: bool,
+    ) -> Result<wgpu::Buffer, StorageError> {
+        if self.naive {
+            // What a user writes without a pool: a plain `create_buffer` (sizes were checked
+            // against the device's limits; a driver out-of-memory reaches wgpu's uncaptured-error
+            // handler, as it would in that user's code).
+            return Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&format!("{} naive {}", self.label, self.allocation_label)),
+                size: size_bytes,
+                usage: SEGMENT_USAGES,
+                mapped_at_creation: false,
+            }));
+        }
+        let label = format!(
+            "{} {} segment ({size_bytes} B)",
+            self.label,
+            if dedicated { "dedicated" } else { "pooled" }
+        );
+        create_buffer_checked(&self.device, &label, size_bytes, SEGMENT_USAGES)
+    }
+
+    fn destroy_segment(&mut self, segment: wgpu::Buffer) {
+        // Dropping (not `destroy()`): wgpu frees the memory once submitted work using it is done.
+        drop(segment);
+    }
+}
+
+/// `create_buffer` with out-of-memory and validation errors caught as a [`StorageError`] instead
+/// of reaching the device's uncaptured-error handler.
+fn create_buffer_checked(
+    device: &wgpu::Device,
+    label: &str,
+    size_bytes: u64,
+    usage: wgpu::BufferUsages,
+) -> Result<wgpu::Buffer, StorageError> {
+    let out_of_memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: size_bytes,
+        usage,
+        mapped_at_creation: false,
+    });
+    let validation = pollster::block_on(validation.pop());
+    let out_of_memory = pollster::block_on(out_of_memory.pop());
+    match validation.or(out_of_memory) {
+        None => Ok(buffer),
+        Some(error) => Err(StorageError {
+            size_bytes,
+            reason: error.to_string(),
+        }),
+    }
+}
