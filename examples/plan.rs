@@ -8,8 +8,8 @@
 //!
 //! The CSV has one buffer a line, `id,lower,upper,size`, alive over `[lower, upper)`; a header line
 //! naming the columns (`id,lower,upper,size`, or `buffer,start,end,size` as in MiniMalloc's
-//! benchmarks) is optional and may order them differently; other columns are refused. Runs
-//! without a GPU.
+//! benchmarks) is optional and may order them differently; other columns are refused. Empty lines
+//! and lines starting with `#` are skipped. Runs without a GPU.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -89,13 +89,16 @@ pub fn parse_csv(text: &str) -> Result<Vec<Buffer>> {
     let mut columns = [0usize, 1, 2, 3];
     let mut width = 4;
     let mut buffers = Vec::new();
+    let mut first = true;
     for (number, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        if number == 0 && fields.iter().any(|f| f.parse::<u64>().is_err()) {
+        let header = first && fields.iter().any(|f| f.parse::<u64>().is_err());
+        first = false;
+        if header {
             width = fields.len();
             for (slot, names) in [
                 &["id", "buffer"][..],
