@@ -129,7 +129,10 @@ pub fn parse_csv(text: &str) -> Result<Vec<Buffer>> {
         let field = |slot: usize| -> Result<u64> {
             let text = fields[columns[slot]];
             text.parse().with_context(|| {
-                format!("line {}: {text:?} is not a non-negative integer", number + 1)
+                format!(
+                    "line {}: {text:?} is not a non-negative integer",
+                    number + 1
+                )
             })
         };
         buffers.push(Buffer::new(field(0)?, field(1)?, field(2)?, field(3)?));
@@ -155,7 +158,11 @@ pub fn verify(buffers: &[Buffer], plan: &Plan, alignment: u64) -> Result<()> {
             let in_time = a.lower < b.upper && b.lower < a.upper;
             let in_memory = pa.offset < pb.offset + b.size && pb.offset < pa.offset + a.size;
             if pa.arena == pb.arena && in_time && in_memory && a.size > 0 && b.size > 0 {
-                bail!("buffers {} and {} overlap in time and in memory", a.id, b.id);
+                bail!(
+                    "buffers {} and {} overlap in time and in memory",
+                    a.id,
+                    b.id
+                );
             }
         }
     }

@@ -2,7 +2,10 @@
 //! the JSON it writes and the capacity failure.
 
 #[path = "../examples/plan.rs"]
-#[expect(dead_code, reason = "the example's main is its entry point, not this test's")]
+#[expect(
+    dead_code,
+    reason = "the example's main is its entry point, not this test's"
+)]
 mod plan_example;
 
 use std::path::PathBuf;
@@ -78,7 +81,10 @@ fn reads_minimalloc_headers_and_refuses_bad_lines() {
     let minimalloc = "buffer,start,end,size\n0,0,10,5\n1,5,15,7\n";
     let buffers = plan_example::parse_csv(minimalloc).expect("MiniMalloc's benchmark header");
     assert_eq!(buffers.len(), 2);
-    assert_eq!((buffers[1].lower, buffers[1].upper, buffers[1].size), (5, 15, 7));
+    assert_eq!(
+        (buffers[1].lower, buffers[1].upper, buffers[1].size),
+        (5, 15, 7)
+    );
     let reordered = plan_example::parse_csv("size,id,upper,lower\n5,0,10,0\n").expect("by name");
     assert_eq!((reordered[0].size, reordered[0].upper), (5, 10));
     let headerless = plan_example::parse_csv("3,1,2,4\n").expect("no header");

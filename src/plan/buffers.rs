@@ -212,7 +212,9 @@ impl Plan {
             let (pi, bi_end) = (&self.placements[i], self.placements[i].offset + b.size);
             for &j in &alive {
                 let pj = &self.placements[j];
-                if pj.arena == pi.arena && pi.offset < pj.offset + buffers[j].size && pj.offset < bi_end
+                if pj.arena == pi.arena
+                    && pi.offset < pj.offset + buffers[j].size
+                    && pj.offset < bi_end
                 {
                     return Err(PlanError::Overlap {
                         a: buffers[j].id,
@@ -259,7 +261,9 @@ pub enum PlanError {
     #[error("the buffer sizes overflow u64 when aligned and summed")]
     Overflow,
     /// A buffer is larger than `max_arena_bytes`, so no arena can hold it.
-    #[error("buffer {id} of {size} bytes does not fit in an arena of at most {max_arena_bytes} bytes")]
+    #[error(
+        "buffer {id} of {size} bytes does not fit in an arena of at most {max_arena_bytes} bytes"
+    )]
     TooLarge {
         /// The buffer.
         id: u64,

@@ -78,7 +78,9 @@ impl State<'_, '_> {
                 .filter(|&&c| self.placed[c as usize])
                 .map(|&c| self.offset[c as usize] + p.size[c as usize])
                 .chain(std::iter::once(0))
-                .filter(|&o| o > last || (o == last && (last_index == usize::MAX || b > last_index)))
+                .filter(|&o| {
+                    o > last || (o == last && (last_index == usize::MAX || b > last_index))
+                })
                 .collect();
             candidates.sort_unstable();
             candidates.dedup();

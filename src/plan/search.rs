@@ -94,10 +94,14 @@ impl<'p, 'a> Search<'p, 'a> {
             order
         };
         let rev = |x: u128| u128::MAX - x;
-        orders.push(keyed(&|i| (rev(u128::from(size(i)) * u128::from(len(i))), 0)));
+        orders.push(keyed(&|i| {
+            (rev(u128::from(size(i)) * u128::from(len(i))), 0)
+        }));
         orders.push(keyed(&|i| (rev(u128::from(len(i))), u64::MAX - size(i))));
         orders.push(keyed(&|i| (u128::from(b(i).lower), u64::MAX - size(i))));
-        orders.push(keyed(&|i| (rev(u128::from(b(i).upper)), u64::MAX - size(i))));
+        orders.push(keyed(&|i| {
+            (rev(u128::from(b(i).upper)), u64::MAX - size(i))
+        }));
         orders.push(keyed(&|i| (rev(u128::from(degree(i))), u64::MAX - size(i))));
         orders.push(keyed(&|i| {
             let weight: u128 = p

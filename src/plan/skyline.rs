@@ -102,10 +102,7 @@ impl<'p, 'a> Skyline<'p, 'a> {
             }
             fitting.clear();
             for k in 0..self.items.len() {
-                if !self.done[k]
-                    && self.first[k] as usize >= lo
-                    && self.end[k] as usize <= hi
-                {
+                if !self.done[k] && self.first[k] as usize >= lo && self.end[k] as usize <= hi {
                     fitting.push(k);
                 }
             }
@@ -132,9 +129,7 @@ impl<'p, 'a> Skyline<'p, 'a> {
             let touches = |k: usize| {
                 let left = self.first[k] as usize == lo;
                 let exact = left && tiles[self.end[k] as usize - lo];
-                2 * usize::from(exact)
-                    + usize::from(left)
-                    + usize::from(self.end[k] as usize == hi)
+                2 * usize::from(exact) + usize::from(left) + usize::from(self.end[k] as usize == hi)
             };
             let key = |k: usize| -> u128 {
                 let b = &p.buffers[self.items[k] as usize];

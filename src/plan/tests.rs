@@ -31,11 +31,11 @@ fn max_live_counts_half_open_lifetimes() {
 fn greedy_by_size_places_as_tflite_does() {
     // Largest first; each next one at the smallest gap among the placed buffers alive with it.
     let buffers = [
-        b(10, 0, 4, 40),  // placed 1st at 0
-        b(11, 2, 6, 30),  // 2nd: overlaps 10, at 40
-        b(12, 5, 8, 20),  // 3rd: overlaps 11 only, below it at 0 (gap [0, 40) fits)
-        b(13, 3, 4, 10),  // 4th: overlaps 10 and 11, above 11 at 70
-        b(14, 6, 7, 10),  // 5th: overlaps 12 only ([5, 8)): at 20
+        b(10, 0, 4, 40), // placed 1st at 0
+        b(11, 2, 6, 30), // 2nd: overlaps 10, at 40
+        b(12, 5, 8, 20), // 3rd: overlaps 11 only, below it at 0 (gap [0, 40) fits)
+        b(13, 3, 4, 10), // 4th: overlaps 10 and 11, above 11 at 70
+        b(14, 6, 7, 10), // 5th: overlaps 12 only ([5, 8)): at 20
     ];
     let plan = greedy_by_size(&buffers, &PlanOptions::default()).unwrap();
     let offsets: Vec<u64> = plan.placements.iter().map(|p| p.offset).collect();
@@ -84,8 +84,16 @@ fn bad_input_is_an_error() {
             PlanOptions::default(),
             PlanError::DuplicateId(0),
         ),
-        (vec![ok], PlanOptions::aligned(0), PlanError::BadAlignment(0)),
-        (vec![ok], PlanOptions::aligned(12), PlanError::BadAlignment(12)),
+        (
+            vec![ok],
+            PlanOptions::aligned(0),
+            PlanError::BadAlignment(0),
+        ),
+        (
+            vec![ok],
+            PlanOptions::aligned(12),
+            PlanError::BadAlignment(12),
+        ),
         (
             vec![b(0, 0, 1, u64::MAX), b(1, 0, 1, 1)],
             PlanOptions::default(),
@@ -295,7 +303,8 @@ fn plain_greedy(buffers: &[Buffer], alignment: u64) -> Vec<u64> {
         let (mut end, mut best): (u64, Option<(u64, u64)>) = (0, None);
         for (o, e) in below {
             let start = end.next_multiple_of(alignment);
-            if o >= start && o - start >= buffers[i].size && best.is_none_or(|(g, _)| o - start < g) {
+            if o >= start && o - start >= buffers[i].size && best.is_none_or(|(g, _)| o - start < g)
+            {
                 best = Some((o - start, start));
             }
             end = end.max(e);
