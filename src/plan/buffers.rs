@@ -61,7 +61,7 @@ pub struct PlanOptions {
 
 impl PlanOptions {
     /// The default search budget: about a quarter of a second on a 2-core Xeon of 2020.
-    pub const DEFAULT_SEARCH_STEPS: u64 = 72_000_000;
+    pub const DEFAULT_SEARCH_STEPS: u64 = 144_000_000;
 
     /// The default options with offsets aligned to `alignment`.
     pub fn aligned(alignment: u64) -> Self {

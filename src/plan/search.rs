@@ -129,14 +129,27 @@ impl<'p, 'a> Search<'p, 'a> {
             return;
         }
         let mut sky = Skyline::new(p);
+        let (mut incumbent, mut incumbent_heap) = (Vec::new(), u64::MAX);
         let mut run = 0u64;
-        while run < 3 || (sky.steps < budget && self.best_heap > p.lower_bound) {
+        while sky.steps < budget && self.best_heap > p.lower_bound {
+            // Three deterministic rules, then in turn a fresh randomised construction and one
+            // that replays the best construction's choices up to a random point.
             let rule = Rule {
                 key: (run % 3) as u8,
                 noise: if run < 3 { 0 } else { 32 * (1 + run % 8) },
             };
+            let prefix = if run >= 3 && run % 2 == 0 {
+                let cut = self.rng.below(incumbent.len() as u64 + 1) as usize;
+                &incumbent[..cut]
+            } else {
+                &[][..]
+            };
             run += 1;
-            let heap = sky.build(rule, &mut self.rng);
+            let heap = sky.build(rule, &mut self.rng, prefix);
+            if heap <= incumbent_heap {
+                incumbent_heap = heap;
+                incumbent.clone_from(&sky.choices);
+            }
             let fits = p.options.max_arena_bytes.is_none_or(|limit| heap <= limit);
             if fits && heap < self.best_heap {
                 self.best_heap = heap;

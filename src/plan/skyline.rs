@@ -23,6 +23,8 @@ pub(crate) struct Skyline<'p, 'a> {
     pub(crate) offset: Vec<u64>,
     /// The buffers in the order they were placed.
     pub(crate) order: Vec<u32>,
+    /// The choices of the last construction (item indices), to replay a prefix of.
+    pub(crate) choices: Vec<u32>,
     /// Work spent so far (slots and items looked at).
     pub(crate) steps: u64,
 }
@@ -39,7 +41,9 @@ pub(crate) struct Rule {
 impl<'p, 'a> Skyline<'p, 'a> {
     /// Cuts the steps of `problem` into slots.
     pub(crate) fn new(problem: &'p Problem<'a>) -> Self {
-        let items = problem.placeable.clone();
+        let mut items = problem.placeable.clone();
+        // By start, so that the buffers starting in a stretch are a range of items.
+        items.sort_by_key(|&i| (problem.buffers[i as usize].lower, i));
         let mut points: Vec<u64> = items
             .iter()
             .flat_map(|&i| {
@@ -68,24 +72,28 @@ impl<'p, 'a> Skyline<'p, 'a> {
             floor: vec![0; slots],
             offset: vec![0; problem.len()],
             order: Vec::new(),
+            choices: Vec::new(),
             steps: 0,
         }
     }
 
-    /// Builds one plan with `rule`; returns its heap (with the true sizes). The offsets are in
+    /// Builds one plan with `rule`, making the choices of `prefix` first (the choices of an
+    /// earlier construction, which are valid again because the construction is the same up to
+    /// there); returns its heap (with the true sizes). The offsets are in
     /// `self.offset`, the placement order in `self.order`.
-    pub(crate) fn build(&mut self, rule: Rule, rng: &mut SplitMix64) -> u64 {
+    pub(crate) fn build(&mut self, rule: Rule, rng: &mut SplitMix64, prefix: &[u32]) -> u64 {
         let p = self.problem;
         self.floor.fill(0);
         self.done.fill(false);
         self.order.clear();
+        self.choices.clear();
         let mut left = self.items.len();
         let mut heap = 0u64;
         let mut fitting: Vec<usize> = Vec::new();
         let mut tiles: Vec<bool> = Vec::new();
         while left > 0 {
             // The lowest slot (leftmost among equals) and its flat stretch [lo, hi).
-            self.steps += self.floor.len() as u64 + self.items.len() as u64;
+            self.steps += self.floor.len() as u64;
             let (mut at, mut low) = (0usize, u64::MAX);
             for (s, &f) in self.floor.iter().enumerate() {
                 if f < low {
@@ -101,8 +109,11 @@ impl<'p, 'a> Skyline<'p, 'a> {
                 hi += 1;
             }
             fitting.clear();
-            for k in 0..self.items.len() {
-                if !self.done[k] && self.first[k] as usize >= lo && self.end[k] as usize <= hi {
+            let from = self.first.partition_point(|&f| (f as usize) < lo);
+            let to = self.first.partition_point(|&f| (f as usize) < hi);
+            self.steps += (to - from) as u64;
+            for k in from..to {
+                if !self.done[k] && self.end[k] as usize <= hi {
                     fitting.push(k);
                 }
             }
@@ -142,7 +153,9 @@ impl<'p, 'a> Skyline<'p, 'a> {
                 }
             };
             self.steps += (fitting.len() + hi - lo) as u64;
-            let chosen = if rule.noise > 0 && rng.below(1024) < rule.noise {
+            let chosen = if let Some(&k) = prefix.get(self.choices.len()) {
+                k as usize
+            } else if rule.noise > 0 && rng.below(1024) < rule.noise {
                 // A random one of the best class.
                 let class = fitting.iter().map(|&k| touches(k)).max().unwrap_or(0);
                 fitting.retain(|&k| touches(k) == class);
@@ -154,6 +167,7 @@ impl<'p, 'a> Skyline<'p, 'a> {
                     .expect("not empty")
             };
             let b = self.items[chosen] as usize;
+            self.choices.push(chosen as u32);
             self.done[chosen] = true;
             left -= 1;
             self.offset[b] = low;
