@@ -50,9 +50,12 @@ pub struct PlanOptions {
     /// `max_storage_buffer_binding_size`): buffers are spread over as few arenas as the planner
     /// finds, each buffer wholly inside one arena.
     pub max_arena_bytes: Option<u64>,
-    /// The search budget of [`plan`](super::plan): the number of placement steps (one step is one
-    /// already-placed buffer looked at while placing another) the local search may spend. The
-    /// search is deterministic: the same input and options give the same plan on every machine.
+    /// The work budget of [`plan`](super::plan), in steps: five sixths go to the skyline
+    /// constructions (a step is a slot or a buffer looked at), the rest to the local search over
+    /// orderings (a step is an already-placed buffer looked at while placing another). The
+    /// budget is a count, not a time, so the same input and options give the same plan on every
+    /// machine; 0 leaves only the starting orderings (and the exact search, which counts its own
+    /// steps against the same number).
     pub search_steps: u64,
     /// Instances with at most this many buffers (of nonzero size) are solved exactly by branch and
     /// bound (within `search_steps`), when they fit in one arena.
@@ -60,8 +63,9 @@ pub struct PlanOptions {
 }
 
 impl PlanOptions {
-    /// The default search budget: about a quarter of a second on a 2-core Xeon of 2020.
-    pub const DEFAULT_SEARCH_STEPS: u64 = 144_000_000;
+    /// The default search budget: a quarter to half a second for a few hundred buffers on the
+    /// 2-core Xeon the planner was tuned on (while other builds ran).
+    pub const DEFAULT_SEARCH_STEPS: u64 = 100_000_000;
 
     /// The default options with offsets aligned to `alignment`.
     pub fn aligned(alignment: u64) -> Self {
