@@ -93,7 +93,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     .push((self.offset[c], self.offset[c] + p.size[c]));
             }
         }
-        self.neighbours.sort_unstable();
+        self.neighbours.sort_unstable_by_key(|&(offset, _)| offset);
         let size = p.size[b];
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
         let mut end = 0u64;

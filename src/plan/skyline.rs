@@ -126,11 +126,12 @@ impl<'p, 'a> Skyline<'p, 'a> {
             }
             // Which slots of the stretch can start an exact tiling of the rest of it by the
             // fitting buffers: `tiles[s - lo]`.
-            fitting.sort_unstable_by_key(|&k| std::cmp::Reverse(self.first[k]));
+            // (`fitting` is in item order, by first slot: read backwards, every buffer is seen
+            // after all those starting where it ends.)
             tiles.clear();
             tiles.resize(hi - lo + 1, false);
             tiles[hi - lo] = true;
-            for &k in &fitting {
+            for &k in fitting.iter().rev() {
                 let (f, e) = (self.first[k] as usize - lo, self.end[k] as usize - lo);
                 tiles[f] |= tiles[e];
             }
