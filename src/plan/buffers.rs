@@ -65,7 +65,7 @@ pub struct PlanOptions {
 impl PlanOptions {
     /// The default search budget: a quarter to half a second for a few hundred buffers on the
     /// 2-core Xeon the planner was tuned on (while other builds ran).
-    pub const DEFAULT_SEARCH_STEPS: u64 = 125_000_000;
+    pub const DEFAULT_SEARCH_STEPS: u64 = 200_000_000;
 
     /// The default options with offsets aligned to `alignment`.
     pub fn aligned(alignment: u64) -> Self {

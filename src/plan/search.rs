@@ -9,6 +9,10 @@ use super::problem::Problem;
 use super::rng::SplitMix64;
 use super::skyline::{Rule, Skyline};
 
+/// What one step of the local search (a placed buffer looked at) costs in the budget, in steps
+/// of the skyline construction (a slot or buffer looked at): about their ratio in time.
+const DECODER_STEP_COST: u64 = 8;
+
 /// Plans the buffers: aligned offsets such that no two buffers alive at the same time overlap in
 /// memory, in one arena or, with `max_arena_bytes`, in as few as the search finds, using as few
 /// bytes as the search finds. Deterministic, and never worse than
@@ -31,9 +35,8 @@ pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError
     let problem = Problem::new(buffers, options)?;
     let mut search = Search::new(&problem);
     search.start();
-    let skyline_steps = options.search_steps / 6 * 5;
-    search.skyline(skyline_steps);
-    search.improve(options.search_steps - skyline_steps);
+    let skyline_steps = search.skyline(options.search_steps / 12 * 11);
+    search.improve((options.search_steps - skyline_steps) / DECODER_STEP_COST);
     let mut best = problem.plan(&search.best_arena, &search.best_offset);
     if problem.placeable.len() <= options.exact_max_buffers
         && best.heap_bytes > problem.lower_bound
@@ -123,15 +126,22 @@ impl<'p, 'a> Search<'p, 'a> {
 
     /// Skyline constructions within `budget` steps; the best, if better, becomes the best plan
     /// and its placement order the starting point of the local search.
-    fn skyline(&mut self, budget: u64) {
+    ///
+    /// Returns the steps spent. When none of the three deterministic constructions beats the
+    /// starting orderings, the instance is not one that tiles well and the rest of the budget
+    /// is left to the local search.
+    fn skyline(&mut self, budget: u64) -> u64 {
         let p = self.problem;
         if p.placeable.is_empty() {
-            return;
+            return 0;
         }
         let mut sky = Skyline::new(p);
         let (mut incumbent, mut incumbent_heap) = (Vec::new(), u64::MAX);
         let mut run = 0u64;
         while sky.steps < budget && self.best_heap > p.lower_bound {
+            if run == 3 && incumbent_heap > self.best_heap {
+                break;
+            }
             // Three deterministic rules, then in turn a fresh randomised construction and one
             // that replays the best construction's choices up to a random point.
             let rule = Rule {
@@ -159,6 +169,7 @@ impl<'p, 'a> Search<'p, 'a> {
                 self.best_fit = Fit::First;
             }
         }
+        sky.steps
     }
 
     fn keep(&mut self, heap: u64, order: &[u32], fit: Fit) {
