@@ -50,15 +50,15 @@ pub struct PlanOptions {
     /// `max_storage_buffer_binding_size`): buffers are spread over as few arenas as the planner
     /// finds, each buffer wholly inside one arena.
     pub max_arena_bytes: Option<u64>,
-    /// The work budget of [`plan`](super::plan), in steps: five sixths go to the skyline
-    /// constructions (a step is a slot or a buffer looked at), the rest to the local search over
-    /// orderings (a step is an already-placed buffer looked at while placing another). The
-    /// budget is a count, not a time, so the same input and options give the same plan on every
-    /// machine; 0 leaves only the starting orderings (and the exact search, which counts its own
-    /// steps against the same number).
+    /// The work budget of [`plan`](super::plan), in steps. The skyline constructions may spend
+    /// eleven twelfths of it (a step is a slot or a buffer looked at), the local search over
+    /// orderings the rest (a step there is an already-placed buffer looked at while placing
+    /// another, and counts 8), and the exact search of small instances up to a quarter more.
+    /// The budget is a count, not a time, so the same input and options give the same plan on
+    /// every machine; 0 leaves only the starting orderings.
     pub search_steps: u64,
     /// Instances with at most this many buffers (of nonzero size) are solved exactly by branch and
-    /// bound (within `search_steps`), when they fit in one arena.
+    /// bound (within a quarter of `search_steps`), when they fit in one arena.
     pub exact_max_buffers: usize,
 }
 

@@ -18,32 +18,34 @@ const DECODER_STEP_COST: u64 = 8;
 /// bytes as the search finds. Deterministic, and never worse than
 /// [`greedy_by_size`](super::greedy_by_size), whose plan is one of its starting points.
 ///
-/// The search, within `options.search_steps`, stopping early at the lower bound:
+/// The search, within [`PlanOptions::search_steps`], stopping early at the lower bound:
 ///
 /// 1. several orderings (by size, by size × lifetime, by lifetime, by start, by end, by number of
 ///    conflicts, by the bytes of the conflicts) are each placed with best fit and with first fit;
 /// 2. bottom-up skyline constructions (one arena): the lowest flat stretch of the skyline is
 ///    filled next, preferring a buffer at its left end after which the rest of the stretch can
-///    still be tiled exactly by the buffers that fit in it; three deterministic rules, then
-///    randomised tie-breaking;
+///    still be tiled exactly by the buffers that fit in it; three deterministic rules, then, in
+///    turn, randomised tie-breaking and replays of the best construction's choices up to a
+///    random point followed by randomised ones. When none of the three deterministic
+///    constructions beats step 1, the skyline stops there and leaves its budget to step 3;
 /// 3. an iterated local search over the ordering of the best so far: a buffer that reaches the
 ///    top of its arena (or, one time in four, any buffer) moves to an earlier position, the
 ///    buffers from there on are placed again, and the move is kept when the heap does not grow;
 /// 4. instances of at most `options.exact_max_buffers` buffers are then solved by branch and
-///    bound (exactly, unless the budget runs out first).
+///    bound (exactly, unless its budget runs out first).
 pub fn plan(buffers: &[Buffer], options: &PlanOptions) -> Result<Plan, PlanError> {
     let problem = Problem::new(buffers, options)?;
     let mut search = Search::new(&problem);
     search.start();
     let skyline_steps = search.skyline(options.search_steps / 12 * 11);
-    search.improve((options.search_steps - skyline_steps) / DECODER_STEP_COST);
+    search.improve(options.search_steps.saturating_sub(skyline_steps) / DECODER_STEP_COST);
     let mut best = problem.plan(&search.best_arena, &search.best_offset);
     if problem.placeable.len() <= options.exact_max_buffers
         && best.heap_bytes > problem.lower_bound
         && best.arena_bytes.len() <= 1
     {
         if let Some((heap, offsets)) =
-            branch_and_bound(&problem, best.heap_bytes, options.search_steps)
+            branch_and_bound(&problem, best.heap_bytes, options.search_steps / 4)
         {
             let fits = options.max_arena_bytes.is_none_or(|limit| heap <= limit);
             if heap < best.heap_bytes && fits {
