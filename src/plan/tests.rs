@@ -343,6 +343,10 @@ proptest! {
         }
         prop_assert!(ours.heap_bytes <= greedy.heap_bytes);
         prop_assert_eq!(&plan(&buffers, &options).unwrap(), &ours);
+        // Without a budget only the starting orderings remain, greedy-by-size's among them.
+        let unsearched = plan(&buffers, &PlanOptions { search_steps: 0, ..options.clone() }).unwrap();
+        unsearched.check(&buffers, None).unwrap();
+        prop_assert!(unsearched.heap_bytes <= greedy.heap_bytes);
         prop_assert_eq!(&greedy_by_size(&buffers, &options).unwrap(), &greedy);
     }
 
