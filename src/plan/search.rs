@@ -150,7 +150,7 @@ impl<'p, 'a> Search<'p, 'a> {
                 key: (run % 3) as u8,
                 noise: if run < 3 { 0 } else { 32 * (1 + run % 8) },
             };
-            let prefix = if run >= 3 && run % 2 == 0 {
+            let prefix = if run >= 3 && run.is_multiple_of(2) {
                 let cut = self.rng.below(incumbent.len() as u64 + 1) as usize;
                 &incumbent[..cut]
             } else {
