@@ -198,7 +198,9 @@ impl<'p, 'a> Search<'p, 'a> {
         let mut saved_arena: Vec<u32> = Vec::with_capacity(n);
         let mut top: Vec<usize> = Vec::new();
         while self.decoder.steps < budget && self.best_heap > p.lower_bound {
-            // The buffers reaching the top of their arena (positions in the order).
+            // The buffers reaching the top of their arena (positions in the order): a pass over
+            // all of them, counted as such.
+            self.decoder.steps += n as u64;
             top.clear();
             let mut tops: Vec<u64> = Vec::new();
             for &b in &order {
