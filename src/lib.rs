@@ -4,6 +4,7 @@ pub mod buddy;
 pub mod compute;
 pub mod device;
 pub mod history;
+pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod replay;
