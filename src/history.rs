@@ -20,6 +20,8 @@
 //! before the oldest event it holds — and folds every dropped event into it.
 //! [`History::timeline`] replays the events from there.
 
+#![deny(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;

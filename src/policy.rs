@@ -40,6 +40,8 @@
 //! peak requested 1.09 on `gpt_train` and 1.07 on `frag_churn`, against PyTorch's 1.25 and 1.29;
 //! the cost is more segments created (see ARCHITECTURE.md for the figures and the trade-off).
 
+#![deny(unsafe_code)]
+
 use std::collections::BTreeSet;
 use std::fmt;
 

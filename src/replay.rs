@@ -6,6 +6,8 @@
 //! allocation, the policy's naive mode over the same storage. PyTorch's own reserved memory comes from the trace's `segment_alloc` and
 //! `segment_free` events.
 
+#![deny(unsafe_code)]
+
 use std::collections::HashMap;
 
 use crate::buddy::Rounding;

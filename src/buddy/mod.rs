@@ -69,6 +69,8 @@
 //! an allocator that did not make it panics with a message naming both ids (a bug in the caller,
 //! not bad input).
 
+#![deny(unsafe_code)]
+
 mod run;
 
 use std::num::NonZeroU64;

@@ -34,6 +34,8 @@
 //! refuse addresses and sizes at or above 2^53, which the viewer's JavaScript numbers
 //! cannot hold exactly.
 
+#![deny(unsafe_code)]
+
 mod error;
 mod invariants;
 mod pickle;

@@ -5,6 +5,8 @@
 //! No wgpu, and nothing of the pool or the report: exporters and tests build these by hand, and
 //! the module only reads the policy's statistics, the history and the snapshot format.
 
+#![deny(unsafe_code)]
+
 mod pytorch;
 
 #[cfg(test)]
