@@ -51,8 +51,15 @@ impl Tensor {
         self.len as u64 * 4
     }
 
-    /// The pool allocation holding the data, to bind it in kernels of your own (bind it
-    /// `read_write`; see the pool's module documentation).
+    /// The pool allocation holding the data.
+    ///
+    /// To bind a tensor in a kernel of your own, record the kernel through the context with
+    /// [`Context::dispatch`] or [`Context::dispatch_with`]: the dispatch then joins the context's
+    /// batch, and the tensor's range stays reserved until the submission that carries it. Work
+    /// you record elsewhere (your own encoder) that binds this allocation is not tracked: if the
+    /// tensor is dropped before that work is submitted while no batch of the context is open, its
+    /// range is reusable at once, and a new allocation's upload can land in it before your kernel
+    /// reads it. Bind it `read_write` (see the pool's module documentation).
     pub fn allocation(&self) -> &Allocation {
         self.allocation
             .as_ref()

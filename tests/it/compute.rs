@@ -1220,3 +1220,125 @@ fn ops_run_on_the_naive_baseline_and_give_its_buffers_back() {
         "{context_stats:?}"
     );
 }
+
+/// A kernel of the user's own: `y = x` (every storage binding `read_write`).
+fn copy_pipeline(gpu: &Gpu) -> wgpu::ComputePipeline {
+    let module = gpu
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("test copy"),
+            source: wgpu::ShaderSource::Wgsl(
+                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @compute @workgroup_size(64)
+                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&y) { y[id.x] = x[id.x]; }
+                 }"
+                .into(),
+            ),
+        });
+    gpu.device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("test copy"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+}
+
+#[test]
+fn a_users_kernel_recorded_through_the_context_keeps_its_tensors_ranges() {
+    let gpu = gpu();
+    let context = context(gpu);
+    let pipeline = copy_pipeline(gpu);
+    let data: Vec<f32> = (1..=64).map(|i| i as f32).collect();
+    let other = vec![-1.0f32; 64];
+
+    // The hazard with the allocation alone: the kernel recorded in the user's encoder (not yet
+    // submitted), its input dropped while no batch is open, another tensor uploaded: it takes the
+    // input's range at once, and its upload lands before the user's kernel reads.
+    let x = context.tensor(&data, &[64]).unwrap();
+    let y = context.tensor(&[0.0; 64], &[64]).unwrap();
+    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: x.allocation().as_binding_resource(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: y.allocation().as_binding_resource(),
+            },
+        ],
+    });
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    let x_range = (x.allocation().buffer().clone(), x.allocation().offset());
+    assert_eq!(context.pending_dispatches(), 0);
+    drop(x);
+    let z = context.tensor(&other, &[64]).unwrap();
+    let z_range = (z.allocation().buffer().clone(), z.allocation().offset());
+    context.pool().submit([encoder.finish()]);
+    let corrupted = y.to_vec().unwrap();
+    if z_range == x_range {
+        assert_eq!(
+            corrupted, other,
+            "the user's kernel read the new tensor's data"
+        );
+    } else {
+        eprintln!("the pool placed the new tensor elsewhere: the hazard did not show");
+    }
+    drop((y, z, bind_group));
+
+    // Through the context: the dispatch joins the batch, the dropped input keeps its range until
+    // the batch is submitted, and the kernel reads its own data.
+    let x = context.tensor(&data, &[64]).unwrap();
+    let y = context.tensor(&[0.0; 64], &[64]).unwrap();
+    let x_range = (x.allocation().buffer().clone(), x.allocation().offset());
+    context.dispatch(&pipeline, &[&x, &y], [1, 1, 1]).unwrap();
+    assert_eq!(context.pending_dispatches(), 1);
+    drop(x);
+    let z = context.tensor(&other, &[64]).unwrap();
+    let z_range = (z.allocation().buffer().clone(), z.allocation().offset());
+    assert_ne!(z_range, x_range, "a range the open batch reads was reused");
+    assert_eq!(y.to_vec().unwrap(), data);
+    // Mixed with the context's own ops in one batch, and after it the range is reusable.
+    let doubled = context.binary_scalar(BinaryOp::Mul, &y, 2.0).unwrap();
+    let w = context.tensor(&[0.0; 64], &[64]).unwrap();
+    context
+        .dispatch(&pipeline, &[&doubled, &w], [1, 1, 1])
+        .unwrap();
+    let expected: Vec<f32> = data.iter().map(|v| v * 2.0).collect();
+    assert_eq!(w.to_vec().unwrap(), expected);
+    drop(z);
+
+    // Typed errors that record nothing.
+    let pending = context.pending_dispatches();
+    let foreign_context = context_with(gpu, ContextOptions::default());
+    let foreign = foreign_context.tensor(&data, &[64]).unwrap();
+    assert_eq!(
+        context.dispatch(&pipeline, &[&foreign, &y], [1, 1, 1]),
+        Err(ComputeError::ForeignTensor { op: "dispatch" })
+    );
+    let too_many = context.limits().max_compute_workgroups_per_dimension + 1;
+    let beyond = context.dispatch(&pipeline, &[&w, &y], [too_many, 1, 1]);
+    assert!(
+        matches!(beyond, Err(ComputeError::ExceedsLimit { .. })),
+        "{beyond:?}"
+    );
+    let wrong_layout = context.dispatch(&pipeline, &[&w], [1, 1, 1]);
+    assert!(
+        matches!(wrong_layout, Err(ComputeError::Config(_))),
+        "{wrong_layout:?}"
+    );
+    assert_eq!(context.pending_dispatches(), pending);
+}
