@@ -1342,3 +1342,158 @@ fn a_users_kernel_recorded_through_the_context_keeps_its_tensors_ranges() {
     );
     assert_eq!(context.pending_dispatches(), pending);
 }
+
+/// Sizes at the edges: nothing, one, the u32 and u31 boundaries, far beyond, and `usize::MAX`.
+const EXTREMES: [usize; 12] = [
+    0,
+    1,
+    3,
+    4,
+    65_536,
+    (1 << 30) + 1,
+    (1 << 31) - 1,
+    1 << 31,
+    1 << 32,
+    1 << 40,
+    usize::MAX - 1,
+    usize::MAX,
+];
+
+/// A context on a pool of 64 MiB budget, shared by the cases of the property tests: nothing they
+/// ask for may allocate more.
+fn small_budget_context() -> &'static Context {
+    static CONTEXT: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
+    CONTEXT.get_or_init(|| {
+        let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+        pool.set_budget(Some(64 << 20));
+        Context::new(&pool, ContextOptions::default()).expect("context")
+    })
+}
+
+fn extreme() -> impl proptest::strategy::Strategy<Value = usize> {
+    proptest::sample::select(EXTREMES.to_vec())
+}
+
+fn extreme_u32() -> impl proptest::strategy::Strategy<Value = u32> {
+    proptest::sample::select(vec![
+        0,
+        1,
+        3,
+        8,
+        16,
+        65_535,
+        1 << 31,
+        u32::MAX - 7,
+        u32::MAX,
+    ])
+}
+
+mod extreme_sizes {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn matmul_plans_of_any_size_are_plans_or_typed_errors(
+            m in extreme(), n in extreme(), k in extreme()
+        ) {
+            let context = small_budget_context();
+            if let Ok(plan) = context.matmul_plan(m, n, k) {
+                let limit = context.limits().max_compute_workgroups_per_dimension;
+                prop_assert!(plan.workgroups.iter().all(|&count| (1..=limit).contains(&count)));
+                prop_assert!(m > 0 && n > 0 && k > 0);
+            }
+        }
+
+        #[test]
+        fn tensors_of_any_shape_are_tensors_or_typed_errors(
+            shape in proptest::collection::vec(extreme(), 0..4)
+        ) {
+            let context = small_budget_context();
+            let len = shape.iter().try_fold(1usize, |len, &dim| len.checked_mul(dim));
+            let data = vec![1.0f32; len.unwrap_or(0).min(64)];
+            if let Ok(tensor) = context.tensor(&data, &shape) {
+                prop_assert_eq!(tensor.len(), data.len());
+                prop_assert_eq!(tensor.shape(), &shape[..]);
+                // Ops over the shapes a tensor can have: results or typed errors.
+                let _ = context.relu(&tensor);
+                let _ = context.add(&tensor, &tensor);
+                let _ = context.add_bias(&tensor, &tensor);
+                let _ = context.sum(&tensor);
+                let _ = context.softmax(&tensor);
+                let _ = context.matmul(&tensor, &tensor);
+                prop_assert!(context.write(&tensor, &data).is_ok());
+            }
+            let tensor = context.tensor(&[1.0; 4], &[4]).unwrap();
+            if let Ok(tensor) = tensor.reshape(&shape) {
+                prop_assert_eq!(tensor.len(), 4);
+            }
+        }
+
+        #[test]
+        fn options_and_tiles_of_any_size_are_accepted_or_typed_errors(
+            sizes in proptest::collection::vec(extreme_u32(), 9),
+            m in extreme(), n in extreme(), k in extreme(),
+        ) {
+            let context = small_budget_context();
+            let tiles = MatmulTiles::new(sizes[0], sizes[1], sizes[2]).per_invocation(sizes[3], sizes[4]);
+            let _ = (tiles.threads(), tiles.workgroup_storage_bytes(), tiles.to_string());
+            let _ = tiles.check(context.limits());
+            let options = ContextOptions {
+                max_ops_per_batch: sizes[5],
+                max_grid_x: Some(sizes[6]),
+                max_cached_bind_groups: m,
+                flush_when_freed_bytes_exceed: Some(n as u64),
+                matmul: MatmulOptions {
+                    tiles: (sizes[7] % 2 == 0).then_some(tiles),
+                    split_k: Some(sizes[8]),
+                    min_workgroups: sizes[5],
+                    min_split_depth: sizes[6],
+                    max_splits: sizes[8],
+                    group_rows: sizes[7],
+                    narrow_max_rows: sizes[3],
+                    narrow_lanes: Some(sizes[4]),
+                    ..MatmulOptions::default()
+                },
+                ..ContextOptions::default()
+            };
+            if let Ok(context) = Context::new(context.pool(), options.clone()) {
+                let _ = context.matmul_plan(m, n, k);
+            }
+            // The automatic choices with extreme knobs.
+            let options = ContextOptions {
+                matmul: MatmulOptions {
+                    split_k: None,
+                    narrow_lanes: None,
+                    tiles: None,
+                    small_tiles: tiles,
+                    ..options.matmul
+                },
+                ..ContextOptions::default()
+            };
+            if let Ok(context) = Context::new(context.pool(), options) {
+                let _ = context.matmul_plan(m, n, k);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_plans_of_the_issue_are_typed_errors() {
+    let context = small_budget_context();
+    for (m, n, k) in [
+        (1 << 31, 1 << 31, 1),
+        (1 << 40, 1 << 40, 1),
+        (0, 4, 4),
+        (4, 4, 0),
+    ] {
+        let result = context.matmul_plan(m, n, k);
+        assert!(result.is_err(), "{m}x{n}x{k}: {result:?}");
+    }
+}

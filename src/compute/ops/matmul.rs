@@ -110,15 +110,41 @@ pub struct MatmulPlan {
 
 impl Context {
     /// The plan [`Context::matmul`] follows for `[m, k] · [k, n]` under the context's options.
+    ///
+    /// Any sizes give a plan or a typed error, never a panic: [`ComputeError::InvalidShape`] for
+    /// a size of 0 or operands of more elements than a tensor holds,
+    /// [`ComputeError::ParameterOverflow`] for sizes beyond the kernels' 32-bit parameters,
+    /// [`ComputeError::ExceedsLimit`] for a grid the device cannot dispatch.
     pub fn matmul_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
+        const OP: &str = "matmul";
+        if m == 0 || n == 0 || k == 0 {
+            return Err(ComputeError::InvalidShape {
+                op: OP,
+                shape: vec![m, n, k],
+                reason: "M, N and K of a matmul must not be 0",
+            });
+        }
+        let plan = match self.narrow_plan(m, n, k) {
+            Some(plan) => plan,
+            None => self.tiled_plan(m, n, k)?,
+        };
+        // A, B and C are tensors: refuse what no tensor holds, as the matmul would.
+        for shape in [[m, k], [k, n], [m, n]] {
+            element_count(OP, &shape)?;
+        }
+        Ok(plan)
+    }
+
+    /// The plan of the tiled kernel (with split-K where the tile leaves the GPU idle); `m`, `n`,
+    /// `k` are not 0. Every product saturates: a saturated size is refused below by a limit.
+    fn tiled_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
+        const OP: &str = "matmul";
         let options = &self.options().matmul;
         let limits = self.limits();
-        const OP: &str = "matmul";
-        if let Some(plan) = self.narrow_plan(m, n, k) {
-            return Ok(plan);
-        }
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         let blocks = |tiles: MatmulTiles| {
-            (m as u64).div_ceil(u64::from(tiles.bm)) * (n as u64).div_ceil(u64::from(tiles.bn))
+            m64.div_ceil(u64::from(tiles.bm.max(1)))
+                .saturating_mul(n64.div_ceil(u64::from(tiles.bn.max(1))))
         };
         let min_workgroups = u64::from(options.min_workgroups);
         let tiles = match options.tiles {
@@ -131,27 +157,27 @@ impl Context {
                 }
             }
         };
-        let bk = u64::from(tiles.bk);
-        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        let bk = u64::from(tiles.bk.max(1));
         let wanted = match options.split_k {
             Some(splits) => u64::from(splits.max(1)),
             None if blocks(tiles) >= min_workgroups => 1,
             None => min_workgroups
-                .div_ceil(blocks(tiles))
+                .div_ceil(blocks(tiles).max(1))
                 .min(k64 / u64::from(options.min_split_depth.max(1)))
                 .min(u64::from(options.max_splits))
                 .max(1),
         };
         // The partial products (rounded up to 16 bytes) must fit one binding.
         let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
-            / (m64 * n64 * 4).max(1))
+            / m64.saturating_mul(n64).saturating_mul(4))
         .max(1);
         let wanted = wanted.min(max_binding_splits);
-        let k_chunk = k64.div_ceil(wanted).div_ceil(bk) * bk;
+        // At least `bk` (K is not 0), so the division below is sound.
+        let k_chunk = k64.div_ceil(wanted).div_ceil(bk).saturating_mul(bk);
         let splits = k64.div_ceil(k_chunk);
         let workgroups = [
-            n64.div_ceil(u64::from(tiles.bn)),
-            m64.div_ceil(u64::from(tiles.bm)),
+            n64.div_ceil(u64::from(tiles.bn.max(1))),
+            m64.div_ceil(u64::from(tiles.bm.max(1))),
             splits,
         ];
         let max = u64::from(limits.max_compute_workgroups_per_dimension);
