@@ -59,9 +59,9 @@ pub struct ContextOptions {
     /// a naive pool ([`Pool::naive`]): there every tensor is a new buffer, so no bind group would
     /// be asked for twice and the cache would only hash and hold dropped buffers.
     pub max_cached_bind_groups: usize,
-    /// Caps the x dimension of element-wise and row grids below the device's
-    /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grid with small
-    /// tensors. `None`: the device's limit.
+    /// Caps the x dimension of element-wise, row and matmul grids below the device's
+    /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grids (and the matmul's
+    /// grid over rows of block tiles) with small tensors. `None`: the device's limit.
     pub max_grid_x: Option<u32>,
 }
 

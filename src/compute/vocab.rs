@@ -592,10 +592,15 @@ pub(crate) struct MatmulParams {
     pub(crate) k: u32,
     /// Depth of K per split (a multiple of the tile's `bk`); K when there is no split.
     pub(crate) k_chunk: u32,
-    /// Block tiles along N (the grid's x).
+    /// Block tiles along N.
     pub(crate) tiles_n: u32,
-    /// Block tiles along M (the grid's y).
+    /// Block tiles along M.
     pub(crate) tiles_m: u32,
+    /// Workgroups per row of the grid: `tiles_n` where the grid is `[tiles_n, tiles_m]`, else
+    /// the x of a grid over `tiles_n · tiles_m` linear ids.
+    pub(crate) grid_x: u32,
+    /// Unused (0).
+    pub(crate) pad: u32,
 }
 
 /// The parameters of the narrow matmul; WGSL `NarrowParams` in `shaders/matmul_narrow.wgsl`.
@@ -606,6 +611,10 @@ pub(crate) struct NarrowParams {
     pub(crate) n4: u32,
     /// K / 4.
     pub(crate) k4: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// Unused (0).
+    pub(crate) pad: u32,
 }
 
 /// The parameters of the split-K reduction; WGSL `ReduceParams` in

@@ -825,19 +825,16 @@ fn shape_mismatches_and_out_of_limit_sizes_are_typed_errors_that_record_nothing(
         "{result:?}"
     );
 
-    // More workgroups along N than a dimension allows (64-wide tiles).
+    // More workgroups along N than a dimension allows (64-wide tiles): no longer refused, the
+    // grid is laid over rows of block tiles (see
+    // `matmuls_beyond_65535_workgroups_along_m_or_n_split_their_grid`).
     let narrow = matmul_context(gpu(), Some(MatmulTiles::T64X64X8), Some(1));
-    let n = limits.max_compute_workgroups_per_dimension as usize * 64 + 1;
-    let too_wide = narrow.matmul_plan(1, n, 1);
+    let limit = limits.max_compute_workgroups_per_dimension;
+    let n = limit as usize * 64 + 1;
+    let wide = narrow.matmul_plan(1, n, 1).unwrap();
     assert!(
-        matches!(
-            too_wide,
-            Err(ComputeError::ExceedsLimit {
-                limit_name: "max_compute_workgroups_per_dimension",
-                ..
-            })
-        ),
-        "{too_wide:?}"
+        wide.workgroups.iter().all(|&count| count <= limit),
+        "{wide:?}"
     );
     assert_eq!(
         context.pending_dispatches(),
@@ -1495,5 +1492,89 @@ fn the_plans_of_the_issue_are_typed_errors() {
     ] {
         let result = context.matmul_plan(m, n, k);
         assert!(result.is_err(), "{m}x{n}x{k}: {result:?}");
+    }
+}
+
+#[test]
+fn matmul_grids_past_the_x_limit_are_split_over_rows_of_workgroups() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let limited = |tiles: Option<MatmulTiles>, split_k: Option<u32>, lanes: Option<u32>| {
+        context_with(
+            gpu(),
+            ContextOptions {
+                max_grid_x: Some(2),
+                matmul: MatmulOptions {
+                    tiles,
+                    split_k,
+                    narrow_lanes: lanes,
+                    ..MatmulOptions::default()
+                },
+                ..ContextOptions::default()
+            },
+        )
+    };
+    // Tiled (vec4, and scalar with edges), without and with split-K: 3 × 5 block tiles of 64×64
+    // laid over rows of 2 workgroups.
+    for (split_k, (m, k, n)) in [
+        (Some(1), (130, 20, 300)),
+        (Some(1), (129, 21, 301)),
+        (Some(3), (130, 100, 300)),
+    ] {
+        let context = limited(Some(MatmulTiles::T64X64X8), split_k, None);
+        let plan = context.matmul_plan(m, n, k).unwrap();
+        assert_eq!(plan.narrow_lanes, 0);
+        assert!(
+            plan.workgroups[0] <= 2 && plan.workgroups[1] > 3,
+            "{plan:?}"
+        );
+        assert_eq!(plan.splits, split_k.unwrap());
+        for (bias, activation) in [(false, Activation::None), (true, Activation::Relu)] {
+            check_matmul(
+                &context,
+                "split grid",
+                (m, k, n),
+                bias,
+                activation,
+                &mut rng,
+            );
+        }
+    }
+    // Narrow: 7 workgroups of one vec4 column each, over rows of 2.
+    let context = limited(None, None, Some(1));
+    let plan = context.matmul_plan(3, 28, 16).unwrap();
+    assert_eq!(plan.narrow_lanes, 1);
+    assert_eq!(plan.workgroups, [2, 4, 1]);
+    check_matmul(
+        &context,
+        "split narrow grid",
+        (3, 16, 28),
+        true,
+        Activation::Relu,
+        &mut rng,
+    );
+}
+
+#[test]
+fn matmuls_beyond_65535_workgroups_along_m_or_n_split_their_grid() {
+    // The issue's shapes: 8,960,000 rows (or columns) of one element: 140,000 tiles of 64 along
+    // M (or N), past the device's 65,535 (more rows than the largest tile has times the limit).
+    let context = context(gpu());
+    let limit = context.limits().max_compute_workgroups_per_dimension;
+    let long = 8_960_000;
+    let mut rng = StdRng::seed_from_u64(32);
+    let values = random(&mut rng, long, -1.0, 1.0);
+    for (m, n) in [(long, 1), (1, long)] {
+        let plan = context.matmul_plan(m, n, 1).unwrap();
+        let tiles = m.div_ceil(plan.tiles.bm as usize) * n.div_ceil(plan.tiles.bn as usize);
+        assert!(tiles > limit as usize, "{plan:?}");
+        assert!(
+            plan.workgroups.iter().all(|&count| count <= limit),
+            "{plan:?}"
+        );
+        let a = context.tensor(&values[..m], &[m, 1]).unwrap();
+        let b = context.tensor(&values[..n], &[1, n]).unwrap();
+        let c = context.matmul(&a, &b).unwrap().to_vec().unwrap();
+        let expected = cpu::matmul(&values[..m], &values[..n], m, 1, n);
+        assert_close(&format!("{m}x1·1x{n}"), &c, &expected, exact);
     }
 }

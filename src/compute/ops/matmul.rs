@@ -102,7 +102,12 @@ pub struct MatmulPlan {
     /// Some tile is partial: loads and stores are masked.
     pub edges: bool,
     /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`, or of the narrow
-    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, 1]`.
+    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, 1]`. Where a dimension would exceed the device's
+    /// `max_compute_workgroups_per_dimension` (or [`ContextOptions::max_grid_x`] along x), the
+    /// block tiles (or the narrow kernel's workgroups) are laid out over `[x, y]` rows of linear
+    /// ids instead, `x · y` at least their number (the kernels skip the ids past it).
+    ///
+    /// [`ContextOptions::max_grid_x`]: crate::compute::ContextOptions::max_grid_x
     pub workgroups: [u32; 3],
     /// vec4 columns per workgroup of the narrow kernel; 0 when the tiled kernel runs.
     pub narrow_lanes: u32,
@@ -175,28 +180,29 @@ impl Context {
         // At least `bk` (K is not 0), so the division below is sound.
         let k_chunk = k64.div_ceil(wanted).div_ceil(bk).saturating_mul(bk);
         let splits = k64.div_ceil(k_chunk);
-        let workgroups = [
-            n64.div_ceil(u64::from(tiles.bn.max(1))),
-            m64.div_ceil(u64::from(tiles.bm.max(1))),
-            splits,
-        ];
         let max = u64::from(limits.max_compute_workgroups_per_dimension);
-        for (count, what) in
-            workgroups
-                .iter()
-                .zip(["workgroups along N", "workgroups along M", "splits along K"])
-        {
-            if *count > max {
-                return Err(ComputeError::ExceedsLimit {
-                    op: OP,
-                    what,
-                    value: *count,
-                    limit_name: "max_compute_workgroups_per_dimension",
-                    limit: max,
-                });
-            }
+        if splits > max {
+            return Err(ComputeError::ExceedsLimit {
+                op: OP,
+                what: "splits along K",
+                value: splits,
+                limit_name: "max_compute_workgroups_per_dimension",
+                limit: max,
+            });
         }
-        let [x, y, z] = workgroups;
+        let tiles_n = n64.div_ceil(u64::from(tiles.bn.max(1)));
+        let tiles_m = m64.div_ceil(u64::from(tiles.bm.max(1)));
+        // The block tiles as the grid where the device takes it, else over a grid of rows of
+        // linear ids (the kernel maps both through `block_id`).
+        let (x, y) = if tiles_n <= u64::from(self.max_grid_x()) && tiles_m <= max {
+            (tiles_n, tiles_m)
+        } else {
+            let (grid, _) = grid_1d(self, OP, tiles_n.saturating_mul(tiles_m))?;
+            (u64::from(grid[0]), u64::from(grid[1]))
+        };
+        // The kernel multiplies them in a u32.
+        kernel_u32(OP, "block tiles", tiles_n.saturating_mul(tiles_m))?;
+        let z = splits;
         Ok(MatmulPlan {
             tiles,
             splits: kernel_u32(OP, "splits along K", splits)?,
@@ -240,16 +246,15 @@ impl Context {
             }
             lanes
         });
-        let workgroups = u32::try_from(n4.div_ceil(u64::from(lanes)))
-            .ok()
-            .filter(|&count| count <= self.limits().max_compute_workgroups_per_dimension)?;
+        // Past the x limit, rows of workgroups (lanes past N do nothing).
+        let (workgroups, _) = grid_1d(self, "matmul", n4.div_ceil(u64::from(lanes))).ok()?;
         Some(MatmulPlan {
             tiles: options.small_tiles,
             splits: 1,
             k_chunk: u32::try_from(k).ok()?,
             vec4: true,
             edges: false,
-            workgroups: [workgroups, 1, 1],
+            workgroups,
             narrow_lanes: lanes,
         })
     }
@@ -314,6 +319,8 @@ impl Context {
             let params = NarrowParams {
                 n4: kernel_u32(OP, "N / 4", n / 4)?,
                 k4: kernel_u32(OP, "K / 4", k / 4)?,
+                grid_x: plan.workgroups[0],
+                pad: 0,
             };
             (kernel, ParamsBlock::new(&params))
         } else {
@@ -339,8 +346,10 @@ impl Context {
                 n: kernel_u32(OP, "N", n)?,
                 k: kernel_u32(OP, "K", k)?,
                 k_chunk: plan.k_chunk,
-                tiles_n: plan.workgroups[0],
-                tiles_m: plan.workgroups[1],
+                tiles_n: kernel_u32(OP, "tiles along N", n.div_ceil(plan.tiles.bn as usize))?,
+                tiles_m: kernel_u32(OP, "tiles along M", m.div_ceil(plan.tiles.bm as usize))?,
+                grid_x: plan.workgroups[0],
+                pad: 0,
             };
             (kernel, ParamsBlock::new(&params))
         };
