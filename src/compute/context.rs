@@ -374,7 +374,7 @@ impl Context {
         }
     }
 
-    /// Dispatches recorded but not yet submitted.
+    /// Dispatches (and clears of [`Context::zeros`]) recorded but not yet submitted.
     pub fn pending_dispatches(&self) -> u32 {
         self.shared.lock().batch.dispatches
     }
@@ -555,6 +555,33 @@ impl Context {
         // The batch uses the allocations from here on.
         self.shared.batch_open.store(true, Ordering::Release);
         self.encode_locked(state, pipeline, None, &bind_groups, workgroups);
+        Ok(())
+    }
+
+    /// Records a clear of `allocation` to zeros into the open batch, between passes. It counts
+    /// as a dispatch of the batch (so that an overwrite submits the batch first: an upload lands
+    /// at the start of the next submission, before the clear).
+    pub(crate) fn record_clear(&self, allocation: &Allocation) -> Result<(), ComputeError> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        self.flush_if_full_locked(state)?;
+        self.shared.batch_open.store(true, Ordering::Release);
+        // A clear is not a compute command: end the open pass (dropping it records its end).
+        state.batch.pass = None;
+        state.batch.pipeline = None;
+        let device = &self.shared.gpu.device;
+        let encoder = state.batch.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgpu-pool compute batch"),
+            })
+        });
+        // Offsets and binding sizes are multiples of 4 (`COPY_BUFFER_ALIGNMENT`).
+        encoder.clear_buffer(
+            allocation.buffer(),
+            allocation.offset(),
+            Some(allocation.binding_size()),
+        );
+        state.batch.dispatches += 1;
         Ok(())
     }
 

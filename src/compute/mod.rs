@@ -83,7 +83,8 @@
 //! - [`timing`]: GPU timestamps per dispatch;
 //! - [`context`]: [`Context`], its options and statistics; records dispatches into batches and
 //!   submits them through the pool;
-//! - [`tensor`]: [`Tensor`], and the context's methods that upload, overwrite and read tensors;
+//! - [`tensor`]: [`Tensor`], [`ReshapeError`], and the context's methods that upload, make
+//!   ([`Context::zeros`], [`Context::empty`]), overwrite and read tensors;
 //! - [`ops`]: the context's ops (element-wise, matmul, row reductions) and the dispatch of
 //!   kernels of your own ([`Context::dispatch`]);
 //! - [`cpu`]: the CPU twins of the kernels.
@@ -99,6 +100,6 @@ mod vocab;
 pub use context::{Context, ContextOptions, ContextStats};
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
-pub use tensor::Tensor;
+pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
 pub use vocab::{Activation, ComputeError, MatmulOptions, MatmulTiles, ShaderChecks};

@@ -17,7 +17,7 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{
     cpu, Activation, BinaryOp, ComputeError, Context, ContextOptions, Epilogue, MatmulOptions,
-    MatmulTiles, Tensor, TimestampSupport, UnaryOp,
+    MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 
@@ -808,7 +808,13 @@ fn shape_mismatches_and_out_of_limit_sizes_are_typed_errors_that_record_nothing(
         Err(ComputeError::InvalidShape { .. })
     ));
     let reshaped = context.tensor(&[1.0; 6], &[6]).unwrap().reshape(&[4, 2]);
-    assert!(matches!(reshaped, Err(ComputeError::ShapeMismatch { .. })));
+    assert!(matches!(
+        reshaped,
+        Err(ReshapeError {
+            error: ComputeError::ShapeMismatch { .. },
+            ..
+        })
+    ));
 
     // An output larger than one binding: refused by the pool, before anything is recorded.
     let limits = context.limits().clone();
@@ -1428,8 +1434,16 @@ mod extreme_sizes {
                 prop_assert!(context.write(&tensor, &data).is_ok());
             }
             let tensor = context.tensor(&[1.0; 4], &[4]).unwrap();
-            if let Ok(tensor) = tensor.reshape(&shape) {
-                prop_assert_eq!(tensor.len(), 4);
+            match tensor.reshape(&shape) {
+                Ok(tensor) => prop_assert_eq!(tensor.len(), 4),
+                // Given back whole.
+                Err(refused) => {
+                    prop_assert_eq!(refused.tensor.shape(), &[4]);
+                    prop_assert_eq!(refused.tensor.to_vec().unwrap(), vec![1.0; 4]);
+                }
+            }
+            for tensor in [context.zeros(&shape), context.empty(&shape)].into_iter().flatten() {
+                prop_assert_eq!(tensor.shape(), &shape[..]);
             }
         }
 
@@ -1577,4 +1591,72 @@ fn matmuls_beyond_65535_workgroups_along_m_or_n_split_their_grid() {
         let expected = cpu::matmul(&values[..m], &values[..n], m, 1, n);
         assert_close(&format!("{m}x1·1x{n}"), &c, &expected, exact);
     }
+}
+
+#[test]
+fn zeros_are_cleared_on_the_gpu_and_empty_tensors_are_allocated_only() {
+    let context = context(gpu());
+    // Dirty memory first: the range a dropped tensor leaves is what the next one gets.
+    for len in LENGTHS {
+        let dirty = context.tensor(&vec![7.0; len], &[len]).unwrap();
+        drop(dirty);
+        context.flush().unwrap();
+        let zeros = context.zeros(&[len]).unwrap();
+        assert_eq!(zeros.shape(), [len]);
+        assert_eq!(zeros.to_vec().unwrap(), vec![0.0; len], "zeros of {len}");
+        let empty = context.empty(&[1, len]).unwrap();
+        assert_eq!((empty.shape(), empty.len()), (&[1, len][..], len));
+    }
+    // Zeros feed ops recorded after them in the same batch, and an overwrite lands after the
+    // clear (it submits the batch first).
+    let x = context.tensor(&[1.0, -2.0, 3.0], &[3]).unwrap();
+    let zeros = context.zeros(&[3]).unwrap();
+    let sum = context.add(&x, &zeros).unwrap();
+    assert_eq!(sum.to_vec().unwrap(), [1.0, -2.0, 3.0]);
+    let zeros = context.zeros(&[3]).unwrap();
+    context.write(&zeros, &[4.0, 5.0, 6.0]).unwrap();
+    assert_eq!(zeros.to_vec().unwrap(), [4.0, 5.0, 6.0]);
+    // An empty tensor written by an op.
+    let out = context.empty(&[3]).unwrap();
+    context.write(&out, &[1.0, 1.0, 1.0]).unwrap();
+    assert_eq!(out.to_vec().unwrap(), [1.0; 3]);
+    // Typed errors, and sizes refused before anything is allocated.
+    let pool = context.pool();
+    pool.set_budget(Some(64 << 20));
+    for shape in [&[][..], &[0], &[3, 0], &[usize::MAX, 2], &[1 << 29]] {
+        let before = pool.stats();
+        assert!(context.zeros(shape).is_err(), "{shape:?}");
+        assert!(context.empty(shape).is_err(), "{shape:?}");
+        assert_eq!(
+            pool.stats().allocated_bytes.current,
+            before.allocated_bytes.current
+        );
+    }
+    pool.set_budget(None);
+}
+
+#[test]
+fn a_refused_reshape_gives_the_tensor_back() {
+    let context = context(gpu());
+    let x = context
+        .tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
+        .unwrap();
+    let refused = x.reshape(&[4, 2]).unwrap_err();
+    assert!(matches!(refused.error, ComputeError::ShapeMismatch { .. }));
+    assert!(refused.to_string().contains("reshape"), "{refused}");
+    let as_compute_error: ComputeError = context
+        .tensor(&[1.0], &[1])
+        .unwrap()
+        .reshape(&[0])
+        .unwrap_err()
+        .into();
+    assert!(matches!(
+        as_compute_error,
+        ComputeError::InvalidShape { .. }
+    ));
+    let x = refused.into_tensor();
+    assert_eq!(x.shape(), [2, 3]);
+    let x = x.reshape(&[3, 2]).unwrap();
+    assert_eq!(x.shape(), [3, 2]);
+    assert_eq!(x.to_vec().unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
 }

@@ -38,7 +38,7 @@
 //!     cache: None,
 //! });
 //! let x = context.tensor(&[1.0, 2.0, 3.0, 4.0], &[4])?;
-//! let y = context.tensor(&[0.0; 4], &[4])?;
+//! let y = context.empty(&[4])?; // written whole by the kernel
 //! context.dispatch(&pipeline, &[&x, &y], [1, 1, 1])?; // recorded into the open batch
 //! drop(x); // kept until the batch is submitted
 //! assert_eq!(y.to_vec()?, [2.0, 4.0, 6.0, 8.0]);
