@@ -495,8 +495,8 @@ impl Context {
         Ok(())
     }
 
-    /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` bound at
-    /// bindings `0..` of group 0 (a bind group made here from the pipeline's layout of group 0,
+    /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` (at least
+    /// one allocation) bound at bindings `0..` of group 0 (a bind group made here from the pipeline's layout of group 0,
     /// so that exactly the allocations the context tracks are bound), then `groups` at groups
     /// `1..`. The allocations are those of live tensors: the batch holds their ranges from here
     /// until it is submitted (a tensor dropped meanwhile is kept, see [`Shared::free_tensor`]).
@@ -511,43 +511,41 @@ impl Context {
         self.check_workgroups(OP, workgroups)?;
         let device = &self.shared.gpu.device;
         // Made before the batch is touched, so that a refused bind group records nothing.
-        let own_group = if storage.is_empty() {
-            None
-        } else {
-            let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let entries: Vec<_> = (0u32..)
-                .zip(storage)
-                .map(|(binding, allocation)| wgpu::BindGroupEntry {
-                    binding,
-                    resource: allocation.as_binding_resource(),
-                })
-                .collect();
-            let layout = pipeline.get_bind_group_layout(0);
-            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("wgpu-pool custom dispatch"),
-                layout: &layout,
-                entries: &entries,
-            });
-            if let Some(error) = pollster::block_on(validation.pop()) {
-                return Err(ComputeError::Config(format!(
-                    "{OP}: the pipeline's group 0 does not take {} storage buffers at bindings \
-                     0..{}: {error}",
-                    storage.len(),
-                    storage.len()
-                )));
-            }
-            Some(bind_group)
-        };
-        let mut bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
-            Vec::with_capacity(groups.len() + 1);
-        if let Some(own) = &own_group {
-            bind_groups.push((0, own, &[]));
+        if storage.is_empty() {
+            return Err(ComputeError::Config(format!(
+                "{OP}: a dispatch binds at least one tensor (at binding 0 of group 0)"
+            )));
         }
-        bind_groups.extend(
-            (1u32..)
-                .zip(groups)
-                .map(|(index, &group)| (index, group, &[] as &[u32])),
-        );
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let entries: Vec<_> = (0u32..)
+            .zip(storage)
+            .map(|(binding, allocation)| wgpu::BindGroupEntry {
+                binding,
+                resource: allocation.as_binding_resource(),
+            })
+            .collect();
+        let layout = pipeline.get_bind_group_layout(0);
+        let own_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("wgpu-pool custom dispatch"),
+            layout: &layout,
+            entries: &entries,
+        });
+        if let Some(error) = pollster::block_on(validation.pop()) {
+            return Err(ComputeError::Config(format!(
+                "{OP}: the pipeline's group 0 does not take {} storage buffers at bindings 0..{}: \
+                 {error}",
+                storage.len(),
+                storage.len()
+            )));
+        }
+        let bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
+            std::iter::once((0, &own_group, &[] as &[u32]))
+                .chain(
+                    (1u32..)
+                        .zip(groups)
+                        .map(|(index, &group)| (index, group, &[] as &[u32])),
+                )
+                .collect();
 
         let mut guard = self.shared.lock();
         let state = &mut *guard;

@@ -1660,3 +1660,90 @@ fn a_refused_reshape_gives_the_tensor_back() {
     assert_eq!(x.shape(), [3, 2]);
     assert_eq!(x.to_vec().unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
 }
+
+#[test]
+fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
+    let gpu = gpu();
+    let context = context(gpu);
+    let module = gpu
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("test scale"),
+            source: wgpu::ShaderSource::Wgsl(
+                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @group(1) @binding(0) var<uniform> factor: vec4<f32>;
+                 @compute @workgroup_size(64)
+                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&y) { y[id.x] = factor.x * x[id.x]; }
+                 }"
+                .into(),
+            ),
+        });
+    let pipeline = gpu
+        .device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("test scale"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+    let factor = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test factor"),
+        size: 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    gpu.queue
+        .write_buffer(&factor, 0, bytemuck::cast_slice(&[3.0f32, 0.0, 0.0, 0.0]));
+    let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(1),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: factor.as_entire_binding(),
+        }],
+    });
+    let data: Vec<f32> = (0..100).map(|i| i as f32 - 50.0).collect();
+    let x = context.tensor(&data, &[10, 10]).unwrap();
+    let y = context.empty(&[10, 10]).unwrap();
+    context
+        .dispatch_with(&pipeline, &[&x, &y], &[&group], [2, 1, 1])
+        .unwrap();
+    // An op of the context after it, in the same batch, on what it wrote.
+    let z = context.neg(&y).unwrap();
+    let expected: Vec<f32> = data.iter().map(|v| -3.0 * v).collect();
+    assert_eq!(z.to_vec().unwrap(), expected);
+    assert!(matches!(
+        context.dispatch_with(&pipeline, &[], &[&group], [1, 1, 1]),
+        Err(ComputeError::Config(_))
+    ));
+}
+
+#[test]
+fn cpu_twins_take_extreme_sizes_without_arithmetic_overflow() {
+    assert!(cpu::sum(&[], 0).is_empty());
+    assert!(cpu::softmax(&[], 0).is_empty());
+    assert!(cpu::add_bias(&[], &[]).is_empty());
+    assert!(cpu::matmul(&[], &[], 0, usize::MAX, 0).is_empty());
+    // Sizes that do not describe the slices are the oracle's precondition: a panic that says
+    // so, never an arithmetic overflow.
+    for sizes in [
+        (usize::MAX, usize::MAX, 1),
+        (1 << 40, 1 << 40, 1),
+        (2, 3, 5),
+    ] {
+        let message = std::panic::catch_unwind(|| {
+            cpu::matmul(&[1.0; 6], &[1.0; 12], sizes.0, sizes.1, sizes.2)
+        })
+        .expect_err("sizes that do not fit the slices");
+        let message = message
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| message.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        assert!(message.contains("matmul twin"), "{sizes:?}: {message}");
+    }
+}

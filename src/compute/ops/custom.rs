@@ -80,8 +80,8 @@ impl Context {
     ///
     /// Errors: [`ComputeError::ForeignTensor`] for a tensor of another context;
     /// [`ComputeError::ExceedsLimit`] for a grid beyond the device's
-    /// `max_compute_workgroups_per_dimension`; [`ComputeError::Config`] when group 0 of the
-    /// pipeline does not take the tensors. Nothing is recorded on error. A pipeline whose other
+    /// `max_compute_workgroups_per_dimension`; [`ComputeError::Config`] when `tensors` is empty
+    /// or group 0 of the pipeline does not take them. Nothing is recorded on error. A pipeline whose other
     /// groups do not match `bind_groups` is a wgpu validation error when the batch is submitted.
     pub fn dispatch_with(
         &self,
