@@ -496,9 +496,9 @@ impl Context {
     }
 
     /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` (at least
-    /// one allocation) bound at bindings `0..` of group 0 (a bind group made here from the pipeline's layout of group 0,
-    /// so that exactly the allocations the context tracks are bound), then `groups` at groups
-    /// `1..`. The allocations are those of live tensors: the batch holds their ranges from here
+    /// one allocation) bound at bindings `0..` of group 0 (a bind group made here from the
+    /// pipeline's layout of group 0, so that exactly the allocations the context tracks are
+    /// bound), then `groups` at groups `1..`. The allocations are those of live tensors: the batch holds their ranges from here
     /// until it is submitted (a tensor dropped meanwhile is kept, see [`Shared::free_tensor`]).
     pub(crate) fn record_custom(
         &self,
@@ -510,12 +510,12 @@ impl Context {
         const OP: &str = "dispatch";
         self.check_workgroups(OP, workgroups)?;
         let device = &self.shared.gpu.device;
-        // Made before the batch is touched, so that a refused bind group records nothing.
         if storage.is_empty() {
             return Err(ComputeError::Config(format!(
                 "{OP}: a dispatch binds at least one tensor (at binding 0 of group 0)"
             )));
         }
+        // Made before the batch is touched, so that a refused bind group records nothing.
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let entries: Vec<_> = (0u32..)
             .zip(storage)
