@@ -32,6 +32,7 @@
 // `matmul_entry`) with its loops over the BK steps of K and over the TM×TN outputs of an
 // invocation unrolled into straight-line code. Rolled up, it reads:
 //
+//   return if block_id(workgroup) ≥ tiles_n · tiles_m (a workgroup past the last tile)
 //   tile = block_tile(workgroup); row0 = tile.x · BM; col0 = tile.y · BN
 //   [k_begin, k_end) = this split's range of K; tiles = ⌈(k_end − k_begin) / BK⌉
 //   tx = tid % (BN / TN); ty = tid / (BN / TN)
@@ -54,9 +55,14 @@ struct MatmulParams {
     k: u32,
     // Depth of K per split (a multiple of BK); k when there is no split.
     k_chunk: u32,
-    // Block tiles along N and along M (the grid's x and y).
+    // Block tiles along N and along M.
     tiles_n: u32,
     tiles_m: u32,
+    // Workgroups per row of the grid: the grid is [tiles_n, tiles_m] where the device takes it,
+    // else [grid_x, ⌈tiles_n · tiles_m / grid_x⌉], workgroups past the last tile doing nothing.
+    grid_x: u32,
+    // Unused (0).
+    pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: MatmulParams;
@@ -258,10 +264,16 @@ fn store_c(row: u32, col: u32, split: u32, v_in: vec4<f32>) {
     }
 }
 
+// The linear id of workgroup (x, y) in the grid of rows of grid_x workgroups.
+fn block_id(workgroup: vec3<u32>) -> u32 {
+    return workgroup.y * params.grid_x + workgroup.x;
+}
+
 // The block tile (row, column) of workgroup (x, y): the linear id walks GROUP_M tile rows
-// column by column. A bijection of the grid [tiles_n, tiles_m].
+// column by column. A bijection of the ids below tiles_n · tiles_m onto the tiles (the entry
+// point returns at once for the ids past them).
 fn block_tile(workgroup: vec3<u32>) -> vec2<u32> {
-    let id = workgroup.y * params.tiles_n + workgroup.x;
+    let id = block_id(workgroup);
     let per_group = GROUP_M * params.tiles_n;
     let first_row = (id / per_group) * GROUP_M;
     let rows = min(params.tiles_m - first_row, GROUP_M);

@@ -20,6 +20,10 @@
 struct NarrowParams {
     n4: u32,
     k4: u32,
+    // Workgroups per row of the grid.
+    grid_x: u32,
+    // Unused (0).
+    pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: NarrowParams;
@@ -39,7 +43,9 @@ fn matmul_narrow(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_inv
     let slice = local / LANES;
     let n4 = params.n4;
     let k4 = params.k4;
-    let col = workgroup.x * LANES + lane;
+    // The grid is [groups, 1] where the device takes it, else rows of grid_x workgroups; lanes
+    // past N (in workgroups past the last) do no loads or stores.
+    let col = (workgroup.y * params.grid_x + workgroup.x) * LANES + lane;
     let in_n = col < n4;
 
     var acc: array<vec4<f32>, ROWS>;

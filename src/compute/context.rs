@@ -59,9 +59,9 @@ pub struct ContextOptions {
     /// a naive pool ([`Pool::naive`]): there every tensor is a new buffer, so no bind group would
     /// be asked for twice and the cache would only hash and hold dropped buffers.
     pub max_cached_bind_groups: usize,
-    /// Caps the x dimension of element-wise and row grids below the device's
-    /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grid with small
-    /// tensors. `None`: the device's limit.
+    /// Caps the x dimension of element-wise, row and matmul grids below the device's
+    /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grids (and the matmul's
+    /// grid over rows of block tiles) with small tensors. `None`: the device's limit.
     pub max_grid_x: Option<u32>,
 }
 
@@ -374,7 +374,7 @@ impl Context {
         }
     }
 
-    /// Dispatches recorded but not yet submitted.
+    /// Dispatches (and clears of [`Context::zeros`]) recorded but not yet submitted.
     pub fn pending_dispatches(&self) -> u32 {
         self.shared.lock().batch.dispatches
     }
@@ -475,42 +475,168 @@ impl Context {
                 )));
             }
         }
-        let limits = &self.shared.limits;
-        for (&count, name) in dispatch.workgroups.iter().zip(["x", "y", "z"]) {
-            if count > limits.max_compute_workgroups_per_dimension {
-                return Err(ComputeError::ExceedsLimit {
-                    op: dispatch.kernel.entry,
-                    what: name,
-                    value: u64::from(count),
-                    limit_name: "max_compute_workgroups_per_dimension",
-                    limit: u64::from(limits.max_compute_workgroups_per_dimension),
-                });
-            }
-        }
+        self.check_workgroups(dispatch.kernel.entry, dispatch.workgroups)?;
 
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         let pipeline = state.kernels.pipeline(&dispatch.kernel)?.clone();
-        let timer_full = state.timer.as_ref().is_some_and(Timer::is_full);
-        if state.batch.dispatches >= self.shared.options.max_ops_per_batch || timer_full {
-            self.flush_locked(state)?;
-        }
+        self.flush_if_full_locked(state)?;
         // The batch uses the dispatch's tensors from here on.
         self.shared.batch_open.store(true, Ordering::Release);
         let params_offset = state.ring.push(&dispatch.params);
         let bind_group = self.bind_group(state, storage, dispatch.bindings);
+        self.encode_locked(
+            state,
+            &pipeline,
+            Some(dispatch.kernel),
+            &[(0, &bind_group, &[params_offset])],
+            dispatch.workgroups,
+        );
+        Ok(())
+    }
 
+    /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` (at least
+    /// one allocation) bound at bindings `0..` of group 0 (a bind group made here from the
+    /// pipeline's layout of group 0, so that exactly the allocations the context tracks are
+    /// bound), then `groups` at groups `1..`. The allocations are those of live tensors: the batch holds their ranges from here
+    /// until it is submitted (a tensor dropped meanwhile is kept, see [`Shared::free_tensor`]).
+    pub(crate) fn record_custom(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        storage: &[&Allocation],
+        groups: &[&wgpu::BindGroup],
+        workgroups: [u32; 3],
+    ) -> Result<(), ComputeError> {
+        const OP: &str = "dispatch";
+        self.check_workgroups(OP, workgroups)?;
+        let device = &self.shared.gpu.device;
+        if storage.is_empty() {
+            return Err(ComputeError::Config(format!(
+                "{OP}: a dispatch binds at least one tensor (at binding 0 of group 0)"
+            )));
+        }
+        // Made before the batch is touched, so that a refused bind group records nothing.
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let entries: Vec<_> = (0u32..)
+            .zip(storage)
+            .map(|(binding, allocation)| wgpu::BindGroupEntry {
+                binding,
+                resource: allocation.as_binding_resource(),
+            })
+            .collect();
+        let layout = pipeline.get_bind_group_layout(0);
+        let own_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("wgpu-pool custom dispatch"),
+            layout: &layout,
+            entries: &entries,
+        });
+        if let Some(error) = pollster::block_on(validation.pop()) {
+            return Err(ComputeError::Config(format!(
+                "{OP}: the pipeline's group 0 does not take {} storage buffers at bindings 0..{}: \
+                 {error}",
+                storage.len(),
+                storage.len()
+            )));
+        }
+        let bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
+            std::iter::once((0, &own_group, &[] as &[u32]))
+                .chain(
+                    (1u32..)
+                        .zip(groups)
+                        .map(|(index, &group)| (index, group, &[] as &[u32])),
+                )
+                .collect();
+
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        self.flush_if_full_locked(state)?;
+        // The batch uses the allocations from here on.
+        self.shared.batch_open.store(true, Ordering::Release);
+        self.encode_locked(state, pipeline, None, &bind_groups, workgroups);
+        Ok(())
+    }
+
+    /// Records a clear of `allocation` to zeros into the open batch, between passes. It counts
+    /// as a dispatch of the batch (so that an overwrite submits the batch first: an upload lands
+    /// at the start of the next submission, before the clear).
+    pub(crate) fn record_clear(&self, allocation: &Allocation) -> Result<(), ComputeError> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        self.flush_if_full_locked(state)?;
+        self.shared.batch_open.store(true, Ordering::Release);
+        // A clear is not a compute command: end the open pass (dropping it records its end).
+        state.batch.pass = None;
+        state.batch.pipeline = None;
         let device = &self.shared.gpu.device;
         let encoder = state.batch.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("wgpu-pool compute batch"),
             })
         });
+        // Offsets and binding sizes are multiples of 4 (`COPY_BUFFER_ALIGNMENT`).
+        encoder.clear_buffer(
+            allocation.buffer(),
+            allocation.offset(),
+            Some(allocation.binding_size()),
+        );
+        state.batch.dispatches += 1;
+        Ok(())
+    }
+
+    /// Refuses a grid beyond the device's `max_compute_workgroups_per_dimension`.
+    fn check_workgroups(&self, op: &'static str, workgroups: [u32; 3]) -> Result<(), ComputeError> {
+        let limit = self.shared.limits.max_compute_workgroups_per_dimension;
+        for (&count, name) in workgroups.iter().zip(["x", "y", "z"]) {
+            if count > limit {
+                return Err(ComputeError::ExceedsLimit {
+                    op,
+                    what: name,
+                    value: u64::from(count),
+                    limit_name: "max_compute_workgroups_per_dimension",
+                    limit: u64::from(limit),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits the open batch if it holds `max_ops_per_batch` dispatches or the timer is full.
+    fn flush_if_full_locked(&self, state: &mut State) -> Result<(), ComputeError> {
+        let timer_full = state.timer.as_ref().is_some_and(Timer::is_full);
+        if state.batch.dispatches >= self.shared.options.max_ops_per_batch || timer_full {
+            self.flush_locked(state)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes one dispatch of `pipeline` into the open pass (opening the encoder and pass if
+    /// needed), each of `bind_groups` set at its group index with its dynamic offsets. `kernel` is the
+    /// context's kernel, `None` for a pipeline of the user's own.
+    fn encode_locked(
+        &self,
+        state: &mut State,
+        pipeline: &wgpu::ComputePipeline,
+        kernel: Option<KernelKey>,
+        bind_groups: &[(u32, &wgpu::BindGroup, &[u32])],
+        workgroups: [u32; 3],
+    ) {
+        let device = &self.shared.gpu.device;
+        let encoder = state.batch.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgpu-pool compute batch"),
+            })
+        });
+        let label = || kernel.map_or_else(|| "custom dispatch".to_owned(), |key| key.label());
         let timing = match &mut state.timer {
-            Some(timer) => Some((timer.support, timer.next_pair(dispatch.kernel.label()))),
+            Some(timer) => Some((timer.support, timer.next_pair(label()))),
             None => None,
         };
-        let [x, y, z] = dispatch.workgroups;
+        let set_bind_groups = |pass: &mut wgpu::ComputePass<'_>| {
+            for &(index, bind_group, offsets) in bind_groups {
+                pass.set_bind_group(index, bind_group, offsets);
+            }
+        };
+        let [x, y, z] = workgroups;
         match timing {
             Some((TimestampSupport::PassBoundaries, (begin, end))) => {
                 // A pass of its own, timed at its boundaries.
@@ -525,8 +651,8 @@ impl Context {
                     }),
                 });
                 state.stats.passes += 1;
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &bind_group, &[params_offset]);
+                pass.set_pipeline(pipeline);
+                set_bind_groups(&mut pass);
                 pass.dispatch_workgroups(x, y, z);
                 state.batch.pipeline = None;
             }
@@ -550,11 +676,12 @@ impl Context {
                 if let (Some((_, (begin, _))), Some(query_set)) = (timing, query_set) {
                     pass.write_timestamp(query_set, begin);
                 }
-                if state.batch.pipeline != Some(dispatch.kernel) {
-                    pass.set_pipeline(&pipeline);
-                    state.batch.pipeline = Some(dispatch.kernel);
+                if kernel.is_none() || state.batch.pipeline != kernel {
+                    pass.set_pipeline(pipeline);
+                    // A user's pipeline is set again by the next dispatch whatever it is.
+                    state.batch.pipeline = kernel;
                 }
-                pass.set_bind_group(0, &bind_group, &[params_offset]);
+                set_bind_groups(pass);
                 pass.dispatch_workgroups(x, y, z);
                 if let (Some((_, (_, end))), Some(query_set)) = (timing, query_set) {
                     pass.write_timestamp(query_set, end);
@@ -563,7 +690,6 @@ impl Context {
         }
         state.batch.dispatches += 1;
         state.stats.dispatches += 1;
-        Ok(())
     }
 
     /// The bind group of `bindings` (after the parameter ring), from the cache or new.

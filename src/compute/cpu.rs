@@ -102,7 +102,12 @@ pub fn binary_scalar(op: BinaryOp, x: &[f32], scalar: f32) -> Vec<f32> {
 }
 
 /// `x[r, c] + bias[c]` for `x` of rows of `bias.len()` values.
+///
+/// # Panics
+///
+/// When `x` is not a whole number of rows of `bias.len()` values.
 pub fn add_bias(x: &[f32], bias: &[f32]) -> Vec<f32> {
+    assert_rows("add_bias", x, bias.len());
     x.iter()
         .enumerate()
         .map(|(i, &v)| v + bias[i % bias.len()])
@@ -120,6 +125,11 @@ pub fn activate(activation: Activation, x: f32) -> f32 {
 
 /// One element of `A · B` (A of `k` columns, B of `n` columns), accumulated in f64, and the sum of
 /// the magnitudes of its terms `Σ |a_ik · b_kj|` (the scale of its rounding error).
+///
+/// # Panics
+///
+/// When `a` or `b` has no element at an index the sizes name (a test oracle's precondition, as
+/// slice indexing), including sizes whose products overflow.
 pub fn matmul_element(
     a: &[f32],
     b: &[f32],
@@ -130,8 +140,14 @@ pub fn matmul_element(
 ) -> (f64, f64) {
     let mut sum = 0.0f64;
     let mut magnitude = 0.0f64;
+    let index = |what: &str, outer: usize, stride: usize, inner: usize| {
+        outer
+            .checked_mul(stride)
+            .and_then(|start| start.checked_add(inner))
+            .unwrap_or_else(|| panic!("matmul_element twin: an index of {what} overflows"))
+    };
     for i in 0..k {
-        let term = f64::from(a[row * k + i]) * f64::from(b[i * n + col]);
+        let term = f64::from(a[index("A", row, k, i)]) * f64::from(b[index("B", i, n, col)]);
         sum += term;
         magnitude += term.abs();
     }
@@ -144,6 +160,11 @@ pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 }
 
 /// `act(A · B + bias)`, the fused epilogue's twin.
+///
+/// # Panics
+///
+/// When `a` does not hold `m · k` values, `b` `k · n`, or `bias` (if any) `n` (a test oracle's
+/// precondition), including sizes whose products overflow.
 pub fn matmul_with(
     a: &[f32],
     b: &[f32],
@@ -153,9 +174,23 @@ pub fn matmul_with(
     bias: Option<&[f32]>,
     activation: Activation,
 ) -> Vec<f32> {
-    assert_eq!(a.len(), m * k, "matmul twin: A is not m × k");
-    assert_eq!(b.len(), k * n, "matmul twin: B is not k × n");
-    let mut c = vec![0.0f64; m * n];
+    assert_eq!(
+        Some(a.len()),
+        m.checked_mul(k),
+        "matmul twin: A is not m × k"
+    );
+    assert_eq!(
+        Some(b.len()),
+        k.checked_mul(n),
+        "matmul twin: B is not k × n"
+    );
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), n, "matmul twin: the bias is not of length n");
+    }
+    let len = m
+        .checked_mul(n)
+        .expect("matmul twin: m × n overflows a usize");
+    let mut c = vec![0.0f64; len];
     // i-k-j order: rows of B stream through the cache.
     for row in 0..m {
         let out = &mut c[row * n..(row + 1) * n];
@@ -182,15 +217,32 @@ pub fn matmul_magnitude(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> V
     matmul(&abs_a, &abs_b, m, k, n)
 }
 
-/// The sum of each row of `cols` values, accumulated in f64.
+/// The sum of each row of `cols` values, accumulated in f64. No rows for `cols` 0.
+///
+/// # Panics
+///
+/// When `x` is not a whole number of rows.
 pub fn sum(x: &[f32], cols: usize) -> Vec<f32> {
+    assert_rows("sum", x, cols);
+    if cols == 0 {
+        return Vec::new();
+    }
     x.chunks_exact(cols)
         .map(|row| row.iter().map(|&v| f64::from(v)).sum::<f64>() as f32)
         .collect()
 }
 
-/// Softmax of each row of `cols` values (the row's maximum subtracted first), in f64.
+/// Softmax of each row of `cols` values (the row's maximum subtracted first), in f64. No rows
+/// for `cols` 0.
+///
+/// # Panics
+///
+/// When `x` is not a whole number of rows.
 pub fn softmax(x: &[f32], cols: usize) -> Vec<f32> {
+    assert_rows("softmax", x, cols);
+    if cols == 0 {
+        return Vec::new();
+    }
     let mut y = Vec::with_capacity(x.len());
     for row in x.chunks_exact(cols) {
         let max = row
@@ -201,4 +253,17 @@ pub fn softmax(x: &[f32], cols: usize) -> Vec<f32> {
         y.extend(exps.iter().map(|e| (e / total) as f32));
     }
     y
+}
+
+fn assert_rows(twin: &str, x: &[f32], cols: usize) {
+    let whole = if cols == 0 {
+        x.is_empty()
+    } else {
+        x.len().is_multiple_of(cols)
+    };
+    assert!(
+        whole,
+        "{twin} twin: {} values are not rows of {cols}",
+        x.len()
+    );
 }

@@ -122,6 +122,10 @@ const MATMUL_ENTRY_BEGIN: &str = "
 // steps of K and the TM×TN outputs of an invocation unrolled.
 @compute @workgroup_size(THREADS)
 fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    // A workgroup past the last tile (a grid split over y): uniform, before any barrier.
+    if (block_id(workgroup) >= params.tiles_n * params.tiles_m) {
+        return;
+    }
     let tile = block_tile(workgroup);
     let row0 = tile.x * BM;
     let col0 = tile.y * BN;
@@ -499,8 +503,15 @@ mod tests {
                 k_chunk: u32,
                 tiles_n: u32,
                 tiles_m: u32,
+                grid_x: u32,
+                pad: u32,
             }),
-            Source::MatmulNarrow => layout!(NarrowParams { n4: u32, k4: u32 }),
+            Source::MatmulNarrow => layout!(NarrowParams {
+                n4: u32,
+                k4: u32,
+                grid_x: u32,
+                pad: u32,
+            }),
             Source::MatmulReduce => layout!(ReduceParams {
                 len: u32,
                 n: u32,

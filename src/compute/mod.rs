@@ -65,6 +65,11 @@
 //! so another [`Pool::submit`](crate::Pool::submit) cannot release a range the batch still reads.
 //! A tensor dropped while no batch is open is reusable at once.
 //!
+//! To bind tensors in a kernel of your own, record it with [`Context::dispatch`] (or
+//! [`Context::dispatch_with`]): it then joins the open batch and its tensors are kept as above.
+//! Work recorded in an encoder of your own that binds [`Tensor::allocation`] is not tracked: a
+//! tensor dropped before that work is submitted can have its range reused at once.
+//!
 //! # Modules, bottom up
 //!
 //! Each module uses only those listed before it:
@@ -78,8 +83,10 @@
 //! - [`timing`]: GPU timestamps per dispatch;
 //! - [`context`]: [`Context`], its options and statistics; records dispatches into batches and
 //!   submits them through the pool;
-//! - [`tensor`]: [`Tensor`], and the context's methods that upload, overwrite and read tensors;
-//! - [`ops`]: the context's ops (element-wise, matmul, row reductions);
+//! - [`tensor`]: [`Tensor`], [`ReshapeError`], and the context's methods that upload, make
+//!   ([`Context::zeros`], [`Context::empty`]), overwrite and read tensors;
+//! - [`ops`]: the context's ops (element-wise, matmul, row reductions) and the dispatch of
+//!   kernels of your own ([`Context::dispatch`]);
 //! - [`cpu`]: the CPU twins of the kernels.
 
 pub mod context;
@@ -93,6 +100,6 @@ mod vocab;
 pub use context::{Context, ContextOptions, ContextStats};
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
-pub use tensor::Tensor;
+pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
 pub use vocab::{Activation, ComputeError, MatmulOptions, MatmulTiles, ShaderChecks};

@@ -51,27 +51,51 @@ impl Tensor {
         self.len as u64 * 4
     }
 
-    /// The pool allocation holding the data, to bind it in kernels of your own (bind it
-    /// `read_write`; see the pool's module documentation).
+    /// The pool allocation holding the data.
+    ///
+    /// To bind a tensor in a kernel of your own, record the kernel through the context with
+    /// [`Context::dispatch`] or [`Context::dispatch_with`]: the dispatch then joins the context's
+    /// batch, and the tensor's range stays reserved until the submission that carries it. Work
+    /// you record elsewhere (your own encoder) that binds this allocation is not tracked: if the
+    /// tensor is dropped before that work is submitted while no batch of the context is open, its
+    /// range is reusable at once, and a new allocation's upload can land in it before your kernel
+    /// reads it. Bind it `read_write` (see the pool's module documentation).
     pub fn allocation(&self) -> &Allocation {
         self.allocation
             .as_ref()
             .expect("a tensor holds its allocation until it is dropped")
     }
 
-    /// The same data with another shape of as many elements (no copy).
-    pub fn reshape(mut self, shape: &[usize]) -> Result<Self, ComputeError> {
-        let len = element_count("reshape", shape)?;
-        if len != self.len {
-            return Err(ComputeError::ShapeMismatch {
-                op: "reshape",
-                left: self.shape.clone(),
-                right: shape.to_vec(),
-                expected: "as many elements",
-            });
+    /// The same data with another shape of as many elements (no copy). A refused shape gives
+    /// the tensor back in the [`ReshapeError`].
+    #[expect(
+        clippy::result_large_err,
+        reason = "the error gives the tensor back; the Ok variant holds a tensor too, so a box \
+                  would only add an allocation"
+    )]
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Self, ReshapeError> {
+        let checked = element_count("reshape", shape).and_then(|len| {
+            if len == self.len {
+                Ok(())
+            } else {
+                Err(ComputeError::ShapeMismatch {
+                    op: "reshape",
+                    left: self.shape.clone(),
+                    right: shape.to_vec(),
+                    expected: "as many elements",
+                })
+            }
+        });
+        match checked {
+            Ok(()) => {
+                self.shape = shape.to_vec();
+                Ok(self)
+            }
+            Err(error) => Err(ReshapeError {
+                tensor: self,
+                error,
+            }),
         }
-        self.shape = shape.to_vec();
-        Ok(self)
     }
 
     /// Reads the tensor back (see [`Context::read`]).
@@ -89,6 +113,44 @@ impl Tensor {
             .last()
             .expect("shapes have at least one dimension");
         (self.len / cols, cols)
+    }
+}
+
+/// A refused [`Tensor::reshape`]: the tensor, given back unchanged, and why.
+///
+/// Converts into the [`ComputeError`] (dropping the tensor) for `?` in functions returning
+/// `Result<_, ComputeError>`.
+#[derive(Debug)]
+pub struct ReshapeError {
+    /// The tensor, with its shape and data unchanged.
+    pub tensor: Tensor,
+    /// Why the shape was refused: [`ComputeError::InvalidShape`] or
+    /// [`ComputeError::ShapeMismatch`].
+    pub error: ComputeError,
+}
+
+impl ReshapeError {
+    /// The tensor, given back.
+    pub fn into_tensor(self) -> Tensor {
+        self.tensor
+    }
+}
+
+impl std::fmt::Display for ReshapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for ReshapeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+impl From<ReshapeError> for ComputeError {
+    fn from(refused: ReshapeError) -> Self {
+        refused.error
     }
 }
 
@@ -120,6 +182,25 @@ impl Context {
         self.pool()
             .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
         Ok(tensor)
+    }
+
+    /// A tensor of `shape` filled with zeros. The clear is recorded into the open batch (on the
+    /// GPU, no upload), before any op recorded on the tensor; it counts as a pending dispatch, so
+    /// that [`Context::write`] submits it before its upload lands.
+    pub fn zeros(&self, shape: &[usize]) -> Result<Tensor, ComputeError> {
+        let len = element_count("zeros", shape)?;
+        self.before_op()?;
+        let tensor = self.allocate("zeros", shape.to_vec(), len)?;
+        self.record_clear(tensor.allocation())?;
+        Ok(tensor)
+    }
+
+    /// A tensor of `shape` whose contents are unspecified (like `torch.empty`: whatever the
+    /// range held before), for outputs that are written whole before they are read.
+    pub fn empty(&self, shape: &[usize]) -> Result<Tensor, ComputeError> {
+        let len = element_count("empty", shape)?;
+        self.before_op()?;
+        self.allocate("empty", shape.to_vec(), len)
     }
 
     /// Overwrites `tensor` with `data`. Submits the open batch first (an upload lands at the start

@@ -264,22 +264,24 @@ impl MatmulTiles {
 
     /// Invocations per workgroup: `(bm / tm) · (bn / tn)`.
     pub fn threads(&self) -> u32 {
-        (self.bm / self.tm.max(1)) * (self.bn / self.tn.max(1))
+        (self.bm / self.tm.max(1)).saturating_mul(self.bn / self.tn.max(1))
     }
 
     /// vec4 loads of the A tile per invocation.
     pub(crate) fn a_loads(&self) -> u32 {
-        self.bm * self.bk / 4 / self.threads().max(1)
+        self.bm.saturating_mul(self.bk) / 4 / self.threads().max(1)
     }
 
     /// vec4 loads of the B tile per invocation.
     pub(crate) fn b_loads(&self) -> u32 {
-        self.bk * self.bn / 4 / self.threads().max(1)
+        self.bk.saturating_mul(self.bn) / 4 / self.threads().max(1)
     }
 
-    /// Workgroup memory of the two tile buffers, in bytes.
+    /// Workgroup memory of the two tile buffers, in bytes (`u32::MAX` if that overflows).
     pub fn workgroup_storage_bytes(&self) -> u32 {
-        2 * self.bk * (self.bm + self.bn) * 4
+        self.bk
+            .saturating_mul(self.bm.saturating_add(self.bn))
+            .saturating_mul(8)
     }
 
     /// Whether the kernel takes this tile (`tm`, `tn` 8 or 16 but not both 16; `bm`, `bn`
@@ -294,8 +296,8 @@ impl MatmulTiles {
             && self.bm.is_multiple_of(self.tm)
             && self.bn.is_multiple_of(self.tn)
             && (self.bk == 8 || self.bk == 16)
-            && (self.bm * self.bk / 4).is_multiple_of(self.threads())
-            && (self.bk * self.bn / 4).is_multiple_of(self.threads())
+            && (self.bm.saturating_mul(self.bk) / 4).is_multiple_of(self.threads())
+            && (self.bk.saturating_mul(self.bn) / 4).is_multiple_of(self.threads())
             && [1, 2, 4].contains(&self.a_loads())
             && [1, 2, 4].contains(&self.b_loads());
         if !shape_ok {
@@ -590,10 +592,15 @@ pub(crate) struct MatmulParams {
     pub(crate) k: u32,
     /// Depth of K per split (a multiple of the tile's `bk`); K when there is no split.
     pub(crate) k_chunk: u32,
-    /// Block tiles along N (the grid's x).
+    /// Block tiles along N.
     pub(crate) tiles_n: u32,
-    /// Block tiles along M (the grid's y).
+    /// Block tiles along M.
     pub(crate) tiles_m: u32,
+    /// Workgroups per row of the grid: `tiles_n` where the grid is `[tiles_n, tiles_m]`, else
+    /// the x of a grid over `tiles_n · tiles_m` linear ids.
+    pub(crate) grid_x: u32,
+    /// Unused (0).
+    pub(crate) pad: u32,
 }
 
 /// The parameters of the narrow matmul; WGSL `NarrowParams` in `shaders/matmul_narrow.wgsl`.
@@ -604,6 +611,10 @@ pub(crate) struct NarrowParams {
     pub(crate) n4: u32,
     /// K / 4.
     pub(crate) k4: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// Unused (0).
+    pub(crate) pad: u32,
 }
 
 /// The parameters of the split-K reduction; WGSL `ReduceParams` in
@@ -631,9 +642,13 @@ pub(crate) struct RowsParams {
     pub(crate) pad: u32,
 }
 
-/// The bytes a tensor of `len` elements allocates: `4 · len` rounded up to 16 (whole vec4s).
+/// The bytes a tensor of `len` elements allocates: `4 · len` rounded up to 16 (whole vec4s;
+/// saturating, though [`element_count`] keeps `len` within 2^30).
 pub(crate) fn tensor_bytes(len: usize) -> u64 {
-    (len as u64 * 4).div_ceil(16) * 16
+    (len as u64)
+        .saturating_mul(4)
+        .div_ceil(16)
+        .saturating_mul(16)
 }
 
 /// The elements of `shape`; refuses shapes without elements and overflowing ones.

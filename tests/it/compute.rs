@@ -17,7 +17,7 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{
     cpu, Activation, BinaryOp, ComputeError, Context, ContextOptions, Epilogue, MatmulOptions,
-    MatmulTiles, Tensor, TimestampSupport, UnaryOp,
+    MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 
@@ -808,7 +808,13 @@ fn shape_mismatches_and_out_of_limit_sizes_are_typed_errors_that_record_nothing(
         Err(ComputeError::InvalidShape { .. })
     ));
     let reshaped = context.tensor(&[1.0; 6], &[6]).unwrap().reshape(&[4, 2]);
-    assert!(matches!(reshaped, Err(ComputeError::ShapeMismatch { .. })));
+    assert!(matches!(
+        reshaped,
+        Err(ReshapeError {
+            error: ComputeError::ShapeMismatch { .. },
+            ..
+        })
+    ));
 
     // An output larger than one binding: refused by the pool, before anything is recorded.
     let limits = context.limits().clone();
@@ -825,19 +831,16 @@ fn shape_mismatches_and_out_of_limit_sizes_are_typed_errors_that_record_nothing(
         "{result:?}"
     );
 
-    // More workgroups along N than a dimension allows (64-wide tiles).
+    // More workgroups along N than a dimension allows (64-wide tiles): no longer refused, the
+    // grid is laid over rows of block tiles (see
+    // `matmuls_beyond_65535_workgroups_along_m_or_n_split_their_grid`).
     let narrow = matmul_context(gpu(), Some(MatmulTiles::T64X64X8), Some(1));
-    let n = limits.max_compute_workgroups_per_dimension as usize * 64 + 1;
-    let too_wide = narrow.matmul_plan(1, n, 1);
+    let limit = limits.max_compute_workgroups_per_dimension;
+    let n = limit as usize * 64 + 1;
+    let wide = narrow.matmul_plan(1, n, 1).unwrap();
     assert!(
-        matches!(
-            too_wide,
-            Err(ComputeError::ExceedsLimit {
-                limit_name: "max_compute_workgroups_per_dimension",
-                ..
-            })
-        ),
-        "{too_wide:?}"
+        wide.workgroups.iter().all(|&count| count <= limit),
+        "{wide:?}"
     );
     assert_eq!(
         context.pending_dispatches(),
@@ -1219,4 +1222,550 @@ fn ops_run_on_the_naive_baseline_and_give_its_buffers_back() {
         context_stats.bind_groups_created, context_stats.dispatches,
         "{context_stats:?}"
     );
+}
+
+/// A kernel of the user's own: `y = x` (every storage binding `read_write`).
+fn copy_pipeline(gpu: &Gpu) -> wgpu::ComputePipeline {
+    let module = gpu
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("test copy"),
+            source: wgpu::ShaderSource::Wgsl(
+                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @compute @workgroup_size(64)
+                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&y) { y[id.x] = x[id.x]; }
+                 }"
+                .into(),
+            ),
+        });
+    gpu.device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("test copy"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+}
+
+#[test]
+fn a_users_kernel_recorded_through_the_context_keeps_its_tensors_ranges() {
+    let gpu = gpu();
+    let context = context(gpu);
+    let pipeline = copy_pipeline(gpu);
+    let data: Vec<f32> = (1..=64).map(|i| i as f32).collect();
+    let other = vec![-1.0f32; 64];
+
+    // The hazard with the allocation alone: the kernel recorded in the user's encoder (not yet
+    // submitted), its input dropped while no batch is open, another tensor uploaded: it takes the
+    // input's range at once, and its upload lands before the user's kernel reads.
+    let x = context.tensor(&data, &[64]).unwrap();
+    let y = context.tensor(&[0.0; 64], &[64]).unwrap();
+    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: x.allocation().as_binding_resource(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: y.allocation().as_binding_resource(),
+            },
+        ],
+    });
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    let x_range = (x.allocation().buffer().clone(), x.allocation().offset());
+    assert_eq!(context.pending_dispatches(), 0);
+    drop(x);
+    let z = context.tensor(&other, &[64]).unwrap();
+    let z_range = (z.allocation().buffer().clone(), z.allocation().offset());
+    context.pool().submit([encoder.finish()]);
+    let corrupted = y.to_vec().unwrap();
+    if z_range == x_range {
+        assert_eq!(
+            corrupted, other,
+            "the user's kernel read the new tensor's data"
+        );
+    } else {
+        eprintln!("the pool placed the new tensor elsewhere: the hazard did not show");
+    }
+    drop((y, z, bind_group));
+
+    // Through the context: the dispatch joins the batch, the dropped input keeps its range until
+    // the batch is submitted, and the kernel reads its own data.
+    let x = context.tensor(&data, &[64]).unwrap();
+    let y = context.tensor(&[0.0; 64], &[64]).unwrap();
+    let x_range = (x.allocation().buffer().clone(), x.allocation().offset());
+    context.dispatch(&pipeline, &[&x, &y], [1, 1, 1]).unwrap();
+    assert_eq!(context.pending_dispatches(), 1);
+    drop(x);
+    let z = context.tensor(&other, &[64]).unwrap();
+    let z_range = (z.allocation().buffer().clone(), z.allocation().offset());
+    assert_ne!(z_range, x_range, "a range the open batch reads was reused");
+    assert_eq!(y.to_vec().unwrap(), data);
+    // Mixed with the context's own ops in one batch, and after it the range is reusable.
+    let doubled = context.binary_scalar(BinaryOp::Mul, &y, 2.0).unwrap();
+    let w = context.tensor(&[0.0; 64], &[64]).unwrap();
+    context
+        .dispatch(&pipeline, &[&doubled, &w], [1, 1, 1])
+        .unwrap();
+    let expected: Vec<f32> = data.iter().map(|v| v * 2.0).collect();
+    assert_eq!(w.to_vec().unwrap(), expected);
+    drop(z);
+
+    // Typed errors that record nothing.
+    let pending = context.pending_dispatches();
+    let foreign_context = context_with(gpu, ContextOptions::default());
+    let foreign = foreign_context.tensor(&data, &[64]).unwrap();
+    assert_eq!(
+        context.dispatch(&pipeline, &[&foreign, &y], [1, 1, 1]),
+        Err(ComputeError::ForeignTensor { op: "dispatch" })
+    );
+    let too_many = context.limits().max_compute_workgroups_per_dimension + 1;
+    let beyond = context.dispatch(&pipeline, &[&w, &y], [too_many, 1, 1]);
+    assert!(
+        matches!(beyond, Err(ComputeError::ExceedsLimit { .. })),
+        "{beyond:?}"
+    );
+    let wrong_layout = context.dispatch(&pipeline, &[&w], [1, 1, 1]);
+    assert!(
+        matches!(wrong_layout, Err(ComputeError::Config(_))),
+        "{wrong_layout:?}"
+    );
+    assert_eq!(context.pending_dispatches(), pending);
+}
+
+/// Sizes at the edges: nothing, one, the u32 and u31 boundaries, far beyond, and `usize::MAX`.
+const EXTREMES: [usize; 12] = [
+    0,
+    1,
+    3,
+    4,
+    65_536,
+    (1 << 30) + 1,
+    (1 << 31) - 1,
+    1 << 31,
+    1 << 32,
+    1 << 40,
+    usize::MAX - 1,
+    usize::MAX,
+];
+
+/// A context on a pool of 64 MiB budget, shared by the cases of the property tests: nothing they
+/// ask for may allocate more.
+fn small_budget_context() -> &'static Context {
+    static CONTEXT: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
+    CONTEXT.get_or_init(|| {
+        let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+        pool.set_budget(Some(64 << 20));
+        Context::new(&pool, ContextOptions::default()).expect("context")
+    })
+}
+
+fn extreme() -> impl proptest::strategy::Strategy<Value = usize> {
+    proptest::sample::select(EXTREMES.to_vec())
+}
+
+fn extreme_u32() -> impl proptest::strategy::Strategy<Value = u32> {
+    proptest::sample::select(vec![
+        0,
+        1,
+        3,
+        8,
+        16,
+        65_535,
+        1 << 31,
+        u32::MAX - 7,
+        u32::MAX,
+    ])
+}
+
+mod extreme_sizes {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn matmul_plans_of_any_size_are_plans_or_typed_errors(
+            m in extreme(), n in extreme(), k in extreme()
+        ) {
+            let context = small_budget_context();
+            if let Ok(plan) = context.matmul_plan(m, n, k) {
+                let limit = context.limits().max_compute_workgroups_per_dimension;
+                prop_assert!(plan.workgroups.iter().all(|&count| (1..=limit).contains(&count)));
+                prop_assert!(m > 0 && n > 0 && k > 0);
+            }
+        }
+
+        #[test]
+        fn tensors_of_any_shape_are_tensors_or_typed_errors(
+            shape in proptest::collection::vec(extreme(), 0..4)
+        ) {
+            let context = small_budget_context();
+            let len = shape.iter().try_fold(1usize, |len, &dim| len.checked_mul(dim));
+            let data = vec![1.0f32; len.unwrap_or(0).min(64)];
+            if let Ok(tensor) = context.tensor(&data, &shape) {
+                prop_assert_eq!(tensor.len(), data.len());
+                prop_assert_eq!(tensor.shape(), &shape[..]);
+                // Ops over the shapes a tensor can have: results or typed errors.
+                let _ = context.relu(&tensor);
+                let _ = context.add(&tensor, &tensor);
+                let _ = context.add_bias(&tensor, &tensor);
+                let _ = context.sum(&tensor);
+                let _ = context.softmax(&tensor);
+                let _ = context.matmul(&tensor, &tensor);
+                prop_assert!(context.write(&tensor, &data).is_ok());
+            }
+            let tensor = context.tensor(&[1.0; 4], &[4]).unwrap();
+            match tensor.reshape(&shape) {
+                Ok(tensor) => prop_assert_eq!(tensor.len(), 4),
+                // Given back whole.
+                Err(refused) => {
+                    prop_assert_eq!(refused.tensor.shape(), &[4]);
+                    prop_assert_eq!(refused.tensor.to_vec().unwrap(), vec![1.0; 4]);
+                }
+            }
+            for tensor in [context.zeros(&shape), context.empty(&shape)].into_iter().flatten() {
+                prop_assert_eq!(tensor.shape(), &shape[..]);
+            }
+        }
+
+        #[test]
+        fn options_and_tiles_of_any_size_are_accepted_or_typed_errors(
+            sizes in proptest::collection::vec(extreme_u32(), 9),
+            m in extreme(), n in extreme(), k in extreme(),
+        ) {
+            let context = small_budget_context();
+            let tiles = MatmulTiles::new(sizes[0], sizes[1], sizes[2]).per_invocation(sizes[3], sizes[4]);
+            let _ = (tiles.threads(), tiles.workgroup_storage_bytes(), tiles.to_string());
+            let _ = tiles.check(context.limits());
+            let options = ContextOptions {
+                max_ops_per_batch: sizes[5],
+                max_grid_x: Some(sizes[6]),
+                max_cached_bind_groups: m,
+                flush_when_freed_bytes_exceed: Some(n as u64),
+                matmul: MatmulOptions {
+                    tiles: (sizes[7] % 2 == 0).then_some(tiles),
+                    split_k: Some(sizes[8]),
+                    min_workgroups: sizes[5],
+                    min_split_depth: sizes[6],
+                    max_splits: sizes[8],
+                    group_rows: sizes[7],
+                    narrow_max_rows: sizes[3],
+                    narrow_lanes: Some(sizes[4]),
+                    ..MatmulOptions::default()
+                },
+                ..ContextOptions::default()
+            };
+            if let Ok(context) = Context::new(context.pool(), options.clone()) {
+                let _ = context.matmul_plan(m, n, k);
+            }
+            // The automatic choices with extreme knobs.
+            let options = ContextOptions {
+                matmul: MatmulOptions {
+                    split_k: None,
+                    narrow_lanes: None,
+                    tiles: None,
+                    small_tiles: tiles,
+                    ..options.matmul
+                },
+                ..ContextOptions::default()
+            };
+            if let Ok(context) = Context::new(context.pool(), options) {
+                let _ = context.matmul_plan(m, n, k);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_plans_of_the_issue_are_typed_errors() {
+    let context = small_budget_context();
+    for (m, n, k) in [
+        (1 << 31, 1 << 31, 1),
+        (1 << 40, 1 << 40, 1),
+        (0, 4, 4),
+        (4, 4, 0),
+    ] {
+        let result = context.matmul_plan(m, n, k);
+        assert!(result.is_err(), "{m}x{n}x{k}: {result:?}");
+    }
+}
+
+#[test]
+fn matmul_grids_past_the_x_limit_are_split_over_rows_of_workgroups() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let limited = |tiles: Option<MatmulTiles>, split_k: Option<u32>, lanes: Option<u32>| {
+        context_with(
+            gpu(),
+            ContextOptions {
+                max_grid_x: Some(2),
+                matmul: MatmulOptions {
+                    tiles,
+                    split_k,
+                    narrow_lanes: lanes,
+                    ..MatmulOptions::default()
+                },
+                ..ContextOptions::default()
+            },
+        )
+    };
+    // Tiled (vec4, and scalar with edges), without and with split-K: 3 × 5 block tiles of 64×64
+    // laid over rows of 2 workgroups.
+    for (split_k, (m, k, n)) in [
+        (Some(1), (130, 20, 300)),
+        (Some(1), (129, 21, 301)),
+        (Some(3), (130, 100, 300)),
+    ] {
+        let context = limited(Some(MatmulTiles::T64X64X8), split_k, None);
+        let plan = context.matmul_plan(m, n, k).unwrap();
+        assert_eq!(plan.narrow_lanes, 0);
+        assert!(
+            plan.workgroups[0] <= 2 && plan.workgroups[1] > 3,
+            "{plan:?}"
+        );
+        assert_eq!(plan.splits, split_k.unwrap());
+        for (bias, activation) in [(false, Activation::None), (true, Activation::Relu)] {
+            check_matmul(
+                &context,
+                "split grid",
+                (m, k, n),
+                bias,
+                activation,
+                &mut rng,
+            );
+        }
+    }
+    // Narrow: 7 workgroups of one vec4 column each, over rows of 2.
+    let context = limited(None, None, Some(1));
+    let plan = context.matmul_plan(3, 28, 16).unwrap();
+    assert_eq!(plan.narrow_lanes, 1);
+    assert_eq!(plan.workgroups, [2, 4, 1]);
+    check_matmul(
+        &context,
+        "split narrow grid",
+        (3, 16, 28),
+        true,
+        Activation::Relu,
+        &mut rng,
+    );
+}
+
+#[test]
+fn matmuls_beyond_65535_workgroups_along_m_or_n_split_their_grid() {
+    let context = context(gpu());
+    let limit = context.limits().max_compute_workgroups_per_dimension;
+    let mut rng = StdRng::seed_from_u64(32);
+    let run = |context: &Context, (m, n): (usize, usize), values: &[f32]| {
+        let plan = context.matmul_plan(m, n, 1).unwrap();
+        let tiles = m.div_ceil(plan.tiles.bm as usize) * n.div_ceil(plan.tiles.bn as usize);
+        assert!(tiles > limit as usize, "{m}x1·1x{n}: {plan:?}");
+        assert!(
+            plan.workgroups.iter().all(|&count| count <= limit),
+            "{plan:?}"
+        );
+        let a = context.tensor(&values[..m], &[m, 1]).unwrap();
+        let b = context.tensor(&values[..n], &[1, n]).unwrap();
+        let c = context.matmul(&a, &b).unwrap().to_vec().unwrap();
+        let expected = cpu::matmul(&values[..m], &values[..n], m, 1, n);
+        assert_close(&format!("{m}x1·1x{n}"), &c, &expected, exact);
+    };
+    // The fewest rows (columns) of one element past the limit with the 64×64 tile: one more tile
+    // than a dimension holds.
+    let long = limit as usize * 64 + 1;
+    if long > 1 << 26 {
+        eprintln!("the device takes {limit} workgroups per dimension: too many rows to test");
+        return;
+    }
+    let values = random(&mut rng, 8_960_000.max(long), -1.0, 1.0);
+    let small_tiles = matmul_context(gpu(), Some(MatmulTiles::T64X64X8), Some(1));
+    for shape in [(long, 1), (1, long)] {
+        run(&small_tiles, shape, &values);
+    }
+    // The issue's shape with the automatic plan: 8,960,000 rows of one element are 70,000 tiles
+    // of the large tile's 128 rows. Run on the GPU only off GL: there one long dispatch holds the
+    // device's one context lock for seconds, and wgpu's other threads give up after 6 s (the
+    // smaller shapes above run the same grid on GL).
+    let issue = 8_960_000;
+    if context.gpu().info.backend == wgpu::Backend::Gl {
+        let plan = context.matmul_plan(issue, 1, 1).unwrap();
+        assert!(
+            plan.workgroups.iter().all(|&count| count <= limit),
+            "{plan:?}"
+        );
+    } else {
+        run(&context, (issue, 1), &values);
+    }
+}
+
+#[test]
+fn zeros_are_cleared_on_the_gpu_and_empty_tensors_are_allocated_only() {
+    let context = context(gpu());
+    // Dirty memory first: the range a dropped tensor leaves is what the next one gets.
+    for len in LENGTHS {
+        let dirty = context.tensor(&vec![7.0; len], &[len]).unwrap();
+        drop(dirty);
+        context.flush().unwrap();
+        let zeros = context.zeros(&[len]).unwrap();
+        assert_eq!(zeros.shape(), [len]);
+        assert_eq!(zeros.to_vec().unwrap(), vec![0.0; len], "zeros of {len}");
+        let empty = context.empty(&[1, len]).unwrap();
+        assert_eq!((empty.shape(), empty.len()), (&[1, len][..], len));
+    }
+    // Zeros feed ops recorded after them in the same batch, and an overwrite lands after the
+    // clear (it submits the batch first).
+    let x = context.tensor(&[1.0, -2.0, 3.0], &[3]).unwrap();
+    let zeros = context.zeros(&[3]).unwrap();
+    let sum = context.add(&x, &zeros).unwrap();
+    assert_eq!(sum.to_vec().unwrap(), [1.0, -2.0, 3.0]);
+    let zeros = context.zeros(&[3]).unwrap();
+    context.write(&zeros, &[4.0, 5.0, 6.0]).unwrap();
+    assert_eq!(zeros.to_vec().unwrap(), [4.0, 5.0, 6.0]);
+    // An empty tensor written by an op.
+    let out = context.empty(&[3]).unwrap();
+    context.write(&out, &[1.0, 1.0, 1.0]).unwrap();
+    assert_eq!(out.to_vec().unwrap(), [1.0; 3]);
+    // Typed errors, and sizes refused before anything is allocated.
+    let pool = context.pool();
+    pool.set_budget(Some(64 << 20));
+    for shape in [&[][..], &[0], &[3, 0], &[usize::MAX, 2], &[1 << 29]] {
+        let before = pool.stats();
+        assert!(context.zeros(shape).is_err(), "{shape:?}");
+        assert!(context.empty(shape).is_err(), "{shape:?}");
+        assert_eq!(
+            pool.stats().allocated_bytes.current,
+            before.allocated_bytes.current
+        );
+    }
+    pool.set_budget(None);
+}
+
+#[test]
+fn a_refused_reshape_gives_the_tensor_back() {
+    let context = context(gpu());
+    let x = context
+        .tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
+        .unwrap();
+    let refused = x.reshape(&[4, 2]).unwrap_err();
+    assert!(matches!(refused.error, ComputeError::ShapeMismatch { .. }));
+    assert!(refused.to_string().contains("reshape"), "{refused}");
+    let as_compute_error: ComputeError = context
+        .tensor(&[1.0], &[1])
+        .unwrap()
+        .reshape(&[0])
+        .unwrap_err()
+        .into();
+    assert!(matches!(
+        as_compute_error,
+        ComputeError::InvalidShape { .. }
+    ));
+    let x = refused.into_tensor();
+    assert_eq!(x.shape(), [2, 3]);
+    let x = x.reshape(&[3, 2]).unwrap();
+    assert_eq!(x.shape(), [3, 2]);
+    assert_eq!(x.to_vec().unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+}
+
+#[test]
+fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
+    let gpu = gpu();
+    let context = context(gpu);
+    let module = gpu
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("test scale"),
+            source: wgpu::ShaderSource::Wgsl(
+                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @group(1) @binding(0) var<uniform> factor: vec4<f32>;
+                 @compute @workgroup_size(64)
+                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&y) { y[id.x] = factor.x * x[id.x]; }
+                 }"
+                .into(),
+            ),
+        });
+    let pipeline = gpu
+        .device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("test scale"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+    let factor = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test factor"),
+        size: 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    gpu.queue
+        .write_buffer(&factor, 0, bytemuck::cast_slice(&[3.0f32, 0.0, 0.0, 0.0]));
+    let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(1),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: factor.as_entire_binding(),
+        }],
+    });
+    let data: Vec<f32> = (0..100).map(|i| i as f32 - 50.0).collect();
+    let x = context.tensor(&data, &[10, 10]).unwrap();
+    let y = context.empty(&[10, 10]).unwrap();
+    context
+        .dispatch_with(&pipeline, &[&x, &y], &[&group], [2, 1, 1])
+        .unwrap();
+    // An op of the context after it, in the same batch, on what it wrote.
+    let z = context.neg(&y).unwrap();
+    let expected: Vec<f32> = data.iter().map(|v| -3.0 * v).collect();
+    assert_eq!(z.to_vec().unwrap(), expected);
+    assert!(matches!(
+        context.dispatch_with(&pipeline, &[], &[&group], [1, 1, 1]),
+        Err(ComputeError::Config(_))
+    ));
+}
+
+#[test]
+fn cpu_twins_take_extreme_sizes_without_arithmetic_overflow() {
+    assert!(cpu::sum(&[], 0).is_empty());
+    assert!(cpu::softmax(&[], 0).is_empty());
+    assert!(cpu::add_bias(&[], &[]).is_empty());
+    assert!(cpu::matmul(&[], &[], 0, usize::MAX, 0).is_empty());
+    // Sizes that do not describe the slices are the oracle's precondition: a panic that says
+    // so, never an arithmetic overflow.
+    for sizes in [
+        (usize::MAX, usize::MAX, 1),
+        (1 << 40, 1 << 40, 1),
+        (2, 3, 5),
+    ] {
+        let message = std::panic::catch_unwind(|| {
+            cpu::matmul(&[1.0; 6], &[1.0; 12], sizes.0, sizes.1, sizes.2)
+        })
+        .expect_err("sizes that do not fit the slices");
+        let message = message
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| message.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        assert!(message.contains("matmul twin"), "{sizes:?}: {message}");
+    }
 }

@@ -102,7 +102,12 @@ pub struct MatmulPlan {
     /// Some tile is partial: loads and stores are masked.
     pub edges: bool,
     /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`, or of the narrow
-    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, 1]`.
+    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, 1]`. Where a dimension would exceed the device's
+    /// `max_compute_workgroups_per_dimension` (or [`ContextOptions::max_grid_x`] along x), the
+    /// block tiles (or the narrow kernel's workgroups) are laid out over `[x, y]` rows of linear
+    /// ids instead, `x · y` at least their number (the kernels skip the ids past it).
+    ///
+    /// [`ContextOptions::max_grid_x`]: crate::compute::ContextOptions::max_grid_x
     pub workgroups: [u32; 3],
     /// vec4 columns per workgroup of the narrow kernel; 0 when the tiled kernel runs.
     pub narrow_lanes: u32,
@@ -110,15 +115,41 @@ pub struct MatmulPlan {
 
 impl Context {
     /// The plan [`Context::matmul`] follows for `[m, k] · [k, n]` under the context's options.
+    ///
+    /// Any sizes give a plan or a typed error, never a panic: [`ComputeError::InvalidShape`] for
+    /// a size of 0 or operands of more elements than a tensor holds,
+    /// [`ComputeError::ParameterOverflow`] for sizes beyond the kernels' 32-bit parameters,
+    /// [`ComputeError::ExceedsLimit`] for a grid the device cannot dispatch.
     pub fn matmul_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
+        const OP: &str = "matmul";
+        if m == 0 || n == 0 || k == 0 {
+            return Err(ComputeError::InvalidShape {
+                op: OP,
+                shape: vec![m, n, k],
+                reason: "M, N and K of a matmul must not be 0",
+            });
+        }
+        let plan = match self.narrow_plan(m, n, k) {
+            Some(plan) => plan,
+            None => self.tiled_plan(m, n, k)?,
+        };
+        // A, B and C are tensors: refuse what no tensor holds, as the matmul would.
+        for shape in [[m, k], [k, n], [m, n]] {
+            element_count(OP, &shape)?;
+        }
+        Ok(plan)
+    }
+
+    /// The plan of the tiled kernel (with split-K where the tile leaves the GPU idle); `m`, `n`,
+    /// `k` are not 0. Every product saturates: a saturated size is refused below by a limit.
+    fn tiled_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
+        const OP: &str = "matmul";
         let options = &self.options().matmul;
         let limits = self.limits();
-        const OP: &str = "matmul";
-        if let Some(plan) = self.narrow_plan(m, n, k) {
-            return Ok(plan);
-        }
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         let blocks = |tiles: MatmulTiles| {
-            (m as u64).div_ceil(u64::from(tiles.bm)) * (n as u64).div_ceil(u64::from(tiles.bn))
+            m64.div_ceil(u64::from(tiles.bm.max(1)))
+                .saturating_mul(n64.div_ceil(u64::from(tiles.bn.max(1))))
         };
         let min_workgroups = u64::from(options.min_workgroups);
         let tiles = match options.tiles {
@@ -131,46 +162,47 @@ impl Context {
                 }
             }
         };
-        let bk = u64::from(tiles.bk);
-        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        let bk = u64::from(tiles.bk.max(1));
         let wanted = match options.split_k {
             Some(splits) => u64::from(splits.max(1)),
             None if blocks(tiles) >= min_workgroups => 1,
             None => min_workgroups
-                .div_ceil(blocks(tiles))
+                .div_ceil(blocks(tiles).max(1))
                 .min(k64 / u64::from(options.min_split_depth.max(1)))
                 .min(u64::from(options.max_splits))
                 .max(1),
         };
         // The partial products (rounded up to 16 bytes) must fit one binding.
         let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
-            / (m64 * n64 * 4).max(1))
+            / m64.saturating_mul(n64).saturating_mul(4))
         .max(1);
         let wanted = wanted.min(max_binding_splits);
-        let k_chunk = k64.div_ceil(wanted).div_ceil(bk) * bk;
+        // At least `bk` (K is not 0), so the division below is sound.
+        let k_chunk = k64.div_ceil(wanted).div_ceil(bk).saturating_mul(bk);
         let splits = k64.div_ceil(k_chunk);
-        let workgroups = [
-            n64.div_ceil(u64::from(tiles.bn)),
-            m64.div_ceil(u64::from(tiles.bm)),
-            splits,
-        ];
         let max = u64::from(limits.max_compute_workgroups_per_dimension);
-        for (count, what) in
-            workgroups
-                .iter()
-                .zip(["workgroups along N", "workgroups along M", "splits along K"])
-        {
-            if *count > max {
-                return Err(ComputeError::ExceedsLimit {
-                    op: OP,
-                    what,
-                    value: *count,
-                    limit_name: "max_compute_workgroups_per_dimension",
-                    limit: max,
-                });
-            }
+        if splits > max {
+            return Err(ComputeError::ExceedsLimit {
+                op: OP,
+                what: "splits along K",
+                value: splits,
+                limit_name: "max_compute_workgroups_per_dimension",
+                limit: max,
+            });
         }
-        let [x, y, z] = workgroups;
+        let tiles_n = n64.div_ceil(u64::from(tiles.bn.max(1)));
+        let tiles_m = m64.div_ceil(u64::from(tiles.bm.max(1)));
+        // The block tiles as the grid where the device takes it, else over a grid of rows of
+        // linear ids (the kernel maps both through `block_id`).
+        let (x, y) = if tiles_n <= u64::from(self.max_grid_x()) && tiles_m <= max {
+            (tiles_n, tiles_m)
+        } else {
+            let (grid, _) = grid_1d(self, OP, tiles_n.saturating_mul(tiles_m))?;
+            (u64::from(grid[0]), u64::from(grid[1]))
+        };
+        // The kernel multiplies them in a u32.
+        kernel_u32(OP, "block tiles", tiles_n.saturating_mul(tiles_m))?;
+        let z = splits;
         Ok(MatmulPlan {
             tiles,
             splits: kernel_u32(OP, "splits along K", splits)?,
@@ -214,16 +246,15 @@ impl Context {
             }
             lanes
         });
-        let workgroups = u32::try_from(n4.div_ceil(u64::from(lanes)))
-            .ok()
-            .filter(|&count| count <= self.limits().max_compute_workgroups_per_dimension)?;
+        // Past the x limit, rows of workgroups (lanes past N do nothing).
+        let (workgroups, _) = grid_1d(self, "matmul", n4.div_ceil(u64::from(lanes))).ok()?;
         Some(MatmulPlan {
             tiles: options.small_tiles,
             splits: 1,
             k_chunk: u32::try_from(k).ok()?,
             vec4: true,
             edges: false,
-            workgroups: [workgroups, 1, 1],
+            workgroups,
             narrow_lanes: lanes,
         })
     }
@@ -288,6 +319,8 @@ impl Context {
             let params = NarrowParams {
                 n4: kernel_u32(OP, "N / 4", n / 4)?,
                 k4: kernel_u32(OP, "K / 4", k / 4)?,
+                grid_x: plan.workgroups[0],
+                pad: 0,
             };
             (kernel, ParamsBlock::new(&params))
         } else {
@@ -313,8 +346,10 @@ impl Context {
                 n: kernel_u32(OP, "N", n)?,
                 k: kernel_u32(OP, "K", k)?,
                 k_chunk: plan.k_chunk,
-                tiles_n: plan.workgroups[0],
-                tiles_m: plan.workgroups[1],
+                tiles_n: kernel_u32(OP, "tiles along N", n.div_ceil(plan.tiles.bn as usize))?,
+                tiles_m: kernel_u32(OP, "tiles along M", m.div_ceil(plan.tiles.bm as usize))?,
+                grid_x: plan.workgroups[0],
+                pad: 0,
             };
             (kernel, ParamsBlock::new(&params))
         };

@@ -1,6 +1,7 @@
 //! The ops: each validates its operands on the host, allocates its output from the pool and
 //! records its dispatches into the context's open pass.
 
+pub mod custom;
 pub mod elementwise;
 pub mod matmul;
 pub mod rows;
