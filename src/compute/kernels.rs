@@ -62,8 +62,11 @@ pub(crate) fn module_source(source: Source, variant: &Variant) -> String {
         });
     }
     text.push_str(source_text(source));
-    if let Variant::Matmul { tiles, .. } = variant {
-        text.push_str(&matmul_entry(tiles));
+    if let Variant::Matmul {
+        tiles, linear_grid, ..
+    } = variant
+    {
+        text.push_str(&matmul_entry(tiles, *linear_grid));
     }
     text
 }
@@ -81,6 +84,7 @@ fn constants(variant: &Variant) -> String {
             edges,
             bias,
             activation,
+            linear_grid: _,
         } => [
             int("GROUP_M", group_rows),
             int("BM", tiles.bm),
@@ -115,6 +119,16 @@ fn constants(variant: &Variant) -> String {
     }
 }
 
+/// The test that opens the tiled matmul's entry point when its grid is laid out as rows of
+/// linear workgroup ids.
+const MATMUL_ENTRY_PAST_LAST: &str =
+    "    // A workgroup past the last tile (a grid of rows of linear ids): uniform, before any
+    // barrier.
+    if (block_id(workgroup) >= params.tiles_n * params.tiles_m) {
+        return;
+    }
+";
+
 /// The tiled matmul's entry point up to its steps of K (see `shaders/matmul.wgsl` for the
 /// layout and the helpers it calls).
 const MATMUL_ENTRY_BEGIN: &str = "
@@ -122,10 +136,6 @@ const MATMUL_ENTRY_BEGIN: &str = "
 // steps of K and the TM×TN outputs of an invocation unrolled.
 @compute @workgroup_size(THREADS)
 fn matmul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    // A workgroup past the last tile (a grid split over y): uniform, before any barrier.
-    if (block_id(workgroup) >= params.tiles_n * params.tiles_m) {
-        return;
-    }
     let tile = block_tile(workgroup);
     let row0 = tile.x * BM;
     let col0 = tile.y * BN;
@@ -173,7 +183,11 @@ const MATMUL_ENTRY_STORES: &str = "        stage(1u - current, staged, tid);
 /// invocation's outputs, one vec4 of the transposed A tile) and `b{J}` (`J < TN / 4`: four
 /// columns) at depth `s` and updates every accumulator `acc[(4·I + E)·(TN / 4) + J]`
 /// (`E < 4`), then [`MATMUL_ENTRY_STORES`] and one `store_c` per accumulator, in the same order.
-fn matmul_entry(tiles: &MatmulTiles) -> String {
+///
+/// With `linear_grid` (the grid laid out as rows of linear workgroup ids), the entry point first
+/// returns for the workgroups past the last tile ([`MATMUL_ENTRY_PAST_LAST`]); a grid that the
+/// device takes as it is has no such workgroups, and its entry point no such test.
+fn matmul_entry(tiles: &MatmulTiles, linear_grid: bool) -> String {
     let (groups_i, groups_j) = (tiles.tm / 4, tiles.tn / 4);
     // (I, E, J, accumulator) of every accumulator, in its order.
     let outputs = || {
@@ -184,6 +198,12 @@ fn matmul_entry(tiles: &MatmulTiles) -> String {
         })
     };
     let mut text = String::from(MATMUL_ENTRY_BEGIN);
+    if linear_grid {
+        let head = text
+            .find("    let tile = ")
+            .expect("the entry point's first line");
+        text.insert_str(head, MATMUL_ENTRY_PAST_LAST);
+    }
     for step in 0..tiles.bk {
         text.push_str("        {\n");
         for i in 0..groups_i {
@@ -433,15 +453,24 @@ mod tests {
                 for vec4 in [false, true] {
                     for edges in [false, true] {
                         for &(bias, activation) in &epilogues {
-                            let variant = Variant::Matmul {
-                                tiles,
-                                group_rows,
-                                vec4,
-                                edges,
-                                bias,
-                                activation,
+                            // The linear grid's test at the entry point, with one epilogue.
+                            let grids: &[bool] = if bias && activation == Activation::Gelu {
+                                &[false, true]
+                            } else {
+                                &[false]
                             };
-                            modules.push((Source::Matmul, variant));
+                            for &linear_grid in grids {
+                                let variant = Variant::Matmul {
+                                    tiles,
+                                    group_rows,
+                                    vec4,
+                                    edges,
+                                    bias,
+                                    activation,
+                                    linear_grid,
+                                };
+                                modules.push((Source::Matmul, variant));
+                            }
                         }
                     }
                 }
@@ -723,6 +752,7 @@ mod tests {
                 edges: false,
                 bias: false,
                 activation: Activation::None,
+                linear_grid: false,
             };
             // The code, without comments.
             let text: String = module_source(Source::Matmul, &variant)

@@ -460,6 +460,10 @@ pub(crate) enum Variant {
         edges: bool,
         bias: bool,
         activation: Activation,
+        /// The grid is laid out as rows of linear workgroup ids (beyond the device's
+        /// per-dimension limit): the entry point returns at once for ids past the last tile.
+        /// Off, the entry point has no such test.
+        linear_grid: bool,
     },
     /// The matmul kernel for a few rows (`shaders/matmul_narrow.wgsl`).
     Narrow {
@@ -484,12 +488,14 @@ impl Variant {
                 edges,
                 bias,
                 activation,
+                linear_grid,
             } => format!(
-                " {tiles}{}{}{}{}",
+                " {tiles}{}{}{}{}{}",
                 if vec4 { " vec4" } else { " scalar" },
                 if edges { " edges" } else { "" },
                 if bias { " +bias" } else { "" },
-                activation.suffix()
+                activation.suffix(),
+                if linear_grid { " linear grid" } else { "" }
             ),
             Self::Narrow {
                 rows,

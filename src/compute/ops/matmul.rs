@@ -324,6 +324,8 @@ impl Context {
             };
             (kernel, ParamsBlock::new(&params))
         } else {
+            let tiles_n = kernel_u32(OP, "tiles along N", n.div_ceil(plan.tiles.bn as usize))?;
+            let tiles_m = kernel_u32(OP, "tiles along M", m.div_ceil(plan.tiles.bm as usize))?;
             let kernel = KernelKey {
                 source: Source::Matmul,
                 entry: "matmul",
@@ -339,6 +341,8 @@ impl Context {
                     } else {
                         epilogue.activation
                     },
+                    // The grid is not [tiles along N, tiles along M]: rows of linear ids.
+                    linear_grid: plan.workgroups[..2] != [tiles_n, tiles_m],
                 },
             };
             let params = MatmulParams {
@@ -346,8 +350,8 @@ impl Context {
                 n: kernel_u32(OP, "N", n)?,
                 k: kernel_u32(OP, "K", k)?,
                 k_chunk: plan.k_chunk,
-                tiles_n: kernel_u32(OP, "tiles along N", n.div_ceil(plan.tiles.bn as usize))?,
-                tiles_m: kernel_u32(OP, "tiles along M", m.div_ceil(plan.tiles.bm as usize))?,
+                tiles_n,
+                tiles_m,
                 grid_x: plan.workgroups[0],
                 pad: 0,
             };
