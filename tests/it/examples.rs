@@ -3,7 +3,7 @@
 
 use crate::gpu::gpu;
 
-#[allow(dead_code, reason = "the example's main() is not called here")]
+#[expect(dead_code, reason = "the example's main() is not called here")]
 #[path = "../../examples/fragmentation.rs"]
 mod fragmentation;
 
@@ -17,7 +17,7 @@ fn fragmentation_example_tells_its_story() {
     assert!(outcome.second_request_refused, "{outcome:?}");
 }
 
-#[allow(
+#[expect(
     dead_code,
     reason = "the example's main() and CLI types are not used here"
 )]
