@@ -66,6 +66,24 @@ impl Allocation {
         self.last_use_submitted = true;
     }
 
+    /// `Ok` when the allocation was made by the pool whose shared state is `shared`, else
+    /// [`PoolError::ForeignAllocation`].
+    pub(super) fn check_pool(&self, shared: &Shared) -> Result<(), PoolError> {
+        if std::ptr::eq(Arc::as_ptr(&self.shared), shared) {
+            Ok(())
+        } else {
+            Err(PoolError::ForeignAllocation {
+                label: self.label.to_string(),
+                size_bytes: self.size_bytes,
+            })
+        }
+    }
+
+    /// True when the allocation was made by the pool whose shared state is `shared`.
+    pub(super) fn is_of(&self, shared: &Shared) -> bool {
+        self.check_pool(shared).is_ok()
+    }
+
     /// Checks that `len_bytes` at `offset_bytes` fit the allocation and are aligned for copies.
     pub(super) fn check_access(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), PoolError> {
         let aligned = offset_bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)

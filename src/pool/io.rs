@@ -15,6 +15,7 @@ impl Shared {
     ) -> Result<(), PoolError> {
         // A slice's length always fits 64 bits; were it not to, no allocation could hold it.
         let len_bytes = u64::try_from(data.len()).unwrap_or(u64::MAX);
+        allocation.check_pool(self)?;
         allocation.check_access(offset_bytes, len_bytes)?;
         if !data.is_empty() {
             self.gpu.queue.write_buffer(
@@ -33,6 +34,13 @@ impl Shared {
         allocation: &Allocation,
         work: Option<Vec<wgpu::CommandBuffer>>,
     ) -> Result<Vec<u8>, PoolError> {
+        if let Err(error) = allocation.check_pool(self) {
+            // The work is submitted all the same (nothing is lost); only the read is refused.
+            if let Some(work) = work {
+                self.submit(work);
+            }
+            return Err(error);
+        }
         let size = allocation.binding_size();
         // One staging buffer, reused by every read (reads wait for each other here).
         let mut staging_slot = self

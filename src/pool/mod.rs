@@ -235,9 +235,16 @@ impl Pool {
     /// right only if no one else submits before the work that uses it. With `zero_on_free` the
     /// ranges are cleared first (one more submission). The compute context frees the tensors
     /// dropped during a batch this way, after submitting the batch.
+    ///
+    /// An allocation of another pool is dropped as usual instead: its range waits for its own
+    /// pool's next submission (this pool's submissions say nothing of that pool's work).
     pub fn free_submitted<I: IntoIterator<Item = Allocation>>(&self, allocations: I) {
         let mut any = false;
         for mut allocation in allocations {
+            if !allocation.is_of(&self.shared) {
+                drop(allocation);
+                continue;
+            }
             allocation.set_last_use_submitted();
             any = true;
             drop(allocation);
@@ -359,7 +366,8 @@ impl Pool {
     }
 
     /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer` (it lands at
-    /// the start of the next submission). Offset and length must be multiples of 4.
+    /// the start of the next submission). Offset and length must be multiples of 4. An allocation
+    /// of another pool is refused ([`PoolError::ForeignAllocation`]).
     pub fn write(
         &self,
         allocation: &Allocation,
@@ -370,7 +378,8 @@ impl Pool {
     }
 
     /// Reads the whole allocation back (its size rounded up to 4 bytes): submits a copy into a
-    /// staging buffer and waits for it. Work recorded but not submitted is not included.
+    /// staging buffer and waits for it. Work recorded but not submitted is not included. An
+    /// allocation of another pool is refused ([`PoolError::ForeignAllocation`]).
     pub fn read(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         self.shared.read_via(allocation, None)
     }
@@ -378,7 +387,8 @@ impl Pool {
     /// Submits `command_buffers` as [`Pool::submit`] does (ranges dropped before this call become
     /// reusable after it), with a copy of `allocation` behind them in the same submission; then
     /// waits for it and returns the allocation's bytes (its size rounded up to 4). The work and its
-    /// read-back cost one submission instead of two.
+    /// read-back cost one submission instead of two. An allocation of another pool is refused
+    /// ([`PoolError::ForeignAllocation`]) after the work is submitted.
     pub fn submit_and_read<I: IntoIterator<Item = wgpu::CommandBuffer>>(
         &self,
         command_buffers: I,

@@ -117,6 +117,17 @@ pub enum PoolError {
         /// The allocation's size, in bytes.
         size_bytes: u64,
     },
+    /// An allocation of another pool was passed to this one: no byte of either pool was touched
+    /// (work passed with it to `Pool::submit_and_read` was submitted, nothing read).
+    #[error(
+        "the allocation {label:?} of {size_bytes} bytes belongs to another pool: write, read and free it through its own pool"
+    )]
+    ForeignAllocation {
+        /// The allocation's label.
+        label: String,
+        /// The allocation's size, in bytes.
+        size_bytes: u64,
+    },
     /// The pool's configuration is not valid.
     #[error("invalid pool configuration: {0}")]
     Config(String),

@@ -866,3 +866,41 @@ fn free_submitted_releases_at_once_and_zeroes_when_asked() {
         );
     }
 }
+
+#[test]
+fn another_pools_allocation_is_refused() {
+    // Issue 13, item 1: two pools on two devices, and two pools on one device.
+    let pool_a = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let other_device = fresh_gpu();
+    for pool_b in [
+        Pool::new(&other_device, PoolOptions::default()).unwrap(),
+        Pool::new(gpu(), PoolOptions::default()).unwrap(),
+    ] {
+        let a = pool_a.allocate(1024).unwrap();
+        pool_a.write(&a, 0, &[7u8; 1024]).unwrap();
+        let _b = pool_b.allocate(1024).unwrap();
+        let foreign = |result: Result<_, PoolError>| {
+            matches!(
+                result,
+                Err(PoolError::ForeignAllocation {
+                    size_bytes: 1024,
+                    ..
+                })
+            )
+        };
+        assert!(foreign(pool_b.write(&a, 0, &[1u8; 4]).map(drop)), "write");
+        assert!(foreign(pool_b.read(&a).map(drop)), "read");
+        assert!(
+            foreign(pool_b.submit_and_read([], &a).map(drop)),
+            "submit_and_read"
+        );
+        // Nothing landed anywhere: A's bytes are intact.
+        assert_eq!(pool_a.read(&a).unwrap(), vec![7u8; 1024]);
+        // Freed through the wrong pool, the range waits for its own pool's next submission.
+        let pending = pool_a.pending_frees().0;
+        pool_b.free_submitted([a]);
+        assert_eq!(pool_a.pending_frees().0, pending + 1);
+        pool_a.submit([]);
+        assert_eq!(pool_a.pending_frees().0, 0);
+    }
+}
