@@ -904,3 +904,23 @@ fn another_pools_allocation_is_refused() {
         assert_eq!(pool_a.pending_frees().0, 0);
     }
 }
+
+#[test]
+fn a_refused_allocation_leaves_the_statistics_as_they_were() {
+    // Issue 13, item 3, as reported.
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let a = pool.allocate(3 << 19).unwrap();
+    drop(pool.allocate(3 << 19).unwrap());
+    pool.submit([]);
+    assert_eq!(pool.stats().reserved_bytes.current, 4 << 20);
+    pool.set_budget(Some(5 << 20));
+    let before = pool.stats();
+    let error = pool.allocate(4 << 20).unwrap_err();
+    assert!(matches!(error, PoolError::OutOfMemory(_)), "{error}");
+    let after = pool.stats();
+    assert_eq!(after.reserved_bytes, before.reserved_bytes);
+    assert_eq!(after.segments, before.segments);
+    assert_eq!(after.allocated_bytes, before.allocated_bytes);
+    assert_eq!(after.oom_count, before.oom_count + 1);
+    drop(a);
+}
