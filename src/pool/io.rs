@@ -5,6 +5,22 @@ use super::allocation::Allocation;
 use super::options::PoolError;
 use super::shared::Shared;
 
+/// The largest staging buffer a read uses (when the device allows it): a larger read goes in
+/// pieces of this size.
+pub const MAX_STAGING_BYTES: u64 = 64 << 20;
+
+/// The smallest staging buffer, so that small reads of different sizes share one.
+const MIN_STAGING_BYTES: u64 = 64 << 10;
+
+/// The largest power of two not above `bytes` (at least 4: every device allows buffers of 4 bytes).
+fn largest_power_of_two_at_most(bytes: u64) -> u64 {
+    if bytes < 4 {
+        4
+    } else {
+        1 << (63 - bytes.leading_zeros())
+    }
+}
+
 impl Shared {
     /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer`.
     pub(super) fn write(
@@ -42,24 +58,29 @@ impl Shared {
             return Err(error);
         }
         let size = allocation.binding_size();
-        // One staging buffer, reused by every read (reads wait for each other here).
+        // One staging buffer, reused by every read (reads wait for each other here), never above
+        // the device's max_buffer_size nor MAX_STAGING_BYTES: larger reads go in pieces.
+        let limit = largest_power_of_two_at_most(self.max_buffer_size.min(MAX_STAGING_BYTES));
+        let wanted = size.next_power_of_two().max(MIN_STAGING_BYTES).min(limit);
         let mut staging_slot = self
             .staging
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if staging_slot
             .as_ref()
-            .is_none_or(|buffer| buffer.size() < size)
+            .is_none_or(|buffer| buffer.size() < wanted)
         {
+            // Dropped first, so that the old and the new one are not held at once.
+            *staging_slot = None;
             *staging_slot = Some(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("wgpu-pool read-back"),
-                size: size.next_power_of_two().max(64 << 10),
+                size: wanted,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
         }
         let staging = staging_slot.as_ref().expect("just ensured");
-        let result = self.read_through(staging, allocation, size, work);
+        let result = self.read_in_pieces(staging, allocation, size, work);
         if result.is_err() {
             // A failed read may leave the staging buffer mapped: start afresh next time.
             *staging_slot = None;
@@ -67,10 +88,32 @@ impl Shared {
         result
     }
 
+    /// Reads the first `size` bytes of `allocation` through `staging`, a piece of at most its
+    /// size at a time; the first piece goes behind `work`.
+    fn read_in_pieces(
+        &self,
+        staging: &wgpu::Buffer,
+        allocation: &Allocation,
+        size: u64,
+        mut work: Option<Vec<wgpu::CommandBuffer>>,
+    ) -> Result<Vec<u8>, PoolError> {
+        // Both are multiples of 4: the binding size is, and so is the staging buffer's.
+        let piece_bytes = staging.size();
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        let mut done = 0;
+        while done < size {
+            let piece = (size - done).min(piece_bytes);
+            bytes.extend(self.read_through(staging, allocation, done, piece, work.take())?);
+            done += piece;
+        }
+        Ok(bytes)
+    }
+
     fn read_through(
         &self,
         staging: &wgpu::Buffer,
         allocation: &Allocation,
+        offset_bytes: u64,
         size: u64,
         work: Option<Vec<wgpu::CommandBuffer>>,
     ) -> Result<Vec<u8>, PoolError> {
@@ -80,7 +123,13 @@ impl Shared {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("wgpu-pool read-back"),
             });
-        encoder.copy_buffer_to_buffer(allocation.buffer(), allocation.offset(), staging, 0, size);
+        encoder.copy_buffer_to_buffer(
+            allocation.buffer(),
+            allocation.offset() + offset_bytes,
+            staging,
+            0,
+            size,
+        );
         match work {
             // The pool's own submission: ranges waiting for one stay pending.
             None => {

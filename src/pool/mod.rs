@@ -78,6 +78,7 @@ use crate::snapshot::Snapshot;
 use crate::state::PoolState;
 
 pub use allocation::Allocation;
+pub use io::MAX_STAGING_BYTES;
 pub use options::{AllocOptions, PoolError, PoolOptions, ReuseSafety};
 pub use storage::SEGMENT_USAGES;
 
@@ -107,10 +108,11 @@ impl Pool {
     /// says otherwise (a naive policy, [`PolicyConfig::naive`], makes the naive baseline).
     pub fn new(gpu: &Gpu, options: PoolOptions) -> Result<Self, PoolError> {
         let limits = gpu.device.limits();
+        let max_allocation_bytes = max_allocation_bytes(limits.max_buffer_size);
         let policy = options.policy.clone().unwrap_or_else(|| {
             PolicyConfig::for_limits(
                 u64::from(limits.min_storage_buffer_offset_alignment),
-                limits.max_buffer_size,
+                max_allocation_bytes,
             )
         });
         // Naive buffers are bound at offset 0 and sized by requests: only their size limit
@@ -124,11 +126,15 @@ impl Pool {
             )));
         }
         if (!policy.is_naive() && policy.max_segment_bytes > limits.max_buffer_size)
-            || policy.max_allocation_bytes > limits.max_buffer_size
+            || policy.max_allocation_bytes > max_allocation_bytes
         {
             return Err(PoolError::Config(format!(
-                "segments of {} bytes and allocations of {} bytes exceed the device's max_buffer_size {}",
-                policy.max_segment_bytes, policy.max_allocation_bytes, limits.max_buffer_size
+                "segments of {} bytes and allocations of {} bytes exceed the device's max_buffer_size {} \
+                 (allocations: rounded down to a multiple of 4 bytes, {})",
+                policy.max_segment_bytes,
+                policy.max_allocation_bytes,
+                limits.max_buffer_size,
+                max_allocation_bytes
             )));
         }
         let storage =
@@ -145,7 +151,7 @@ impl Pool {
     pub fn naive(gpu: &Gpu, options: PoolOptions) -> Self {
         let policy = PolicyConfig::naive(
             wgpu::COPY_BUFFER_ALIGNMENT,
-            gpu.device.limits().max_buffer_size,
+            max_allocation_bytes(gpu.device.limits().max_buffer_size),
         );
         Self::new(
             gpu,
@@ -187,10 +193,11 @@ impl Pool {
                 max_storage_buffer_binding_size: self.shared.max_binding_bytes,
             });
         }
-        if size_bytes > self.shared.max_buffer_size {
+        let max_allocation_bytes = max_allocation_bytes(self.shared.max_buffer_size);
+        if size_bytes > max_allocation_bytes {
             return Err(PoolError::ExceedsBufferLimit {
                 requested_bytes: size_bytes,
-                max_buffer_size: self.shared.max_buffer_size,
+                max_buffer_size: max_allocation_bytes,
             });
         }
         let label = Label::new(options.label);
@@ -397,6 +404,13 @@ impl Pool {
         self.shared
             .read_via(allocation, Some(command_buffers.into_iter().collect()))
     }
+}
+
+/// The largest allocation a device allows: its `max_buffer_size` rounded down to a multiple of
+/// 4 bytes, since copies and clears move whole multiples of 4 (so a dedicated segment's size, and
+/// every clear of it, is a multiple of 4).
+fn max_allocation_bytes(max_buffer_size: u64) -> u64 {
+    max_buffer_size / wgpu::COPY_BUFFER_ALIGNMENT * wgpu::COPY_BUFFER_ALIGNMENT
 }
 
 /// Restores the op that was in scope before [`Pool::op_scope`] when dropped.

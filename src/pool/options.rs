@@ -96,12 +96,13 @@ pub enum PoolError {
     },
     /// A request larger than any buffer the device can create.
     #[error(
-        "request of {requested_bytes} bytes exceeds max_buffer_size ({max_buffer_size} bytes)"
+        "request of {requested_bytes} bytes exceeds max_buffer_size ({max_buffer_size} bytes, rounded down to a multiple of 4)"
     )]
     ExceedsBufferLimit {
         /// The size asked for, in bytes.
         requested_bytes: u64,
-        /// The device's `max_buffer_size`, in bytes.
+        /// The device's `max_buffer_size` rounded down to a multiple of 4 (copies and clears move
+        /// multiples of 4 bytes), in bytes.
         max_buffer_size: u64,
     },
     /// The budget or the device has no memory for the request.

@@ -867,6 +867,29 @@ fn free_submitted_releases_at_once_and_zeroes_when_asked() {
     }
 }
 
+/// A device of its own on the shared adapter with `max_buffer_size` lowered to `max_buffer_size`
+/// (and bindings to 16 MiB), to test the logic near the buffer limit without allocating gigabytes.
+fn gpu_with_max_buffer_size(max_buffer_size: u64) -> Gpu {
+    let base = gpu();
+    let required_limits = wgpu::Limits {
+        max_buffer_size,
+        max_storage_buffer_binding_size: 16 << 20,
+        ..base.adapter.limits()
+    };
+    let (device, queue) = pollster::block_on(base.adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("lowered max_buffer_size"),
+        required_limits,
+        ..Default::default()
+    }))
+    .expect("a device with lowered limits");
+    Gpu {
+        adapter: base.adapter.clone(),
+        device,
+        queue,
+        info: base.info.clone(),
+    }
+}
+
 #[test]
 fn another_pools_allocation_is_refused() {
     // Issue 13, item 1: two pools on two devices, and two pools on one device.
@@ -923,4 +946,55 @@ fn a_refused_allocation_leaves_the_statistics_as_they_were() {
     assert_eq!(after.allocated_bytes, before.allocated_bytes);
     assert_eq!(after.oom_count, before.oom_count + 1);
     drop(a);
+}
+
+#[test]
+fn reads_above_the_staging_limit_go_in_pieces() {
+    // Issue 13, item 4: the staging buffer never exceeds max_buffer_size, and a read larger than
+    // it goes in pieces. 40 MiB + 4 B would round to a 64 MiB staging buffer, above 48 MiB.
+    let gpu = gpu_with_max_buffer_size(48 << 20);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let size = (40 << 20) + 4;
+    let allocation = pool
+        .allocate_with(
+            size,
+            AllocOptions {
+                bindable: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let words: Vec<u32> = (0..(size / 4) as u32).map(|i| pattern(3, i)).collect();
+    pool.write(&allocation, 0, words_bytes(&words)).unwrap();
+    let bytes = pool.read(&allocation).unwrap();
+    assert_eq!(bytes.len() as u64, size);
+    assert!(bytes == words_bytes(&words), "the bytes read back differ");
+    let bytes = pool.submit_and_read([], &allocation).unwrap();
+    assert!(bytes == words_bytes(&words), "the bytes read back differ");
+}
+
+#[test]
+fn a_zeroed_allocation_at_the_buffer_limit_clears_whole_words() {
+    // Issue 13, item 5: with max_buffer_size not a multiple of 4, a dedicated segment rounded up
+    // to the block size and clamped to the limit used to be cleared by an unaligned size.
+    let max = (48 << 20) - 1;
+    let gpu = gpu_with_max_buffer_size(max);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let copy_only = |zeroed| AllocOptions {
+        bindable: false,
+        zeroed,
+        ..Default::default()
+    };
+    let allocation = pool.allocate_with(max - 47, copy_only(true)).unwrap();
+    assert_eq!(allocation.allocated_size() % 4, 0);
+    assert!(allocation.allocated_size() <= max);
+    let bytes = pool.read(&allocation).unwrap();
+    assert!(bytes.iter().all(|&b| b == 0), "zeroed");
+    drop(allocation);
+    pool.submit([]);
+    // The last bytes below the limit cannot be copied whole: a typed error, not a panic.
+    assert!(matches!(
+        pool.allocate_with(max, copy_only(false)),
+        Err(PoolError::ExceedsBufferLimit { .. })
+    ));
 }
