@@ -3,6 +3,8 @@
 
 use super::allocation::Allocation;
 use super::options::PoolError;
+use std::sync::atomic::Ordering;
+
 use super::shared::Shared;
 
 /// The largest staging buffer a read uses (when the device allows it): a larger read goes in
@@ -78,12 +80,14 @@ impl Shared {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
+            self.staging_bytes.store(wanted, Ordering::Relaxed);
         }
         let staging = staging_slot.as_ref().expect("just ensured");
         let result = self.read_in_pieces(staging, allocation, size, work);
         if result.is_err() {
             // A failed read may leave the staging buffer mapped: start afresh next time.
             *staging_slot = None;
+            self.staging_bytes.store(0, Ordering::Relaxed);
         }
         result
     }

@@ -136,6 +136,8 @@ pub(super) fn record_oom(
 pub(super) struct StateLimits {
     pub(super) max_buffer_size: u64,
     pub(super) max_storage_buffer_binding_size: u64,
+    /// The read-back staging buffer's size (0: none).
+    pub(super) staging_bytes: u64,
 }
 
 /// The pool's memory as plain data: the policy's statistics and settings, and every segment tiled,
@@ -209,6 +211,7 @@ pub(super) fn fill_state<S: SegmentStorage>(
         policy,
         max_buffer_size: limits.max_buffer_size,
         max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+        staging_bytes: limits.staging_bytes,
         history: history.map(|history| HistoryStatus {
             max_events: history.max_events(),
             events: history.len(),

@@ -126,17 +126,18 @@ impl Pool {
             )));
         }
         if (!policy.is_naive() && policy.max_segment_bytes > limits.max_buffer_size)
-            || policy.max_allocation_bytes > max_allocation_bytes
+            || policy.max_allocation_bytes > limits.max_buffer_size
         {
             return Err(PoolError::Config(format!(
-                "segments of {} bytes and allocations of {} bytes exceed the device's max_buffer_size {} \
-                 (allocations: rounded down to a multiple of 4 bytes, {})",
-                policy.max_segment_bytes,
-                policy.max_allocation_bytes,
-                limits.max_buffer_size,
-                max_allocation_bytes
+                "segments of {} bytes and allocations of {} bytes exceed the device's max_buffer_size {}",
+                policy.max_segment_bytes, policy.max_allocation_bytes, limits.max_buffer_size
             )));
         }
+        // Allocations are whole words (see `max_allocation_bytes`), whatever the policy says.
+        let policy = PolicyConfig {
+            max_allocation_bytes: policy.max_allocation_bytes.min(max_allocation_bytes),
+            ..policy
+        };
         let storage =
             BufferStorage::new(gpu.device.clone(), options.label.clone(), policy.is_naive());
         let core = PoolCore::new(policy, storage)?;
@@ -270,9 +271,13 @@ impl Pool {
         )
     }
 
-    /// Gives back every empty segment (PyTorch's `empty_cache`). Returns the bytes given back.
-    /// Ranges waiting for a submission keep their segments.
+    /// Gives back every empty segment (PyTorch's `empty_cache`) and the read-back staging buffer
+    /// (outside the statistics, shown by [`Pool::memory_state`] as `staging_bytes`). Returns the
+    /// bytes of segments given back (the statistics' reserved bytes). Ranges waiting for a
+    /// submission keep their segments.
     pub fn trim(&self) -> u64 {
+        // The staging lock is not held with the state's (a read takes them in that order).
+        self.shared.release_staging();
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         let released = state.core.trim();

@@ -228,6 +228,10 @@ fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
         stats.create_segment_calls,
         stats.oom_count
     ))?;
+    table.row(&format!(
+        "Read-back staging buffer: {} (outside the segments; trim() gives it back)",
+        format_bytes(pool.staging_bytes)
+    ))?;
     let free_blocks: Vec<String> = pool
         .free_blocks_per_size
         .iter()

@@ -79,6 +79,7 @@ pub(crate) fn synthetic() -> (PoolState, History) {
         }),
         max_buffer_size: 256 * MIB,
         max_storage_buffer_binding_size: 128 * MIB,
+        staging_bytes: 0,
         history: None,
         segments: vec![SegmentState {
             id: SegmentId(0),

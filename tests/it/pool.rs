@@ -998,3 +998,38 @@ fn a_zeroed_allocation_at_the_buffer_limit_clears_whole_words() {
         Err(PoolError::ExceedsBufferLimit { .. })
     ));
 }
+
+#[test]
+fn trim_gives_the_read_back_staging_buffer_back() {
+    // Issue 13, item 7: after a read, trim gives back the staging buffer as well as the segments.
+    let gpu = fresh_gpu();
+    let allocated = |gpu: &Gpu| {
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .unwrap();
+        gpu.device
+            .generate_allocator_report()
+            .map(|report| report.total_allocated_bytes)
+    };
+    let before = allocated(&gpu);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let allocation = pool.allocate(6 << 20).unwrap();
+    pool.read(&allocation).unwrap();
+    // The staging buffer is device memory outside the statistics: the state shows it.
+    let staging = pool.memory_state().staging_bytes;
+    assert_eq!(staging, 8 << 20, "a power of two above the read");
+    let summary = wgpu_pool::Report::from_pool(&pool).to_string();
+    assert!(
+        summary.contains("Read-back staging buffer: 8.00 MiB"),
+        "{summary}"
+    );
+    drop(allocation);
+    pool.submit([]);
+    let reserved = pool.stats().reserved_bytes.current;
+    assert_eq!(pool.trim(), reserved, "trim counts the segments, as the statistics do");
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert_eq!(pool.memory_state().staging_bytes, 0);
+    // The device's own figures, where the backend has an allocator report (Vulkan does).
+    let after = allocated(&gpu);
+    assert!(after <= before, "wgpu's allocator report after trim: {after:?}, before the pool: {before:?}");
+}
