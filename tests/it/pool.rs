@@ -876,12 +876,13 @@ fn gpu_with_max_buffer_size(max_buffer_size: u64) -> Gpu {
         max_storage_buffer_binding_size: 16 << 20,
         ..base.adapter.limits()
     };
-    let (device, queue) = pollster::block_on(base.adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("lowered max_buffer_size"),
-        required_limits,
-        ..Default::default()
-    }))
-    .expect("a device with lowered limits");
+    let (device, queue) =
+        pollster::block_on(base.adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("lowered max_buffer_size"),
+            required_limits,
+            ..Default::default()
+        }))
+        .expect("a device with lowered limits");
     Gpu {
         adapter: base.adapter.clone(),
         device,
@@ -1026,10 +1027,17 @@ fn trim_gives_the_read_back_staging_buffer_back() {
     drop(allocation);
     pool.submit([]);
     let reserved = pool.stats().reserved_bytes.current;
-    assert_eq!(pool.trim(), reserved, "trim counts the segments, as the statistics do");
+    assert_eq!(
+        pool.trim(),
+        reserved,
+        "trim counts the segments, as the statistics do"
+    );
     assert_eq!(pool.stats().reserved_bytes.current, 0);
     assert_eq!(pool.memory_state().staging_bytes, 0);
     // The device's own figures, where the backend has an allocator report (Vulkan does).
     let after = allocated(&gpu);
-    assert!(after <= before, "wgpu's allocator report after trim: {after:?}, before the pool: {before:?}");
+    assert!(
+        after <= before,
+        "wgpu's allocator report after trim: {after:?}, before the pool: {before:?}"
+    );
 }
