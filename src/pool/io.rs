@@ -35,18 +35,29 @@ impl Shared {
         let len_bytes = u64::try_from(data.len()).unwrap_or(u64::MAX);
         allocation.check_pool(self)?;
         allocation.check_access(offset_bytes, len_bytes)?;
-        if !data.is_empty() {
-            self.gpu.queue.write_buffer(
-                allocation.buffer(),
-                allocation.offset() + offset_bytes,
-                data,
-            );
+        // Checked: the length is a multiple of 4, or the write ends at the allocation's size and
+        // its last partial word is padded with zeros into the bytes that round the size up.
+        let whole = data.len() / 4 * 4;
+        let (body, tail) = data.split_at(whole);
+        let start = allocation.offset() + offset_bytes;
+        if !body.is_empty() {
+            self.gpu
+                .queue
+                .write_buffer(allocation.buffer(), start, body);
+        }
+        if !tail.is_empty() {
+            let mut word = [0u8; 4];
+            word[..tail.len()].copy_from_slice(tail);
+            let body_bytes = u64::try_from(whole).unwrap_or(u64::MAX);
+            self.gpu
+                .queue
+                .write_buffer(allocation.buffer(), start + body_bytes, &word);
         }
         Ok(())
     }
 
     /// Copies `allocation` into the staging buffer — alone, or behind `work` through
-    /// [`Shared::submit`] — waits, and returns its bytes.
+    /// [`Shared::submit`] — waits, and returns its bytes: exactly `allocation.size()` of them.
     pub(super) fn read_via(
         &self,
         allocation: &Allocation,
@@ -83,7 +94,13 @@ impl Shared {
             self.staging_bytes.store(wanted, Ordering::Relaxed);
         }
         let staging = staging_slot.as_ref().expect("just ensured");
-        let result = self.read_in_pieces(staging, allocation, size, work);
+        let result = self
+            .read_in_pieces(staging, allocation, size, work)
+            .map(|mut bytes| {
+                // The copy moved whole words; the bytes past the size are padding.
+                bytes.truncate(usize::try_from(allocation.size()).unwrap_or(usize::MAX));
+                bytes
+            });
         if result.is_err() {
             // A failed read may leave the staging buffer mapped: start afresh next time.
             *staging_slot = None;

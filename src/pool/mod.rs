@@ -378,8 +378,10 @@ impl Pool {
     }
 
     /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer` (it lands at
-    /// the start of the next submission). Offset and length must be multiples of 4. An allocation
-    /// of another pool is refused ([`PoolError::ForeignAllocation`]).
+    /// the start of the next submission). The offset must be a multiple of 4, and so must the
+    /// length unless the write ends at the allocation's [`size`](Allocation::size) (its last
+    /// partial word is then padded with zeros into the bytes that round the size up to 4). An
+    /// allocation of another pool is refused ([`PoolError::ForeignAllocation`]).
     pub fn write(
         &self,
         allocation: &Allocation,
@@ -389,8 +391,8 @@ impl Pool {
         self.shared.write(allocation, offset_bytes, data)
     }
 
-    /// Reads the whole allocation back (its size rounded up to 4 bytes): submits a copy into a
-    /// staging buffer and waits for it. Work recorded but not submitted is not included. An
+    /// Reads the whole allocation back, exactly [`size`](Allocation::size) bytes: submits a copy
+    /// into a staging buffer (in pieces of at most [`MAX_STAGING_BYTES`]) and waits for it. Work recorded but not submitted is not included. An
     /// allocation of another pool is refused ([`PoolError::ForeignAllocation`]).
     pub fn read(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         self.shared.read_via(allocation, None)
@@ -398,7 +400,7 @@ impl Pool {
 
     /// Submits `command_buffers` as [`Pool::submit`] does (ranges dropped before this call become
     /// reusable after it), with a copy of `allocation` behind them in the same submission; then
-    /// waits for it and returns the allocation's bytes (its size rounded up to 4). The work and its
+    /// waits for it and returns the allocation's bytes (exactly its size). The work and its
     /// read-back cost one submission instead of two. An allocation of another pool is refused
     /// ([`PoolError::ForeignAllocation`]) after the work is submitted.
     pub fn submit_and_read<I: IntoIterator<Item = wgpu::CommandBuffer>>(
@@ -409,6 +411,68 @@ impl Pool {
         self.shared
             .read_via(allocation, Some(command_buffers.into_iter().collect()))
     }
+
+    /// Uploads the elements `data` at `offset_bytes` into `allocation`: [`Pool::write`] of their
+    /// bytes (so any `T: Pod`, of any byte length that ends at the allocation's size or is a
+    /// multiple of 4).
+    pub fn write_slice<T: bytemuck::Pod>(
+        &self,
+        allocation: &Allocation,
+        offset_bytes: u64,
+        data: &[T],
+    ) -> Result<(), PoolError> {
+        self.write(allocation, offset_bytes, bytemuck::cast_slice(data))
+    }
+
+    /// Reads the whole allocation back as elements of `T` ([`Pool::read`]); its size must be a
+    /// whole number of them ([`PoolError::ElementSize`] else, before anything is read).
+    pub fn read_vec<T: bytemuck::Pod>(&self, allocation: &Allocation) -> Result<Vec<T>, PoolError> {
+        let count = element_count::<T>(allocation)?;
+        let bytes = self.read(allocation)?;
+        Ok(to_elements(&bytes, count))
+    }
+
+    /// [`Pool::submit_and_read`] as elements of `T`. When the allocation's size is not a whole
+    /// number of them, the work is submitted all the same and nothing is read
+    /// ([`PoolError::ElementSize`]).
+    pub fn submit_and_read_vec<T: bytemuck::Pod, I: IntoIterator<Item = wgpu::CommandBuffer>>(
+        &self,
+        command_buffers: I,
+        allocation: &Allocation,
+    ) -> Result<Vec<T>, PoolError> {
+        let count = match element_count::<T>(allocation) {
+            Ok(count) => count,
+            Err(error) => {
+                self.submit(command_buffers);
+                return Err(error);
+            }
+        };
+        let bytes = self.submit_and_read(command_buffers, allocation)?;
+        Ok(to_elements(&bytes, count))
+    }
+}
+
+/// How many elements of `T` `allocation` holds, or [`PoolError::ElementSize`].
+fn element_count<T>(allocation: &Allocation) -> Result<usize, PoolError> {
+    let element_bytes = std::mem::size_of::<T>() as u64;
+    let size_bytes = allocation.size();
+    if element_bytes == 0 || !size_bytes.is_multiple_of(element_bytes) {
+        return Err(PoolError::ElementSize {
+            size_bytes,
+            element_bytes,
+        });
+    }
+    usize::try_from(size_bytes / element_bytes).map_err(|_| PoolError::ElementSize {
+        size_bytes,
+        element_bytes,
+    })
+}
+
+/// The elements of `T` in `bytes` (a whole number of them), whatever their alignment.
+fn to_elements<T: bytemuck::Pod>(bytes: &[u8], count: usize) -> Vec<T> {
+    let mut elements = vec![T::zeroed(); count];
+    bytemuck::cast_slice_mut::<T, u8>(&mut elements).copy_from_slice(bytes);
+    elements
 }
 
 /// The largest allocation a device allows: its `max_buffer_size` rounded down to a multiple of

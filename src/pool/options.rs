@@ -108,8 +108,9 @@ pub enum PoolError {
     /// The budget or the device has no memory for the request.
     #[error("{0}")]
     OutOfMemory(Box<OutOfMemory>),
-    /// A write or read outside the allocation, or not aligned to 4 bytes.
-    #[error("access of {len_bytes} bytes at offset {offset_bytes} does not fit an allocation of {size_bytes} bytes, or is not a multiple of 4 bytes")]
+    /// A write or read outside the allocation, or not aligned to 4 bytes (its offset, and its
+    /// length unless it ends at the allocation's size).
+    #[error("access of {len_bytes} bytes at offset {offset_bytes} does not fit an allocation of {size_bytes} bytes, or is not aligned to 4 bytes (the offset, and the length unless the access ends at the allocation's size)")]
     OutOfBounds {
         /// Offset in the allocation, in bytes.
         offset_bytes: u64,
@@ -128,6 +129,15 @@ pub enum PoolError {
         label: String,
         /// The allocation's size, in bytes.
         size_bytes: u64,
+    },
+    /// A typed read or write of elements of `element_bytes` bytes, over an allocation that does
+    /// not hold a whole number of them (or of zero-sized elements).
+    #[error("an allocation of {size_bytes} bytes does not hold a whole number of {element_bytes}-byte elements")]
+    ElementSize {
+        /// The allocation's size, in bytes.
+        size_bytes: u64,
+        /// The size of one element, in bytes.
+        element_bytes: u64,
     },
     /// The pool's configuration is not valid.
     #[error("invalid pool configuration: {0}")]

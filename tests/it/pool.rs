@@ -1041,3 +1041,79 @@ fn trim_gives_the_read_back_staging_buffer_back() {
         "wgpu's allocator report after trim: {after:?}, before the pool: {before:?}"
     );
 }
+
+#[test]
+fn bytes_of_any_length_go_in_and_come_back_exactly() {
+    // Issue 13, item 9: a write may end at the allocation's end on any byte (the pool pads it to
+    // whole words), and a read returns exactly `size()` bytes.
+    for (limits, gpu) in both() {
+        let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+        let allocation = pool.allocate(6).unwrap();
+        pool.write(&allocation, 0, &[1, 2, 3, 4, 5, 6]).unwrap();
+        assert_eq!(
+            pool.read(&allocation).unwrap(),
+            [1, 2, 3, 4, 5, 6],
+            "{limits}"
+        );
+        pool.write(&allocation, 4, &[9, 8]).unwrap();
+        assert_eq!(
+            pool.submit_and_read([], &allocation).unwrap(),
+            [1, 2, 3, 4, 9, 8],
+            "{limits}"
+        );
+        // Ending inside the allocation on a partial word would pad over bytes not written.
+        assert!(matches!(
+            pool.write(&allocation, 0, &[1, 2, 3]),
+            Err(PoolError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            pool.write(&allocation, 4, &[1, 2, 3]),
+            Err(PoolError::OutOfBounds { .. })
+        ));
+    }
+}
+
+#[test]
+fn typed_reads_and_writes_of_pod_elements() {
+    // Issue 13, item 9: `&[T]` in, `Vec<T>` out, for any `T: Pod`, with typed errors.
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let floats = pool.allocate(5 * 4).unwrap();
+    let values = [1.5f32, -2.0, 3.25, 0.0, 7.0];
+    pool.write_slice(&floats, 0, &values).unwrap();
+    assert_eq!(pool.read_vec::<f32>(&floats).unwrap(), values);
+    // Three-byte elements: 9 bytes, padded by the pool.
+    let triples = pool.allocate(9).unwrap();
+    let data = [[1u8, 2, 3], [4, 5, 6], [7, 8, 9]];
+    pool.write_slice(&triples, 0, &data).unwrap();
+    assert_eq!(pool.read_vec::<[u8; 3]>(&triples).unwrap(), data);
+    assert_eq!(
+        pool.submit_and_read_vec::<[u8; 3], _>([], &triples)
+            .unwrap(),
+        data
+    );
+    // u64s at an 8-byte offset.
+    let longs = pool.allocate(24).unwrap();
+    pool.write_slice(&longs, 8, &[u64::MAX, 42]).unwrap();
+    assert_eq!(pool.read_vec::<u64>(&longs).unwrap()[1..], [u64::MAX, 42]);
+    // Typed errors: a size that is not a whole number of elements, data that does not fit.
+    assert_eq!(
+        pool.read_vec::<u64>(&floats).unwrap_err(),
+        PoolError::ElementSize {
+            size_bytes: 20,
+            element_bytes: 8
+        }
+    );
+    assert!(matches!(
+        pool.submit_and_read_vec::<u64, _>([], &floats),
+        Err(PoolError::ElementSize { .. })
+    ));
+    assert!(matches!(
+        pool.write_slice(&floats, 0, &[0f32; 6]),
+        Err(PoolError::OutOfBounds { .. })
+    ));
+    assert_eq!(
+        pool.read_vec::<f32>(&floats).unwrap(),
+        values,
+        "nothing written"
+    );
+}
