@@ -317,11 +317,14 @@ impl Counter {
 pub struct PoolStats {
     /// Bytes of segments held (the memory the pool took from the device).
     pub reserved_bytes: Counter,
-    /// Bytes held by live allocations after rounding.
+    /// Bytes held by allocations after rounding: live ones, and (in the GPU pool) dropped ones
+    /// whose ranges wait for a submission before reuse (`pending_free_bytes` of them; see
+    /// [`PoolStats::live_allocated_bytes`]).
     pub allocated_bytes: Counter,
     /// Bytes asked for by live allocations.
     pub requested_bytes: Counter,
-    /// Live allocations.
+    /// Allocations holding a range: live ones and pending frees (see
+    /// [`PoolStats::live_allocations`]).
     pub allocations: Counter,
     /// Segments held (dedicated ones included).
     pub segments: Counter,
@@ -333,9 +336,30 @@ pub struct PoolStats {
     pub largest_free_bytes: u64,
     /// Free bytes in all segments now, in bytes.
     pub free_bytes: u64,
+    /// Dropped allocations whose ranges wait for a submission before reuse (PyTorch's
+    /// `active_pending_free` blocks), counted in `allocations` (0 where nothing waits: the policy
+    /// alone, the replay, the naive baseline).
+    #[serde(default)]
+    pub pending_frees: u64,
+    /// Their bytes after rounding, counted in `allocated_bytes`.
+    #[serde(default)]
+    pub pending_free_bytes: u64,
 }
 
 impl PoolStats {
+    /// Bytes held by live allocations, after rounding: `allocated_bytes` without the pending
+    /// frees (what PyTorch's `memory_allocated` counts: it drops at free).
+    pub fn live_allocated_bytes(&self) -> u64 {
+        self.allocated_bytes
+            .current
+            .saturating_sub(self.pending_free_bytes)
+    }
+
+    /// Live allocations: `allocations` without the pending frees.
+    pub fn live_allocations(&self) -> u64 {
+        self.allocations.current.saturating_sub(self.pending_frees)
+    }
+
     /// Starts new peaks from the current values of every counter.
     pub fn reset_peaks(&mut self) {
         for counter in [

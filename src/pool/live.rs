@@ -151,8 +151,13 @@ pub(super) fn fill_state<S: SegmentStorage>(
     limits: StateLimits,
 ) -> PoolState {
     let mut by_segment: HashMap<SegmentId, Vec<Span>> = HashMap::new();
+    let mut stats = core.stats();
     for live in live.iter() {
         let placement = &live.placement;
+        if live.pending {
+            stats.pending_frees += 1;
+            stats.pending_free_bytes += placement.allocated_size();
+        }
         by_segment
             .entry(placement.segment())
             .or_default()
@@ -207,7 +212,7 @@ pub(super) fn fill_state<S: SegmentStorage>(
     PoolState {
         naive: config.is_naive(),
         time_us,
-        stats: core.stats(),
+        stats,
         policy,
         max_buffer_size: limits.max_buffer_size,
         max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,

@@ -296,7 +296,11 @@ impl Pool {
     /// The statistics (current, peak and total of reserved, allocated and requested bytes,
     /// allocations and segments; `create_buffer` calls; OOMs; free-space figures).
     pub fn stats(&self) -> PoolStats {
-        self.shared.lock().core.stats()
+        let state = self.shared.lock();
+        let mut stats = state.core.stats();
+        stats.pending_frees = state.pending.len() as u64;
+        stats.pending_free_bytes = state.pending.iter().map(|p| p.allocated_bytes).sum();
+        stats
     }
 
     /// Starts new peaks from the current values.

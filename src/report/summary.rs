@@ -190,6 +190,14 @@ fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
     table.counter("Segments", &stats.segments, false)?;
     table.rule('-')?;
     table.row(&format!(
+        "Live allocated memory: {} in {} allocations (allocated memory without {} pending frees \
+         of {})",
+        format_bytes(stats.live_allocated_bytes()),
+        stats.live_allocations(),
+        stats.pending_frees,
+        format_bytes(stats.pending_free_bytes)
+    ))?;
+    table.row(&format!(
         "Largest allocation now: {} ({} bindable; max_storage_buffer_binding_size {})",
         format_bytes(pool.largest_allocation_now_bytes),
         format_bytes(pool.largest_bindable_allocation_now_bytes),

@@ -49,6 +49,9 @@ pub(crate) fn synthetic() -> (PoolState, History) {
         stats.allocations.add(1);
     }
     stats.free_bytes = 4 * MIB - MIB - 768;
+    // "c" is dropped and waits for a submission.
+    stats.pending_frees = 1;
+    stats.pending_free_bytes = 256;
     stats.largest_free_bytes = 2 * MIB;
     let mut a = Span::allocated(0, MIB, MIB - 100);
     a.label = "a".into();

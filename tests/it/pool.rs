@@ -1117,3 +1117,33 @@ fn typed_reads_and_writes_of_pod_elements() {
         "nothing written"
     );
 }
+
+#[test]
+fn statistics_tell_live_allocations_from_pending_frees() {
+    // Issue 13, item 10: a dropped allocation waiting for a submission still holds its range
+    // (allocated), but the statistics say which part of allocated is live and which pending.
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let live = pool.allocate(4096).unwrap();
+    let dropped = pool.allocate(1 << 20).unwrap();
+    let dropped_bytes = dropped.allocated_size();
+    drop(dropped);
+    let stats = pool.stats();
+    assert_eq!(stats.pending_free_bytes, dropped_bytes);
+    assert_eq!(stats.pending_frees, 1);
+    assert_eq!(stats.live_allocated_bytes(), live.allocated_size());
+    assert_eq!(stats.live_allocations(), 1);
+    // The state (and so the JSON and the snapshot) carries the same figures.
+    let state = pool.memory_state();
+    assert_eq!(state.stats.pending_free_bytes, dropped_bytes);
+    let json = wgpu_pool::Report::from_pool(&pool).to_json().unwrap();
+    assert!(json.contains("\"pending_free_bytes\""), "{json}");
+    let summary = wgpu_pool::Report::from_pool(&pool).to_string();
+    assert!(
+        summary.contains("Live allocated memory: 4.00 KiB"),
+        "{summary}"
+    );
+    pool.submit([]);
+    let stats = pool.stats();
+    assert_eq!((stats.pending_frees, stats.pending_free_bytes), (0, 0));
+    assert_eq!(stats.allocated_bytes.current, live.allocated_size());
+}
