@@ -3,6 +3,7 @@
 //! no adapter is found. Examples and tests both start here.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 /// Which limits to ask the device for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,17 +54,33 @@ pub enum DeviceError {
     RequestDevice(#[from] wgpu::RequestDeviceError),
 }
 
-/// An adapter with its device and queue.
+/// A device and its queue, with the adapter when this crate opened it.
 #[derive(Debug, Clone)]
 pub struct Gpu {
-    /// The adapter the device was opened on.
-    pub adapter: wgpu::Adapter,
+    /// The adapter the device was opened on: `None` for a device opened elsewhere and handed in
+    /// with [`Gpu::from_device`].
+    pub adapter: Option<wgpu::Adapter>,
     /// The device.
     pub device: wgpu::Device,
     /// The device's queue.
     pub queue: wgpu::Queue,
     /// Name, vendor, backend and driver of the adapter.
     pub info: wgpu::AdapterInfo,
+}
+
+impl Gpu {
+    /// A device and queue opened elsewhere (by another crate, an engine, a window's renderer), as
+    /// they are handed out: no adapter is requested and no device is opened here. The adapter's
+    /// name, backend and driver come from the device ([`wgpu::Device::adapter_info`]).
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        let info = device.adapter_info();
+        Self {
+            adapter: None,
+            device,
+            queue,
+            info,
+        }
+    }
 }
 
 impl fmt::Display for Gpu {
@@ -77,9 +94,15 @@ impl fmt::Display for Gpu {
     }
 }
 
-/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default).
+/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default). One per process,
+/// made at the first call: every call (and every [`request_gpu`]) returns a handle to it.
 pub fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+        })
+        .clone()
 }
 
 /// Every adapter the instance finds, for reports.
@@ -88,7 +111,8 @@ pub fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
     pollster::block_on(instance.enumerate_adapters(backends))
 }
 
-/// The default adapter (or the one `WGPU_ADAPTER_NAME` names) with a device using `limits`.
+/// The default adapter (or the one `WGPU_ADAPTER_NAME` names) with a device using `limits`, from
+/// the one [`instance`].
 pub fn request_gpu(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
     let instance = instance();
     let adapter = pick_adapter(&instance)?;
@@ -152,7 +176,7 @@ pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceE
         info.driver_info
     );
     Ok(Gpu {
-        adapter,
+        adapter: Some(adapter),
         device,
         queue,
         info,

@@ -871,18 +871,21 @@ fn free_submitted_releases_at_once_and_zeroes_when_asked() {
 /// (and bindings to 16 MiB), to test the logic near the buffer limit without allocating gigabytes.
 fn gpu_with_max_buffer_size(max_buffer_size: u64) -> Gpu {
     let base = gpu();
+    let adapter = base
+        .adapter
+        .as_ref()
+        .expect("the test device has its adapter");
     let required_limits = wgpu::Limits {
         max_buffer_size,
         max_storage_buffer_binding_size: 16 << 20,
-        ..base.adapter.limits()
+        ..adapter.limits()
     };
-    let (device, queue) =
-        pollster::block_on(base.adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("lowered max_buffer_size"),
-            required_limits,
-            ..Default::default()
-        }))
-        .expect("a device with lowered limits");
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("lowered max_buffer_size"),
+        required_limits,
+        ..Default::default()
+    }))
+    .expect("a device with lowered limits");
     Gpu {
         adapter: base.adapter.clone(),
         device,
@@ -1146,4 +1149,38 @@ fn statistics_tell_live_allocations_from_pending_frees() {
     let stats = pool.stats();
     assert_eq!((stats.pending_frees, stats.pending_free_bytes), (0, 0));
     assert_eq!(stats.allocated_bytes.current, live.allocated_size());
+}
+
+#[test]
+fn a_pool_over_a_device_made_elsewhere() {
+    // Issue 13, item 8: another crate opened the device; the pool (and a compute context on it)
+    // takes the device and queue as they are handed out, without an adapter.
+    let base = gpu();
+    let (device, queue) = pollster::block_on(
+        base.adapter
+            .as_ref()
+            .expect("requested here")
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("made elsewhere"),
+                required_limits: wgpu::Limits::default()
+                    .or_worse_values_from(&base.device.limits()),
+                ..Default::default()
+            }),
+    )
+    .expect("a device");
+    let elsewhere = Gpu::from_device(device, queue);
+    assert!(elsewhere.adapter.is_none());
+    assert_eq!(elsewhere.info.name, base.info.name);
+    let pool = Pool::new(&elsewhere, PoolOptions::default()).unwrap();
+    let allocation = pool.allocate(64).unwrap();
+    pool.write_slice(&allocation, 0, &[5u32; 16]).unwrap();
+    assert_eq!(pool.read_vec::<u32>(&allocation).unwrap(), [5u32; 16]);
+    let context =
+        wgpu_pool::compute::Context::new(&pool, wgpu_pool::compute::ContextOptions::default())
+            .unwrap();
+    let x = context.tensor(&[1.0, -2.0, 3.0], &[3]).unwrap();
+    let y = context.add(&x, &x).unwrap();
+    assert_eq!(context.read(&y).unwrap(), [2.0, -4.0, 6.0]);
+    let report = wgpu_pool::Report::from_pool(&pool).to_string();
+    assert!(report.contains(&base.info.name), "{report}");
 }
