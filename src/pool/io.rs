@@ -109,6 +109,48 @@ impl Shared {
         result
     }
 
+    /// [`Shared::read_via`] without blocking and without work: through a staging buffer of its own
+    /// (no lock is held across a wait), in pieces as large as the shared one's, each awaited.
+    pub(super) async fn read_async(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
+        allocation.check_pool(self)?;
+        let size = allocation.binding_size();
+        let limit = largest_power_of_two_at_most(self.max_buffer_size.min(MAX_STAGING_BYTES));
+        let piece_bytes = size.min(limit);
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-pool async read-back"),
+            size: piece_bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        let mut done = 0;
+        while done < size {
+            let piece = (size - done).min(piece_bytes);
+            let mut encoder =
+                self.gpu
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("wgpu-pool async read-back"),
+                    });
+            encoder.copy_buffer_to_buffer(
+                allocation.buffer(),
+                allocation.offset() + done,
+                &staging,
+                0,
+                piece,
+            );
+            self.gpu.queue.submit([encoder.finish()]);
+            bytes.extend(
+                crate::device::read_mapped_async(&self.gpu.device, &staging, piece)
+                    .await
+                    .map_err(PoolError::ReadBack)?,
+            );
+            done += piece;
+        }
+        bytes.truncate(usize::try_from(allocation.size()).unwrap_or(usize::MAX));
+        Ok(bytes)
+    }
+
     /// Reads the first `size` bytes of `allocation` through `staging`, a piece of at most its
     /// size at a time; the first piece goes behind `work`.
     fn read_in_pieces(

@@ -396,7 +396,8 @@ impl Pool {
     }
 
     /// Reads the whole allocation back, exactly [`size`](Allocation::size) bytes: submits a copy
-    /// into a staging buffer (in pieces of at most [`MAX_STAGING_BYTES`]) and waits for it. Work recorded but not submitted is not included. An
+    /// into a staging buffer (in pieces of at most [`MAX_STAGING_BYTES`]) and waits for it,
+    /// blocking the thread (in async code or a browser, use [`Pool::read_async`]). Work recorded but not submitted is not included. An
     /// allocation of another pool is refused ([`PoolError::ForeignAllocation`]).
     pub fn read(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         self.shared.read_via(allocation, None)
@@ -433,6 +434,24 @@ impl Pool {
     pub fn read_vec<T: bytemuck::Pod>(&self, allocation: &Allocation) -> Result<Vec<T>, PoolError> {
         let count = element_count::<T>(allocation)?;
         let bytes = self.read(allocation)?;
+        Ok(to_elements(&bytes, count))
+    }
+
+    /// [`Pool::read`] as a future that does not block the thread: for async code, and the read a
+    /// browser can run. Each piece is copied into a staging buffer of the read's own (dropped
+    /// after it) and awaited; on native backends the future polls the device without waiting
+    /// each time it is polled, and asks to be polled again until the copy is done.
+    pub async fn read_async(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
+        self.shared.read_async(allocation).await
+    }
+
+    /// [`Pool::read_vec`] as a future ([`Pool::read_async`]).
+    pub async fn read_vec_async<T: bytemuck::Pod>(
+        &self,
+        allocation: &Allocation,
+    ) -> Result<Vec<T>, PoolError> {
+        let count = element_count::<T>(allocation)?;
+        let bytes = self.read_async(allocation).await?;
         Ok(to_elements(&bytes, count))
     }
 

@@ -1184,3 +1184,56 @@ fn a_pool_over_a_device_made_elsewhere() {
     let report = wgpu_pool::Report::from_pool(&pool).to_string();
     assert!(report.contains(&base.info.name), "{report}");
 }
+
+#[test]
+fn async_reads_return_what_the_blocking_ones_do() {
+    // Issue 13, item 12: a read as a future (any executor; here pollster's), in pieces too.
+    let gpu = gpu_with_max_buffer_size(48 << 20);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let small = pool.allocate(10).unwrap();
+    pool.write(&small, 0, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+        .unwrap();
+    assert_eq!(
+        pollster::block_on(pool.read_async(&small)).unwrap(),
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    );
+    let size = (40 << 20) + 8;
+    let big = pool
+        .allocate_with(
+            size,
+            AllocOptions {
+                bindable: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let words: Vec<u32> = (0..(size / 4) as u32).map(|i| pattern(5, i)).collect();
+    pool.write_slice(&big, 0, &words).unwrap();
+    assert!(pollster::block_on(pool.read_vec_async::<u32>(&big)).unwrap() == words);
+    assert!(matches!(
+        pollster::block_on(pool.read_vec_async::<u64>(&small)),
+        Err(PoolError::ElementSize { .. })
+    ));
+    let other = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    assert!(matches!(
+        pollster::block_on(other.read_async(&small)),
+        Err(PoolError::ForeignAllocation { .. })
+    ));
+}
+
+#[test]
+fn a_device_can_be_had_without_blocking() {
+    // Issue 13, item 12: the device request as a future (what a browser runs), on the one
+    // instance that request_gpu uses too.
+    let gpu = pollster::block_on(wgpu_pool::device::request_gpu_async(
+        wgpu_pool::LimitsChoice::WebGpuDefault,
+    ))
+    .unwrap_or_else(|error| panic!("this test needs a GPU adapter and found none: {error}"));
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let allocation = pool.allocate(8).unwrap();
+    pool.write_slice(&allocation, 0, &[3u32, 4]).unwrap();
+    assert_eq!(
+        pollster::block_on(pool.read_vec_async::<u32>(&allocation)).unwrap(),
+        [3, 4]
+    );
+}
