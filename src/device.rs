@@ -3,7 +3,6 @@
 //! no adapter is found. Examples and tests both start here.
 
 use std::fmt;
-use std::sync::OnceLock;
 
 /// Which limits to ask the device for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,15 +93,11 @@ impl fmt::Display for Gpu {
     }
 }
 
-/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default). One per process,
-/// made at the first call: every call (and every [`request_gpu`]) returns a handle to it.
+/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default). A new one per
+/// call: on GL, the devices of one instance share one EGL context, and devices used from several
+/// threads at once then fail to make it current (`eglMakeCurrent` `BadAccess`, seen on llvmpipe).
 pub fn instance() -> wgpu::Instance {
-    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
-    INSTANCE
-        .get_or_init(|| {
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
-        })
-        .clone()
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
 /// Every adapter the instance finds, for reports. Blocks: see [`adapters_async`].
@@ -117,7 +112,7 @@ pub async fn adapters_async(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
 }
 
 /// The default adapter (or the one `WGPU_ADAPTER_NAME` names) with a device using `limits`, from
-/// the one [`instance`]. Blocks the thread: see [`request_gpu_async`].
+/// a new [`instance`]. Blocks the thread: see [`request_gpu_async`].
 pub fn request_gpu(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
     pollster::block_on(request_gpu_async(limits))
 }

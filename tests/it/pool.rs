@@ -1223,8 +1223,7 @@ fn async_reads_return_what_the_blocking_ones_do() {
 
 #[test]
 fn a_device_can_be_had_without_blocking() {
-    // Issue 13, item 12: the device request as a future (what a browser runs), on the one
-    // instance that request_gpu uses too.
+    // Issue 13, item 12: the device request as a future (what a browser runs).
     let gpu = pollster::block_on(wgpu_pool::device::request_gpu_async(
         wgpu_pool::LimitsChoice::WebGpuDefault,
     ))
