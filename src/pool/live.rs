@@ -127,6 +127,7 @@ pub(super) fn record_oom(
         largest_free_bytes: oom.largest_free_bytes,
         budget_bytes: oom.budget_bytes,
         device_refused: oom.device_error.is_some(),
+        released_bytes: oom.released_bytes,
     }));
     history.record(event);
 }

@@ -36,6 +36,7 @@ pub(crate) fn synthetic() -> (PoolState, History) {
         largest_free_bytes: 2 * MIB,
         budget_bytes: Some(8 * MIB),
         device_refused: false,
+        released_bytes: 0,
     }));
     history.record(oom);
     let mut stats = PoolStats::default();

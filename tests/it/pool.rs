@@ -941,9 +941,17 @@ fn a_refused_allocation_leaves_the_statistics_as_they_were() {
     pool.submit([]);
     assert_eq!(pool.stats().reserved_bytes.current, 4 << 20);
     pool.set_budget(Some(5 << 20));
+    pool.set_history(Some(Default::default()));
     let before = pool.stats();
     let error = pool.allocate(4 << 20).unwrap_err();
-    assert!(matches!(error, PoolError::OutOfMemory(_)), "{error}");
+    let PoolError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    assert_eq!(oom.released_bytes, 0, "nothing given back");
+    let history = pool.history().unwrap();
+    let events = history.events();
+    let recorded = events.back().and_then(|event| event.oom.as_deref());
+    assert_eq!(recorded.map(|oom| oom.released_bytes), Some(0));
     let after = pool.stats();
     assert_eq!(after.reserved_bytes, before.reserved_bytes);
     assert_eq!(after.segments, before.segments);
