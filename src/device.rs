@@ -53,17 +53,33 @@ pub enum DeviceError {
     RequestDevice(#[from] wgpu::RequestDeviceError),
 }
 
-/// An adapter with its device and queue.
+/// A device and its queue, with the adapter when this crate opened it.
 #[derive(Debug, Clone)]
 pub struct Gpu {
-    /// The adapter the device was opened on.
-    pub adapter: wgpu::Adapter,
+    /// The adapter the device was opened on: `None` for a device opened elsewhere and handed in
+    /// with [`Gpu::from_device`].
+    pub adapter: Option<wgpu::Adapter>,
     /// The device.
     pub device: wgpu::Device,
     /// The device's queue.
     pub queue: wgpu::Queue,
     /// Name, vendor, backend and driver of the adapter.
     pub info: wgpu::AdapterInfo,
+}
+
+impl Gpu {
+    /// A device and queue opened elsewhere (by another crate, an engine, a window's renderer), as
+    /// they are handed out: no adapter is requested and no device is opened here. The adapter's
+    /// name, backend and driver come from the device ([`wgpu::Device::adapter_info`]).
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        let info = device.adapter_info();
+        Self {
+            adapter: None,
+            device,
+            queue,
+            info,
+        }
+    }
 }
 
 impl fmt::Display for Gpu {
@@ -77,27 +93,40 @@ impl fmt::Display for Gpu {
     }
 }
 
-/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default).
+/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default). A new one per
+/// call: on GL, the devices of one instance share one EGL context, and devices used from several
+/// threads at once then fail to make it current (`eglMakeCurrent` `BadAccess`, seen on llvmpipe).
 pub fn instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
-/// Every adapter the instance finds, for reports.
+/// Every adapter the instance finds, for reports. Blocks: see [`adapters_async`].
 pub fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    pollster::block_on(adapters_async(instance))
+}
+
+/// [`adapters`] as a future, for async code and browsers.
+pub async fn adapters_async(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
     let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
-    pollster::block_on(instance.enumerate_adapters(backends))
+    instance.enumerate_adapters(backends).await
 }
 
-/// The default adapter (or the one `WGPU_ADAPTER_NAME` names) with a device using `limits`.
+/// The default adapter (or the one `WGPU_ADAPTER_NAME` names) with a device using `limits`, from
+/// a new [`instance`]. Blocks the thread: see [`request_gpu_async`].
 pub fn request_gpu(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
-    let instance = instance();
-    let adapter = pick_adapter(&instance)?;
-    open(adapter, limits)
+    pollster::block_on(request_gpu_async(limits))
 }
 
-fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, DeviceError> {
+/// [`request_gpu`] as a future, for async code and browsers (where nothing may block).
+pub async fn request_gpu_async(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
+    let instance = instance();
+    let adapter = pick_adapter(&instance).await?;
+    open_async(adapter, limits).await
+}
+
+async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, DeviceError> {
     if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
-        let all = adapters(instance);
+        let all = adapters_async(instance).await;
         let found: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
         return all
             .into_iter()
@@ -114,20 +143,27 @@ fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, DeviceError>
             .unwrap_or(wgpu::PowerPreference::HighPerformance),
         ..Default::default()
     };
-    pollster::block_on(instance.request_adapter(&options)).map_err(|source| {
-        DeviceError::NoAdapter {
+    instance
+        .request_adapter(&options)
+        .await
+        .map_err(|source| DeviceError::NoAdapter {
             backends: format!(
                 "{:?}",
                 wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
             ),
             env_backend: std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "(unset)".into()),
             source,
-        }
-    })
+        })
 }
 
-/// Opens a device on `adapter` with `limits` and whichever [`OPTIONAL_FEATURES`] it has.
+/// Opens a device on `adapter` with `limits` and whichever [`OPTIONAL_FEATURES`] it has. Blocks
+/// the thread: see [`open_async`].
 pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceError> {
+    pollster::block_on(open_async(adapter, limits))
+}
+
+/// [`open`] as a future, for async code and browsers.
+pub async fn open_async(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceError> {
     let required_limits = match limits {
         LimitsChoice::Adapter => adapter.limits(),
         // The defaults, but never more than the adapter has (GL adapters can be below them).
@@ -141,7 +177,7 @@ pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceE
         required_limits,
         ..Default::default()
     };
-    let (device, queue) = pollster::block_on(adapter.request_device(&descriptor))?;
+    let (device, queue) = adapter.request_device(&descriptor).await?;
     let info = adapter.get_info();
     log::info!(
         "wgpu-pool: using {} ({:?}, {:?}, driver {} {})",
@@ -152,11 +188,56 @@ pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceE
         info.driver_info
     );
     Ok(Gpu {
-        adapter,
+        adapter: Some(adapter),
         device,
         queue,
         info,
     })
+}
+
+/// [`read_mapped`] as a future that never blocks the thread: it waits for the map callback, and
+/// where nothing else drives the device (native backends) it polls the device without waiting
+/// each time it is polled, and asks to be polled again. In a browser the device drives itself.
+pub(crate) async fn read_mapped_async(
+    device: &wgpu::Device,
+    buffer: &wgpu::Buffer,
+    size: u64,
+) -> Result<Vec<u8>, String> {
+    use std::future::Future;
+    use std::task::Poll;
+
+    let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+    buffer.map_async(wgpu::MapMode::Read, 0..size, move |result| {
+        sender.send(result).ok();
+    });
+    let mut receive = Box::pin(receiver.receive());
+    let mapped = std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = receive.as_mut().poll(cx) {
+            return Poll::Ready(Ok(result));
+        }
+        if let Err(error) = device.poll(wgpu::PollType::Poll) {
+            return Poll::Ready(Err(error.to_string()));
+        }
+        match receive.as_mut().poll(cx) {
+            Poll::Ready(result) => Poll::Ready(Ok(result)),
+            Poll::Pending => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    })
+    .await?;
+    match mapped {
+        Some(Ok(())) => {}
+        Some(Err(error)) => return Err(error.to_string()),
+        None => return Err("the map callback was dropped".into()),
+    }
+    let bytes = buffer
+        .get_mapped_range(0..size)
+        .map_err(|e| e.to_string())?
+        .to_vec();
+    buffer.unmap();
+    Ok(bytes)
 }
 
 /// Maps the first `size` bytes of `buffer` (a `MAP_READ` buffer whose copy has been submitted),

@@ -106,6 +106,9 @@ pub struct OomDetails {
     pub budget_bytes: Option<u64>,
     /// True when the device refused the memory (not the budget).
     pub device_refused: bool,
+    /// Bytes of empty segments given back while trying (see `OutOfMemory::released_bytes`).
+    #[serde(default)]
+    pub released_bytes: u64,
 }
 
 /// One recorded event.
@@ -573,6 +576,7 @@ mod tests {
             largest_free_bytes: 2048,
             budget_bytes: Some(8192),
             device_refused: false,
+            released_bytes: 0,
         }));
         history.record(oom);
         let json = serde_json::to_string(&history).expect("serialize");

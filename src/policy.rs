@@ -26,7 +26,10 @@
 //!   `create_buffer` calls in steady workloads.
 //! - **Budget and out of memory**: when a new segment would pass the budget, or the storage
 //!   refuses it, every empty segment is given back and the request is tried again with a segment
-//!   of exactly its rounded size.
+//!   of exactly its rounded size (as PyTorch frees its cache and retries). When the budget would
+//!   refuse that too, nothing is given back: the refusal leaves the statistics as they were (but
+//!   for the OOM count). When the storage refuses, the empty segments given back while trying stay
+//!   given back, and the error says how many bytes that was ([`OutOfMemory::released_bytes`]).
 //!
 //! # The naive mode
 //!
@@ -236,6 +239,10 @@ pub struct OutOfMemory {
     pub budget_bytes: Option<u64>,
     /// What the storage said, when it was the device that refused.
     pub device_error: Option<String>,
+    /// Bytes of empty segments given back while trying (0 when the budget refused: a refusal the
+    /// empty segments could not have avoided gives nothing back). Already out of
+    /// `reserved_bytes`.
+    pub released_bytes: u64,
 }
 
 impl fmt::Display for OutOfMemory {
@@ -258,6 +265,13 @@ impl fmt::Display for OutOfMemory {
             (_, Some(device)) => write!(f, "; the device refused: {device}")?,
             (Some(budget), None) => write!(f, "; the budget is {:.2} MiB", mib(budget))?,
             (None, None) => {}
+        }
+        if self.released_bytes > 0 {
+            write!(
+                f,
+                "; the pool gave back {:.2} MiB of empty segments while trying",
+                mib(self.released_bytes)
+            )?;
         }
         write!(
             f,
@@ -303,11 +317,14 @@ impl Counter {
 pub struct PoolStats {
     /// Bytes of segments held (the memory the pool took from the device).
     pub reserved_bytes: Counter,
-    /// Bytes held by live allocations after rounding.
+    /// Bytes held by allocations after rounding: live ones, and (in the GPU pool) dropped ones
+    /// whose ranges wait for a submission before reuse (`pending_free_bytes` of them; see
+    /// [`PoolStats::live_allocated_bytes`]).
     pub allocated_bytes: Counter,
     /// Bytes asked for by live allocations.
     pub requested_bytes: Counter,
-    /// Live allocations.
+    /// Allocations holding a range: live ones and pending frees (see
+    /// [`PoolStats::live_allocations`]).
     pub allocations: Counter,
     /// Segments held (dedicated ones included).
     pub segments: Counter,
@@ -319,9 +336,30 @@ pub struct PoolStats {
     pub largest_free_bytes: u64,
     /// Free bytes in all segments now, in bytes.
     pub free_bytes: u64,
+    /// Dropped allocations whose ranges wait for a submission before reuse (PyTorch's
+    /// `active_pending_free` blocks), counted in `allocations` (0 where nothing waits: the policy
+    /// alone, the replay, the naive baseline).
+    #[serde(default)]
+    pub pending_frees: u64,
+    /// Their bytes after rounding, counted in `allocated_bytes`.
+    #[serde(default)]
+    pub pending_free_bytes: u64,
 }
 
 impl PoolStats {
+    /// Bytes held by live allocations, after rounding: `allocated_bytes` without the pending
+    /// frees (what PyTorch's `memory_allocated` counts: it drops at free).
+    pub fn live_allocated_bytes(&self) -> u64 {
+        self.allocated_bytes
+            .current
+            .saturating_sub(self.pending_free_bytes)
+    }
+
+    /// Live allocations: `allocations` without the pending frees.
+    pub fn live_allocations(&self) -> u64 {
+        self.allocations.current.saturating_sub(self.pending_frees)
+    }
+
     /// Starts new peaks from the current values of every counter.
     pub fn reset_peaks(&mut self) {
         for counter in [
@@ -639,13 +677,39 @@ impl<S: SegmentStorage> PoolCore<S> {
         let segment_bytes = segment_bytes
             .min(self.config.max_segment_bytes)
             .max(rounded);
-        self.release_for_growth();
         // When the budget or the device refuses, the fallback is a segment of exactly the rounded
         // request.
-        let slot = self.grow(size_bytes, segment_bytes, rounded, false)?;
+        self.refuse_over_budget(size_bytes, rounded)?;
+        let reserved_before = self.stats.reserved_bytes.current;
+        self.release_for_growth();
+        let slot = self.grow(size_bytes, segment_bytes, rounded, false, reserved_before)?;
         Ok(self
             .place_in_slot(slot, size_bytes)
             .expect("a new segment sized for the request has room for it"))
+    }
+
+    /// Refuses at once, giving nothing back, when even a segment of `fallback_bytes` after giving
+    /// back every empty segment would pass the budget: the refusal then changes nothing.
+    fn refuse_over_budget(
+        &mut self,
+        requested_bytes: u64,
+        fallback_bytes: u64,
+    ) -> Result<(), PolicyError> {
+        let Some(budget) = self.config.budget_bytes else {
+            return Ok(());
+        };
+        let empty_bytes: u64 = self
+            .segments
+            .iter()
+            .flatten()
+            .filter(|s| s.is_empty())
+            .map(|s| s.size_bytes)
+            .sum();
+        let least_reserved = self.stats.reserved_bytes.current - empty_bytes;
+        if least_reserved.saturating_add(fallback_bytes) > budget {
+            return Err(self.out_of_memory(requested_bytes, fallback_bytes, None, 0));
+        }
+        Ok(())
     }
 
     /// Before growing: gives back empty segments, largest first, until what stays empty is at most
@@ -726,8 +790,16 @@ impl<S: SegmentStorage> PoolCore<S> {
         let slot = match self.cached_dedicated(size_bytes) {
             Some(slot) => slot,
             None => {
+                self.refuse_over_budget(size_bytes, segment_bytes)?;
+                let reserved_before = self.stats.reserved_bytes.current;
                 self.release_for_growth();
-                self.grow(size_bytes, segment_bytes, segment_bytes, true)?
+                self.grow(
+                    size_bytes,
+                    segment_bytes,
+                    segment_bytes,
+                    true,
+                    reserved_before,
+                )?
             }
         };
         let segment = self.segments[slot].as_mut().expect("slot holds a segment");
@@ -770,13 +842,15 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// Creates a segment of `segment_bytes` (or, when the budget or the device refuses, of
-    /// `fallback_bytes` after giving back every empty segment) and returns its slot.
+    /// `fallback_bytes` after giving back every empty segment) and returns its slot. On failure the
+    /// error reports the bytes given back since `reserved_before`.
     fn grow(
         &mut self,
         requested_bytes: u64,
         segment_bytes: u64,
         fallback_bytes: u64,
         dedicated: bool,
+        reserved_before: u64,
     ) -> Result<usize, PolicyError> {
         match self.try_create(segment_bytes, dedicated) {
             Ok(slot) => Ok(slot),
@@ -787,7 +861,9 @@ impl<S: SegmentStorage> PoolCore<S> {
                 self.try_create(fallback_bytes, dedicated)
                     .map_err(|device_error| {
                         let error = device_error.or(first_error);
-                        self.out_of_memory(requested_bytes, fallback_bytes, error)
+                        // No segment was created on this path: reserved only went down.
+                        let released = reserved_before - self.stats.reserved_bytes.current;
+                        self.out_of_memory(requested_bytes, fallback_bytes, error, released)
                     })
             }
         }
@@ -847,6 +923,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         requested_bytes: u64,
         segment_bytes: u64,
         device_error: Option<String>,
+        released_bytes: u64,
     ) -> PolicyError {
         self.stats.oom_count += 1;
         let stats = self.stats();
@@ -859,6 +936,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             external_fragmentation: stats.external_fragmentation(),
             budget_bytes: self.config.budget_bytes,
             device_error,
+            released_bytes,
         }))
     }
 

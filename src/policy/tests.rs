@@ -323,3 +323,55 @@ fn the_naive_mode_runs_out_of_memory_with_figures() {
     pool.free(a);
     assert!(pool.allocate(MIB).is_ok());
 }
+
+#[test]
+fn a_budget_refusal_keeps_the_cached_segments_it_could_not_use() {
+    // Issue 13, item 3: giving back the empty segment cannot bring the request under the budget,
+    // so the refusal gives back nothing: the statistics stay as they were.
+    let mut pool = pool(PolicyConfig {
+        keep_empty_divisor: 32,
+        ..config()
+    });
+    let a = pool.allocate(3 * MIB / 2).unwrap(); // a 2 MiB segment
+    let b = pool.allocate(3 * MIB / 2).unwrap(); // a second one
+    pool.free(b);
+    assert_eq!(pool.stats().reserved_bytes.current, 4 * MIB);
+    pool.set_budget(Some(5 * MIB));
+    let before = pool.stats();
+    let error = pool.allocate(4 * MIB).unwrap_err();
+    let PolicyError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    let after = pool.stats();
+    assert_eq!(after.reserved_bytes, before.reserved_bytes);
+    assert_eq!(after.segments, before.segments);
+    assert_eq!(after.allocated_bytes, before.allocated_bytes);
+    assert_eq!(after.oom_count, before.oom_count + 1);
+    assert_eq!(oom.reserved_bytes, 4 * MIB);
+    pool.free(a);
+}
+
+#[test]
+fn a_device_refusal_reports_the_empty_segments_it_gave_back() {
+    // When the device refuses, the empty segments are given back and the request is tried again
+    // (as PyTorch frees its cache and retries): the error says how much was given back.
+    let mut pool = PoolCore::new(
+        PolicyConfig {
+            keep_empty_divisor: 32,
+            ..config()
+        },
+        SimulatedStorage::new(Some(5 * MIB)),
+    )
+    .unwrap();
+    let a = pool.allocate(3 * MIB / 2).unwrap();
+    let b = pool.allocate(3 * MIB / 2).unwrap();
+    pool.free(b);
+    let error = pool.allocate(4 * MIB).unwrap_err();
+    let PolicyError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    assert_eq!(oom.released_bytes, 2 * MIB);
+    assert_eq!(pool.stats().reserved_bytes.current, 2 * MIB);
+    assert!(error.to_string().contains("gave back 2.00 MiB"), "{error}");
+    pool.free(a);
+}

@@ -66,13 +66,33 @@ impl Allocation {
         self.last_use_submitted = true;
     }
 
-    /// Checks that `len_bytes` at `offset_bytes` fit the allocation and are aligned for copies.
+    /// `Ok` when the allocation was made by the pool whose shared state is `shared`, else
+    /// [`PoolError::ForeignAllocation`].
+    pub(super) fn check_pool(&self, shared: &Shared) -> Result<(), PoolError> {
+        if std::ptr::eq(Arc::as_ptr(&self.shared), shared) {
+            Ok(())
+        } else {
+            Err(PoolError::ForeignAllocation {
+                label: self.label.to_string(),
+                size_bytes: self.size_bytes,
+            })
+        }
+    }
+
+    /// True when the allocation was made by the pool whose shared state is `shared`.
+    pub(super) fn is_of(&self, shared: &Shared) -> bool {
+        self.check_pool(shared).is_ok()
+    }
+
+    /// Checks that `len_bytes` at `offset_bytes` fit the allocation and are aligned for copies:
+    /// the offset a multiple of 4, and the length too unless the access ends at the allocation's
+    /// size (the tail is then padded into the bytes that round it up to 4, which it owns).
     pub(super) fn check_access(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), PoolError> {
+        let end = offset_bytes.checked_add(len_bytes);
         let aligned = offset_bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
-            && len_bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-        let fits = offset_bytes
-            .checked_add(len_bytes)
-            .is_some_and(|end| end <= self.binding_size());
+            && (len_bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
+                || end == Some(self.size_bytes));
+        let fits = end.is_some_and(|end| end <= self.binding_size());
         if aligned && fits {
             Ok(())
         } else {

@@ -127,6 +127,7 @@ pub(super) fn record_oom(
         largest_free_bytes: oom.largest_free_bytes,
         budget_bytes: oom.budget_bytes,
         device_refused: oom.device_error.is_some(),
+        released_bytes: oom.released_bytes,
     }));
     history.record(event);
 }
@@ -136,6 +137,8 @@ pub(super) fn record_oom(
 pub(super) struct StateLimits {
     pub(super) max_buffer_size: u64,
     pub(super) max_storage_buffer_binding_size: u64,
+    /// The read-back staging buffer's size (0: none).
+    pub(super) staging_bytes: u64,
 }
 
 /// The pool's memory as plain data: the policy's statistics and settings, and every segment tiled,
@@ -149,8 +152,13 @@ pub(super) fn fill_state<S: SegmentStorage>(
     limits: StateLimits,
 ) -> PoolState {
     let mut by_segment: HashMap<SegmentId, Vec<Span>> = HashMap::new();
+    let mut stats = core.stats();
     for live in live.iter() {
         let placement = &live.placement;
+        if live.pending {
+            stats.pending_frees += 1;
+            stats.pending_free_bytes += placement.allocated_size();
+        }
         by_segment
             .entry(placement.segment())
             .or_default()
@@ -205,10 +213,11 @@ pub(super) fn fill_state<S: SegmentStorage>(
     PoolState {
         naive: config.is_naive(),
         time_us,
-        stats: core.stats(),
+        stats,
         policy,
         max_buffer_size: limits.max_buffer_size,
         max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+        staging_bytes: limits.staging_bytes,
         history: history.map(|history| HistoryStatus {
             max_events: history.max_events(),
             events: history.len(),

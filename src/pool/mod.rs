@@ -78,6 +78,7 @@ use crate::snapshot::Snapshot;
 use crate::state::PoolState;
 
 pub use allocation::Allocation;
+pub use io::MAX_STAGING_BYTES;
 pub use options::{AllocOptions, PoolError, PoolOptions, ReuseSafety};
 pub use storage::SEGMENT_USAGES;
 
@@ -107,10 +108,11 @@ impl Pool {
     /// says otherwise (a naive policy, [`PolicyConfig::naive`], makes the naive baseline).
     pub fn new(gpu: &Gpu, options: PoolOptions) -> Result<Self, PoolError> {
         let limits = gpu.device.limits();
+        let max_allocation_bytes = max_allocation_bytes(limits.max_buffer_size);
         let policy = options.policy.clone().unwrap_or_else(|| {
             PolicyConfig::for_limits(
                 u64::from(limits.min_storage_buffer_offset_alignment),
-                limits.max_buffer_size,
+                max_allocation_bytes,
             )
         });
         // Naive buffers are bound at offset 0 and sized by requests: only their size limit
@@ -131,6 +133,11 @@ impl Pool {
                 policy.max_segment_bytes, policy.max_allocation_bytes, limits.max_buffer_size
             )));
         }
+        // Allocations are whole words (see `max_allocation_bytes`), whatever the policy says.
+        let policy = PolicyConfig {
+            max_allocation_bytes: policy.max_allocation_bytes.min(max_allocation_bytes),
+            ..policy
+        };
         let storage =
             BufferStorage::new(gpu.device.clone(), options.label.clone(), policy.is_naive());
         let core = PoolCore::new(policy, storage)?;
@@ -145,7 +152,7 @@ impl Pool {
     pub fn naive(gpu: &Gpu, options: PoolOptions) -> Self {
         let policy = PolicyConfig::naive(
             wgpu::COPY_BUFFER_ALIGNMENT,
-            gpu.device.limits().max_buffer_size,
+            max_allocation_bytes(gpu.device.limits().max_buffer_size),
         );
         Self::new(
             gpu,
@@ -187,10 +194,11 @@ impl Pool {
                 max_storage_buffer_binding_size: self.shared.max_binding_bytes,
             });
         }
-        if size_bytes > self.shared.max_buffer_size {
+        let max_allocation_bytes = max_allocation_bytes(self.shared.max_buffer_size);
+        if size_bytes > max_allocation_bytes {
             return Err(PoolError::ExceedsBufferLimit {
                 requested_bytes: size_bytes,
-                max_buffer_size: self.shared.max_buffer_size,
+                max_buffer_size: max_allocation_bytes,
             });
         }
         let label = Label::new(options.label);
@@ -235,9 +243,16 @@ impl Pool {
     /// right only if no one else submits before the work that uses it. With `zero_on_free` the
     /// ranges are cleared first (one more submission). The compute context frees the tensors
     /// dropped during a batch this way, after submitting the batch.
+    ///
+    /// An allocation of another pool is dropped as usual instead: its range waits for its own
+    /// pool's next submission (this pool's submissions say nothing of that pool's work).
     pub fn free_submitted<I: IntoIterator<Item = Allocation>>(&self, allocations: I) {
         let mut any = false;
         for mut allocation in allocations {
+            if !allocation.is_of(&self.shared) {
+                drop(allocation);
+                continue;
+            }
             allocation.set_last_use_submitted();
             any = true;
             drop(allocation);
@@ -256,9 +271,13 @@ impl Pool {
         )
     }
 
-    /// Gives back every empty segment (PyTorch's `empty_cache`). Returns the bytes given back.
-    /// Ranges waiting for a submission keep their segments.
+    /// Gives back every empty segment (PyTorch's `empty_cache`) and the read-back staging buffer
+    /// (outside the statistics, shown by [`Pool::memory_state`] as `staging_bytes`). Returns the
+    /// bytes of segments given back (the statistics' reserved bytes). Ranges waiting for a
+    /// submission keep their segments.
     pub fn trim(&self) -> u64 {
+        // The staging lock is not held with the state's (a read takes them in that order).
+        self.shared.release_staging();
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         let released = state.core.trim();
@@ -277,7 +296,11 @@ impl Pool {
     /// The statistics (current, peak and total of reserved, allocated and requested bytes,
     /// allocations and segments; `create_buffer` calls; OOMs; free-space figures).
     pub fn stats(&self) -> PoolStats {
-        self.shared.lock().core.stats()
+        let state = self.shared.lock();
+        let mut stats = state.core.stats();
+        stats.pending_frees = state.pending.len() as u64;
+        stats.pending_free_bytes = state.pending.iter().map(|p| p.allocated_bytes).sum();
+        stats
     }
 
     /// Starts new peaks from the current values.
@@ -359,7 +382,10 @@ impl Pool {
     }
 
     /// Uploads `data` at `offset_bytes` into `allocation` with `queue.write_buffer` (it lands at
-    /// the start of the next submission). Offset and length must be multiples of 4.
+    /// the start of the next submission). The offset must be a multiple of 4, and so must the
+    /// length unless the write ends at the allocation's [`size`](Allocation::size) (its last
+    /// partial word is then padded with zeros into the bytes that round the size up to 4). An
+    /// allocation of another pool is refused ([`PoolError::ForeignAllocation`]).
     pub fn write(
         &self,
         allocation: &Allocation,
@@ -369,16 +395,19 @@ impl Pool {
         self.shared.write(allocation, offset_bytes, data)
     }
 
-    /// Reads the whole allocation back (its size rounded up to 4 bytes): submits a copy into a
-    /// staging buffer and waits for it. Work recorded but not submitted is not included.
+    /// Reads the whole allocation back, exactly [`size`](Allocation::size) bytes: submits a copy
+    /// into a staging buffer (in pieces of at most [`MAX_STAGING_BYTES`]) and waits for it,
+    /// blocking the thread (in async code or a browser, use [`Pool::read_async`]). Work recorded but not submitted is not included. An
+    /// allocation of another pool is refused ([`PoolError::ForeignAllocation`]).
     pub fn read(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         self.shared.read_via(allocation, None)
     }
 
     /// Submits `command_buffers` as [`Pool::submit`] does (ranges dropped before this call become
     /// reusable after it), with a copy of `allocation` behind them in the same submission; then
-    /// waits for it and returns the allocation's bytes (its size rounded up to 4). The work and its
-    /// read-back cost one submission instead of two.
+    /// waits for it and returns the allocation's bytes (exactly its size). The work and its
+    /// read-back cost one submission instead of two. An allocation of another pool is refused
+    /// ([`PoolError::ForeignAllocation`]) after the work is submitted.
     pub fn submit_and_read<I: IntoIterator<Item = wgpu::CommandBuffer>>(
         &self,
         command_buffers: I,
@@ -387,6 +416,93 @@ impl Pool {
         self.shared
             .read_via(allocation, Some(command_buffers.into_iter().collect()))
     }
+
+    /// Uploads the elements `data` at `offset_bytes` into `allocation`: [`Pool::write`] of their
+    /// bytes (so any `T: Pod`, of any byte length that ends at the allocation's size or is a
+    /// multiple of 4).
+    pub fn write_slice<T: bytemuck::Pod>(
+        &self,
+        allocation: &Allocation,
+        offset_bytes: u64,
+        data: &[T],
+    ) -> Result<(), PoolError> {
+        self.write(allocation, offset_bytes, bytemuck::cast_slice(data))
+    }
+
+    /// Reads the whole allocation back as elements of `T` ([`Pool::read`]); its size must be a
+    /// whole number of them ([`PoolError::ElementSize`] else, before anything is read).
+    pub fn read_vec<T: bytemuck::Pod>(&self, allocation: &Allocation) -> Result<Vec<T>, PoolError> {
+        let count = element_count::<T>(allocation)?;
+        let bytes = self.read(allocation)?;
+        Ok(to_elements(&bytes, count))
+    }
+
+    /// [`Pool::read`] as a future that does not block the thread: for async code, and the read a
+    /// browser can run. Each piece is copied into a staging buffer of the read's own (dropped
+    /// after it) and awaited; on native backends the future polls the device without waiting
+    /// each time it is polled, and asks to be polled again until the copy is done.
+    pub async fn read_async(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
+        self.shared.read_async(allocation).await
+    }
+
+    /// [`Pool::read_vec`] as a future ([`Pool::read_async`]).
+    pub async fn read_vec_async<T: bytemuck::Pod>(
+        &self,
+        allocation: &Allocation,
+    ) -> Result<Vec<T>, PoolError> {
+        let count = element_count::<T>(allocation)?;
+        let bytes = self.read_async(allocation).await?;
+        Ok(to_elements(&bytes, count))
+    }
+
+    /// [`Pool::submit_and_read`] as elements of `T`. When the allocation's size is not a whole
+    /// number of them, the work is submitted all the same and nothing is read
+    /// ([`PoolError::ElementSize`]).
+    pub fn submit_and_read_vec<T: bytemuck::Pod, I: IntoIterator<Item = wgpu::CommandBuffer>>(
+        &self,
+        command_buffers: I,
+        allocation: &Allocation,
+    ) -> Result<Vec<T>, PoolError> {
+        let count = match element_count::<T>(allocation) {
+            Ok(count) => count,
+            Err(error) => {
+                self.submit(command_buffers);
+                return Err(error);
+            }
+        };
+        let bytes = self.submit_and_read(command_buffers, allocation)?;
+        Ok(to_elements(&bytes, count))
+    }
+}
+
+/// How many elements of `T` `allocation` holds, or [`PoolError::ElementSize`].
+fn element_count<T>(allocation: &Allocation) -> Result<usize, PoolError> {
+    let element_bytes = std::mem::size_of::<T>() as u64;
+    let size_bytes = allocation.size();
+    if element_bytes == 0 || !size_bytes.is_multiple_of(element_bytes) {
+        return Err(PoolError::ElementSize {
+            size_bytes,
+            element_bytes,
+        });
+    }
+    usize::try_from(size_bytes / element_bytes).map_err(|_| PoolError::ElementSize {
+        size_bytes,
+        element_bytes,
+    })
+}
+
+/// The elements of `T` in `bytes` (a whole number of them), whatever their alignment.
+fn to_elements<T: bytemuck::Pod>(bytes: &[u8], count: usize) -> Vec<T> {
+    let mut elements = vec![T::zeroed(); count];
+    bytemuck::cast_slice_mut::<T, u8>(&mut elements).copy_from_slice(bytes);
+    elements
+}
+
+/// The largest allocation a device allows: its `max_buffer_size` rounded down to a multiple of
+/// 4 bytes, since copies and clears move whole multiples of 4 (so a dedicated segment's size, and
+/// every clear of it, is a multiple of 4).
+fn max_allocation_bytes(max_buffer_size: u64) -> u64 {
+    max_buffer_size / wgpu::COPY_BUFFER_ALIGNMENT * wgpu::COPY_BUFFER_ALIGNMENT
 }
 
 /// Restores the op that was in scope before [`Pool::op_scope`] when dropped.

@@ -96,19 +96,21 @@ pub enum PoolError {
     },
     /// A request larger than any buffer the device can create.
     #[error(
-        "request of {requested_bytes} bytes exceeds max_buffer_size ({max_buffer_size} bytes)"
+        "request of {requested_bytes} bytes exceeds max_buffer_size ({max_buffer_size} bytes, rounded down to a multiple of 4)"
     )]
     ExceedsBufferLimit {
         /// The size asked for, in bytes.
         requested_bytes: u64,
-        /// The device's `max_buffer_size`, in bytes.
+        /// The device's `max_buffer_size` rounded down to a multiple of 4 (copies and clears move
+        /// multiples of 4 bytes), in bytes.
         max_buffer_size: u64,
     },
     /// The budget or the device has no memory for the request.
     #[error("{0}")]
     OutOfMemory(Box<OutOfMemory>),
-    /// A write or read outside the allocation, or not aligned to 4 bytes.
-    #[error("access of {len_bytes} bytes at offset {offset_bytes} does not fit an allocation of {size_bytes} bytes, or is not a multiple of 4 bytes")]
+    /// A write or read outside the allocation, or not aligned to 4 bytes (its offset, and its
+    /// length unless it ends at the allocation's size).
+    #[error("access of {len_bytes} bytes at offset {offset_bytes} does not fit an allocation of {size_bytes} bytes, or is not aligned to 4 bytes (the offset, and the length unless the access ends at the allocation's size)")]
     OutOfBounds {
         /// Offset in the allocation, in bytes.
         offset_bytes: u64,
@@ -116,6 +118,26 @@ pub enum PoolError {
         len_bytes: u64,
         /// The allocation's size, in bytes.
         size_bytes: u64,
+    },
+    /// An allocation of another pool was passed to this one: no byte of either pool was touched
+    /// (work passed with it to `Pool::submit_and_read` was submitted, nothing read).
+    #[error(
+        "the allocation {label:?} of {size_bytes} bytes belongs to another pool: write, read and free it through its own pool"
+    )]
+    ForeignAllocation {
+        /// The allocation's label.
+        label: String,
+        /// The allocation's size, in bytes.
+        size_bytes: u64,
+    },
+    /// A typed read or write of elements of `element_bytes` bytes, over an allocation that does
+    /// not hold a whole number of them (or of zero-sized elements).
+    #[error("an allocation of {size_bytes} bytes does not hold a whole number of {element_bytes}-byte elements")]
+    ElementSize {
+        /// The allocation's size, in bytes.
+        size_bytes: u64,
+        /// The size of one element, in bytes.
+        element_bytes: u64,
     },
     /// The pool's configuration is not valid.
     #[error("invalid pool configuration: {0}")]

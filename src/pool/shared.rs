@@ -3,6 +3,7 @@
 //! lock; and what is done under it — reserving a range, freeing it (at once or after the next
 //! submission), submitting and releasing, filling the plain-data state.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -59,6 +60,8 @@ pub(super) struct Shared {
     state: Mutex<State>,
     /// The staging buffer reads copy through, kept between reads (grown to the largest read).
     pub(super) staging: Mutex<Option<wgpu::Buffer>>,
+    /// The staging buffer's size (0 when there is none), readable without its lock.
+    pub(super) staging_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -75,6 +78,7 @@ impl Shared {
             max_binding_bytes: limits.max_storage_buffer_binding_size,
             created: Instant::now(),
             staging: Mutex::new(None),
+            staging_bytes: AtomicU64::new(0),
             state: Mutex::new(State {
                 core,
                 pending: Vec::new(),
@@ -255,6 +259,16 @@ impl Shared {
         }
     }
 
+    /// Drops the read-back staging buffer (waiting for a read in progress).
+    pub(super) fn release_staging(&self) {
+        let mut staging = self
+            .staging
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *staging = None;
+        self.staging_bytes.store(0, Ordering::Relaxed);
+    }
+
     /// The pool's memory as plain data, from the state under the lock.
     pub(super) fn memory_state_of(&self, state: &State) -> PoolState {
         fill_state(
@@ -265,6 +279,7 @@ impl Shared {
             StateLimits {
                 max_buffer_size: self.max_buffer_size,
                 max_storage_buffer_binding_size: self.max_binding_bytes,
+                staging_bytes: self.staging_bytes.load(Ordering::Relaxed),
             },
         )
     }

@@ -67,6 +67,11 @@ impl SegmentStorage for BufferStorage {
 
 /// `create_buffer` with out-of-memory and validation errors caught as a [`StorageError`] instead
 /// of reaching the device's uncaptured-error handler.
+///
+/// Native only: the error scopes answer through a future that is waited for here. A browser
+/// cannot wait, so there segments are plain `create_buffer` calls (below), whose errors reach
+/// the uncaptured-error handler.
+#[cfg(not(target_arch = "wasm32"))]
 fn create_buffer_checked(
     device: &wgpu::Device,
     label: &str,
@@ -90,4 +95,20 @@ fn create_buffer_checked(
             reason: error.to_string(),
         }),
     }
+}
+
+/// In a browser, nothing may block: a plain `create_buffer` (see the native version's comment).
+#[cfg(target_arch = "wasm32")]
+fn create_buffer_checked(
+    device: &wgpu::Device,
+    label: &str,
+    size_bytes: u64,
+    usage: wgpu::BufferUsages,
+) -> Result<wgpu::Buffer, StorageError> {
+    Ok(device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: size_bytes,
+        usage,
+        mapped_at_creation: false,
+    }))
 }

@@ -190,6 +190,14 @@ fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
     table.counter("Segments", &stats.segments, false)?;
     table.rule('-')?;
     table.row(&format!(
+        "Live allocated memory: {} in {} allocations (allocated memory without {} pending frees \
+         of {})",
+        format_bytes(stats.live_allocated_bytes()),
+        stats.live_allocations(),
+        stats.pending_frees,
+        format_bytes(stats.pending_free_bytes)
+    ))?;
+    table.row(&format!(
         "Largest allocation now: {} ({} bindable; max_storage_buffer_binding_size {})",
         format_bytes(pool.largest_allocation_now_bytes),
         format_bytes(pool.largest_bindable_allocation_now_bytes),
@@ -227,6 +235,10 @@ fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
         format_bytes(pool.empty_segment_bytes),
         stats.create_segment_calls,
         stats.oom_count
+    ))?;
+    table.row(&format!(
+        "Read-back staging buffer: {} (outside the segments; trim() gives it back)",
+        format_bytes(pool.staging_bytes)
     ))?;
     let free_blocks: Vec<String> = pool
         .free_blocks_per_size

@@ -36,6 +36,7 @@ pub(crate) fn synthetic() -> (PoolState, History) {
         largest_free_bytes: 2 * MIB,
         budget_bytes: Some(8 * MIB),
         device_refused: false,
+        released_bytes: 0,
     }));
     history.record(oom);
     let mut stats = PoolStats::default();
@@ -49,6 +50,9 @@ pub(crate) fn synthetic() -> (PoolState, History) {
         stats.allocations.add(1);
     }
     stats.free_bytes = 4 * MIB - MIB - 768;
+    // "c" is dropped and waits for a submission.
+    stats.pending_frees = 1;
+    stats.pending_free_bytes = 256;
     stats.largest_free_bytes = 2 * MIB;
     let mut a = Span::allocated(0, MIB, MIB - 100);
     a.label = "a".into();
@@ -79,6 +83,7 @@ pub(crate) fn synthetic() -> (PoolState, History) {
         }),
         max_buffer_size: 256 * MIB,
         max_storage_buffer_binding_size: 128 * MIB,
+        staging_bytes: 0,
         history: None,
         segments: vec![SegmentState {
             id: SegmentId(0),

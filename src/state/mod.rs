@@ -229,6 +229,10 @@ pub struct PoolState {
     pub max_buffer_size: u64,
     /// The device's `max_storage_buffer_binding_size`, in bytes.
     pub max_storage_buffer_binding_size: u64,
+    /// The read-back staging buffer the pool keeps between reads, in bytes (0: none). Device
+    /// memory outside the segments and the statistics; `trim()` gives it back.
+    #[serde(default)]
+    pub staging_bytes: u64,
     /// History recording (`None`: off).
     pub history: Option<HistoryStatus>,
     /// Every segment, in id order, with its spans.
@@ -292,6 +296,8 @@ pub struct PoolFigures {
     pub pending_free_count: u64,
     /// Their bytes (after rounding).
     pub pending_free_bytes: u64,
+    /// The read-back staging buffer, in bytes (outside the segments; given back by `trim()`).
+    pub staging_bytes: u64,
     /// Free blocks per size, smallest first.
     pub free_blocks_per_size: Vec<FreeBlockCount>,
     /// The policy (`None` for the naive baseline).
@@ -353,6 +359,7 @@ impl PoolFigures {
             empty_segment_bytes,
             pending_free_count,
             pending_free_bytes,
+            staging_bytes: state.staging_bytes,
             free_blocks_per_size: free_blocks
                 .into_iter()
                 .map(|(size_bytes, count)| FreeBlockCount { size_bytes, count })

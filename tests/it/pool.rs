@@ -866,3 +866,381 @@ fn free_submitted_releases_at_once_and_zeroes_when_asked() {
         );
     }
 }
+
+/// A device of its own on the shared adapter with `max_buffer_size` lowered to `max_buffer_size`
+/// (and bindings to 16 MiB), to test the logic near the buffer limit without allocating gigabytes.
+fn gpu_with_max_buffer_size(max_buffer_size: u64) -> Gpu {
+    let base = gpu();
+    let adapter = base
+        .adapter
+        .as_ref()
+        .expect("the test device has its adapter");
+    let required_limits = wgpu::Limits {
+        max_buffer_size,
+        max_storage_buffer_binding_size: 16 << 20,
+        ..adapter.limits()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("lowered max_buffer_size"),
+        required_limits,
+        ..Default::default()
+    }))
+    .expect("a device with lowered limits");
+    Gpu {
+        adapter: base.adapter.clone(),
+        device,
+        queue,
+        info: base.info.clone(),
+    }
+}
+
+#[test]
+fn another_pools_allocation_is_refused() {
+    // Issue 13, item 1: two pools on two devices, and two pools on one device.
+    let pool_a = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let other_device = fresh_gpu();
+    for pool_b in [
+        Pool::new(&other_device, PoolOptions::default()).unwrap(),
+        Pool::new(gpu(), PoolOptions::default()).unwrap(),
+    ] {
+        let a = pool_a.allocate(1024).unwrap();
+        pool_a.write(&a, 0, &[7u8; 1024]).unwrap();
+        let _b = pool_b.allocate(1024).unwrap();
+        let foreign = |result: Result<_, PoolError>| {
+            matches!(
+                result,
+                Err(PoolError::ForeignAllocation {
+                    size_bytes: 1024,
+                    ..
+                })
+            )
+        };
+        assert!(foreign(pool_b.write(&a, 0, &[1u8; 4]).map(drop)), "write");
+        assert!(foreign(pool_b.read(&a).map(drop)), "read");
+        assert!(
+            foreign(pool_b.submit_and_read([], &a).map(drop)),
+            "submit_and_read"
+        );
+        // Nothing landed anywhere: A's bytes are intact.
+        assert_eq!(pool_a.read(&a).unwrap(), vec![7u8; 1024]);
+        // Freed through the wrong pool, the range waits for its own pool's next submission.
+        let pending = pool_a.pending_frees().0;
+        pool_b.free_submitted([a]);
+        assert_eq!(pool_a.pending_frees().0, pending + 1);
+        pool_a.submit([]);
+        assert_eq!(pool_a.pending_frees().0, 0);
+    }
+}
+
+#[test]
+fn a_refused_allocation_leaves_the_statistics_as_they_were() {
+    // Issue 13, item 3, as reported.
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let a = pool.allocate(3 << 19).unwrap();
+    drop(pool.allocate(3 << 19).unwrap());
+    pool.submit([]);
+    assert_eq!(pool.stats().reserved_bytes.current, 4 << 20);
+    pool.set_budget(Some(5 << 20));
+    pool.set_history(Some(Default::default()));
+    let before = pool.stats();
+    let error = pool.allocate(4 << 20).unwrap_err();
+    let PoolError::OutOfMemory(oom) = &error else {
+        panic!("{error}")
+    };
+    assert_eq!(oom.released_bytes, 0, "nothing given back");
+    let history = pool.history().unwrap();
+    let events = history.events();
+    let recorded = events.back().and_then(|event| event.oom.as_deref());
+    assert_eq!(recorded.map(|oom| oom.released_bytes), Some(0));
+    let after = pool.stats();
+    assert_eq!(after.reserved_bytes, before.reserved_bytes);
+    assert_eq!(after.segments, before.segments);
+    assert_eq!(after.allocated_bytes, before.allocated_bytes);
+    assert_eq!(after.oom_count, before.oom_count + 1);
+    drop(a);
+}
+
+#[test]
+fn reads_above_the_staging_limit_go_in_pieces() {
+    // Issue 13, item 4: the staging buffer never exceeds max_buffer_size, and a read larger than
+    // it goes in pieces. 40 MiB + 4 B would round to a 64 MiB staging buffer, above 48 MiB.
+    let gpu = gpu_with_max_buffer_size(48 << 20);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let size = (40 << 20) + 4;
+    let allocation = pool
+        .allocate_with(
+            size,
+            AllocOptions {
+                bindable: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let words: Vec<u32> = (0..(size / 4) as u32).map(|i| pattern(3, i)).collect();
+    pool.write(&allocation, 0, words_bytes(&words)).unwrap();
+    let bytes = pool.read(&allocation).unwrap();
+    assert_eq!(bytes.len() as u64, size);
+    assert!(bytes == words_bytes(&words), "the bytes read back differ");
+    let bytes = pool.submit_and_read([], &allocation).unwrap();
+    assert!(bytes == words_bytes(&words), "the bytes read back differ");
+}
+
+#[test]
+fn a_zeroed_allocation_at_the_buffer_limit_clears_whole_words() {
+    // Issue 13, item 5: with max_buffer_size not a multiple of 4, a dedicated segment rounded up
+    // to the block size and clamped to the limit used to be cleared by an unaligned size.
+    let max = (48 << 20) - 1;
+    let gpu = gpu_with_max_buffer_size(max);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let copy_only = |zeroed| AllocOptions {
+        bindable: false,
+        zeroed,
+        ..Default::default()
+    };
+    let allocation = pool.allocate_with(max - 47, copy_only(true)).unwrap();
+    assert_eq!(allocation.allocated_size() % 4, 0);
+    assert!(allocation.allocated_size() <= max);
+    let bytes = pool.read(&allocation).unwrap();
+    assert!(bytes.iter().all(|&b| b == 0), "zeroed");
+    drop(allocation);
+    pool.submit([]);
+    // The last bytes below the limit cannot be copied whole: a typed error, not a panic.
+    assert!(matches!(
+        pool.allocate_with(max, copy_only(false)),
+        Err(PoolError::ExceedsBufferLimit { .. })
+    ));
+}
+
+#[test]
+fn trim_gives_the_read_back_staging_buffer_back() {
+    // Issue 13, item 7: after a read, trim gives back the staging buffer as well as the segments.
+    let gpu = fresh_gpu();
+    let allocated = |gpu: &Gpu| {
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .unwrap();
+        gpu.device
+            .generate_allocator_report()
+            .map(|report| report.total_allocated_bytes)
+    };
+    let before = allocated(&gpu);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let allocation = pool.allocate(6 << 20).unwrap();
+    pool.read(&allocation).unwrap();
+    // The staging buffer is device memory outside the statistics: the state shows it.
+    let staging = pool.memory_state().staging_bytes;
+    assert_eq!(staging, 8 << 20, "a power of two above the read");
+    let summary = wgpu_pool::Report::from_pool(&pool).to_string();
+    assert!(
+        summary.contains("Read-back staging buffer: 8.00 MiB"),
+        "{summary}"
+    );
+    drop(allocation);
+    pool.submit([]);
+    let reserved = pool.stats().reserved_bytes.current;
+    assert_eq!(
+        pool.trim(),
+        reserved,
+        "trim counts the segments, as the statistics do"
+    );
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert_eq!(pool.memory_state().staging_bytes, 0);
+    // The device's own figures, where the backend has an allocator report (Vulkan does).
+    let after = allocated(&gpu);
+    assert!(
+        after <= before,
+        "wgpu's allocator report after trim: {after:?}, before the pool: {before:?}"
+    );
+}
+
+#[test]
+fn bytes_of_any_length_go_in_and_come_back_exactly() {
+    // Issue 13, item 9: a write may end at the allocation's end on any byte (the pool pads it to
+    // whole words), and a read returns exactly `size()` bytes.
+    for (limits, gpu) in both() {
+        let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+        let allocation = pool.allocate(6).unwrap();
+        pool.write(&allocation, 0, &[1, 2, 3, 4, 5, 6]).unwrap();
+        assert_eq!(
+            pool.read(&allocation).unwrap(),
+            [1, 2, 3, 4, 5, 6],
+            "{limits}"
+        );
+        pool.write(&allocation, 4, &[9, 8]).unwrap();
+        assert_eq!(
+            pool.submit_and_read([], &allocation).unwrap(),
+            [1, 2, 3, 4, 9, 8],
+            "{limits}"
+        );
+        // Ending inside the allocation on a partial word would pad over bytes not written.
+        assert!(matches!(
+            pool.write(&allocation, 0, &[1, 2, 3]),
+            Err(PoolError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            pool.write(&allocation, 4, &[1, 2, 3]),
+            Err(PoolError::OutOfBounds { .. })
+        ));
+    }
+}
+
+#[test]
+fn typed_reads_and_writes_of_pod_elements() {
+    // Issue 13, item 9: `&[T]` in, `Vec<T>` out, for any `T: Pod`, with typed errors.
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let floats = pool.allocate(5 * 4).unwrap();
+    let values = [1.5f32, -2.0, 3.25, 0.0, 7.0];
+    pool.write_slice(&floats, 0, &values).unwrap();
+    assert_eq!(pool.read_vec::<f32>(&floats).unwrap(), values);
+    // Three-byte elements: 9 bytes, padded by the pool.
+    let triples = pool.allocate(9).unwrap();
+    let data = [[1u8, 2, 3], [4, 5, 6], [7, 8, 9]];
+    pool.write_slice(&triples, 0, &data).unwrap();
+    assert_eq!(pool.read_vec::<[u8; 3]>(&triples).unwrap(), data);
+    assert_eq!(
+        pool.submit_and_read_vec::<[u8; 3], _>([], &triples)
+            .unwrap(),
+        data
+    );
+    // u64s at an 8-byte offset.
+    let longs = pool.allocate(24).unwrap();
+    pool.write_slice(&longs, 8, &[u64::MAX, 42]).unwrap();
+    assert_eq!(pool.read_vec::<u64>(&longs).unwrap()[1..], [u64::MAX, 42]);
+    // Typed errors: a size that is not a whole number of elements, data that does not fit.
+    assert_eq!(
+        pool.read_vec::<u64>(&floats).unwrap_err(),
+        PoolError::ElementSize {
+            size_bytes: 20,
+            element_bytes: 8
+        }
+    );
+    assert!(matches!(
+        pool.submit_and_read_vec::<u64, _>([], &floats),
+        Err(PoolError::ElementSize { .. })
+    ));
+    assert!(matches!(
+        pool.write_slice(&floats, 0, &[0f32; 6]),
+        Err(PoolError::OutOfBounds { .. })
+    ));
+    assert_eq!(
+        pool.read_vec::<f32>(&floats).unwrap(),
+        values,
+        "nothing written"
+    );
+}
+
+#[test]
+fn statistics_tell_live_allocations_from_pending_frees() {
+    // Issue 13, item 10: a dropped allocation waiting for a submission still holds its range
+    // (allocated), but the statistics say which part of allocated is live and which pending.
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let live = pool.allocate(4096).unwrap();
+    let dropped = pool.allocate(1 << 20).unwrap();
+    let dropped_bytes = dropped.allocated_size();
+    drop(dropped);
+    let stats = pool.stats();
+    assert_eq!(stats.pending_free_bytes, dropped_bytes);
+    assert_eq!(stats.pending_frees, 1);
+    assert_eq!(stats.live_allocated_bytes(), live.allocated_size());
+    assert_eq!(stats.live_allocations(), 1);
+    // The state (and so the JSON and the snapshot) carries the same figures.
+    let state = pool.memory_state();
+    assert_eq!(state.stats.pending_free_bytes, dropped_bytes);
+    let json = wgpu_pool::Report::from_pool(&pool).to_json().unwrap();
+    assert!(json.contains("\"pending_free_bytes\""), "{json}");
+    let summary = wgpu_pool::Report::from_pool(&pool).to_string();
+    assert!(
+        summary.contains("Live allocated memory: 4.00 KiB"),
+        "{summary}"
+    );
+    pool.submit([]);
+    let stats = pool.stats();
+    assert_eq!((stats.pending_frees, stats.pending_free_bytes), (0, 0));
+    assert_eq!(stats.allocated_bytes.current, live.allocated_size());
+}
+
+#[test]
+fn a_pool_over_a_device_made_elsewhere() {
+    // Issue 13, item 8: another crate opened the device; the pool (and a compute context on it)
+    // takes the device and queue as they are handed out, without an adapter.
+    let base = gpu();
+    let (device, queue) = pollster::block_on(
+        base.adapter
+            .as_ref()
+            .expect("requested here")
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("made elsewhere"),
+                required_limits: wgpu::Limits::default()
+                    .or_worse_values_from(&base.device.limits()),
+                ..Default::default()
+            }),
+    )
+    .expect("a device");
+    let elsewhere = Gpu::from_device(device, queue);
+    assert!(elsewhere.adapter.is_none());
+    assert_eq!(elsewhere.info.name, base.info.name);
+    let pool = Pool::new(&elsewhere, PoolOptions::default()).unwrap();
+    let allocation = pool.allocate(64).unwrap();
+    pool.write_slice(&allocation, 0, &[5u32; 16]).unwrap();
+    assert_eq!(pool.read_vec::<u32>(&allocation).unwrap(), [5u32; 16]);
+    let context =
+        wgpu_pool::compute::Context::new(&pool, wgpu_pool::compute::ContextOptions::default())
+            .unwrap();
+    let x = context.tensor(&[1.0, -2.0, 3.0], &[3]).unwrap();
+    let y = context.add(&x, &x).unwrap();
+    assert_eq!(context.read(&y).unwrap(), [2.0, -4.0, 6.0]);
+    let report = wgpu_pool::Report::from_pool(&pool).to_string();
+    assert!(report.contains(&base.info.name), "{report}");
+}
+
+#[test]
+fn async_reads_return_what_the_blocking_ones_do() {
+    // Issue 13, item 12: a read as a future (any executor; here pollster's), in pieces too.
+    let gpu = gpu_with_max_buffer_size(48 << 20);
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let small = pool.allocate(10).unwrap();
+    pool.write(&small, 0, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+        .unwrap();
+    assert_eq!(
+        pollster::block_on(pool.read_async(&small)).unwrap(),
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    );
+    let size = (40 << 20) + 8;
+    let big = pool
+        .allocate_with(
+            size,
+            AllocOptions {
+                bindable: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let words: Vec<u32> = (0..(size / 4) as u32).map(|i| pattern(5, i)).collect();
+    pool.write_slice(&big, 0, &words).unwrap();
+    assert!(pollster::block_on(pool.read_vec_async::<u32>(&big)).unwrap() == words);
+    assert!(matches!(
+        pollster::block_on(pool.read_vec_async::<u64>(&small)),
+        Err(PoolError::ElementSize { .. })
+    ));
+    let other = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    assert!(matches!(
+        pollster::block_on(other.read_async(&small)),
+        Err(PoolError::ForeignAllocation { .. })
+    ));
+}
+
+#[test]
+fn a_device_can_be_had_without_blocking() {
+    // Issue 13, item 12: the device request as a future (what a browser runs).
+    let gpu = pollster::block_on(wgpu_pool::device::request_gpu_async(
+        wgpu_pool::LimitsChoice::WebGpuDefault,
+    ))
+    .unwrap_or_else(|error| panic!("this test needs a GPU adapter and found none: {error}"));
+    let pool = Pool::new(&gpu, PoolOptions::default()).unwrap();
+    let allocation = pool.allocate(8).unwrap();
+    pool.write_slice(&allocation, 0, &[3u32, 4]).unwrap();
+    assert_eq!(
+        pollster::block_on(pool.read_vec_async::<u32>(&allocation)).unwrap(),
+        [3, 4]
+    );
+}

@@ -91,6 +91,11 @@ fn check_snapshot_against_stats(name: &str, snapshot: &Snapshot, stats: &PoolSta
         .collect();
     assert_eq!(pending.len(), pending_count, "{name}: pending frees");
     assert_eq!(
+        (stats.pending_frees, stats.pending_free_bytes),
+        (pending_count as u64, pending_bytes),
+        "{name}: the statistics' pending frees"
+    );
+    assert_eq!(
         pending.iter().map(|b| b.size).sum::<u64>(),
         pending_bytes,
         "{name}: pending bytes"
