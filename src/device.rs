@@ -93,10 +93,18 @@ impl fmt::Display for Gpu {
     }
 }
 
-/// The instance wgpu-pool uses: backends from `WGPU_BACKEND` (all by default). A new one per
-/// call: on GL, the devices of one instance share one EGL context, and devices used from several
-/// threads at once then fail to make it current (`eglMakeCurrent` `BadAccess`, seen on llvmpipe).
+/// The process's instance: backends from `WGPU_BACKEND` (all by default), made on the first call
+/// and shared by every later one (and by [`request_gpu`]), so that a program asking for several
+/// devices starts the backends once.
 pub fn instance() -> wgpu::Instance {
+    static SHARED: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
+    SHARED.get_or_init(fresh_instance).clone()
+}
+
+/// A new instance, not shared: backends from `WGPU_BACKEND`. On GL every device needs one: the
+/// devices of one GL instance share one EGL context, and devices used from several threads at once
+/// then fail to make it current (`eglMakeCurrent` `BadAccess`, seen on llvmpipe).
+pub fn fresh_instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
@@ -112,15 +120,28 @@ pub async fn adapters_async(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
 }
 
 /// The default adapter (or the one `WGPU_ADAPTER_NAME` names) with a device using `limits`, from
-/// a new [`instance`]. Blocks the thread: see [`request_gpu_async`].
+/// the shared [`instance`] (on GL from a [`fresh_instance`]). Blocks the thread: see
+/// [`request_gpu_async`].
 pub fn request_gpu(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
     pollster::block_on(request_gpu_async(limits))
 }
 
 /// [`request_gpu`] as a future, for async code and browsers (where nothing may block).
 pub async fn request_gpu_async(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
-    let instance = instance();
-    let adapter = pick_adapter(&instance).await?;
+    // GL alone (`WGPU_BACKEND=gl`): an instance per device, never the shared one (see
+    // [`fresh_instance`]).
+    let gl_only = wgpu::Backends::from_env() == Some(wgpu::Backends::GL);
+    let adapter = if gl_only {
+        pick_adapter(&fresh_instance()).await?
+    } else {
+        let adapter = pick_adapter(&instance()).await?;
+        if adapter.get_info().backend == wgpu::Backend::Gl {
+            drop(adapter);
+            pick_adapter(&fresh_instance()).await?
+        } else {
+            adapter
+        }
+    };
     open_async(adapter, limits).await
 }
 
@@ -266,4 +287,19 @@ pub(crate) fn read_mapped(
         .to_vec();
     buffer.unmap();
     Ok(bytes)
+}
+
+/// The error an error scope caught, if any. Native: waits for the scope's answer. In a browser
+/// nothing may wait: the scope is popped without waiting for its answer, and the error (if any)
+/// is left to the device's uncaptured-error handler.
+pub(crate) fn caught(scope: wgpu::ErrorScopeGuard) -> Option<wgpu::Error> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        pollster::block_on(scope.pop())
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        drop(scope.pop());
+        None
+    }
 }

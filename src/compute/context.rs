@@ -530,7 +530,7 @@ impl Context {
             layout: &layout,
             entries: &entries,
         });
-        if let Some(error) = pollster::block_on(validation.pop()) {
+        if let Some(error) = crate::device::caught(validation) {
             return Err(ComputeError::Config(format!(
                 "{OP}: the pipeline's group 0 does not take {} storage buffers at bindings 0..{}: \
                  {error}",

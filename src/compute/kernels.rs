@@ -331,7 +331,7 @@ impl Kernels {
             },
             cache: None,
         });
-        match pollster::block_on(validation.pop()) {
+        match crate::device::caught(validation) {
             None => Ok(pipeline),
             Some(error) => {
                 // A module that failed to compile would fail again: forget it.

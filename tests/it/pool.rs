@@ -1244,3 +1244,29 @@ fn a_device_can_be_had_without_blocking() {
         [3, 4]
     );
 }
+
+#[test]
+fn request_gpu_shares_one_instance() {
+    // Issue 13, item 8: one instance per process, which `request_gpu` takes its adapters from
+    // (on GL each device needs an instance of its own: `device::fresh_instance`).
+    let shared = wgpu_pool::device::instance();
+    assert!(
+        shared == wgpu_pool::device::instance(),
+        "instance() is shared"
+    );
+    assert!(shared != wgpu_pool::device::fresh_instance());
+    // Two devices from it at once, each with a pool that works.
+    let gpus: Vec<_> = (0..2)
+        .map(|_| {
+            wgpu_pool::request_gpu(wgpu_pool::LimitsChoice::WebGpuDefault).unwrap_or_else(|error| {
+                panic!("this test needs a GPU adapter and found none: {error}")
+            })
+        })
+        .collect();
+    for (i, gpu) in gpus.iter().enumerate() {
+        let pool = Pool::new(gpu, PoolOptions::default()).unwrap();
+        let allocation = pool.allocate(4).unwrap();
+        pool.write_slice(&allocation, 0, &[i as u32 + 7]).unwrap();
+        assert_eq!(pool.read_vec::<u32>(&allocation).unwrap(), [i as u32 + 7]);
+    }
+}
