@@ -106,6 +106,15 @@ impl Tensor {
         .read(self)
     }
 
+    /// [`Tensor::to_vec`] as a future that does not block the thread ([`Context::read_async`]).
+    pub async fn to_vec_async(&self) -> Result<Vec<f32>, ComputeError> {
+        Context {
+            shared: self.context.clone(),
+        }
+        .read_async(self)
+        .await
+    }
+
     /// `(rows, cols)` of the tensor seen as a matrix over its last dimension.
     pub(crate) fn rows_cols(&self) -> (usize, usize) {
         let cols = *self
@@ -227,6 +236,20 @@ impl Context {
         self.check_owner("read", tensor)?;
         Ok(self
             .read_allocation(tensor.allocation())?
+            .chunks_exact(4)
+            .take(tensor.len())
+            .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+            .collect())
+    }
+
+    /// [`Context::read`] as a future that does not block the thread, for async code and the read
+    /// a browser can run: submits the open batch, then awaits the read-back
+    /// ([`Pool::read_async`](crate::Pool::read_async)).
+    pub async fn read_async(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
+        self.check_owner("read", tensor)?;
+        self.flush()?;
+        let bytes = self.pool().read_async(tensor.allocation()).await?;
+        Ok(bytes
             .chunks_exact(4)
             .take(tensor.len())
             .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))

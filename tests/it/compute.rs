@@ -1769,3 +1769,19 @@ fn cpu_twins_take_extreme_sizes_without_arithmetic_overflow() {
         assert!(message.contains("matmul twin"), "{sizes:?}: {message}");
     }
 }
+
+#[test]
+fn tensors_read_back_without_blocking_the_thread() {
+    // Issue 13, item 12: the context's read as a future, after ops still recorded in the batch.
+    let context = context(gpu());
+    let a = context
+        .tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
+        .unwrap();
+    let b = context.tensor(&[0.5; 6], &[2, 3]).unwrap();
+    let sum = context.add(&a, &b).unwrap(); // recorded, not submitted
+    let read = pollster::block_on(sum.to_vec_async()).unwrap();
+    assert_eq!(read, [1.5, 2.5, 3.5, 4.5, 5.5, 6.5]);
+    assert_eq!(read, sum.to_vec().unwrap());
+    let again = pollster::block_on(context.read_async(&sum)).unwrap();
+    assert_eq!(again, read);
+}
