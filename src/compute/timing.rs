@@ -22,10 +22,11 @@ pub enum TimestampSupport {
 }
 
 impl TimestampSupport {
-    /// What the device's features allow.
+    /// What the device's features allow. In a browser: `None` (reading timestamps back waits
+    /// for the GPU, which a browser's thread may not do), so profiling records nothing there.
     pub fn of(device: &wgpu::Device) -> Self {
         let features = device.features();
-        if !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+        if cfg!(target_arch = "wasm32") || !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
             Self::None
         } else if features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
             Self::InsidePasses
