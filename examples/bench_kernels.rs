@@ -539,12 +539,37 @@ struct Overhead {
     chain_step_us: f64,
 }
 
-/// The CPU cost of small `add`s recorded into one open pass, with warm caches.
-/// Chains of dependent 8x1024x1024 products `x = x · W`, read back at the end: the median wall
-/// time of a chain of one product, and what each further product adds (chains of 1 and 65).
-fn matmul_chain_us(bench: &Bench) -> anyhow::Result<(f64, f64)> {
+/// Chains of dependent ops, each read back at its end: the median wall time (of 101, after 10
+/// warm-ups) of a chain of one op, and what each further op adds (chains of 1 and 65).
+/// `chain(length)` records a chain of `length` ops and reads it back; `check` then checks the
+/// values (outside the time).
+fn chain_times_us(
+    chain: &dyn Fn(usize) -> anyhow::Result<Vec<f32>>,
+    check: &dyn Fn(usize, &[f32]) -> anyhow::Result<()>,
+) -> anyhow::Result<(f64, f64)> {
     const STEPS: usize = 64;
     const REPEATS: usize = 101;
+    let median_us = |length: usize| -> anyhow::Result<f64> {
+        let mut times = Vec::with_capacity(REPEATS);
+        for round in 0..REPEATS + 10 {
+            let started = Instant::now();
+            let values = chain(length)?;
+            let elapsed = started.elapsed().as_secs_f64() * 1e6;
+            check(length, &values)?;
+            if round >= 10 {
+                times.push(elapsed);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[REPEATS / 2])
+    };
+    let single = median_us(1)?;
+    let long = median_us(1 + STEPS)?;
+    Ok((single, (long - single) / STEPS as f64))
+}
+
+/// Chains of dependent 8x1024x1024 products `x = x · W` ([`chain_times_us`]).
+fn matmul_chain_us(bench: &Bench) -> anyhow::Result<(f64, f64)> {
     let context = bench.context(bench.matmul.clone())?;
     let mut rng = StdRng::seed_from_u64(7);
     let x0 = context.tensor(&random(&mut rng, 8 * 1024), &[8, 1024])?;
@@ -554,32 +579,25 @@ fn matmul_chain_us(bench: &Bench) -> anyhow::Result<(f64, f64)> {
         .map(|v| v / 32.0)
         .collect();
     let w = context.tensor(&w_values, &[1024, 1024])?;
-    let chain_us = |length: usize| -> anyhow::Result<f64> {
-        let mut times = Vec::with_capacity(REPEATS);
-        for round in 0..REPEATS + 10 {
-            let started = Instant::now();
+    chain_times_us(
+        &|length| {
             let mut x = context.matmul(&x0, &w)?;
             for _ in 1..length {
                 x = context.matmul(&x, &w)?;
             }
-            let values = context.read(&x)?;
-            let elapsed = started.elapsed().as_secs_f64() * 1e6;
+            Ok(context.read(&x)?)
+        },
+        &|length, values| {
             anyhow::ensure!(
                 values.iter().all(|v| v.is_finite()),
                 "chain of {length}: values not finite"
             );
-            if round >= 10 {
-                times.push(elapsed);
-            }
-        }
-        times.sort_by(f64::total_cmp);
-        Ok(times[REPEATS / 2])
-    };
-    let single = chain_us(1)?;
-    let long = chain_us(1 + STEPS)?;
-    Ok((single, (long - single) / STEPS as f64))
+            Ok(())
+        },
+    )
 }
 
+/// The CPU cost of small `add`s recorded into one open pass, with warm caches.
 fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
     const OPS: u32 = 10_000;
     let context = Context::new(
@@ -618,33 +636,23 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
     }
     context.sync()?;
 
-    // Chains of dependent tiny adds, each read back: the median wall time of a chain of 1 and
-    // of 1 + STEPS.
-    const STEPS: usize = 64;
-    const REPEATS: usize = 101;
-    let chain_us = |length: usize| -> anyhow::Result<f64> {
-        let mut times = Vec::with_capacity(REPEATS);
-        for round in 0..REPEATS + 10 {
-            let started = Instant::now();
+    // Chains of dependent tiny adds, each read back.
+    let (single, step) = chain_times_us(
+        &|length| {
             let mut x = context.add(&a, &b)?;
             for _ in 1..length {
                 x = context.add(&x, &b)?;
             }
-            let values = context.read(&x)?;
-            let elapsed = started.elapsed().as_secs_f64() * 1e6;
+            Ok(context.read(&x)?)
+        },
+        &|length, values| {
             anyhow::ensure!(values[0] == 1.0 + 2.0 * length as f32, "chain of {length}");
-            if round >= 10 {
-                times.push(elapsed);
-            }
-        }
-        times.sort_by(f64::total_cmp);
-        Ok(times[REPEATS / 2])
-    };
-    let single = chain_us(1)?;
-    let long = chain_us(1 + STEPS)?;
+            Ok(())
+        },
+    )?;
     Ok(Overhead {
         round_trip_us: single,
-        chain_step_us: (long - single) / STEPS as f64,
+        chain_step_us: step,
         ..overhead
     })
 }
