@@ -181,15 +181,7 @@ impl Shared {
             || ((self.options.reuse == ReuseSafety::Immediate || last_use_submitted)
                 && !self.options.zero_on_free);
         if at_once {
-            let entry = live.remove(live_slot);
-            if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
-                history.record(allocation_event(EventKind::FreeCompleted, time_us, &entry));
-            }
-            core.free(entry.placement);
-            let segment_events = core.take_events();
-            if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
-                record_segment_events(history, segment_events, time_us);
-            }
+            release_slots(core, live, history, time_us, [live_slot]);
         } else if let Some(entry) = live.get_mut(live_slot) {
             entry.pending = true;
             pending.push(PendingFree {
@@ -246,17 +238,13 @@ impl Shared {
             ..
         } = &mut *guard;
         let time_us = history.as_ref().map(|_| self.now_us());
-        for free in pending {
-            let entry = live.remove(free.live_slot);
-            if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
-                history.record(allocation_event(EventKind::FreeCompleted, time_us, &entry));
-            }
-            core.free(entry.placement);
-        }
-        let segment_events = core.take_events();
-        if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
-            record_segment_events(history, segment_events, time_us);
-        }
+        release_slots(
+            core,
+            live,
+            history,
+            time_us,
+            pending.iter().map(|free| free.live_slot),
+        );
     }
 
     /// Drops the read-back staging buffer (waiting for a read in progress).
@@ -282,5 +270,27 @@ impl Shared {
                 staging_bytes: self.staging_bytes.load(Ordering::Relaxed),
             },
         )
+    }
+}
+
+/// Gives the allocations recorded in `slots` back to the policy, with their `FreeCompleted`
+/// events and the segment events that follow (when history is on: `time_us` is its time).
+fn release_slots(
+    core: &mut PoolCore<BufferStorage>,
+    live: &mut LiveSlab,
+    history: &mut Option<History>,
+    time_us: Option<u64>,
+    slots: impl IntoIterator<Item = usize>,
+) {
+    for slot in slots {
+        let entry = live.remove(slot);
+        if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+            history.record(allocation_event(EventKind::FreeCompleted, time_us, &entry));
+        }
+        core.free(entry.placement);
+    }
+    let segment_events = core.take_events();
+    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+        record_segment_events(history, segment_events, time_us);
     }
 }
