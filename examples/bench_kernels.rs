@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
-//!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE]
+//!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -36,6 +36,8 @@
 //!   through 4096-wide layers, and 4096³) with the automatic plans, and the wall time that each
 //!   further dependent 8x1024x1024 product adds to a chain read back at its end
 //!   (`matmul_chain_step_us`). `--large` includes the serving shapes in its list.
+//! - `--split N` (repeatable): with `--large` and `--matmul`, every compared tile is measured with
+//!   each of these split-K counts (`MatmulOptions::split_k`) instead of the automatic one.
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
@@ -83,6 +85,8 @@ struct Args {
     ops: Vec<String>,
     /// Measure the serving shapes and the chain of dependent products.
     serving: bool,
+    /// With `--large`, the split-K counts to force with each tile (empty: automatic).
+    splits: Vec<u32>,
     /// PyTorch's figures (`benches/torch/matmul.py --json`) to print beside ours.
     torch: Option<PathBuf>,
 }
@@ -120,6 +124,7 @@ fn parse_args() -> anyhow::Result<Args> {
         tiles: Vec::new(),
         serving: false,
         torch: None,
+        splits: Vec::new(),
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -127,6 +132,14 @@ fn parse_args() -> anyhow::Result<Args> {
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
             "--large" => args.large = true,
             "--serving" => args.serving = true,
+            "--split" => {
+                let splits = iter.next().context("--split needs a number")?;
+                let splits: u32 = splits.parse().context("--split needs a number")?;
+                if splits == 0 {
+                    bail!("--split needs a number of at least 1");
+                }
+                args.splits.push(splits);
+            }
             "--torch" => args.torch = Some(iter.next().context("--torch needs a file")?.into()),
             "--checked" => args.checks = ShaderChecks::Checked,
             "--matmul" => {
@@ -176,7 +189,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     "bench_kernels [--json OUT] [--large] [--checked] \
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
                      [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
-                     [--serving] [--torch FILE]"
+                     [--serving] [--torch FILE] [--split N]..."
                 );
                 std::process::exit(0);
             }
@@ -249,6 +262,8 @@ struct MatmulCase {
     tiles: Option<MatmulTiles>,
     /// The narrow kernel's lanes, forced.
     narrow_lanes: Option<u32>,
+    /// Split-K, forced (`MatmulOptions::split_k`).
+    splits: Option<u32>,
 }
 
 fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
@@ -258,6 +273,7 @@ fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
         k,
         tiles: None,
         narrow_lanes: None,
+        splits: None,
     };
     let mut cases = Vec::new();
     let squares: &[usize] = if large {
@@ -415,6 +431,7 @@ fn bench_matmul(
     let context = bench.context(MatmulOptions {
         tiles: case.tiles,
         narrow_lanes: case.narrow_lanes.or(bench.matmul.narrow_lanes),
+        split_k: case.splits.or(bench.matmul.split_k),
         ..bench.matmul.clone()
     })?;
     let plan = context.matmul_plan(m, n, k)?;
@@ -718,6 +735,7 @@ fn main() -> anyhow::Result<()> {
                 k,
                 tiles: None,
                 narrow_lanes: None,
+                splits: None,
             };
             if args.large && m <= MatmulOptions::NARROW_MAX_ROWS as usize {
                 cases.extend([1, 2, 4, 8, 16, 32, 64].map(|lanes| MatmulCase {
@@ -727,13 +745,22 @@ fn main() -> anyhow::Result<()> {
             }
             cases.push(case);
             if args.large {
-                cases.extend(compared.iter().map(|&tiles| MatmulCase {
-                    m,
-                    n,
-                    k,
-                    tiles: Some(tiles),
-                    narrow_lanes: None,
-                }));
+                // Every tile, with each `--split` (or the automatic split).
+                let splits: Vec<Option<u32>> = if args.splits.is_empty() {
+                    vec![None]
+                } else {
+                    args.splits.iter().copied().map(Some).collect()
+                };
+                for &tiles in &compared {
+                    cases.extend(splits.iter().map(|&splits| MatmulCase {
+                        m,
+                        n,
+                        k,
+                        tiles: Some(tiles),
+                        narrow_lanes: None,
+                        splits,
+                    }));
+                }
             }
         }
         cases
