@@ -698,10 +698,11 @@ fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_
     // 4096² outputs: at least 512 large tiles, no split.
     let large = context.matmul_plan(4096, 4096, 4096).unwrap();
     assert_eq!((large.tiles, large.splits), (large_tile, 1));
-    // 64 × 4096 outputs: 64 small tiles; K = 4096 is split ⌈264 / 64⌉ = 5 ways.
+    // 64 × 4096 outputs: 64 small tiles (fewer than 264); K = 4096 is split until about 528
+    // workgroups run: ⌈528 / 64⌉ = 9 ways.
     let skinny = context.matmul_plan(64, 4096, 4096).unwrap();
     assert_eq!(skinny.tiles, options.small_tiles);
-    assert_eq!(skinny.splits, 5);
+    assert_eq!(skinny.splits, 9);
     assert_eq!(skinny.k_chunk % skinny.tiles.bk, 0);
     // Shallow K is never split below min_split_depth.
     let shallow = context.matmul_plan(64, 64, 300).unwrap();
@@ -1465,6 +1466,7 @@ mod extreme_sizes {
                     tiles: (sizes[7] % 2 == 0).then_some(tiles),
                     split_k: Some(sizes[8]),
                     min_workgroups: sizes[5],
+                    split_workgroups: sizes[6],
                     min_split_depth: sizes[6],
                     max_splits: sizes[8],
                     group_rows: sizes[7],

@@ -13,7 +13,8 @@
 //! WebGPU device has) — is used when it yields at least [`MatmulOptions::min_workgroups`]
 //! workgroups; otherwise the small one (64×64×8: 64
 //! invocations, 8 KiB), and when even that leaves the GPU idle, split-K: `splits` workgroups
-//! along K each write a partial product, and a second kernel adds them and runs the epilogue.
+//! along K (enough for about [`MatmulOptions::split_workgroups`] workgroups in all) each write a
+//! partial product, and a second kernel adds them and runs the epilogue.
 //! Tiles that do not fit the device's limits (workgroup memory, invocations) are skipped.
 //!
 //! # Few rows
@@ -166,7 +167,8 @@ impl Context {
         let wanted = match options.split_k {
             Some(splits) => u64::from(splits.max(1)),
             None if blocks(tiles) >= min_workgroups => 1,
-            None => min_workgroups
+            None => u64::from(options.split_workgroups)
+                .max(min_workgroups)
                 .div_ceil(blocks(tiles).max(1))
                 .min(k64 / u64::from(options.min_split_depth.max(1)))
                 .min(u64::from(options.max_splits))
