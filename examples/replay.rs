@@ -11,6 +11,11 @@
 //! strategies are `pool` (the very policy the GPU pool runs, over simulated segments),
 //! `pool_pow2` (the same with power-of-two rounding) and `naive` (one buffer per allocation);
 //! PyTorch's own reserved memory is read from the trace's segment events.
+//!
+//! Beside each peak: the segments (buffers) each strategy and PyTorch created over the trace and
+//! their bytes ("GiB created"; JSON `segments_created`, `bytes_created`, and at the top level
+//! `pytorch_segments_created`, `pytorch_bytes_created`): on a GPU each is a driver allocation plus
+//! wgpu's zero-fill, the price that a low peak can hide.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -174,18 +179,26 @@ fn print_report(report: &ReplayReport) {
     };
     println!();
     println!(
-        "{:<12} {:>14} {:>8} {:>10} {:>10} {:>9} {:>10}",
-        "strategy", "peak reserved", "ratio", "int. frag", "ext. frag", "segments", "first OOM"
+        "{:<12} {:>14} {:>8} {:>10} {:>10} {:>9} {:>12} {:>10}",
+        "strategy",
+        "peak reserved",
+        "ratio",
+        "int. frag",
+        "ext. frag",
+        "segments",
+        "GiB created",
+        "first OOM"
     );
     if let Some(pytorch) = report.pytorch_peak_reserved_bytes {
         println!(
-            "{:<12} {:>10.3} GiB {:>8.3} {:>10} {:>10} {:>9} {:>10}",
+            "{:<12} {:>10.3} GiB {:>8.3} {:>10} {:>10} {:>9} {:>12.3} {:>10}",
             "pytorch",
             gib(pytorch),
             ratio(pytorch),
             "-",
             "-",
-            "-",
+            report.pytorch_segments_created.unwrap_or(0),
+            gib(report.pytorch_bytes_created.unwrap_or(0)),
             "-"
         );
     }
@@ -194,13 +207,14 @@ fn print_report(report: &ReplayReport) {
             .oom_at_event
             .map_or_else(|| "none".to_string(), |e| format!("event {e}"));
         println!(
-            "{:<12} {:>10.3} GiB {:>8.3} {:>9.1}% {:>9.1}% {:>9} {:>10}",
+            "{:<12} {:>10.3} GiB {:>8.3} {:>9.1}% {:>9.1}% {:>9} {:>12.3} {:>10}",
             s.name,
             gib(s.peak_reserved_bytes),
             ratio(s.peak_reserved_bytes),
             s.internal_fragmentation * 100.0,
             s.external_fragmentation * 100.0,
             s.segments_created,
+            gib(s.bytes_created),
             oom
         );
     }

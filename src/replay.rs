@@ -208,6 +208,9 @@ pub struct StrategyOutcome {
     pub external_fragmentation: f64,
     /// Segments (buffers) created over the whole trace.
     pub segments_created: u64,
+    /// Bytes of all the segments created over the trace: on a GPU, what the driver allocated and
+    /// wgpu zero-filled, however briefly it was held.
+    pub bytes_created: u64,
     /// Index in the event list of the first allocation that failed, if any.
     pub oom_at_event: Option<usize>,
     /// Why that allocation failed.
@@ -228,6 +231,7 @@ impl StrategyOutcome {
             internal_fragmentation: 0.0,
             external_fragmentation: 0.0,
             segments_created: 0,
+            bytes_created: 0,
             oom_at_event: None,
             oom_reason: None,
             failed_allocations: 0,
@@ -286,6 +290,11 @@ pub struct ReplayReport {
     /// The peak of PyTorch's reserved bytes (`segment_alloc` minus `segment_free`), when the trace
     /// has segment events.
     pub pytorch_peak_reserved_bytes: Option<u64>,
+    /// Segments PyTorch created over the trace (`segment_alloc` and `segment_map` events), when
+    /// the trace has segment events.
+    pub pytorch_segments_created: Option<u64>,
+    /// Bytes of the segments PyTorch created over the trace, when it has segment events.
+    pub pytorch_bytes_created: Option<u64>,
     /// One outcome per strategy.
     pub strategies: Vec<StrategyOutcome>,
     /// Live requested bytes over the trace, sampled like the strategies' timelines.
@@ -337,6 +346,18 @@ pub fn trace_peaks(events: &[ReplayEvent]) -> (u64, usize, Option<u64>) {
     )
 }
 
+/// The segments a trace's allocator created and their bytes (`None` without segment events).
+pub fn trace_segments_created(events: &[ReplayEvent]) -> Option<(u64, u64)> {
+    let created = events.iter().filter_map(|event| match *event {
+        ReplayEvent::SegmentAlloc { size } => Some(size),
+        _ => None,
+    });
+    let (segments, bytes) = created.fold((0u64, 0u64), |(count, total), size| {
+        (count + 1, total.saturating_add(size))
+    });
+    (segments > 0).then_some((segments, bytes))
+}
+
 /// Replays `events` through every strategy. `progress` is called with the number of events done
 /// (of `events.len() * strategies.len()`), every few thousand events.
 pub fn replay(
@@ -348,6 +369,7 @@ pub fn replay(
     progress: &mut dyn FnMut(usize),
 ) -> ReplayReport {
     let (peak_requested_bytes, peak_at, pytorch_peak_reserved_bytes) = trace_peaks(events);
+    let pytorch_created = trace_segments_created(events);
     let (requested_timeline, pytorch_reserved_timeline) = trace_timelines(events);
     let outcomes = strategies
         .iter()
@@ -375,6 +397,8 @@ pub fn replay(
             .count(),
         peak_requested_bytes,
         pytorch_peak_reserved_bytes,
+        pytorch_segments_created: pytorch_created.map(|(segments, _)| segments),
+        pytorch_bytes_created: pytorch_created.map(|(_, bytes)| bytes),
         strategies: outcomes,
         requested_timeline,
         pytorch_reserved_timeline: if pytorch_peak_reserved_bytes.is_some() {
@@ -460,6 +484,8 @@ fn replay_pool(
     let stats = pool.stats();
     outcome.peak_reserved_bytes = stats.reserved_bytes.peak;
     outcome.segments_created = stats.create_segment_calls;
+    // The reserved counter's running total is the sum of every segment created.
+    outcome.bytes_created = stats.reserved_bytes.total;
     outcome
 }
 

@@ -52,14 +52,22 @@ fn every_strategy_replays_a_churn() {
     assert!(progress_calls >= 3);
     assert_eq!(report.events, events.len());
     assert_eq!(report.pytorch_peak_reserved_bytes, None);
+    assert_eq!(report.pytorch_segments_created, None);
     let naive = report.strategy("naive").unwrap();
     assert_eq!(naive.segments_created, 200);
+    // Every request a buffer of its own: the bytes created are every request, rounded to 4.
+    let requested: u64 = (0..200u64)
+        .map(|i| ((i % 8 + 1) * MIB - 100).div_ceil(4) * 4)
+        .sum();
+    assert_eq!(naive.bytes_created, requested);
     // One buffer per request: naive reserves exactly the live sizes (rounded to 4 bytes).
     assert_eq!(naive.peak_reserved_bytes, report.peak_requested_bytes);
     let pool = report.strategy("pool").unwrap();
     let pow2 = report.strategy("pool_pow2").unwrap();
     assert!(pool.peak_reserved_bytes >= report.peak_requested_bytes);
     assert!(pool.segments_created < 20, "{pool:?}");
+    assert!(pool.bytes_created >= pool.peak_reserved_bytes, "{pool:?}");
+    assert!(pool.bytes_created < naive.bytes_created, "{pool:?}");
     assert!(pool.internal_fragmentation < 0.001, "{pool:?}");
     assert!(pow2.internal_fragmentation > 0.1, "{pow2:?}");
     assert!(pool.oom_at_event.is_none() && pow2.oom_at_event.is_none());
@@ -69,6 +77,8 @@ fn every_strategy_replays_a_churn() {
         "events",
         "peak_requested_bytes",
         "pytorch_peak_reserved_bytes",
+        "pytorch_segments_created",
+        "pytorch_bytes_created",
         "strategies",
     ] {
         assert!(json.get(key).is_some(), "{key} missing from {json}");
@@ -79,6 +89,7 @@ fn every_strategy_replays_a_churn() {
         "internal_fragmentation",
         "external_fragmentation",
         "segments_created",
+        "bytes_created",
         "oom_at_event",
     ] {
         assert!(json["strategies"][0].get(key).is_some(), "{key} missing");
@@ -282,4 +293,29 @@ fn trace_entries_become_replay_events() {
         ReplayEvent::from_trace(&requested_only),
         vec![alloc(8, 10), free(8)]
     );
+}
+
+#[test]
+fn the_segments_a_trace_created_are_counted() {
+    let events = [
+        ReplayEvent::SegmentAlloc { size: 2 * MIB },
+        alloc(1, MIB),
+        ReplayEvent::SegmentAlloc { size: 20 * MIB },
+        free(1),
+        ReplayEvent::SegmentFree { size: 2 * MIB },
+        ReplayEvent::SegmentAlloc { size: 2 * MIB },
+    ];
+    assert_eq!(trace_segments_created(&events), Some((3, 24 * MIB)));
+    assert_eq!(trace_segments_created(&[alloc(1, MIB), free(1)]), None);
+    let profile = LimitsProfile::H200;
+    let report = replay(
+        "segments",
+        &events,
+        profile,
+        None,
+        &Strategy::defaults(&profile),
+        &mut |_| {},
+    );
+    assert_eq!(report.pytorch_segments_created, Some(3));
+    assert_eq!(report.pytorch_bytes_created, Some(24 * MIB));
 }
