@@ -283,23 +283,18 @@ fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
     };
     cases.extend(squares.iter().map(|&s| case(s, s, s)));
     // Skinny: few rows (a small batch: the narrow kernel up to 8), shallow K, and deep K on a
-    // small output (split-K).
+    // small output (split-K); with `large`, also the serving shapes (4096³ is among the squares).
+    let serving = SERVING
+        .iter()
+        .copied()
+        .filter(|&shape| shape != (4096, 4096, 4096));
+    let large_skinny: Vec<(usize, usize, usize)> = [(1, 1024, 1024)]
+        .into_iter()
+        .chain(serving)
+        .chain([(4096, 64, 4096), (4096, 4096, 64), (256, 256, 16384)])
+        .collect();
     let skinny: &[(usize, usize, usize)] = if large {
-        &[
-            (1, 1024, 1024),
-            (8, 1024, 1024),
-            (1, 4096, 4096),
-            (8, 4096, 4096),
-            (64, 4096, 4096),
-            (128, 4096, 4096),
-            (256, 4096, 4096),
-            (512, 4096, 4096),
-            (256, 4096, 1024),
-            (256, 1024, 4096),
-            (4096, 64, 4096),
-            (4096, 4096, 64),
-            (256, 256, 16384),
-        ]
+        &large_skinny
     } else {
         &[
             (8, 1024, 1024),

@@ -221,20 +221,17 @@ pub fn report(input: &Path, o: &Outcome) -> String {
     let ratio = |bytes: u64| bytes as f64 / live.max(1) as f64;
     let mut text = format!("{}: {} buffers\n", input.display(), o.buffers.len());
     text += &format!("  max-live          {live:>12} bytes (the lower bound)\n");
-    text += &format!(
-        "  greedy-by-size    {:>12} bytes  {:.4} x max-live  waste {:>10}  {:.3} s\n",
-        o.greedy.heap_bytes,
-        ratio(o.greedy.heap_bytes),
-        o.greedy.waste_bytes(),
-        o.greedy_seconds
-    );
-    text += &format!(
-        "  plan              {:>12} bytes  {:.4} x max-live  waste {:>10}  {:.3} s\n",
-        o.plan.heap_bytes,
-        ratio(o.plan.heap_bytes),
-        o.plan.waste_bytes(),
-        o.seconds
-    );
+    for (name, plan, seconds) in [
+        ("greedy-by-size", &o.greedy, o.greedy_seconds),
+        ("plan", &o.plan, o.seconds),
+    ] {
+        text += &format!(
+            "  {name:<16}  {:>12} bytes  {:.4} x max-live  waste {:>10}  {seconds:.3} s\n",
+            plan.heap_bytes,
+            ratio(plan.heap_bytes),
+            plan.waste_bytes(),
+        );
+    }
     text += &format!(
         "  plan / greedy     {:.4} ({:+.2}%)\n",
         o.plan.heap_bytes as f64 / o.greedy.heap_bytes.max(1) as f64,

@@ -248,17 +248,7 @@ pub(crate) async fn read_mapped_async(
         }
     })
     .await?;
-    match mapped {
-        Some(Ok(())) => {}
-        Some(Err(error)) => return Err(error.to_string()),
-        None => return Err("the map callback was dropped".into()),
-    }
-    let bytes = buffer
-        .get_mapped_range(0..size)
-        .map_err(|e| e.to_string())?
-        .to_vec();
-    buffer.unmap();
-    Ok(bytes)
+    copy_mapped(buffer, size, mapped)
 }
 
 /// Maps the first `size` bytes of `buffer` (a `MAP_READ` buffer whose copy has been submitted),
@@ -276,7 +266,16 @@ pub(crate) fn read_mapped(
     device
         .poll(wgpu::PollType::wait_indefinitely())
         .map_err(|e| e.to_string())?;
-    match pollster::block_on(receiver.receive()) {
+    copy_mapped(buffer, size, pollster::block_on(receiver.receive()))
+}
+
+/// Copies out the first `size` bytes of `buffer` once its map callback said `mapped`, and unmaps.
+fn copy_mapped(
+    buffer: &wgpu::Buffer,
+    size: u64,
+    mapped: Option<Result<(), wgpu::BufferAsyncError>>,
+) -> Result<Vec<u8>, String> {
+    match mapped {
         Some(Ok(())) => {}
         Some(Err(error)) => return Err(error.to_string()),
         None => return Err("the map callback was dropped".into()),

@@ -234,12 +234,10 @@ impl Context {
     /// Reads `tensor` back: submits the open batch (which computes it) and waits for it.
     pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
         self.check_owner("read", tensor)?;
-        Ok(self
-            .read_allocation(tensor.allocation())?
-            .chunks_exact(4)
-            .take(tensor.len())
-            .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
-            .collect())
+        Ok(floats(
+            &self.read_allocation(tensor.allocation())?,
+            tensor.len(),
+        ))
     }
 
     /// [`Context::read`] as a future that does not block the thread, for async code and the read
@@ -249,11 +247,7 @@ impl Context {
         self.check_owner("read", tensor)?;
         self.flush()?;
         let bytes = self.pool().read_async(tensor.allocation()).await?;
-        Ok(bytes
-            .chunks_exact(4)
-            .take(tensor.len())
-            .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
-            .collect())
+        Ok(floats(&bytes, tensor.len()))
     }
 
     /// Refuses a tensor of another context.
@@ -286,4 +280,13 @@ impl Context {
             context: self.shared.clone(),
         })
     }
+}
+
+/// The first `len` little-endian f32s of `bytes` (a tensor read back).
+fn floats(bytes: &[u8], len: usize) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .take(len)
+        .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+        .collect()
 }

@@ -73,8 +73,10 @@ impl Shared {
         let size = allocation.binding_size();
         // One staging buffer, reused by every read (reads wait for each other here), never above
         // the device's max_buffer_size nor MAX_STAGING_BYTES: larger reads go in pieces.
-        let limit = largest_power_of_two_at_most(self.max_buffer_size.min(MAX_STAGING_BYTES));
-        let wanted = size.next_power_of_two().max(MIN_STAGING_BYTES).min(limit);
+        let wanted = size
+            .next_power_of_two()
+            .max(MIN_STAGING_BYTES)
+            .min(self.staging_limit());
         let mut staging_slot = self
             .staging
             .lock()
@@ -114,8 +116,7 @@ impl Shared {
     pub(super) async fn read_async(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         allocation.check_pool(self)?;
         let size = allocation.binding_size();
-        let limit = largest_power_of_two_at_most(self.max_buffer_size.min(MAX_STAGING_BYTES));
-        let piece_bytes = size.min(limit);
+        let piece_bytes = size.min(self.staging_limit());
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-pool async read-back"),
             size: piece_bytes,
@@ -126,20 +127,9 @@ impl Shared {
         let mut done = 0;
         while done < size {
             let piece = (size - done).min(piece_bytes);
-            let mut encoder =
-                self.gpu
-                    .device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("wgpu-pool async read-back"),
-                    });
-            encoder.copy_buffer_to_buffer(
-                allocation.buffer(),
-                allocation.offset() + done,
-                &staging,
-                0,
-                piece,
-            );
-            self.gpu.queue.submit([encoder.finish()]);
+            self.gpu
+                .queue
+                .submit([self.copy_piece(&staging, allocation, done, piece)]);
             bytes.extend(
                 crate::device::read_mapped_async(&self.gpu.device, &staging, piece)
                     .await
@@ -180,6 +170,35 @@ impl Shared {
         size: u64,
         work: Option<Vec<wgpu::CommandBuffer>>,
     ) -> Result<Vec<u8>, PoolError> {
+        let copy = self.copy_piece(staging, allocation, offset_bytes, size);
+        match work {
+            // The pool's own submission: ranges waiting for one stay pending.
+            None => {
+                self.gpu.queue.submit([copy]);
+            }
+            Some(mut buffers) => {
+                buffers.push(copy);
+                self.submit(buffers);
+            }
+        }
+        crate::device::read_mapped(&self.gpu.device, staging, size).map_err(PoolError::ReadBack)
+    }
+
+    /// The largest staging buffer a read uses: a power of two within the device's
+    /// `max_buffer_size` and [`MAX_STAGING_BYTES`]; larger reads go in pieces of it.
+    fn staging_limit(&self) -> u64 {
+        largest_power_of_two_at_most(self.max_buffer_size.min(MAX_STAGING_BYTES))
+    }
+
+    /// A command buffer that copies `size` bytes of `allocation` from `offset_bytes` to the
+    /// start of `staging`.
+    fn copy_piece(
+        &self,
+        staging: &wgpu::Buffer,
+        allocation: &Allocation,
+        offset_bytes: u64,
+        size: u64,
+    ) -> wgpu::CommandBuffer {
         let mut encoder = self
             .gpu
             .device
@@ -193,16 +212,6 @@ impl Shared {
             0,
             size,
         );
-        match work {
-            // The pool's own submission: ranges waiting for one stay pending.
-            None => {
-                self.gpu.queue.submit([encoder.finish()]);
-            }
-            Some(mut buffers) => {
-                buffers.push(encoder.finish());
-                self.submit(buffers);
-            }
-        }
-        crate::device::read_mapped(&self.gpu.device, staging, size).map_err(PoolError::ReadBack)
+        encoder.finish()
     }
 }
