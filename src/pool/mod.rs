@@ -264,11 +264,7 @@ impl Pool {
 
     /// Ranges dropped but not yet reusable (waiting for a submission), and their bytes.
     pub fn pending_frees(&self) -> (usize, u64) {
-        let state = self.shared.lock();
-        (
-            state.pending.len(),
-            state.pending.iter().map(|p| p.allocated_bytes).sum(),
-        )
+        self.shared.lock().pending_totals()
     }
 
     /// Gives back every empty segment (PyTorch's `empty_cache`) and the read-back staging buffer
@@ -298,8 +294,9 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         let state = self.shared.lock();
         let mut stats = state.core.stats();
-        stats.pending_frees = state.pending.len() as u64;
-        stats.pending_free_bytes = state.pending.iter().map(|p| p.allocated_bytes).sum();
+        let (frees, bytes) = state.pending_totals();
+        stats.pending_frees = frees as u64;
+        stats.pending_free_bytes = bytes;
         stats
     }
 

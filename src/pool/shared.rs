@@ -38,6 +38,16 @@ pub(super) struct State {
     pub(super) history: Option<History>,
 }
 
+impl State {
+    /// Ranges dropped but waiting for a submission, and their bytes.
+    pub(super) fn pending_totals(&self) -> (usize, u64) {
+        (
+            self.pending.len(),
+            self.pending.iter().map(|free| free.allocated_bytes).sum(),
+        )
+    }
+}
+
 /// A range just reserved for an allocation: what its handle needs.
 pub(super) struct Reserved {
     pub(super) buffer: wgpu::Buffer,
