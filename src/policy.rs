@@ -698,13 +698,17 @@ impl<S: SegmentStorage> PoolCore<S> {
         let Some(budget) = self.config.budget_bytes else {
             return Ok(());
         };
-        let empty_bytes: u64 = self
-            .segments
-            .iter()
-            .flatten()
-            .filter(|s| s.is_empty())
-            .map(|s| s.size_bytes)
-            .sum();
+        // A naive pool holds no empty segment (each is given back when freed): no scan.
+        let empty_bytes: u64 = if self.config.is_naive() {
+            0
+        } else {
+            self.segments
+                .iter()
+                .flatten()
+                .filter(|s| s.is_empty())
+                .map(|s| s.size_bytes)
+                .sum()
+        };
         let least_reserved = self.stats.reserved_bytes.current - empty_bytes;
         if least_reserved.saturating_add(fallback_bytes) > budget {
             return Err(self.out_of_memory(requested_bytes, fallback_bytes, None, 0));

@@ -321,7 +321,7 @@ impl Context {
             timer,
             timings: Vec::new(),
             stats: ContextStats::default(),
-            segments_freed_seen: pool.stats().segments.freed,
+            segments_freed_seen: pool.segments_freed(),
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -803,7 +803,7 @@ impl Context {
         }
         // Cached bind groups keep their buffers alive: forget them when the pool gave segments
         // back, so that the memory really returns to the device.
-        let freed = self.shared.pool.stats().segments.freed;
+        let freed = self.shared.pool.segments_freed();
         if freed != state.segments_freed_seen {
             state.bind_groups.clear();
             state.segments_freed_seen = freed;

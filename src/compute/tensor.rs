@@ -282,11 +282,7 @@ impl Context {
     }
 }
 
-/// The first `len` little-endian f32s of `bytes` (a tensor read back).
+/// The `len` f32s of a tensor read back (its allocation is rounded up past them).
 fn floats(bytes: &[u8], len: usize) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .take(len)
-        .map(|word| f32::from_le_bytes([word[0], word[1], word[2], word[3]]))
-        .collect()
+    crate::pool::to_elements(&bytes[..len * 4], len)
 }

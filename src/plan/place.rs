@@ -47,9 +47,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
     ///
     /// `order` lists the placeable buffers (nonzero size), each once.
     pub(crate) fn place(&mut self, order: &[u32], from: usize, fit: Fit) -> u64 {
-        for (k, &b) in order.iter().enumerate().skip(from) {
-            self.position[b as usize] = k as u32;
-        }
+        self.set_positions(order, from);
         let limit = self.problem.options.max_arena_bytes;
         for &b in &order[from..] {
             let b = b as usize;

@@ -300,6 +300,12 @@ impl Pool {
         stats
     }
 
+    /// Segments given back so far (`stats().segments.freed`), without the scans of
+    /// [`Pool::stats`]: for the compute context, which asks at every submission.
+    pub(crate) fn segments_freed(&self) -> u64 {
+        self.shared.lock().core.counters().segments.freed
+    }
+
     /// Starts new peaks from the current values.
     pub fn reset_peaks(&self) {
         self.shared.lock().core.reset_peaks();
@@ -489,7 +495,7 @@ fn element_count<T>(allocation: &Allocation) -> Result<usize, PoolError> {
 }
 
 /// The elements of `T` in `bytes` (a whole number of them), whatever their alignment.
-fn to_elements<T: bytemuck::Pod>(bytes: &[u8], count: usize) -> Vec<T> {
+pub(crate) fn to_elements<T: bytemuck::Pod>(bytes: &[u8], count: usize) -> Vec<T> {
     let mut elements = vec![T::zeroed(); count];
     bytemuck::cast_slice_mut::<T, u8>(&mut elements).copy_from_slice(bytes);
     elements
