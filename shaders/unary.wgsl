@@ -52,6 +52,14 @@ fn sqrt_kernel(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoc
 }
 
 @compute @workgroup_size(256)
+fn copy(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let i = linear_index(workgroup, local, params.grid_x, 256u);
+    if (i < params.len_vec4) {
+        y[i] = x[i];
+    }
+}
+
+@compute @workgroup_size(256)
 fn add_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {

@@ -30,8 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::kernels::Kernels;
 use super::timing::{KernelTiming, Timer, TimestampSupport};
 use super::vocab::{
-    ComputeError, Dispatch, KernelKey, MatmulOptions, ParamsBlock, MAX_STORAGE_BINDINGS,
-    PARAMS_BYTES,
+    ComputeError, KernelKey, MatmulOptions, ParamsBlock, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 use crate::device::Gpu;
 use crate::pool::{Allocation, Pool};
@@ -111,6 +110,79 @@ pub struct ContextStats {
     pub params_bytes_written: u64,
 }
 
+/// The memory of a tensor: a pool allocation of its context, shared by the tensor's clones (and
+/// by a [`Plan`](super::graph::Plan) that binds it), given back when the last holder drops it —
+/// after the open batch is submitted if one is open (see [`Shared::free_tensor`]). A tensor made
+/// while the context captures has no memory (`allocation` is `None`): it names a buffer of the
+/// capture, which the plan places in its arena.
+pub(crate) struct Storage {
+    pub(crate) allocation: Option<Allocation>,
+    /// The capture that made it, for a tensor without memory.
+    pub(crate) capture: Option<u64>,
+    /// Bytes the tensor's allocation takes (or will take, in a plan's arena).
+    pub(crate) bytes: u64,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Storage {
+    /// The allocation, `None` for a tensor of a capture.
+    pub(crate) fn allocation(&self) -> Option<&Allocation> {
+        self.allocation.as_ref()
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        // An open batch may still use it: the context gives it back after submitting that.
+        if let Some(allocation) = self.allocation.take() {
+            self.shared
+                .freed_bytes
+                .fetch_add(allocation.size(), Ordering::Relaxed);
+            self.shared.free_tensor(allocation);
+        }
+    }
+}
+
+/// One dispatch, validated by its op.
+pub(crate) struct Dispatch<'a> {
+    pub(crate) kernel: KernelKey,
+    pub(crate) params: ParamsBlock,
+    /// The storage bindings, in binding order (1, 2, ...): the tensors' storages.
+    pub(crate) bindings: &'a [&'a Arc<Storage>],
+    pub(crate) workgroups: [u32; 3],
+}
+
+/// One step recorded while the context captures, in the order recorded.
+pub(crate) enum Step {
+    /// A kernel of the context's, as an op asked for it.
+    Kernel {
+        kernel: KernelKey,
+        params: ParamsBlock,
+        bindings: Vec<Arc<Storage>>,
+        workgroups: [u32; 3],
+    },
+    /// A clear to zeros ([`Context::zeros`]).
+    Clear(Arc<Storage>),
+    /// A pipeline of the user's ([`Context::dispatch_with`]): `storage` at bindings `0..` of
+    /// group 0, `groups` at groups `1..`.
+    Custom {
+        pipeline: wgpu::ComputePipeline,
+        storage: Vec<Arc<Storage>>,
+        groups: Vec<wgpu::BindGroup>,
+        workgroups: [u32; 3],
+    },
+}
+
+/// What a capture recorded: its steps, which hold every tensor they use (so that no range they
+/// name is given back while the capture lasts).
+pub(crate) struct Tape {
+    pub(crate) id: u64,
+    pub(crate) steps: Vec<Step>,
+}
+
+/// Capture ids, unique in the process (0 is "not capturing").
+static NEXT_CAPTURE: AtomicU64 = AtomicU64::new(1);
+
 /// The storage ranges of one bind group: `(buffer, offset, size)` per binding.
 #[derive(PartialEq, Eq, Hash)]
 struct BindKey([Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS]);
@@ -189,6 +261,8 @@ struct State {
     stats: ContextStats,
     /// The pool's count of segments given back, when the bind-group cache was last checked.
     segments_freed_seen: u64,
+    /// The open capture's steps.
+    tape: Option<Tape>,
 }
 
 pub(crate) struct Shared {
@@ -208,6 +282,9 @@ pub(crate) struct Shared {
     /// Set from the first op recorded into a batch until that batch is submitted: while it is
     /// clear, a dropped tensor's last use is submitted and its range is reusable at once.
     batch_open: AtomicBool,
+    /// The id of the open capture, 0 when none: while set, ops make symbolic tensors and record
+    /// into the capture's tape instead of the batch.
+    capturing: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -322,6 +399,7 @@ impl Context {
             timings: Vec::new(),
             stats: ContextStats::default(),
             segments_freed_seen: pool.segments_freed(),
+            tape: None,
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -334,6 +412,7 @@ impl Context {
                 freed_bytes: AtomicU64::new(0),
                 deferred: Mutex::new(Vec::new()),
                 batch_open: AtomicBool::new(false),
+                capturing: AtomicU64::new(0),
                 state: Mutex::new(state),
             }),
         })
@@ -452,7 +531,8 @@ impl Context {
         self.shared.lock().kernels.pipeline(kernel).map(|_| ())
     }
 
-    /// Records one dispatch into the open pass (opening the encoder and pass if needed).
+    /// Records one dispatch into the open pass (opening the encoder and pass if needed), or into
+    /// the open capture's tape.
     pub(crate) fn record(&self, dispatch: Dispatch<'_>) -> Result<(), ComputeError> {
         let storage = dispatch.kernel.source.storage_bindings();
         if dispatch.bindings.len() != storage {
@@ -462,8 +542,10 @@ impl Context {
                 dispatch.bindings.len()
             )));
         }
-        // The kernels view every binding as vec4s: guard the unchecked ones.
-        for allocation in dispatch.bindings {
+        let allocations = self.allocations(dispatch.kernel.entry, dispatch.bindings)?;
+        // The kernels view every binding as vec4s: guard the unchecked ones (a plan's arena
+        // offsets are aligned to at least 16 bytes).
+        for allocation in allocations.iter().flatten() {
             if !allocation.offset().is_multiple_of(16)
                 || !allocation.binding_size().is_multiple_of(16)
             {
@@ -480,11 +562,21 @@ impl Context {
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         let pipeline = state.kernels.pipeline(&dispatch.kernel)?.clone();
+        if let Some(tape) = &mut state.tape {
+            tape.steps.push(Step::Kernel {
+                kernel: dispatch.kernel,
+                params: dispatch.params,
+                bindings: dispatch.bindings.iter().map(|&s| s.clone()).collect(),
+                workgroups: dispatch.workgroups,
+            });
+            return Ok(());
+        }
+        let allocations: Vec<&Allocation> = allocations.into_iter().flatten().collect();
         self.flush_if_full_locked(state)?;
         // The batch uses the dispatch's tensors from here on.
         self.shared.batch_open.store(true, Ordering::Release);
         let params_offset = state.ring.push(&dispatch.params);
-        let bind_group = self.bind_group(state, storage, dispatch.bindings);
+        let bind_group = self.bind_group(state, storage, &allocations);
         self.encode_locked(
             state,
             &pipeline,
@@ -495,6 +587,107 @@ impl Context {
         Ok(())
     }
 
+    /// The allocations of `storages` (`None` for symbolic tensors of the open capture). A
+    /// symbolic tensor of no open capture is [`ComputeError::Symbolic`].
+    fn allocations<'s>(
+        &self,
+        op: &'static str,
+        storages: &'s [&'s Arc<Storage>],
+    ) -> Result<Vec<Option<&'s Allocation>>, ComputeError> {
+        let capture = self.capture_id();
+        storages
+            .iter()
+            .map(|storage| match (storage.allocation(), storage.capture) {
+                (Some(allocation), _) => Ok(Some(allocation)),
+                (None, Some(id)) if Some(id) == capture => Ok(None),
+                (None, _) => Err(ComputeError::Symbolic { op }),
+            })
+            .collect()
+    }
+
+    /// The id of the open capture, if any.
+    pub(crate) fn capture_id(&self) -> Option<u64> {
+        match self.shared.capturing.load(Ordering::Acquire) {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    /// Opens a capture: submits the open batch, then records into a tape until
+    /// [`Context::end_tape`]. Refused while a capture is open.
+    pub(crate) fn begin_tape(&self) -> Result<u64, ComputeError> {
+        let mut state = self.shared.lock();
+        if state.tape.is_some() {
+            return Err(ComputeError::Capture(
+                "the context is already capturing: finish or drop that capture first".into(),
+            ));
+        }
+        self.flush_locked(&mut state)?;
+        let id = NEXT_CAPTURE.fetch_add(1, Ordering::Relaxed);
+        state.tape = Some(Tape {
+            id,
+            steps: Vec::new(),
+        });
+        self.shared.capturing.store(id, Ordering::Release);
+        Ok(id)
+    }
+
+    /// Closes the capture `id` (if it is the open one) and returns its tape.
+    pub(crate) fn end_tape(&self, id: u64) -> Option<Tape> {
+        let mut state = self.shared.lock();
+        if state.tape.as_ref().is_some_and(|tape| tape.id == id) {
+            self.shared.capturing.store(0, Ordering::Release);
+            state.tape.take()
+        } else {
+            None
+        }
+    }
+
+    /// The pipeline of `kernel`, compiled if it is not yet.
+    pub(crate) fn pipeline(
+        &self,
+        kernel: &KernelKey,
+    ) -> Result<wgpu::ComputePipeline, ComputeError> {
+        self.shared.lock().kernels.pipeline(kernel).cloned()
+    }
+
+    /// The bind-group layout of the kernels with `storage` storage bindings (after the
+    /// parameters' uniform at binding 0).
+    pub(crate) fn kernel_layout(&self, storage: usize) -> wgpu::BindGroupLayout {
+        self.shared
+            .lock()
+            .kernels
+            .layouts(storage)
+            .bind_group
+            .clone()
+    }
+
+    /// Submits the open batch and then `buffers`, in one submission through the pool (so that
+    /// both are ordered after everything recorded before, and the batch's dropped tensors are
+    /// released after it); `before` runs first, under the context's lock (no op records
+    /// meanwhile), for queue writes that must land before `buffers` but after the batch.
+    pub(crate) fn submit_after_batch(
+        &self,
+        before: impl FnOnce() -> Result<(), ComputeError>,
+        buffers: Vec<wgpu::CommandBuffer>,
+    ) -> Result<wgpu::SubmissionIndex, ComputeError> {
+        let mut state = self.shared.lock();
+        if state.tape.is_some() {
+            return Err(ComputeError::Capture(
+                "a plan cannot run while its context captures".into(),
+            ));
+        }
+        // The batch first, in a submission of its own: queue writes land at the start of the
+        // next submission, and the batch may read what they overwrite.
+        if state.batch.dispatches > 0 {
+            self.flush_locked(&mut state)?;
+        }
+        before()?;
+        let index = self.shared.pool.submit(buffers);
+        state.stats.submissions += 1;
+        Ok(index)
+    }
+
     /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` (at least
     /// one allocation) bound at bindings `0..` of group 0 (a bind group made here from the
     /// pipeline's layout of group 0, so that exactly the allocations the context tracks are
@@ -503,41 +696,40 @@ impl Context {
     pub(crate) fn record_custom(
         &self,
         pipeline: &wgpu::ComputePipeline,
-        storage: &[&Allocation],
+        storage: &[&Arc<Storage>],
         groups: &[&wgpu::BindGroup],
         workgroups: [u32; 3],
     ) -> Result<(), ComputeError> {
         const OP: &str = "dispatch";
         self.check_workgroups(OP, workgroups)?;
-        let device = &self.shared.gpu.device;
         if storage.is_empty() {
             return Err(ComputeError::Config(format!(
                 "{OP}: a dispatch binds at least one tensor (at binding 0 of group 0)"
             )));
         }
-        // Made before the batch is touched, so that a refused bind group records nothing.
-        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let entries: Vec<_> = (0u32..)
-            .zip(storage)
-            .map(|(binding, allocation)| wgpu::BindGroupEntry {
-                binding,
-                resource: allocation.as_binding_resource(),
-            })
-            .collect();
-        let layout = pipeline.get_bind_group_layout(0);
-        let own_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("wgpu-pool custom dispatch"),
-            layout: &layout,
-            entries: &entries,
-        });
-        if let Some(error) = crate::device::caught(validation) {
-            return Err(ComputeError::Config(format!(
-                "{OP}: the pipeline's group 0 does not take {} storage buffers at bindings 0..{}: \
-                 {error}",
-                storage.len(),
-                storage.len()
-            )));
+        let allocations = self.allocations(OP, storage)?;
+        if self.capture_id().is_some() {
+            let mut state = self.shared.lock();
+            if let Some(tape) = &mut state.tape {
+                // Group 0 is made (and checked) when the plan is built, over the arena.
+                tape.steps.push(Step::Custom {
+                    pipeline: pipeline.clone(),
+                    storage: storage.iter().map(|&s| s.clone()).collect(),
+                    groups: groups.iter().map(|&g| g.clone()).collect(),
+                    workgroups,
+                });
+                return Ok(());
+            }
         }
+        let Some(allocations) = allocations.into_iter().collect::<Option<Vec<_>>>() else {
+            return Err(ComputeError::Symbolic { op: OP });
+        };
+        // Made before the batch is touched, so that a refused bind group records nothing.
+        let resources = allocations
+            .iter()
+            .map(|allocation| allocation.as_binding_resource())
+            .collect();
+        let own_group = custom_group(&self.shared.gpu.device, pipeline, resources)?;
         let bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
             std::iter::once((0, &own_group, &[] as &[u32]))
                 .chain(
@@ -556,12 +748,21 @@ impl Context {
         Ok(())
     }
 
-    /// Records a clear of `allocation` to zeros into the open batch, between passes. It counts
-    /// as a dispatch of the batch (so that an overwrite submits the batch first: an upload lands
-    /// at the start of the next submission, before the clear).
-    pub(crate) fn record_clear(&self, allocation: &Allocation) -> Result<(), ComputeError> {
+    /// Records a clear of `storage` to zeros into the open batch, between passes (or into the
+    /// open capture's tape). It counts as a dispatch of the batch (so that an overwrite submits
+    /// the batch first: an upload lands at the start of the next submission, before the clear).
+    pub(crate) fn record_clear(&self, storage: &Arc<Storage>) -> Result<(), ComputeError> {
+        let storages = [storage];
+        let allocation = self.allocations("zeros", &storages)?[0];
         let mut guard = self.shared.lock();
         let state = &mut *guard;
+        if let Some(tape) = &mut state.tape {
+            tape.steps.push(Step::Clear(storage.clone()));
+            return Ok(());
+        }
+        let Some(allocation) = allocation else {
+            return Err(ComputeError::Symbolic { op: "zeros" });
+        };
         self.flush_if_full_locked(state)?;
         self.shared.batch_open.store(true, Ordering::Release);
         // A clear is not a compute command: end the open pass (dropping it records its end).
@@ -809,5 +1010,33 @@ impl Context {
             state.segments_freed_seen = freed;
         }
         Ok(())
+    }
+}
+
+/// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked
+/// under an error scope: a layout that does not take them is [`ComputeError::Config`].
+pub(crate) fn custom_group(
+    device: &wgpu::Device,
+    pipeline: &wgpu::ComputePipeline,
+    resources: Vec<wgpu::BindingResource<'_>>,
+) -> Result<wgpu::BindGroup, ComputeError> {
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let count = resources.len();
+    let entries: Vec<_> = (0u32..)
+        .zip(resources)
+        .map(|(binding, resource)| wgpu::BindGroupEntry { binding, resource })
+        .collect();
+    let layout = pipeline.get_bind_group_layout(0);
+    let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("wgpu-pool custom dispatch"),
+        layout: &layout,
+        entries: &entries,
+    });
+    match crate::device::caught(validation) {
+        None => Ok(group),
+        Some(error) => Err(ComputeError::Config(format!(
+            "dispatch: the pipeline's group 0 does not take {count} storage buffers at bindings \
+             0..{count}: {error}"
+        ))),
     }
 }

@@ -44,6 +44,11 @@ pub fn sqrt(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| v.sqrt()).collect()
 }
 
+/// `x`, copied.
+pub fn copy(x: &[f32]) -> Vec<f32> {
+    x.to_vec()
+}
+
 /// The twin of `op`.
 pub fn unary(op: UnaryOp, x: &[f32]) -> Vec<f32> {
     match op {
@@ -52,6 +57,7 @@ pub fn unary(op: UnaryOp, x: &[f32]) -> Vec<f32> {
         UnaryOp::Exp => exp(x),
         UnaryOp::Neg => neg(x),
         UnaryOp::Sqrt => sqrt(x),
+        UnaryOp::Copy => copy(x),
     }
 }
 

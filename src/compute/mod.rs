@@ -91,6 +91,7 @@
 
 pub mod context;
 pub mod cpu;
+pub mod graph;
 mod kernels;
 pub mod ops;
 pub mod tensor;
@@ -98,6 +99,7 @@ pub mod timing;
 mod vocab;
 
 pub use context::{Context, ContextOptions, ContextStats};
+pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanStats};
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
 pub use tensor::{ReshapeError, Tensor};

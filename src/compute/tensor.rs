@@ -1,31 +1,35 @@
 //! Tensors: pool allocations with a shape; and the context's methods that make, write and read
 //! them.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::context::{Context, Shared};
+use super::context::{Context, Storage};
 use super::vocab::{element_count, tensor_bytes, ComputeError};
 use crate::pool::{AllocOptions, Allocation};
 
 /// An f32 tensor, row-major, whose storage is a pool [`Allocation`] of its context's pool.
 ///
 /// The allocation is `4 · len` bytes rounded up to 16 (kernels read and write whole vec4s; the
-/// lanes past `len` hold unspecified values). Not `Clone`: dropping the tensor gives its range
-/// back to the pool, reusable after the submission that carries the last op recorded on it.
+/// lanes past `len` hold unspecified values). Clones share the data (as PyTorch's tensors share
+/// a storage): the range goes back to the pool when the last clone (or the last
+/// [`Plan`](super::graph::Plan) that binds it) is dropped, reusable after the submission that
+/// carries the last op recorded on it.
+///
+/// A tensor made by an op while its context captures ([`Context::capture`]) is *symbolic*: it has
+/// a shape but no memory and no data; the captured ops' plan gives it a range of its arena. Ops
+/// record it into the capture; reading or writing it is [`ComputeError::Symbolic`].
+#[derive(Clone)]
 pub struct Tensor {
-    /// `Some` until the tensor is dropped.
-    allocation: Option<Allocation>,
+    pub(crate) storage: Arc<Storage>,
     shape: Vec<usize>,
     len: usize,
-    pub(crate) context: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tensor")
             .field("shape", &self.shape)
-            .field("allocation", &self.allocation)
+            .field("allocation", &self.storage.allocation())
             .finish()
     }
 }
@@ -60,19 +64,30 @@ impl Tensor {
     /// tensor is dropped before that work is submitted while no batch of the context is open, its
     /// range is reusable at once, and a new allocation's upload can land in it before your kernel
     /// reads it. Bind it `read_write` (see the pool's module documentation).
+    ///
+    /// # Panics
+    ///
+    /// On a symbolic tensor (see [`Tensor::is_symbolic`]; [`Tensor::try_allocation`] does not
+    /// panic).
     pub fn allocation(&self) -> &Allocation {
-        self.allocation
-            .as_ref()
-            .expect("a tensor holds its allocation until it is dropped")
+        self.storage
+            .allocation()
+            .expect("a symbolic tensor of a capture has no allocation: see Tensor::is_symbolic")
+    }
+
+    /// The pool allocation holding the data; `None` for a symbolic tensor of a capture.
+    pub fn try_allocation(&self) -> Option<&Allocation> {
+        self.storage.allocation()
+    }
+
+    /// Whether the tensor was made by an op while its context captured: it has no memory or
+    /// data of its own (see [`Context::capture`]).
+    pub fn is_symbolic(&self) -> bool {
+        self.storage.allocation().is_none()
     }
 
     /// The same data with another shape of as many elements (no copy). A refused shape gives
     /// the tensor back in the [`ReshapeError`].
-    #[expect(
-        clippy::result_large_err,
-        reason = "the error gives the tensor back; the Ok variant holds a tensor too, so a box \
-                  would only add an allocation"
-    )]
     pub fn reshape(mut self, shape: &[usize]) -> Result<Self, ReshapeError> {
         let checked = element_count("reshape", shape).and_then(|len| {
             if len == self.len {
@@ -101,7 +116,7 @@ impl Tensor {
     /// Reads the tensor back (see [`Context::read`]).
     pub fn to_vec(&self) -> Result<Vec<f32>, ComputeError> {
         Context {
-            shared: self.context.clone(),
+            shared: self.storage.shared.clone(),
         }
         .read(self)
     }
@@ -109,7 +124,7 @@ impl Tensor {
     /// [`Tensor::to_vec`] as a future that does not block the thread ([`Context::read_async`]).
     pub async fn to_vec_async(&self) -> Result<Vec<f32>, ComputeError> {
         Context {
-            shared: self.context.clone(),
+            shared: self.storage.shared.clone(),
         }
         .read_async(self)
         .await
@@ -163,18 +178,6 @@ impl From<ReshapeError> for ComputeError {
     }
 }
 
-impl Drop for Tensor {
-    fn drop(&mut self) {
-        self.context
-            .freed_bytes
-            .fetch_add(self.allocation().size(), Ordering::Relaxed);
-        // An open batch may still use it: the context gives it back after submitting that.
-        if let Some(allocation) = self.allocation.take() {
-            self.context.free_tensor(allocation);
-        }
-    }
-}
-
 impl Context {
     /// Uploads `data` as a tensor of `shape` (row-major). The upload lands before any op recorded
     /// on it.
@@ -187,7 +190,8 @@ impl Context {
                 expected_len: len,
             });
         }
-        let tensor = self.allocate("tensor", shape.to_vec(), len)?;
+        // Real memory even while capturing: data made in a forward is a constant of its plan.
+        let tensor = self.allocate_memory("tensor", shape.to_vec(), len)?;
         self.pool()
             .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
         Ok(tensor)
@@ -200,7 +204,7 @@ impl Context {
         let len = element_count("zeros", shape)?;
         self.before_op()?;
         let tensor = self.allocate("zeros", shape.to_vec(), len)?;
-        self.record_clear(tensor.allocation())?;
+        self.record_clear(&tensor.storage)?;
         Ok(tensor)
     }
 
@@ -216,6 +220,9 @@ impl Context {
     /// of the next submission, so ops recorded earlier would otherwise read the new data).
     pub fn write(&self, tensor: &Tensor, data: &[f32]) -> Result<(), ComputeError> {
         self.check_owner("write", tensor)?;
+        let allocation = tensor
+            .try_allocation()
+            .ok_or(ComputeError::Symbolic { op: "write" })?;
         if data.len() != tensor.len() {
             return Err(ComputeError::DataLength {
                 shape: tensor.shape().to_vec(),
@@ -227,17 +234,17 @@ impl Context {
             self.flush()?;
         }
         self.pool()
-            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
+            .write(allocation, 0, bytemuck::cast_slice(data))?;
         Ok(())
     }
 
     /// Reads `tensor` back: submits the open batch (which computes it) and waits for it.
     pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
         self.check_owner("read", tensor)?;
-        Ok(floats(
-            &self.read_allocation(tensor.allocation())?,
-            tensor.len(),
-        ))
+        let allocation = tensor
+            .try_allocation()
+            .ok_or(ComputeError::Symbolic { op: "read" })?;
+        Ok(floats(&self.read_allocation(allocation)?, tensor.len()))
     }
 
     /// [`Context::read`] as a future that does not block the thread, for async code and the read
@@ -245,8 +252,11 @@ impl Context {
     /// ([`Pool::read_async`](crate::Pool::read_async)).
     pub async fn read_async(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
         self.check_owner("read", tensor)?;
+        let allocation = tensor
+            .try_allocation()
+            .ok_or(ComputeError::Symbolic { op: "read" })?;
         self.flush()?;
-        let bytes = self.pool().read_async(tensor.allocation()).await?;
+        let bytes = self.pool().read_async(allocation).await?;
         Ok(floats(&bytes, tensor.len()))
     }
 
@@ -256,28 +266,56 @@ impl Context {
         op: &'static str,
         tensor: &Tensor,
     ) -> Result<(), ComputeError> {
-        if Arc::ptr_eq(&tensor.context, &self.shared) {
+        if Arc::ptr_eq(&tensor.storage.shared, &self.shared) {
             Ok(())
         } else {
             Err(ComputeError::ForeignTensor { op })
         }
     }
 
-    /// Allocates a tensor of `len` elements (rounded up to 16 bytes) from the pool.
+    /// A new tensor of `len` elements for an op's output: memory from the pool (`len` rounded
+    /// up to 16 bytes), or, while the context captures, a symbolic tensor of the capture.
     pub(crate) fn allocate(
         &self,
         label: &'static str,
         shape: Vec<usize>,
         len: usize,
     ) -> Result<Tensor, ComputeError> {
+        match self.capture_id() {
+            Some(capture) => Ok(Tensor {
+                storage: Arc::new(Storage {
+                    allocation: None,
+                    capture: Some(capture),
+                    bytes: tensor_bytes(len),
+                    shared: self.shared.clone(),
+                }),
+                shape,
+                len,
+            }),
+            None => self.allocate_memory(label, shape, len),
+        }
+    }
+
+    /// A new tensor of `len` elements whose memory comes from the pool, capturing or not.
+    pub(crate) fn allocate_memory(
+        &self,
+        label: &'static str,
+        shape: Vec<usize>,
+        len: usize,
+    ) -> Result<Tensor, ComputeError> {
+        let bytes = tensor_bytes(len);
         let allocation = self
             .pool()
-            .allocate_with(tensor_bytes(len), AllocOptions::labeled(label))?;
+            .allocate_with(bytes, AllocOptions::labeled(label))?;
         Ok(Tensor {
-            allocation: Some(allocation),
+            storage: Arc::new(Storage {
+                allocation: Some(allocation),
+                capture: None,
+                bytes,
+                shared: self.shared.clone(),
+            }),
             shape,
             len,
-            context: self.shared.clone(),
         })
     }
 }

@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use crate::pool::{Allocation, PoolError};
+use crate::pool::PoolError;
 
 /// Why an op, an upload or a read-back was refused. Nothing is recorded when an op fails.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -80,6 +80,22 @@ pub enum ComputeError {
         /// Its value (`u64::MAX` if even that does not hold it).
         value: u64,
     },
+    /// A symbolic tensor (made by an op while its context captured: no memory, no data) was
+    /// read, written, or passed to an op outside its capture.
+    #[error(
+        "{op}: the tensor is symbolic (made while its context captured): it has no memory; run the \
+         capture's plan instead"
+    )]
+    Symbolic {
+        /// The op.
+        op: &'static str,
+    },
+    /// A capture or a plan was used in a way it cannot be (see [`Context::capture`](crate::compute::Context::capture)).
+    #[error("capture: {0}")]
+    Capture(String),
+    /// The memory planner refused the captured buffers (a device limit they do not fit).
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
     /// A tensor of another context was passed to an op.
     #[error("{op}: the tensor belongs to another context")]
     ForeignTensor {
@@ -543,15 +559,6 @@ impl KernelKey {
     pub(crate) fn label(&self) -> String {
         format!("{}{}", self.entry, self.variant.label())
     }
-}
-
-/// One dispatch, validated by its op.
-pub(crate) struct Dispatch<'a> {
-    pub(crate) kernel: KernelKey,
-    pub(crate) params: ParamsBlock,
-    /// The storage bindings, in binding order (1, 2, ...).
-    pub(crate) bindings: &'a [&'a Allocation],
-    pub(crate) workgroups: [u32; 3],
 }
 
 /// Bytes of the uniform binding through which every kernel reads its parameters (binding 0, at a

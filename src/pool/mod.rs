@@ -164,6 +164,11 @@ impl Pool {
         .expect("the naive policy fits every device")
     }
 
+    /// Whether `other` is a handle of this same pool (pools are cheap clones of one state).
+    pub fn same_pool(&self, other: &Pool) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// True for the naive baseline.
     pub fn is_naive(&self) -> bool {
         self.shared.naive

@@ -4,7 +4,7 @@
 //! (lavapipe) and GL (llvmpipe).
 //!
 //! Tolerances (u = 2⁻²⁴, the unit roundoff of f32; the twins of accumulating kernels sum in f64):
-//! - exact (bit-equal up to the sign of zero): relu, neg, add, sub, mul, maximum, their scalar
+//! - exact (bit-equal up to the sign of zero): relu, neg, copy, add, sub, mul, maximum, their scalar
 //!   forms, add_bias;
 //! - div, sqrt: 3 ulp (|gpu − cpu| ≤ 6u·|cpu|, Vulkan allows 2.5 ulp);
 //! - exp: (3 + 2|x|) ulp, Vulkan's bound;
@@ -66,7 +66,7 @@ fn unary_tolerance(op: UnaryOp, x: &[f32], cpu: &[f32]) -> impl Fn(usize) -> f64
     move |i| {
         let c = f64::from(cpu[i]).abs();
         match op {
-            UnaryOp::Relu | UnaryOp::Neg => 0.0,
+            UnaryOp::Relu | UnaryOp::Neg | UnaryOp::Copy => 0.0,
             UnaryOp::Sqrt => 6.0 * U * c,
             UnaryOp::Exp => (3.0 + 2.0 * f64::from(x[i]).abs()) * 2.0 * U * c,
             UnaryOp::Gelu => 1e-5 * c + 1e-6,

@@ -4,6 +4,7 @@
 mod compute;
 mod examples;
 mod gpu;
+mod graph;
 mod layering;
 mod pool;
 mod report;

@@ -93,7 +93,7 @@ impl Context {
         for tensor in tensors {
             self.check_owner("dispatch", tensor)?;
         }
-        let storage: Vec<_> = tensors.iter().map(|tensor| tensor.allocation()).collect();
+        let storage: Vec<_> = tensors.iter().map(|tensor| &tensor.storage).collect();
         self.record_custom(pipeline, &storage, bind_groups, workgroups)
     }
 }

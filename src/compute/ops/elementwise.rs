@@ -3,10 +3,10 @@
 //! of 256, a 2-D grid past the x limit). CPU twins: [`crate::compute::cpu`].
 
 use super::grid_1d;
-use crate::compute::context::Context;
+use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{
-    kernel_u32, ComputeError, Dispatch, ElementwiseParams, KernelKey, ParamsBlock, Source,
+    kernel_u32, ComputeError, ElementwiseParams, KernelKey, ParamsBlock, Source,
 };
 
 /// Invocations per workgroup of the element-wise kernels.
@@ -26,11 +26,20 @@ pub enum UnaryOp {
     Neg,
     /// `√x` (NaN below 0).
     Sqrt,
+    /// `x`: a copy (every bit kept), as `torch.clone`.
+    Copy,
 }
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [Self; 5] = [Self::Relu, Self::Gelu, Self::Exp, Self::Neg, Self::Sqrt];
+    pub const ALL: [Self; 6] = [
+        Self::Relu,
+        Self::Gelu,
+        Self::Exp,
+        Self::Neg,
+        Self::Sqrt,
+        Self::Copy,
+    ];
 
     /// The kernel's (and the CPU twin's) name.
     pub fn name(self) -> &'static str {
@@ -40,6 +49,7 @@ impl UnaryOp {
             Self::Exp => "exp",
             Self::Neg => "neg",
             Self::Sqrt => "sqrt",
+            Self::Copy => "copy",
         }
     }
 
@@ -115,6 +125,11 @@ impl Context {
     /// `eˣ`, element-wise.
     pub fn exp(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
         self.unary(UnaryOp::Exp, x)
+    }
+
+    /// A copy of `x` with memory of its own (a clone of a [`Tensor`] shares the data instead).
+    pub fn copy(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
+        self.unary(UnaryOp::Copy, x)
     }
 
     /// `−x`, element-wise.
@@ -215,8 +230,8 @@ impl Context {
         let (workgroups, grid_x) = grid_1d(self, op, len_vec4.div_ceil(WORKGROUP_SIZE))?;
         self.before_op()?;
         let output = self.allocate(op, shape.to_vec(), len)?;
-        let mut bindings: Vec<_> = inputs.iter().map(|t| t.allocation()).collect();
-        bindings.push(output.allocation());
+        let mut bindings: Vec<_> = inputs.iter().map(|t| &t.storage).collect();
+        bindings.push(&output.storage);
         self.record(Dispatch {
             kernel: key,
             params: ParamsBlock::new(&ElementwiseParams {

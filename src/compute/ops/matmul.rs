@@ -68,11 +68,11 @@
 //! padded A tile in workgroup memory (no gain), global loads two tiles ahead (slower).
 
 use super::grid_1d;
-use crate::compute::context::Context;
+use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{
-    element_count, kernel_u32, tensor_bytes, ComputeError, Dispatch, KernelKey, MatmulParams,
-    NarrowParams, ParamsBlock, ReduceParams, Source, Variant,
+    element_count, kernel_u32, tensor_bytes, ComputeError, KernelKey, MatmulParams, NarrowParams,
+    ParamsBlock, ReduceParams, Source, Variant,
 };
 
 pub use crate::compute::vocab::{Activation, MatmulOptions, MatmulTiles};
@@ -366,12 +366,7 @@ impl Context {
             self.record(Dispatch {
                 kernel,
                 params: matmul_params,
-                bindings: &[
-                    a.allocation(),
-                    b.allocation(),
-                    out.allocation(),
-                    bias.allocation(),
-                ],
+                bindings: &[&a.storage, &b.storage, &out.storage, &bias.storage],
                 workgroups: plan.workgroups,
             })
         };
@@ -417,7 +412,7 @@ impl Context {
         self.record(Dispatch {
             kernel: reduce,
             params: ParamsBlock::new(&reduce_params),
-            bindings: &[partial.allocation(), bias.allocation(), c.allocation()],
+            bindings: &[&partial.storage, &bias.storage, &c.storage],
             workgroups: reduce_workgroups,
         })?;
         // Dropped here: reusable after the submission that carries the reduction.

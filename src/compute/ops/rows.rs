@@ -3,11 +3,9 @@
 //! CPU twins: [`crate::compute::cpu::sum`] and [`crate::compute::cpu::softmax`].
 
 use super::grid_1d;
-use crate::compute::context::Context;
+use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{
-    kernel_u32, ComputeError, Dispatch, KernelKey, ParamsBlock, RowsParams, Source,
-};
+use crate::compute::vocab::{kernel_u32, ComputeError, KernelKey, ParamsBlock, RowsParams, Source};
 
 impl Context {
     /// The sum over the last dimension: `[.., cols]` → `[..]` (`[cols]` → `[1]`).
@@ -47,7 +45,7 @@ impl Context {
         self.record(Dispatch {
             kernel: KernelKey::plain(Source::Rows, op),
             params: ParamsBlock::new(&params),
-            bindings: &[x.allocation(), output.allocation()],
+            bindings: &[&x.storage, &output.storage],
             workgroups,
         })?;
         Ok(output)

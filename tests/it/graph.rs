@@ -1,0 +1,515 @@
+//! Planned execution (`wgpu_pool::compute::graph`): a captured forward replayed against the same
+//! ops run eagerly, at odd shapes, repeated and interleaved with eager work; fusion; arenas
+//! shared by plans of several batch sizes; typed errors. Every test runs on the backend
+//! `WGPU_BACKEND` selects; CI runs them on Vulkan (lavapipe) and GL (llvmpipe).
+//!
+//! A plan runs the same kernels as the eager ops, but fused (the matmul's epilogue adds the bias
+//! and applies the activation in registers): results agree to 1e−5·|x| + 1e−6.
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use wgpu_pool::compute::{
+    CaptureOptions, ComputeError, Context, ContextOptions, Feed, MatmulOptions, Tensor,
+};
+use wgpu_pool::{Gpu, Pool, PoolOptions};
+
+use crate::gpu::{both, gpu};
+
+fn context(gpu: &Gpu) -> Context {
+    let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
+    Context::new(&pool, ContextOptions::default()).expect("context")
+}
+
+fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tolerance = 1e-5 * f64::from(w.abs()) + 1e-6;
+        assert!(
+            (f64::from(g) - f64::from(w)).abs() <= tolerance,
+            "{what}: element {i}: plan {g}, eager {w}"
+        );
+    }
+}
+
+/// An MLP's layers: `(weights [in, out], bias [out])`.
+fn layers(ctx: &Context, rng: &mut StdRng, widths: &[usize]) -> Vec<(Tensor, Tensor)> {
+    widths
+        .windows(2)
+        .map(|pair| {
+            let w = ctx
+                .tensor(&random(rng, pair[0] * pair[1]), &[pair[0], pair[1]])
+                .expect("weights");
+            let b = ctx.tensor(&random(rng, pair[1]), &[pair[1]]).expect("bias");
+            (w, b)
+        })
+        .collect()
+}
+
+/// The forward: matmul + bias + GELU per hidden layer, matmul + bias, softmax; and the row sums
+/// of the last hidden activation (a second output).
+fn forward(ctx: &Context, x: &Tensor, layers: &[(Tensor, Tensor)]) -> (Tensor, Tensor) {
+    let mut h = x.clone();
+    let mut hidden_sum = None;
+    for (index, (w, b)) in layers.iter().enumerate() {
+        let product = ctx.matmul(&h, w).expect("matmul");
+        let biased = ctx.add_bias(&product, b).expect("bias");
+        h = if index + 1 < layers.len() {
+            let activated = ctx.gelu(&biased).expect("gelu");
+            hidden_sum = Some(ctx.sum(&activated).expect("sum"));
+            activated
+        } else {
+            biased
+        };
+    }
+    let probabilities = ctx.softmax(&h).expect("softmax");
+    (probabilities, hidden_sum.expect("at least two layers"))
+}
+
+fn eager(
+    ctx: &Context,
+    input: &[f32],
+    shape: &[usize],
+    layers: &[(Tensor, Tensor)],
+) -> [Vec<f32>; 2] {
+    let x = ctx.tensor(input, shape).expect("input");
+    let (p, s) = forward(ctx, &x, layers);
+    [p.to_vec().expect("read"), s.to_vec().expect("read")]
+}
+
+#[test]
+fn replay_equals_eager_at_odd_shapes() {
+    // Rows 1 and 3 take the narrow kernel (K, N multiples of 4), 5 and 37 the tiles (odd widths:
+    // scalar loads and edges); the long K of the second set makes split-K.
+    let cases: [(&[usize], &[usize]); 3] = [
+        (&[1, 3, 37], &[16, 24, 8]),
+        (&[5, 37], &[13, 29, 7]),
+        (&[2, 9], &[12, 3000, 4]),
+    ];
+    for (label, gpu) in both() {
+        let ctx = context(gpu);
+        let mut rng = StdRng::seed_from_u64(1);
+        for (rows_list, widths) in cases {
+            let layers = layers(&ctx, &mut rng, widths);
+            for &rows in rows_list {
+                let shape = [rows, widths[0]];
+                let mut capture = ctx.capture().expect("capture");
+                let x = capture.input(&shape).expect("input");
+                let (p, s) = forward(&ctx, &x, &layers);
+                assert!(p.is_symbolic() && s.is_symbolic());
+                let mut plan = capture.finish(&[&p, &s]).expect("plan");
+                let stats = plan.stats().clone();
+                // Per hidden layer bias and GELU fold into the matmul, the last layer's bias too.
+                let hidden = widths.len() - 2;
+                assert_eq!(
+                    stats.fused_steps,
+                    2 * hidden + 1,
+                    "{label} {rows}x{widths:?}"
+                );
+                assert!(stats.heap_bytes >= stats.max_live_bytes);
+                assert!(stats.heap_bytes <= stats.greedy_by_size_heap_bytes);
+                for round in 0..3 {
+                    let input = random(&mut rng, rows * widths[0]);
+                    let want = eager(&ctx, &input, &shape, &layers);
+                    let got = plan.run(&[Feed::Data(&input)]).expect("run");
+                    let what = format!("{label} {rows}x{widths:?} round {round}");
+                    assert_close(&format!("{what} softmax"), &got[0], &want[0]);
+                    assert_close(&format!("{what} hidden sums"), &got[1], &want[1]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn split_k_replays_with_the_epilogue_in_the_reduction() {
+    // A few output tiles and a long K: the planner splits K, and the fused bias and GELU run in
+    // the reduction.
+    let ctx = context(gpu());
+    let (m, k, n) = (33, 2048, 20);
+    let plan_of = ctx.matmul_plan(m, n, k).expect("matmul plan");
+    assert!(plan_of.splits > 1, "the case must split K: {plan_of:?}");
+    let mut rng = StdRng::seed_from_u64(2);
+    let layers = layers(&ctx, &mut rng, &[k, n, 8]);
+    let input = random(&mut rng, m * k);
+    let want = eager(&ctx, &input, &[m, k], &layers);
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[m, k]).expect("input");
+    let (p, s) = forward(&ctx, &x, &layers);
+    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    assert_eq!(plan.stats().fused_steps, 3);
+    let got = plan.run(&[Feed::Data(&input)]).expect("run");
+    assert_close("split-K softmax", &got[0], &want[0]);
+    assert_close("split-K sums", &got[1], &want[1]);
+}
+
+#[test]
+fn replays_interleave_with_eager_work_and_see_new_weights() {
+    let ctx = context(gpu());
+    let mut rng = StdRng::seed_from_u64(3);
+    let widths = [12, 20, 8];
+    let layers = layers(&ctx, &mut rng, &widths);
+    let rows = 6;
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[rows, widths[0]]).expect("input");
+    let (p, s) = forward(&ctx, &x, &layers);
+    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    drop((x, p, s));
+    let created = plan.bind_groups_created();
+    for round in 0..4 {
+        // Eager work recorded before the replay and left unsubmitted: its input tensor feeds the
+        // replay, and its result stays open across it.
+        let input = random(&mut rng, rows * widths[0]);
+        let source = ctx.tensor(&input, &[rows, widths[0]]).expect("tensor");
+        let doubled = ctx.add(&source, &source).expect("add");
+        let out_p = ctx.empty(&[rows, widths[2]]).expect("empty");
+        let out_s = ctx.empty(&[rows]).expect("empty");
+        plan.run_into(&[Feed::Tensor(&doubled)], &[&out_p, &out_s])
+            .expect("run_into");
+        let after = ctx.relu(&doubled).expect("relu");
+        let twice: Vec<f32> = input.iter().map(|v| v + v).collect();
+        let want = eager(&ctx, &twice, &[rows, widths[0]], &layers);
+        assert_close(
+            &format!("round {round} outputs"),
+            &out_p.to_vec().expect("read"),
+            &want[0],
+        );
+        assert_close(
+            &format!("round {round} sums"),
+            &out_s.to_vec().expect("read"),
+            &want[1],
+        );
+        let relu: Vec<f32> = twice.iter().map(|v| v.max(0.0)).collect();
+        assert_eq!(
+            after.to_vec().expect("read"),
+            relu,
+            "eager work after the replay"
+        );
+        // New weights: the next replay reads them.
+        let (w, _) = &layers[round % layers.len()];
+        ctx.write(w, &random(&mut rng, w.len())).expect("write");
+    }
+    assert_eq!(
+        plan.bind_groups_created(),
+        created,
+        "no bind group per replay"
+    );
+}
+
+#[test]
+fn plans_of_several_batch_sizes_share_one_arena() {
+    let ctx = context(gpu());
+    let mut rng = StdRng::seed_from_u64(4);
+    let widths = [16, 32, 32, 8];
+    let layers = layers(&ctx, &mut rng, &widths);
+    let arena = ctx.plan_arena();
+    let mut plans = Vec::new();
+    // Smallest first: every larger plan grows the arena, and the earlier plans bind again.
+    for rows in [1, 4, 9, 30] {
+        let mut capture = ctx.capture().expect("capture");
+        let x = capture.input(&[rows, widths[0]]).expect("input");
+        let (p, s) = forward(&ctx, &x, &layers);
+        let options = CaptureOptions {
+            arena: Some(arena.clone()),
+            ..CaptureOptions::default()
+        };
+        plans.push((rows, capture.finish_with(&[&p, &s], options).expect("plan")));
+    }
+    let largest = plans
+        .iter()
+        .map(|(_, plan)| plan.stats().heap_bytes)
+        .max()
+        .expect("plans");
+    assert!(arena.bytes() >= largest);
+    assert!(
+        arena.bytes() < largest + 4096,
+        "the arena holds the largest plan, not the sum"
+    );
+    for round in 0..2 {
+        for (rows, plan) in &mut plans {
+            let input = random(&mut rng, *rows * widths[0]);
+            let want = eager(&ctx, &input, &[*rows, widths[0]], &layers);
+            let got = plan.run(&[Feed::Data(&input)]).expect("run");
+            assert_close(&format!("round {round} rows {rows}"), &got[0], &want[0]);
+            assert_close(
+                &format!("round {round} rows {rows} sums"),
+                &got[1],
+                &want[1],
+            );
+        }
+    }
+    // After the first round every plan is bound to the final arena: no more bind groups.
+    let created: Vec<u64> = plans.iter().map(|(_, p)| p.bind_groups_created()).collect();
+    for (rows, plan) in &mut plans {
+        let input = random(&mut rng, *rows * widths[0]);
+        plan.run(&[Feed::Data(&input)]).expect("run");
+    }
+    let again: Vec<u64> = plans.iter().map(|(_, p)| p.bind_groups_created()).collect();
+    assert_eq!(created, again);
+}
+
+#[test]
+fn a_replay_allocates_nothing_and_the_arena_is_one_labelled_allocation() {
+    let gpu = gpu();
+    let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
+    let ctx = Context::new(&pool, ContextOptions::default()).expect("context");
+    let mut rng = StdRng::seed_from_u64(5);
+    let widths = [64, 128, 128, 16];
+    let layers = layers(&ctx, &mut rng, &widths);
+    let live_before = pool.stats().allocations.current;
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[8, widths[0]]).expect("input");
+    let (p, s) = forward(&ctx, &x, &layers);
+    assert_eq!(
+        pool.stats().allocations.current,
+        live_before,
+        "a capture allocates nothing"
+    );
+    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    drop((x, p, s));
+    assert_eq!(
+        pool.stats().allocations.current,
+        live_before + 1,
+        "one arena"
+    );
+    let state = pool.memory_state();
+    let arena = state
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.spans)
+        .find(|span| span.label.starts_with("plan arena"));
+    assert!(arena.is_some(), "the arena is labelled in the memory state");
+    let total = pool.stats().allocations.total;
+    let input = random(&mut rng, 8 * widths[0]);
+    for _ in 0..5 {
+        plan.run(&[Feed::Data(&input)]).expect("run");
+    }
+    assert_eq!(
+        pool.stats().allocations.total,
+        total,
+        "replays allocate nothing"
+    );
+}
+
+#[test]
+fn fusion_off_gives_the_same_answers() {
+    let ctx = context(gpu());
+    let mut rng = StdRng::seed_from_u64(6);
+    let widths = [8, 12, 4];
+    let layers = layers(&ctx, &mut rng, &widths);
+    let input = random(&mut rng, 3 * widths[0]);
+    let want = eager(&ctx, &input, &[3, widths[0]], &layers);
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[3, widths[0]]).expect("input");
+    let (p, s) = forward(&ctx, &x, &layers);
+    let options = CaptureOptions {
+        fuse: false,
+        ..CaptureOptions::default()
+    };
+    let mut plan = capture.finish_with(&[&p, &s], options).expect("plan");
+    assert_eq!(plan.stats().fused_steps, 0);
+    assert_eq!(plan.stats().steps, plan.stats().recorded_steps);
+    let got = plan.run(&[Feed::Data(&input)]).expect("run");
+    // Unfused, the plan runs exactly the eager kernels.
+    assert_eq!(got[0], want[0]);
+    assert_eq!(got[1], want[1]);
+}
+
+#[test]
+fn an_intermediate_used_twice_is_not_fused() {
+    // The matmul's result is read by the bias add and by the output: it must stay.
+    let ctx = context(gpu());
+    let mut rng = StdRng::seed_from_u64(7);
+    let w = ctx.tensor(&random(&mut rng, 8 * 4), &[8, 4]).expect("w");
+    let b = ctx.tensor(&random(&mut rng, 4), &[4]).expect("b");
+    let input = random(&mut rng, 2 * 8);
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[2, 8]).expect("input");
+    let product = ctx.matmul(&x, &w).expect("matmul");
+    let biased = ctx.add_bias(&product, &b).expect("bias");
+    let activated = ctx.relu(&biased).expect("relu");
+    let mut plan = capture.finish(&[&product, &activated]).expect("plan");
+    // The product is an output, and the bias add is no matmul: nothing folds.
+    assert_eq!(plan.stats().fused_steps, 0, "{:?}", plan.stats());
+    let got = plan.run(&[Feed::Data(&input)]).expect("run");
+    let x = ctx.tensor(&input, &[2, 8]).expect("x");
+    let want_product = ctx.matmul(&x, &w).expect("matmul").to_vec().expect("read");
+    let want = ctx
+        .relu(
+            &ctx.add_bias(&ctx.matmul(&x, &w).expect("m"), &b)
+                .expect("b"),
+        )
+        .expect("relu")
+        .to_vec()
+        .expect("read");
+    assert_eq!(got[0], want_product);
+    assert_close("relu(x·w + b)", &got[1], &want);
+}
+
+#[test]
+fn zeros_and_custom_dispatches_are_captured() {
+    let gpu = gpu();
+    let ctx = context(gpu);
+    let module = gpu
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("test triple"),
+            source: wgpu::ShaderSource::Wgsl(
+                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&x) { y[id.x] = y[id.x] + 3.0 * x[id.x]; }
+                 }"
+                .into(),
+            ),
+        });
+    let pipeline = gpu
+        .device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("test triple"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[8]).expect("input");
+    let y = ctx.zeros(&[8]).expect("zeros");
+    ctx.dispatch(&pipeline, &[&x, &y], [1, 1, 1])
+        .expect("dispatch");
+    let z = ctx.neg(&y).expect("neg");
+    let mut plan = capture.finish(&[&z]).expect("plan");
+    for round in 0..3 {
+        let input: Vec<f32> = (0..8).map(|i| (i + round) as f32).collect();
+        let got = plan.run(&[Feed::Data(&input)]).expect("run");
+        let want: Vec<f32> = input.iter().map(|v| -3.0 * v).collect();
+        // The clear runs every replay: y does not accumulate.
+        assert_eq!(got[0], want, "round {round}");
+    }
+}
+
+#[test]
+fn capture_errors_are_typed_and_leave_the_context_usable() {
+    let ctx = context(gpu());
+    let w = ctx.tensor(&[1.0; 16], &[4, 4]).expect("w");
+
+    // Nested captures are refused.
+    let mut capture = ctx.capture().expect("capture");
+    assert!(matches!(ctx.capture(), Err(ComputeError::Capture(_))));
+    let x = capture.input(&[2, 4]).expect("input");
+    let y = ctx.matmul(&x, &w).expect("matmul");
+    // Symbolic tensors have no data.
+    assert!(matches!(y.to_vec(), Err(ComputeError::Symbolic { .. })));
+    assert!(matches!(
+        ctx.write(&y, &[0.0; 8]),
+        Err(ComputeError::Symbolic { .. })
+    ));
+    assert!(y.try_allocation().is_none());
+    // Weights keep their data while capturing.
+    assert_eq!(w.to_vec().expect("read"), [1.0; 16]);
+    // An output must be computed by the capture.
+    let refused = capture.finish(&[&w]);
+    assert!(
+        matches!(refused, Err(ComputeError::Capture(_))),
+        "{refused:?}"
+    );
+    // The capture is closed: the symbolic tensors of it are refused by eager ops.
+    assert!(matches!(ctx.relu(&y), Err(ComputeError::Symbolic { .. })));
+    // And the context runs eagerly again.
+    let z = ctx.relu(&w).expect("relu");
+    assert_eq!(z.to_vec().expect("read"), [1.0; 16]);
+
+    // A capture dropped unfinished records nothing.
+    {
+        let mut capture = ctx.capture().expect("capture");
+        let x = capture.input(&[4]).expect("input");
+        let _ = ctx.neg(&x).expect("neg");
+    }
+    assert_eq!(
+        ctx.neg(&z).expect("neg").to_vec().expect("read"),
+        [-1.0; 16]
+    );
+
+    // Replays refuse wrong inputs and outputs without submitting.
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[2, 4]).expect("input");
+    let y = ctx.matmul(&x, &w).expect("matmul");
+    let mut plan = capture.finish(&[&y]).expect("plan");
+    assert!(matches!(plan.run(&[]), Err(ComputeError::Capture(_))));
+    assert!(matches!(
+        plan.run(&[Feed::Data(&[1.0; 7])]),
+        Err(ComputeError::DataLength { .. })
+    ));
+    let wrong = ctx.empty(&[3]).expect("empty");
+    assert!(matches!(
+        plan.run_into(&[Feed::Data(&[1.0; 8])], &[&wrong]),
+        Err(ComputeError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        plan.run(&[Feed::Tensor(&y)]),
+        Err(ComputeError::Symbolic { .. })
+    ));
+    let other = context(gpu());
+    let foreign = other.tensor(&[1.0; 8], &[2, 4]).expect("tensor");
+    assert!(matches!(
+        plan.run(&[Feed::Tensor(&foreign)]),
+        Err(ComputeError::ForeignTensor { .. })
+    ));
+    assert_eq!(
+        plan.run(&[Feed::Data(&[1.0; 8])]).expect("run")[0],
+        [4.0; 8]
+    );
+}
+
+#[test]
+fn a_tensor_beyond_the_binding_limit_is_a_typed_error_of_the_build() {
+    // Symbolic tensors take no memory: a capture can describe one larger than any binding, and
+    // the build refuses it before allocating anything.
+    let ctx = context(gpu());
+    let limit = ctx.limits().max_storage_buffer_binding_size;
+    let len = usize::try_from(limit / 4 + 16).expect("fits usize");
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[len]).expect("input");
+    let y = ctx.neg(&x).expect("neg");
+    let before = ctx.pool().stats().allocations.total;
+    let refused = capture.finish(&[&y]);
+    assert!(
+        matches!(
+            refused,
+            Err(ComputeError::ExceedsLimit {
+                limit_name: "max_storage_buffer_binding_size",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(ctx.pool().stats().allocations.total, before);
+}
+
+#[test]
+fn the_matmul_options_of_the_context_are_captured() {
+    // A context whose matmuls never split K: the plan runs what the eager ops would.
+    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    let options = ContextOptions {
+        matmul: MatmulOptions {
+            split_k: Some(1),
+            ..MatmulOptions::default()
+        },
+        ..ContextOptions::default()
+    };
+    let ctx = Context::new(&pool, options).expect("context");
+    let mut rng = StdRng::seed_from_u64(8);
+    let layers = layers(&ctx, &mut rng, &[1024, 12, 8]);
+    let input = random(&mut rng, 9 * 1024);
+    let want = eager(&ctx, &input, &[9, 1024], &layers);
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[9, 1024]).expect("input");
+    let (p, s) = forward(&ctx, &x, &layers);
+    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    let got = plan.run(&[Feed::Data(&input)]).expect("run");
+    assert_close("no split", &got[0], &want[0]);
+    assert_close("no split sums", &got[1], &want[1]);
+}
