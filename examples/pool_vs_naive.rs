@@ -12,10 +12,17 @@
 //!
 //! - **pool**: tensors are ranges of the pool's segments; after warm-up no buffer is created;
 //! - **naive**: each tensor is a `wgpu::Buffer` of its own, created and dropped — what you write
-//!   without a pool (and wgpu zero-fills each new buffer before its first use).
+//!   without a pool (and wgpu zero-fills each new buffer before its first use);
+//! - **planned**: the forward captured once per batch size (`Context::capture`), its bias adds
+//!   and GELUs fused into the matmuls, its intermediates planned by liveness into one arena that
+//!   the plans of every batch size share, and replayed per request (`Plan::run`: the input
+//!   written, one pass of prebuilt dispatches, the probabilities read back). The plans of every
+//!   batch size the requests draw are built before the timed requests (`plan_build_s`).
 //!
-//! The sides alternate for five rounds (pool, naive, pool, ...) and each reports its median
-//! round: on a real GPU the rate of one round varies by tens of percent with the clocks.
+//! Every request's input is made before the timed loop. The sides alternate for five rounds
+//! (pool, naive, planned, pool, ...) and each reports its median round: on a real GPU the rate of
+//! one round varies by tens of percent with the clocks. `benches/torch/serve.py` serves the same
+//! workloads with PyTorch, eagerly and with a CUDA graph per batch size.
 //!
 //! Two workloads: `mlp` (batches of 1 to 512 rows: the GPU's arithmetic dominates) and `small`
 //! (batches of 1 to 8 rows through more layers: the cost of allocating dominates). Sizes fit a
@@ -35,7 +42,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
-use wgpu_pool::compute::{Context, ContextOptions, KernelTiming, Tensor};
+use wgpu_pool::compute::{
+    CaptureOptions, Context, ContextOptions, Feed, KernelTiming, Plan, Tensor,
+};
 use wgpu_pool::report::{write_exports, AllocatorReport, Report};
 use wgpu_pool::{request_gpu, Gpu, HistoryOptions, LimitsChoice, Pool, PoolOptions};
 
@@ -145,17 +154,36 @@ pub struct Side {
     /// `None` where the backend reports nothing, as on GL and Metal).
     pub device_reported_bytes: Option<u64>,
     /// Mean CPU time per request spent recording its ops (allocations, bind groups, dispatches)
-    /// and uploading its input, in µs, after warm-up.
+    /// and uploading its input, in µs, after warm-up (0 for `planned`: see `read_us`).
     pub record_us: f64,
-    /// Mean time per request spent in the read-back (submit, wait for the GPU, map, copy), in µs.
+    /// Mean time per request spent in the read-back (submit, wait for the GPU, map, copy), in µs;
+    /// for `planned`, the whole replay (input written, dispatches recorded, submit, read-back).
     pub read_us: f64,
     /// `1 - requested / allocated` at the end of the run.
     pub internal_fragmentation: f64,
     /// `1 - largest free block / free` at the end of the run.
     pub external_fragmentation: f64,
-    /// A checksum of every probability read back (both sides must agree).
-    #[serde(skip)]
+    /// A checksum of every probability read back, `Σ p_i · (i mod 7 + 1)` over every request
+    /// (the sides must agree).
     pub checksum: f64,
+    /// `planned` only: the bytes of the arena the plans share (the largest plan's heap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_heap_bytes: Option<u64>,
+    /// `planned` only: the most bytes of intermediates alive at once in the largest plan (the
+    /// one whose heap sizes the arena; no arena can be smaller).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_max_live_bytes: Option<u64>,
+    /// `planned` only: what greedy-by-size (TFLite's planner) needs for the largest plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_greedy_by_size_bytes: Option<u64>,
+    /// `planned` only: plans built (one per batch size drawn) and the seconds that took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plans: Option<usize>,
+    /// `planned` only: seconds spent capturing and planning, before the timed requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_build_s: Option<f64>,
+    /// The weights' bytes (each layer's matrix and bias).
+    pub weights_bytes: u64,
 }
 
 /// Both sides of one workload.
@@ -167,8 +195,12 @@ pub struct Comparison {
     pub pool: Side,
     /// One buffer per allocation.
     pub naive: Side,
+    /// Captured, planned and replayed.
+    pub planned: Side,
     /// The pool's requests/s over naive's.
     pub speedup: f64,
+    /// Planned requests/s over the pool's.
+    pub planned_speedup: f64,
 }
 
 /// The whole run, as `--json` writes it: the `small` workload's figures at the top (the one where
@@ -179,6 +211,7 @@ struct JsonReport<'a> {
     backend: String,
     pool: &'a Side,
     naive: &'a Side,
+    planned: &'a Side,
     speedup: f64,
     workloads: &'a [Comparison],
 }
@@ -300,6 +333,7 @@ fn main() -> Result<()> {
             backend: format!("{:?}", gpu.info.backend),
             pool: &main.pool,
             naive: &main.naive,
+            planned: &main.planned,
             speedup: main.speedup,
             workloads: &comparisons,
         };
@@ -356,6 +390,7 @@ pub fn run(
         let rounds = scale.rounds();
         let mut pooled_rounds = Vec::new();
         let mut naive_rounds = Vec::new();
+        let mut planned_rounds = Vec::new();
         for round in 0..rounds {
             // 1. The pool. For the workload whose memory report is written it records its history,
             //    so that the report can draw it (history is off by default; on, it costs about
@@ -396,27 +431,43 @@ pub fn run(
                 alloc_ns: time_allocations(&naive, &sizes),
                 ..side
             });
-        }
-        let (pooled, naive_side) = (median_round(pooled_rounds)?, median_round(naive_rounds)?);
+            drop(naive);
 
-        let relative =
-            (pooled.checksum - naive_side.checksum).abs() / naive_side.checksum.abs().max(1.0);
-        if relative > 1e-4 {
-            bail!(
-                "the pool and naive runs disagree: checksums {} and {}",
-                pooled.checksum,
-                naive_side.checksum
-            );
+            // 3. The same requests, captured, planned and replayed.
+            let pool = Pool::new(gpu, PoolOptions::default())?;
+            planned_rounds.push(serve_planned(&pool, &workload)?);
+        }
+        let pooled = median_round(pooled_rounds)?;
+        let naive_side = median_round(naive_rounds)?;
+        let planned = median_round(planned_rounds)?;
+        for (name, side) in [("naive", &naive_side), ("planned", &planned)] {
+            let relative = (pooled.checksum - side.checksum).abs() / side.checksum.abs().max(1.0);
+            if relative > 1e-4 {
+                bail!(
+                    "the pool and {name} runs disagree: checksums {} and {}",
+                    pooled.checksum,
+                    side.checksum
+                );
+            }
         }
         let speedup = pooled.requests_per_s / naive_side.requests_per_s;
+        let planned_speedup = planned.requests_per_s / pooled.requests_per_s;
         if verbose {
-            print_table(&pooled, &naive_side, speedup);
+            print_table(&[
+                ("pool", &pooled),
+                ("naive", &naive_side),
+                ("planned", &planned),
+            ]);
+            println!("speedup (pool requests/s over naive): {speedup:.2}x");
+            println!("planned requests/s over the pool's: {planned_speedup:.2}x");
         }
         comparisons.push(Comparison {
             workload,
             pool: pooled,
             naive: naive_side,
+            planned,
             speedup,
+            planned_speedup,
         });
     }
     Ok(comparisons)
@@ -441,25 +492,7 @@ fn serve_with(
 ) -> Result<(Side, Vec<u64>, Vec<KernelTiming>)> {
     let gpu = pool.gpu();
     let ctx = Context::new(pool, options)?;
-    let mut rng = StdRng::seed_from_u64(7);
-
-    // The model's weights live as long as the server: loaded once, before the first request.
-    let layers: Vec<(Tensor, Tensor)> = workload
-        .widths
-        .windows(2)
-        .map(|pair| {
-            let (fan_in, fan_out) = (pair[0], pair[1]);
-            let scale = (1.0 / fan_in as f32).sqrt();
-            let weights: Vec<f32> = (0..fan_in * fan_out)
-                .map(|_| rng.gen_range(-scale..scale))
-                .collect();
-            let bias: Vec<f32> = (0..fan_out).map(|_| rng.gen_range(-0.1..0.1)).collect();
-            Ok((
-                ctx.tensor(&weights, &[fan_in, fan_out])?,
-                ctx.tensor(&bias, &[fan_out])?,
-            ))
-        })
-        .collect::<Result<_>>()?;
+    let (layers, requests) = model_and_requests(&ctx, workload)?;
 
     let warmup = (workload.requests / 10).max(1);
     let mut checksum = 0.0f64;
@@ -469,7 +502,7 @@ fn serve_with(
     let mut sizes = Vec::new();
     let (mut record_time, mut read_time) = (Duration::ZERO, Duration::ZERO);
     let sample_every = (workload.requests / 10).max(1);
-    for request in 0..workload.requests {
+    for (request, (rows, input)) in requests.iter().enumerate() {
         if request == warmup {
             ctx.sync()?;
             creates_at_warmup = pool.stats().create_segment_calls;
@@ -478,11 +511,7 @@ fn serve_with(
         // A request: a batch of inputs, then the layers; every intermediate is a new tensor,
         // dropped as soon as the next one exists.
         let request_start = Instant::now();
-        let rows = rng.gen_range(workload.batch.0..=workload.batch.1);
-        let input: Vec<f32> = (0..rows * workload.widths[0])
-            .map(|i| ((i * 31 + request) % 17) as f32 / 17.0 - 0.5)
-            .collect();
-        let mut x = ctx.tensor(&input, &[rows, workload.widths[0]])?;
+        let mut x = ctx.tensor(input, &[*rows, workload.widths[0]])?;
         sizes.push(x.size_bytes());
         for (index, (weights, bias)) in layers.iter().enumerate() {
             let product = ctx.matmul(&x, weights)?;
@@ -506,11 +535,7 @@ fn serve_with(
             record_time += read_start - request_start;
             read_time += read_start.elapsed();
         }
-        checksum += answer
-            .iter()
-            .enumerate()
-            .map(|(i, p)| f64::from(*p) * ((i % 7) as f64 + 1.0))
-            .sum::<f64>();
+        checksum += answer_checksum(&answer);
         if request % sample_every == 0 {
             if let Some(bytes) =
                 AllocatorReport::from_device(&gpu.device, gpu.info.backend).total_allocated_bytes()
@@ -538,8 +563,163 @@ fn serve_with(
         internal_fragmentation: stats.internal_fragmentation(),
         external_fragmentation: stats.external_fragmentation(),
         checksum,
+        plan_heap_bytes: None,
+        plan_max_live_bytes: None,
+        plan_greedy_by_size_bytes: None,
+        plans: None,
+        plan_build_s: None,
+        weights_bytes: weights_bytes(&layers),
     };
     Ok((side, sizes, timings))
+}
+
+/// The model's layers (weights `[fan_in, fan_out]` and bias) and every request's `(rows,
+/// input)`, made before any request is served, from one seeded generator: every side serves the
+/// same model and the same requests.
+#[expect(clippy::type_complexity, reason = "two plain lists")]
+fn model_and_requests(
+    ctx: &Context,
+    workload: &Workload,
+) -> Result<(Vec<(Tensor, Tensor)>, Vec<(usize, Vec<f32>)>)> {
+    let mut rng = StdRng::seed_from_u64(7);
+    // The model's weights live as long as the server: loaded once, before the first request.
+    let layers: Vec<(Tensor, Tensor)> = workload
+        .widths
+        .windows(2)
+        .map(|pair| {
+            let (fan_in, fan_out) = (pair[0], pair[1]);
+            let scale = (1.0 / fan_in as f32).sqrt();
+            let weights: Vec<f32> = (0..fan_in * fan_out)
+                .map(|_| rng.gen_range(-scale..scale))
+                .collect();
+            let bias: Vec<f32> = (0..fan_out).map(|_| rng.gen_range(-0.1..0.1)).collect();
+            Ok((
+                ctx.tensor(&weights, &[fan_in, fan_out])?,
+                ctx.tensor(&bias, &[fan_out])?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let requests = (0..workload.requests)
+        .map(|request| {
+            let rows = rng.gen_range(workload.batch.0..=workload.batch.1);
+            let input: Vec<f32> = (0..rows * workload.widths[0])
+                .map(|i| ((i * 31 + request) % 17) as f32 / 17.0 - 0.5)
+                .collect();
+            (rows, input)
+        })
+        .collect();
+    Ok((layers, requests))
+}
+
+fn weights_bytes(layers: &[(Tensor, Tensor)]) -> u64 {
+    layers
+        .iter()
+        .map(|(w, b)| w.size_bytes() + b.size_bytes())
+        .sum()
+}
+
+/// `Σ p_i · (i mod 7 + 1)` over one answer.
+fn answer_checksum(answer: &[f32]) -> f64 {
+    answer
+        .iter()
+        .enumerate()
+        .map(|(i, p)| f64::from(*p) * ((i % 7) as f64 + 1.0))
+        .sum()
+}
+
+/// The forward of one request: matmul + bias + GELU per layer but the last, matmul + bias, and
+/// the softmax. The eager sides run it per request; the planned side captures it once per batch
+/// size.
+fn forward(ctx: &Context, x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Tensor> {
+    let mut x = x.clone();
+    for (index, (weights, bias)) in layers.iter().enumerate() {
+        let product = ctx.matmul(&x, weights)?;
+        let biased = ctx.add_bias(&product, bias)?;
+        x = if index + 1 < layers.len() {
+            ctx.gelu(&biased)?
+        } else {
+            biased
+        };
+    }
+    Ok(ctx.softmax(&x)?)
+}
+
+/// Serves the workload's requests with plans: one per batch size drawn, captured and planned
+/// before the timed requests, sharing one arena.
+fn serve_planned(pool: &Pool, workload: &Workload) -> Result<Side> {
+    let ctx = Context::new(pool, ContextOptions::unchecked())?;
+    let (layers, requests) = model_and_requests(&ctx, workload)?;
+    let build_start = Instant::now();
+    let arena = ctx.plan_arena();
+    let mut plans: std::collections::BTreeMap<usize, Plan> = Default::default();
+    for (rows, _) in &requests {
+        if plans.contains_key(rows) {
+            continue;
+        }
+        let mut capture = ctx.capture()?;
+        let x = capture.input(&[*rows, workload.widths[0]])?;
+        let probabilities = forward(&ctx, &x, &layers)?;
+        let options = CaptureOptions {
+            arena: Some(arena.clone()),
+            ..CaptureOptions::default()
+        };
+        plans.insert(*rows, capture.finish_with(&[&probabilities], options)?);
+    }
+    let plan_build_s = build_start.elapsed().as_secs_f64();
+    let largest = plans
+        .values()
+        .max_by_key(|plan| plan.stats().heap_bytes)
+        .context("no request")?
+        .stats()
+        .clone();
+
+    let warmup = (workload.requests / 10).max(1);
+    let mut checksum = 0.0f64;
+    let mut start = Instant::now();
+    let mut creates_at_warmup = 0;
+    let mut run_time = Duration::ZERO;
+    for (request, (rows, input)) in requests.iter().enumerate() {
+        if request == warmup {
+            ctx.sync()?;
+            creates_at_warmup = pool.stats().create_segment_calls;
+            start = Instant::now();
+        }
+        let plan = plans.get_mut(rows).context("a plan per batch size")?;
+        let run_start = Instant::now();
+        let answer = plan.run(&[Feed::Data(input)])?;
+        if request >= warmup {
+            run_time += run_start.elapsed();
+        }
+        checksum += answer_checksum(&answer[0]);
+    }
+    let elapsed = start.elapsed().max(Duration::from_nanos(1));
+    let stats = pool.stats();
+    let served = (workload.requests - warmup) as f64;
+    Ok(Side {
+        requests_per_s: served / elapsed.as_secs_f64(),
+        rounds_requests_per_s: Vec::new(),
+        alloc_ns: 0.0,
+        create_buffer_calls: stats.create_segment_calls,
+        create_buffer_calls_after_warmup: stats.create_segment_calls - creates_at_warmup,
+        peak_reserved_bytes: stats.reserved_bytes.peak,
+        peak_requested_bytes: stats.requested_bytes.peak,
+        device_reported_bytes: AllocatorReport::from_device(
+            &pool.gpu().device,
+            pool.gpu().info.backend,
+        )
+        .total_allocated_bytes(),
+        record_us: 0.0,
+        read_us: run_time.as_secs_f64() * 1e6 / served,
+        internal_fragmentation: stats.internal_fragmentation(),
+        external_fragmentation: stats.external_fragmentation(),
+        checksum,
+        plan_heap_bytes: Some(arena.bytes()),
+        plan_max_live_bytes: Some(largest.max_live_bytes),
+        plan_greedy_by_size_bytes: Some(largest.greedy_by_size_heap_bytes),
+        plans: Some(plans.len()),
+        plan_build_s: Some(plan_build_s),
+        weights_bytes: weights_bytes(&layers),
+    })
 }
 
 /// Where a request's GPU time goes: the `small` workload of `scale` (with the overrides of
@@ -603,37 +783,34 @@ fn time_allocations(pool: &Pool, sizes: &[u64]) -> f64 {
     start.elapsed().as_nanos() as f64 / count.max(1) as f64
 }
 
-fn print_table(pool: &Side, naive: &Side, speedup: f64) {
+fn print_table(sides: &[(&str, &Side)]) {
     // One row: a label and each side's figure, formatted by `show`.
     let row = |label: &str, show: &dyn Fn(&Side) -> String| {
-        println!("{label:<34} {:>16} {:>16}", show(pool), show(naive));
+        let cells: String = sides
+            .iter()
+            .map(|(_, side)| format!(" {:>16}", show(side)))
+            .collect();
+        println!("{label:<34}{cells}");
     };
     let mib = |b: u64| format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64);
     let percent = |x: f64| format!("{:.1}%", x * 100.0);
     println!();
-    row("", &|side| {
-        if std::ptr::eq(side, pool) {
-            "pool"
-        } else {
-            "naive"
-        }
-        .into()
-    });
+    let names: String = sides
+        .iter()
+        .map(|(name, _)| format!(" {name:>16}"))
+        .collect();
+    println!("{:<34}{names}", "");
     row("requests/s (median round)", &|s| {
         format!("{:.1}", s.requests_per_s)
     });
-    let rounds = |side: &Side| {
-        side.rounds_requests_per_s
+    for (name, side) in sides {
+        let rounds: Vec<String> = side
+            .rounds_requests_per_s
             .iter()
             .map(|rate| format!("{rate:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    println!(
-        "  every round: pool {}; naive {}",
-        rounds(pool),
-        rounds(naive)
-    );
+            .collect();
+        println!("  every round, {name}: {}", rounds.join(", "));
+    }
     row("  µs recording a request", &|s| {
         format!("{:.1}", s.record_us)
     });
@@ -651,6 +828,14 @@ fn print_table(pool: &Side, naive: &Side, speedup: f64) {
     });
     row("peak reserved", &|s| mib(s.peak_reserved_bytes));
     row("peak requested", &|s| mib(s.peak_requested_bytes));
+    row("  of which weights", &|s| mib(s.weights_bytes));
+    row(
+        "plan arena / max-live",
+        &|s| match (s.plan_heap_bytes, s.plan_max_live_bytes) {
+            (Some(heap), Some(live)) => format!("{} / {}", mib(heap), mib(live)),
+            _ => "-".into(),
+        },
+    );
     row("device reports allocated (max)", &|s| {
         s.device_reported_bytes
             .map_or_else(|| "not reported".into(), mib)
@@ -659,5 +844,4 @@ fn print_table(pool: &Side, naive: &Side, speedup: f64) {
         percent(s.internal_fragmentation)
     });
     row("", &|s| percent(s.external_fragmentation));
-    println!("speedup (pool requests/s over naive): {speedup:.2}x");
 }

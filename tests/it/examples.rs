@@ -60,6 +60,23 @@ fn pool_vs_naive_example_serves_both_workloads() {
             comparison.speedup > 0.0 && comparison.pool.alloc_ns > 0.0,
             "{name}"
         );
+        // The planned side: the same answers (checked by `run`), no buffer after warm-up, and
+        // its arena between the plan's lower bound and greedy-by-size's.
+        let planned = &comparison.planned;
+        assert_eq!(planned.create_buffer_calls_after_warmup, 0, "{name}");
+        let (heap, live, greedy) = (
+            planned.plan_heap_bytes.expect("planned heap"),
+            planned.plan_max_live_bytes.expect("planned max-live"),
+            planned.plan_greedy_by_size_bytes.expect("greedy"),
+        );
+        assert!(live <= heap && heap <= greedy, "{name}: {planned:?}");
+        assert!(planned.plans.expect("plans") >= 1);
+        assert!(
+            (planned.checksum - comparison.pool.checksum).abs()
+                <= 1e-4 * comparison.pool.checksum.abs().max(1.0)
+        );
+        // Weights plus the arena, within the pool's rounding.
+        assert!(planned.peak_reserved_bytes >= planned.weights_bytes + heap, "{name}");
     }
     // The memory report of the pool's mlp run.
     for file in [
