@@ -609,6 +609,128 @@ fn matmul_chain_us(bench: &Bench) -> anyhow::Result<(f64, f64)> {
     )
 }
 
+/// Where one round trip's time goes, on plain wgpu (one tiny dispatch, its result copied to a
+/// staging buffer, mapped, copied out): medians in µs of recording (encoder, pass, dispatch,
+/// copy, finish), `queue.submit`, the wait until the map callback ran, and the copy out and
+/// unmap; the wait once blocking in `device.poll(Wait)` for the submission, once spinning on
+/// `device.poll(Poll)` until the callback ran.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Phases {
+    record_us: f64,
+    submit_us: f64,
+    blocking_wait_us: f64,
+    blocking_total_us: f64,
+    spin_wait_us: f64,
+    spin_total_us: f64,
+    map_copy_us: f64,
+}
+
+fn round_trip_phases(gpu: &Gpu) -> anyhow::Result<Phases> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let device = &gpu.device;
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("round trip"),
+        source: wgpu::ShaderSource::Wgsl(
+            "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+             @compute @workgroup_size(1) fn main() { x[0] = x[0] + 1.0; }"
+                .into(),
+        ),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("round trip"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let storage = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("round trip"),
+        size: 16,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("round trip staging"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: storage.as_entire_binding(),
+        }],
+    });
+    const ROUNDS: usize = 400;
+    let mut times: [Vec<f64>; 7] = Default::default();
+    for round in 0..ROUNDS + 40 {
+        let spin = round % 2 == 1;
+        let started = Instant::now();
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        encoder.copy_buffer_to_buffer(&storage, 0, &staging, 0, 16);
+        let commands = encoder.finish();
+        let recorded = started.elapsed();
+        let index = gpu.queue.submit([commands]);
+        let submitted = started.elapsed();
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        staging.map_async(wgpu::MapMode::Read, .., move |result| {
+            result.expect("map");
+            flag.store(true, Ordering::Release);
+        });
+        if spin {
+            while !done.load(Ordering::Acquire) {
+                device.poll(wgpu::PollType::Poll)?;
+            }
+        } else {
+            device.poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })?;
+            anyhow::ensure!(done.load(Ordering::Acquire), "the map callback did not run");
+        }
+        let waited = started.elapsed();
+        let value = bytemuck::pod_read_unaligned::<f32>(&staging.get_mapped_range(..)?[..4]);
+        staging.unmap();
+        let total = started.elapsed();
+        anyhow::ensure!(value >= 1.0, "round trip read {value}");
+        if round < 40 {
+            continue;
+        }
+        let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+        times[0].push(us(recorded));
+        times[1].push(us(submitted - recorded));
+        let (wait, whole) = if spin { (4, 5) } else { (2, 3) };
+        times[wait].push(us(waited - submitted));
+        times[whole].push(us(total));
+        times[6].push(us(total - waited));
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let [record, submit, blocking, blocking_total, spin, spin_total, copy] = &mut times;
+    Ok(Phases {
+        record_us: median(record),
+        submit_us: median(submit),
+        blocking_wait_us: median(blocking),
+        blocking_total_us: median(blocking_total),
+        spin_wait_us: median(spin),
+        spin_total_us: median(spin_total),
+        map_copy_us: median(copy),
+    })
+}
+
 /// The CPU cost of small `add`s recorded into one open pass, with warm caches.
 fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
     const OPS: u32 = 10_000;
@@ -877,9 +999,25 @@ fn main() -> anyhow::Result<()> {
              further dependent add adds {:.2} µs (median of 101 chains of 1 and of 65)",
             overhead.round_trip_us, overhead.chain_step_us
         );
-        Some(overhead)
+        let phases = round_trip_phases(&gpu)?;
+        println!(
+            "round trip on plain wgpu (medians): record {:.1} µs, submit {:.1}, wait {:.1} \
+             blocking ({:.1} in all) or {:.1} spinning on poll ({:.1} in all), map copy {:.1}",
+            phases.record_us,
+            phases.submit_us,
+            phases.blocking_wait_us,
+            phases.blocking_total_us,
+            phases.spin_wait_us,
+            phases.spin_total_us,
+            phases.map_copy_us
+        );
+        Some((overhead, phases))
     } else {
         None
+    };
+    let (overhead, phases) = match overhead {
+        Some((overhead, phases)) => (Some(overhead), Some(phases)),
+        None => (None, None),
     };
 
     if let Some(path) = &args.json {
@@ -894,6 +1032,7 @@ fn main() -> anyhow::Result<()> {
             "op_overhead_with_submit_us": overhead.as_ref().map(|o| o.with_submit_us),
             "round_trip_us": overhead.as_ref().map(|o| o.round_trip_us),
             "chain_step_us": overhead.as_ref().map(|o| o.chain_step_us),
+            "round_trip_phases": phases,
             "matmul_chain_single_us": matmul_chain.map(|c| c.0),
             "matmul_chain_step_us": matmul_chain.map(|c| c.1),
             "torch_chain_step_us": torch.as_ref().and_then(|t| t.chain_step_us),

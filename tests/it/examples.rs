@@ -76,7 +76,10 @@ fn pool_vs_naive_example_serves_both_workloads() {
                 <= 1e-4 * comparison.pool.checksum.abs().max(1.0)
         );
         // Weights plus the arena, within the pool's rounding.
-        assert!(planned.peak_reserved_bytes >= planned.weights_bytes + heap, "{name}");
+        assert!(
+            planned.peak_reserved_bytes >= planned.weights_bytes + heap,
+            "{name}"
+        );
     }
     // The memory report of the pool's mlp run.
     for file in [
