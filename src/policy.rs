@@ -17,13 +17,18 @@
 //!   least `min_segment_bytes` and at least `reserved / growth_divisor` (rounded down to a power of
 //!   two), never above `max_segment_bytes`. Small pools grow in small steps; a large pool grows in
 //!   steps proportional to its size.
-//! - **Dedicated segments**: a request above `dedicated_above_bytes` (a quarter of the largest
-//!   segment by default) gets a segment of its own size. Once freed it stays cached, and a later
-//!   request of at least 7/8 of its size reuses it.
-//! - **Release on growth**: before a new segment is created, empty segments (which could not serve
-//!   the request) are given back, largest first, until at most `reserved / keep_empty_divisor`
-//!   bytes stay empty. Memory is not held twice, and a small cache of empty segments spares most
-//!   `create_buffer` calls in steady workloads.
+//! - **Dedicated segments**: a request above `dedicated_above_bytes` (an eighth of the largest
+//!   segment by default: 8 MiB) gets a segment of its own size. Once freed it stays cached, and a
+//!   later request of at least 7/8 of its size reuses it.
+//! - **A cache bounded by demand**: empty segments stay cached while the pool keeps within a
+//!   headroom of `1 / cache_headroom_divisor` (1/32 by default) over its demand, the most bytes
+//!   ever allocated at once. Before a new segment is created, empty segments (which could not
+//!   serve the request) are given back, least recently used first, only while the reserved bytes
+//!   with the new segment would pass `demand * (1 + 1/32)`. So the peak reserved is at most
+//!   demand plus the headroom, or what the segments holding live allocations force, whichever is
+//!   more; below that ceiling nothing is given back, which spares `create_buffer` calls and zero
+//!   fills. (With `cache_headroom_divisor` 0, the older rule: empty segments are given back,
+//!   largest first, until at most `reserved / keep_empty_divisor` bytes stay empty.)
 //! - **Budget and out of memory**: when a new segment would pass the budget, or the storage
 //!   refuses it, every empty segment is given back and the request is tried again with a segment
 //!   of exactly its rounded size (as PyTorch frees its cache and retries). When the budget would
@@ -39,9 +44,31 @@
 //! freed; nothing is reused or cached. The GPU pool, the replay and the reports run it through the
 //! same [`PoolCore`] as the pool, so their figures are counted the same way.
 //!
-//! Measured by replaying `tests/data/traces` (the replay example, H200 limits): peak reserved over
-//! peak requested 1.09 on `gpt_train` and 1.07 on `frag_churn`, against PyTorch's 1.25 and 1.29;
-//! the cost is more segments created (see ARCHITECTURE.md for the figures and the trade-off).
+//! # The figures that chose it
+//!
+//! Replaying five real PyTorch traces of an H200 (the replay example, H200 limits; MEASUREMENTS.md,
+//! 2026-12-01), peak reserved over peak requested, and segments created:
+//!
+//! | trace | this policy | before (dedicated above 1/4, keep 1/32 empty) | PyTorch |
+//! |---|---|---|---|
+//! | gpt_train | 1.032, 471 | 1.086, 391 | 1.246, 57 |
+//! | frag_churn | 1.050, 991 | 1.063, 1,196 | 1.287, 68 |
+//! | bert_varlen_infer | 1.041, 827 | 1.081, 2,306 | 2.097, 24 |
+//! | vit_train | 1.040, 685 | 1.195, 714 | 1.094, 143 |
+//! | mixed_serving | 1.065, 833 | 1.055, 846 | 3.209, 20 |
+//!
+//! At the old peak most of the waste was in the packed segments (on `vit_train` 1.8 GiB of them
+//! held 1.0 GiB): requests of 8 to 16 MiB now get segments of their own, which are exact and can
+//! be given back. The headroom sets the trade-off: 1/20 gave 1.05-1.07 with up to 8% fewer
+//! segments, 1/10 1.10-1.12; giving back largest first instead of least recently used created
+//! fewer segments on two traces and more on three (1,471 against 827 on `bert_varlen_infer`).
+//! Tried and not kept (worst trace in brackets): segments of 256 MiB to 2 GiB packed by the core
+//! (1.6-2.2: a few long-lived small allocations pin large segments), segments of the request's
+//! size shared by later requests (2.1), size classes for dedicated segments (1.08-1.15, no fewer
+//! segments), reusing cached dedicated segments with up to twice the slack (1.17-1.19), and
+//! placing in the fullest segment (no change with this cache). Segments created stay far above
+//! PyTorch's, which caches everything and never gives back: with one segment per large request,
+//! reuse needs a cached segment of nearly the same size.
 
 #![deny(unsafe_code)]
 
@@ -121,18 +148,26 @@ pub struct PolicyConfig {
     pub max_allocation_bytes: u64,
     /// How requests are rounded inside segments.
     pub rounding: Rounding,
-    /// Before growing, empty segments are given back (largest first) until at most
-    /// `reserved / keep_empty_divisor` bytes stay empty; 0 gives back every empty segment.
+    /// When `cache_headroom_divisor` is 0: before growing, empty segments are given back (largest
+    /// first) until at most `reserved / keep_empty_divisor` bytes stay empty; 0 gives back every
+    /// empty segment.
     pub keep_empty_divisor: u64,
     /// Most bytes that may be reserved at once, or `None` for no budget.
     pub budget_bytes: Option<u64>,
+    /// When not 0, empty segments stay cached as long as the pool keeps within a headroom over its
+    /// demand, and `keep_empty_divisor` is not used: before growing, empty segments are given back
+    /// (least recently used first) only while the reserved bytes plus the new segment would pass
+    /// `demand + demand / cache_headroom_divisor`, where demand is the most bytes ever allocated
+    /// at once, the request at hand included.
+    pub cache_headroom_divisor: u64,
 }
 
 impl PolicyConfig {
     /// The default policy for a device with these limits: `min_block` is at least 256 bytes and at
     /// least the storage offset alignment, segments are at most the largest power of two not above
     /// `max_buffer_size` and at most [`DEFAULT_MAX_SEGMENT_BYTES`], and the first segment is 2 MiB.
-    /// Larger requests get dedicated segments, reused within 1/8 of their size.
+    /// Requests above an eighth of the largest segment get dedicated segments, reused within 1/8
+    /// of their size; empty segments stay cached within 1/32 over the pool's demand.
     pub fn for_limits(min_storage_buffer_offset_alignment: u64, max_buffer_size: u64) -> Self {
         let min_block_bytes = min_storage_buffer_offset_alignment
             .max(256)
@@ -150,12 +185,13 @@ impl PolicyConfig {
             min_segment_bytes: (2u64 << 20).clamp(min_block_bytes, max_segment_bytes),
             max_segment_bytes,
             growth_divisor: 8,
-            dedicated_above_bytes: (max_segment_bytes / 4).max(min_block_bytes),
+            dedicated_above_bytes: (max_segment_bytes / 8).max(min_block_bytes),
             dedicated_reuse_divisor: 8,
             max_allocation_bytes: max_buffer_size,
             rounding: Rounding::Exact,
             keep_empty_divisor: 32,
             budget_bytes: None,
+            cache_headroom_divisor: 32,
         }
     }
 
@@ -176,6 +212,7 @@ impl PolicyConfig {
             rounding: Rounding::Exact,
             keep_empty_divisor: 0,
             budget_bytes: None,
+            cache_headroom_divisor: 0,
         }
     }
 
@@ -411,6 +448,8 @@ pub struct Segment<M> {
     pub allocator: Option<BuddyAllocator>,
     /// For a dedicated segment: whether its one allocation is live.
     dedicated_in_use: bool,
+    /// The pool's clock when the segment was created or last had an allocation freed.
+    last_used: u64,
 }
 
 impl<M> Segment<M> {
@@ -526,6 +565,11 @@ pub struct PoolCore<S: SegmentStorage> {
     next_segment_id: u64,
     stats: PoolStats,
     events: Vec<SegmentEvent>,
+    /// The most bytes ever allocated at once (not reset with the peaks): the demand that
+    /// `cache_headroom_divisor` measures the cache against.
+    demand_high_water: u64,
+    /// Counts the frees: segments are given back least recently used first.
+    clock: u64,
 }
 
 impl<S: SegmentStorage> fmt::Debug for PoolCore<S> {
@@ -550,6 +594,8 @@ impl<S: SegmentStorage> PoolCore<S> {
             next_segment_id: 0,
             stats: PoolStats::default(),
             events: Vec::new(),
+            demand_high_water: 0,
+            clock: 0,
         })
     }
 
@@ -681,7 +727,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         // request.
         self.refuse_over_budget(size_bytes, rounded)?;
         let reserved_before = self.stats.reserved_bytes.current;
-        self.release_for_growth();
+        self.release_for_growth(rounded, segment_bytes);
         let slot = self.grow(size_bytes, segment_bytes, rounded, false, reserved_before)?;
         Ok(self
             .place_in_slot(slot, size_bytes)
@@ -716,12 +762,35 @@ impl<S: SegmentStorage> PoolCore<S> {
         Ok(())
     }
 
-    /// Before growing: gives back empty segments, largest first, until what stays empty is at most
-    /// `reserved / keep_empty_divisor` (all of them when the divisor is 0). None of them could
-    /// serve the request at hand.
-    fn release_for_growth(&mut self) {
+    /// Before growing by a segment of `segment_bytes` for a request that holds `rounded_bytes`:
+    /// gives back empty segments (none of which could serve the request). With a
+    /// `cache_headroom_divisor`, least recently used first until the pool with the new segment
+    /// keeps within the headroom over its demand; otherwise largest first, until what stays empty
+    /// is at most `reserved / keep_empty_divisor` (all of them when that divisor is 0).
+    fn release_for_growth(&mut self, rounded_bytes: u64, segment_bytes: u64) {
         if self.config.is_naive() {
             // Nothing to give back: a naive segment is given back as soon as it is freed.
+            return;
+        }
+        if self.config.cache_headroom_divisor > 0 {
+            let cap = self.cache_ceiling(rounded_bytes);
+            let mut empty: Vec<(u64, usize)> = self
+                .segments
+                .iter()
+                .enumerate()
+                .filter_map(|(slot, s)| {
+                    s.as_ref()
+                        .filter(|s| s.is_empty())
+                        .map(|s| (s.last_used, slot))
+                })
+                .collect();
+            empty.sort_unstable();
+            for (_, slot) in empty {
+                if self.stats.reserved_bytes.current + segment_bytes <= cap {
+                    break;
+                }
+                self.destroy_slot(slot);
+            }
             return;
         }
         let mut empty: Vec<(u64, usize)> = self
@@ -796,7 +865,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             None => {
                 self.refuse_over_budget(size_bytes, segment_bytes)?;
                 let reserved_before = self.stats.reserved_bytes.current;
-                self.release_for_growth();
+                self.release_for_growth(segment_bytes, segment_bytes);
                 self.grow(
                     size_bytes,
                     segment_bytes,
@@ -839,9 +908,22 @@ impl<S: SegmentStorage> PoolCore<S> {
             .map(|(slot, _)| slot)
     }
 
+    /// The most bytes the pool may hold, cache included, once a request holding `rounded_bytes`
+    /// is placed: its demand (the most bytes ever allocated at once, this request included) plus
+    /// `1 / cache_headroom_divisor` of it.
+    fn cache_ceiling(&self, rounded_bytes: u64) -> u64 {
+        let demand = self
+            .demand_high_water
+            .max(self.stats.allocated_bytes.current + rounded_bytes);
+        demand + demand / self.config.cache_headroom_divisor.max(1)
+    }
+
     fn count_allocation(&mut self, requested_bytes: u64, allocated_bytes: u64) {
         self.stats.requested_bytes.add(requested_bytes);
         self.stats.allocated_bytes.add(allocated_bytes);
+        self.demand_high_water = self
+            .demand_high_water
+            .max(self.stats.allocated_bytes.current);
         self.stats.allocations.add(1);
     }
 
@@ -904,6 +986,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             size_bytes,
             allocator,
             dedicated_in_use: false,
+            last_used: self.clock,
         };
         self.stats.create_segment_calls += 1;
         self.stats.reserved_bytes.add(size_bytes);
@@ -968,6 +1051,8 @@ impl<S: SegmentStorage> PoolCore<S> {
                 placement.segment
             ),
         }
+        self.clock += 1;
+        segment.last_used = self.clock;
         self.stats.requested_bytes.sub(placement.requested_bytes);
         self.stats.allocated_bytes.sub(placement.allocated_bytes);
         self.stats.allocations.sub(1);
