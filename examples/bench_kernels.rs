@@ -63,7 +63,7 @@ use anyhow::{bail, Context as _};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use wgpu_pool::compute::{
-    cpu, BinaryOp, Context, ContextOptions, MatmulOptions, MatmulTiles, ShaderChecks, Tensor,
+    cpu, BinaryOp, Context, ContextOptions, Feed, MatmulOptions, MatmulTiles, ShaderChecks, Tensor,
     TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
@@ -549,6 +549,11 @@ struct Overhead {
     /// Wall time each further dependent tiny `add` adds to that round trip: recording, the
     /// barrier between dispatches, the launch.
     chain_step_us: f64,
+    /// The round trip of a plan of one tiny `add` (`Plan::run`: input written, one dispatch,
+    /// read back).
+    plan_round_trip_us: f64,
+    /// Each further dependent `add` of a plan.
+    plan_chain_step_us: f64,
 }
 
 /// Chains of dependent ops, each read back at its end: the median wall time (of 101, after 10
@@ -580,18 +585,55 @@ fn chain_times_us(
     Ok((single, (long - single) / STEPS as f64))
 }
 
-/// Chains of dependent 8x1024x1024 products `x = x · W` ([`chain_times_us`]).
-fn matmul_chain_us(bench: &Bench) -> anyhow::Result<(f64, f64)> {
+/// [`chain_times_us`] for planned chains: each length captured once (`link` applied to the
+/// previous result, starting from the plan's input of `shape`), replayed with `input`.
+fn plan_chain_us(
+    context: &Context,
+    shape: &[usize],
+    input: &[f32],
+    link: &dyn Fn(&Tensor) -> anyhow::Result<Tensor>,
+    check: &dyn Fn(usize, &[f32]) -> anyhow::Result<()>,
+) -> anyhow::Result<(f64, f64)> {
+    let mut plans = std::collections::HashMap::new();
+    for length in [1, 65] {
+        let mut capture = context.capture()?;
+        let mut x = capture.input(shape)?;
+        for _ in 0..length {
+            x = link(&x)?;
+        }
+        plans.insert(length, capture.finish(&[&x])?);
+    }
+    let plans = std::cell::RefCell::new(plans);
+    chain_times_us(
+        &|length| {
+            let mut plans = plans.borrow_mut();
+            let plan = plans.get_mut(&length).context("a plan per length")?;
+            Ok(plan.run(&[Feed::Data(input)])?.swap_remove(0))
+        },
+        check,
+    )
+}
+
+/// Chains of dependent 8x1024x1024 products `x = x · W` ([`chain_times_us`]): eager, then planned.
+fn matmul_chain_us(bench: &Bench) -> anyhow::Result<[f64; 4]> {
     let context = bench.context(bench.matmul.clone())?;
     let mut rng = StdRng::seed_from_u64(7);
-    let x0 = context.tensor(&random(&mut rng, 8 * 1024), &[8, 1024])?;
+    let x_values = random(&mut rng, 8 * 1024);
+    let x0 = context.tensor(&x_values, &[8, 1024])?;
     // Scaled so that values stay finite along the chain.
     let w_values: Vec<f32> = random(&mut rng, 1024 * 1024)
         .into_iter()
         .map(|v| v / 32.0)
         .collect();
     let w = context.tensor(&w_values, &[1024, 1024])?;
-    chain_times_us(
+    let finite = |length: usize, values: &[f32]| {
+        anyhow::ensure!(
+            values.iter().all(|v| v.is_finite()),
+            "chain of {length}: values not finite"
+        );
+        Ok(())
+    };
+    let (single, step) = chain_times_us(
         &|length| {
             let mut x = context.matmul(&x0, &w)?;
             for _ in 1..length {
@@ -599,14 +641,16 @@ fn matmul_chain_us(bench: &Bench) -> anyhow::Result<(f64, f64)> {
             }
             Ok(context.read(&x)?)
         },
-        &|length, values| {
-            anyhow::ensure!(
-                values.iter().all(|v| v.is_finite()),
-                "chain of {length}: values not finite"
-            );
-            Ok(())
-        },
-    )
+        &finite,
+    )?;
+    let (plan_single, plan_step) = plan_chain_us(
+        &context,
+        &[8, 1024],
+        &x_values,
+        &|x| Ok(context.matmul(x, &w)?),
+        &finite,
+    )?;
+    Ok([single, step, plan_single, plan_step])
 }
 
 /// Where one round trip's time goes, on plain wgpu (one tiny dispatch, its result copied to a
@@ -750,6 +794,8 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
         with_submit_us: 0.0,
         round_trip_us: 0.0,
         chain_step_us: 0.0,
+        plan_round_trip_us: 0.0,
+        plan_chain_step_us: 0.0,
     };
     // The first round compiles the kernel and fills the bind-group cache (the second round's
     // outputs get the same ranges, in the same order); the second is measured.
@@ -784,9 +830,24 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
             Ok(())
         },
     )?;
+    let (plan_single, plan_step) = plan_chain_us(
+        &context,
+        &[256],
+        &[1.0; 256],
+        &|x| Ok(context.add(x, &b)?),
+        &|length, values| {
+            anyhow::ensure!(
+                values[0] == 1.0 + 2.0 * length as f32,
+                "planned chain of {length}"
+            );
+            Ok(())
+        },
+    )?;
     Ok(Overhead {
         round_trip_us: single,
         chain_step_us: step,
+        plan_round_trip_us: plan_single,
+        plan_chain_step_us: plan_step,
         ..overhead
     })
 }
@@ -921,16 +982,17 @@ fn main() -> anyhow::Result<()> {
         }));
     }
     let matmul_chain = if args.serving && args.runs("matmul") {
-        let (single, step) = matmul_chain_us(&bench)?;
+        let [single, step, plan_single, plan_step] = matmul_chain_us(&bench)?;
         println!(
             "chain of 8x1024x1024 products read back: {single:.1} µs for one, {step:.2} µs per \
-             further dependent product{}",
+             further dependent product{}; planned: {plan_single:.1} µs for one, {plan_step:.2} µs \
+             per further product",
             match torch.as_ref().and_then(|t| t.chain_step_us) {
                 Some(theirs) => format!(" (PyTorch: {theirs:.2} µs)"),
                 None => String::new(),
             }
         );
-        Some((single, step))
+        Some((single, step, plan_single, plan_step))
     } else {
         None
     };
@@ -999,6 +1061,11 @@ fn main() -> anyhow::Result<()> {
              further dependent add adds {:.2} µs (median of 101 chains of 1 and of 65)",
             overhead.round_trip_us, overhead.chain_step_us
         );
+        println!(
+            "planned: {:.1} µs for a plan of one tiny add, written, run and read back; each \
+             further dependent add adds {:.2} µs",
+            overhead.plan_round_trip_us, overhead.plan_chain_step_us
+        );
         let phases = round_trip_phases(&gpu)?;
         println!(
             "round trip on plain wgpu (medians): record {:.1} µs, submit {:.1}, wait {:.1} \
@@ -1032,9 +1099,13 @@ fn main() -> anyhow::Result<()> {
             "op_overhead_with_submit_us": overhead.as_ref().map(|o| o.with_submit_us),
             "round_trip_us": overhead.as_ref().map(|o| o.round_trip_us),
             "chain_step_us": overhead.as_ref().map(|o| o.chain_step_us),
+            "plan_round_trip_us": overhead.as_ref().map(|o| o.plan_round_trip_us),
+            "plan_chain_step_us": overhead.as_ref().map(|o| o.plan_chain_step_us),
             "round_trip_phases": phases,
             "matmul_chain_single_us": matmul_chain.map(|c| c.0),
             "matmul_chain_step_us": matmul_chain.map(|c| c.1),
+            "matmul_plan_chain_single_us": matmul_chain.map(|c| c.2),
+            "matmul_plan_chain_step_us": matmul_chain.map(|c| c.3),
             "torch_chain_step_us": torch.as_ref().and_then(|t| t.chain_step_us),
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

@@ -652,10 +652,9 @@ fn serve_planned(pool: &Pool, workload: &Workload) -> Result<Side> {
     let build_start = Instant::now();
     let arena = ctx.plan_arena();
     let mut plans: std::collections::BTreeMap<usize, Plan> = Default::default();
-    for (rows, _) in &requests {
-        if plans.contains_key(rows) {
-            continue;
-        }
+    let sizes: std::collections::BTreeSet<usize> = requests.iter().map(|(rows, _)| *rows).collect();
+    // Largest first: the arena is allocated once, at the size of the largest plan.
+    for rows in sizes.iter().rev() {
         let mut capture = ctx.capture()?;
         let x = capture.input(&[*rows, workload.widths[0]])?;
         let probabilities = forward(&ctx, &x, &layers)?;

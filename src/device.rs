@@ -251,22 +251,42 @@ pub(crate) async fn read_mapped_async(
     copy_mapped(buffer, size, mapped)
 }
 
+/// How long a blocking read spins on `device.poll(Poll)` for its map callback before it blocks in
+/// `device.poll(Wait)`. Blocking costs a sleep and a wake-up: on the H200 (Vulkan, driver 580),
+/// one tiny dispatch read back took 65.6 µs blocking and 47.2 µs spinning (medians,
+/// `bench_kernels --large --only overhead`, MEASUREMENTS.md); CUDA's default synchronisation
+/// spins too. Past this bound the wait is long anyway and the thread sleeps.
+pub const SPIN_BEFORE_BLOCKING: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Maps the first `size` bytes of `buffer` (a `MAP_READ` buffer whose copy has been submitted),
-/// waits for the device, copies the bytes out and unmaps. Errors are wgpu's, as text, for the
-/// caller to wrap in its own error type.
+/// waits for the device (spinning for up to [`SPIN_BEFORE_BLOCKING`], then blocking), copies the
+/// bytes out and unmaps. Errors are wgpu's, as text, for the caller to wrap in its own error
+/// type.
 pub(crate) fn read_mapped(
     device: &wgpu::Device,
     buffer: &wgpu::Buffer,
     size: u64,
 ) -> Result<Vec<u8>, String> {
-    let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+    let (sender, receiver) = std::sync::mpsc::channel();
     buffer.map_async(wgpu::MapMode::Read, 0..size, move |result| {
         sender.send(result).ok();
     });
-    device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| e.to_string())?;
-    copy_mapped(buffer, size, pollster::block_on(receiver.receive()))
+    let started = std::time::Instant::now();
+    let mapped = loop {
+        if let Ok(result) = receiver.try_recv() {
+            break Some(result);
+        }
+        if started.elapsed() > SPIN_BEFORE_BLOCKING {
+            device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| e.to_string())?;
+            break receiver.try_recv().ok();
+        }
+        device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| e.to_string())?;
+    };
+    copy_mapped(buffer, size, mapped)
 }
 
 /// Copies out the first `size` bytes of `buffer` once its map callback said `mapped`, and unmaps.
