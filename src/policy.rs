@@ -17,9 +17,16 @@
 //!   least `min_segment_bytes` and at least `reserved / growth_divisor` (rounded down to a power of
 //!   two), never above `max_segment_bytes`. Small pools grow in small steps; a large pool grows in
 //!   steps proportional to its size.
-//! - **Dedicated segments**: a request above `dedicated_above_bytes` (an eighth of the largest
-//!   segment by default: 8 MiB) gets a segment of its own size. Once freed it stays cached, and a
-//!   later request of at least 7/8 of its size reuses it.
+//! - **Dedicated segments**: a request above `dedicated_above_bytes` (a quarter of the largest
+//!   segment by default: 16 MiB) gets a segment of its own size. Once freed it stays cached, and a
+//!   later request of at least 7/8 of its size reuses it. (An eighth, 8 MiB, gave lower peaks on
+//!   three of the five traces below — `vit_train` 1.040 against 1.164 — but a server whose
+//!   requests vary in size then created a segment for most requests, forever: the GPU
+//!   `pool_vs_naive --large` mlp workload, batches of 1 to 512 rows, created 423 segments after
+//!   warm-up and served 0.89× naive's requests/s on the H200; its allocation sequence replayed
+//!   creates 503 segments with an eighth and 11 with a quarter. Requests of 8 to 16 MiB of
+//!   varying sizes fit packed segments, where any free range serves any size; a cache of exact
+//!   segments within 1/32 of the demand cannot hold one of each size.)
 //! - **A cache bounded by demand**: empty segments stay cached while the pool keeps within a
 //!   headroom of `1 / cache_headroom_divisor` (1/32 by default) over its demand, the most bytes
 //!   ever allocated at once. Before a new segment is created, empty segments (which could not
@@ -49,17 +56,23 @@
 //! Replaying five real PyTorch traces of an H200 (the replay example, H200 limits; MEASUREMENTS.md,
 //! 2026-12-01), peak reserved over peak requested, and segments created:
 //!
-//! | trace | this policy | before (dedicated above 1/4, keep 1/32 empty) | PyTorch |
-//! |---|---|---|---|
-//! | gpt_train | 1.032, 471 | 1.086, 391 | 1.246, 57 |
-//! | frag_churn | 1.050, 991 | 1.063, 1,196 | 1.287, 68 |
-//! | bert_varlen_infer | 1.041, 827 | 1.081, 2,306 | 2.097, 24 |
-//! | vit_train | 1.040, 685 | 1.195, 714 | 1.094, 143 |
-//! | mixed_serving | 1.065, 833 | 1.055, 846 | 3.209, 20 |
+//! | trace | this policy | dedicated above 1/8 | before (keep 1/32 empty) | PyTorch |
+//! |---|---|---|---|---|
+//! | gpt_train | 1.082, 188 | 1.032, 471 | 1.086, 391 | 1.246, 57 |
+//! | frag_churn | 1.064, 920 | 1.050, 991 | 1.063, 1,196 | 1.287, 68 |
+//! | bert_varlen_infer | 1.081, 733 | 1.041, 827 | 1.081, 2,306 | 2.097, 24 |
+//! | vit_train | 1.164, 482 | 1.040, 685 | 1.195, 714 | 1.094, 143 |
+//! | mixed_serving | 1.071, 732 | 1.065, 833 | 1.055, 846 | 3.209, 20 |
+//! | the `mlp` server's sequence | 1.032, 11 | 1.071, 503 | 1.032, 11 | |
+//!
+//! The cache cuts segments created by 10–68% at the same or lower peaks. Dedicated segments above
+//! an eighth lower three peaks further but make a server of varying batch sizes create segments
+//! without end (the last row; see the dedicated rule above), which costs a real GPU more than
+//! the memory: the pool keeps a quarter.
 //!
 //! At the old peak most of the waste was in the packed segments (on `vit_train` 1.8 GiB of them
-//! held 1.0 GiB): requests of 8 to 16 MiB now get segments of their own, which are exact and can
-//! be given back. The headroom sets the trade-off: 1/20 gave 1.05-1.07 with up to 8% fewer
+//! held 1.0 GiB): with dedicated segments above an eighth, requests of 8 to 16 MiB get segments
+//! of their own, which are exact and can be given back. The headroom sets the trade-off: 1/20 gave 1.05-1.07 with up to 8% fewer
 //! segments, 1/10 1.10-1.12; giving back largest first instead of least recently used created
 //! fewer segments on two traces and more on three (1,471 against 827 on `bert_varlen_infer`).
 //! Tried and not kept (worst trace in brackets): segments of 256 MiB to 2 GiB packed by the core
@@ -166,7 +179,7 @@ impl PolicyConfig {
     /// The default policy for a device with these limits: `min_block` is at least 256 bytes and at
     /// least the storage offset alignment, segments are at most the largest power of two not above
     /// `max_buffer_size` and at most [`DEFAULT_MAX_SEGMENT_BYTES`], and the first segment is 2 MiB.
-    /// Requests above an eighth of the largest segment get dedicated segments, reused within 1/8
+    /// Requests above a quarter of the largest segment get dedicated segments, reused within 1/8
     /// of their size; empty segments stay cached within 1/32 over the pool's demand.
     pub fn for_limits(min_storage_buffer_offset_alignment: u64, max_buffer_size: u64) -> Self {
         let min_block_bytes = min_storage_buffer_offset_alignment
@@ -185,7 +198,7 @@ impl PolicyConfig {
             min_segment_bytes: (2u64 << 20).clamp(min_block_bytes, max_segment_bytes),
             max_segment_bytes,
             growth_divisor: 8,
-            dedicated_above_bytes: (max_segment_bytes / 8).max(min_block_bytes),
+            dedicated_above_bytes: (max_segment_bytes / 4).max(min_block_bytes),
             dedicated_reuse_divisor: 8,
             max_allocation_bytes: max_buffer_size,
             rounding: Rounding::Exact,

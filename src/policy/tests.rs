@@ -393,7 +393,7 @@ fn cached_config() -> PolicyConfig {
 fn limits_derive_the_cache_headroom_and_the_dedicated_threshold() {
     let h200 = PolicyConfig::for_limits(32, 4_292_870_144);
     assert_eq!(h200.cache_headroom_divisor, 32);
-    assert_eq!(h200.dedicated_above_bytes, DEFAULT_MAX_SEGMENT_BYTES / 8);
+    assert_eq!(h200.dedicated_above_bytes, DEFAULT_MAX_SEGMENT_BYTES / 4);
     assert_eq!(PolicyConfig::naive(4, 1 << 30).cache_headroom_divisor, 0);
 }
 

@@ -319,3 +319,79 @@ fn the_segments_a_trace_created_are_counted() {
     assert_eq!(report.pytorch_segments_created, Some(3));
     assert_eq!(report.pytorch_bytes_created, Some(24 * MIB));
 }
+
+/// The allocation sequence of a server whose requests vary in size (the `mlp` workload of
+/// `pool_vs_naive --large`: layers 1024-4096-4096-4096-1024, batches of 1 to 512 rows, each
+/// request's intermediates freed when it is answered, split-K partials of two to five times an
+/// output): after the first requests the pool must serve every request from what it holds.
+#[test]
+fn a_server_of_varying_batches_stops_creating_segments() {
+    let widths = [1024u64, 4096, 4096, 4096, 1024];
+    let mut events = Vec::new();
+    let mut next = 0u64;
+    let mut alloc_at = |events: &mut Vec<ReplayEvent>, size: u64| {
+        next += 1;
+        events.push(alloc(next, size.div_ceil(16) * 16));
+        next
+    };
+    for pair in widths.windows(2) {
+        alloc_at(&mut events, pair[0] * pair[1] * 4);
+        alloc_at(&mut events, pair[1] * 4);
+    }
+    // A fixed linear congruential sequence of batch sizes in 1..=512.
+    let mut state = 7u64;
+    let mut requests_events = Vec::new();
+    for _ in 0..400 {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let rows = (state >> 33) % 512 + 1;
+        let mut live = vec![alloc_at(&mut events, rows * widths[0] * 4)];
+        for pair in widths.windows(2) {
+            let out = rows * pair[1] * 4;
+            live.push(alloc_at(&mut events, out));
+            let splits = match rows {
+                1..=96 => 5,
+                97..=192 => 3,
+                193..=320 => 2,
+                _ => 1,
+            };
+            if splits > 1 {
+                live.push(alloc_at(&mut events, splits * out));
+            }
+            live.push(alloc_at(&mut events, out));
+            live.push(alloc_at(&mut events, out));
+        }
+        events.extend(live.into_iter().map(free));
+        requests_events.push(events.len());
+    }
+    let profile = LimitsProfile::H200;
+    let report = replay(
+        "serving",
+        &events,
+        profile.clone(),
+        None,
+        &Strategy::defaults(&profile),
+        &mut |_| {},
+    );
+    let pool = &report.strategies[0];
+    let naive = report
+        .strategies
+        .iter()
+        .find(|s| s.name == "naive")
+        .expect("naive");
+    assert!(naive.segments_created > 5_000, "{}", naive.segments_created);
+    assert!(
+        pool.segments_created <= 20,
+        "the pool kept creating segments: {} (peak {:.3} of requested)",
+        pool.segments_created,
+        pool.peak_reserved_bytes as f64 / report.peak_requested_bytes as f64
+    );
+    let ratio = pool.peak_reserved_bytes as f64 / report.peak_requested_bytes as f64;
+    // Packed segments of 64 MiB hold the varying intermediates beside 160 MiB of weights.
+    assert!(
+        ratio <= 1.25,
+        "peak reserved {ratio:.3} of requested, {} segments",
+        pool.segments_created
+    );
+}
