@@ -369,7 +369,7 @@ fn a_server_of_varying_batches_stops_creating_segments() {
     let report = replay(
         "serving",
         &events,
-        profile.clone(),
+        profile,
         None,
         &Strategy::defaults(&profile),
         &mut |_| {},
