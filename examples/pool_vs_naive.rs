@@ -30,7 +30,9 @@
 //!
 //! `--out DIR` (default `target/pool_vs_naive`) receives the memory report of the pool's `mlp` run:
 //! `memory.svg` and `segments.svg`, `snapshot.pickle` and `snapshot.json` (open them at
-//! pytorch.org/memory_viz), `trace.json` (open it in ui.perfetto.dev), `report.txt`.
+//! pytorch.org/memory_viz), `trace.json` (open it in ui.perfetto.dev), `report.txt`; and
+//! `plan.csv`, the lifetimes of the largest `mlp` plan's tensors (`cargo run --example plan --
+//! DIR/plan.csv` plans them again).
 //! `--json OUT` writes the figures of both workloads. `--profile` serves the small workload once
 //! more with timestamps around every dispatch and prints where a request's GPU time goes.
 //! `--only NAME` runs one workload; `--batch-ops N` submits a request's ops in batches of N;
@@ -433,9 +435,16 @@ pub fn run(
             });
             drop(naive);
 
-            // 3. The same requests, captured, planned and replayed.
-            let pool = Pool::new(gpu, PoolOptions::default())?;
-            planned_rounds.push(serve_planned(&pool, &workload)?);
+            // 3. The same requests, captured, planned and replayed. Nothing is allocated per
+            //    request: the weights and the arena are allocated once, each a buffer of its exact
+            //    size (the pool's exact mode, `Pool::naive`), so the memory is theirs alone.
+            let pool = Pool::naive(gpu, PoolOptions::default());
+            let (side, csv) = serve_planned(&pool, &workload)?;
+            planned_rounds.push(side);
+            if let (Some(dir), "mlp", true) = (out, workload.name, last_round) {
+                std::fs::create_dir_all(dir)?;
+                std::fs::write(dir.join("plan.csv"), csv)?;
+            }
         }
         let pooled = median_round(pooled_rounds)?;
         let naive_side = median_round(naive_rounds)?;
@@ -646,7 +655,8 @@ fn forward(ctx: &Context, x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Ten
 
 /// Serves the workload's requests with plans: one per batch size drawn, captured and planned
 /// before the timed requests, sharing one arena.
-fn serve_planned(pool: &Pool, workload: &Workload) -> Result<Side> {
+/// Also returns the largest plan's tensor lifetimes as MiniMalloc's CSV.
+fn serve_planned(pool: &Pool, workload: &Workload) -> Result<(Side, String)> {
     let ctx = Context::new(pool, ContextOptions::unchecked())?;
     let (layers, requests) = model_and_requests(&ctx, workload)?;
     let build_start = Instant::now();
@@ -665,12 +675,12 @@ fn serve_planned(pool: &Pool, workload: &Workload) -> Result<Side> {
         plans.insert(*rows, capture.finish_with(&[&probabilities], options)?);
     }
     let plan_build_s = build_start.elapsed().as_secs_f64();
-    let largest = plans
+    let largest_plan = plans
         .values()
         .max_by_key(|plan| plan.stats().heap_bytes)
-        .context("no request")?
-        .stats()
-        .clone();
+        .context("no request")?;
+    let largest = largest_plan.stats().clone();
+    let csv = largest_plan.lifetimes_csv();
 
     let warmup = (workload.requests / 10).max(1);
     let mut checksum = 0.0f64;
@@ -694,7 +704,7 @@ fn serve_planned(pool: &Pool, workload: &Workload) -> Result<Side> {
     let elapsed = start.elapsed().max(Duration::from_nanos(1));
     let stats = pool.stats();
     let served = (workload.requests - warmup) as f64;
-    Ok(Side {
+    let side = Side {
         requests_per_s: served / elapsed.as_secs_f64(),
         rounds_requests_per_s: Vec::new(),
         alloc_ns: 0.0,
@@ -718,7 +728,8 @@ fn serve_planned(pool: &Pool, workload: &Workload) -> Result<Side> {
         plans: Some(plans.len()),
         plan_build_s: Some(plan_build_s),
         weights_bytes: weights_bytes(&layers),
-    })
+    };
+    Ok((side, csv))
 }
 
 /// Where a request's GPU time goes: the `small` workload of `scale` (with the overrides of

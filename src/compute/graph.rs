@@ -720,6 +720,7 @@ impl<'a> Planner<'a> {
                 build_seconds: 0.0,
             },
             bind_groups_created: 0,
+            lifetimes: buffers,
         };
         // The bind groups now, so that a pipeline of the user's that does not take its tensors
         // is an error of the build, not of the first replay.
@@ -762,6 +763,8 @@ pub struct Plan {
     output_bytes: u64,
     stats: PlanStats,
     bind_groups_created: u64,
+    /// The tensors' lifetimes and sizes, as planned (ids in order of first use).
+    lifetimes: Vec<Buffer>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -799,6 +802,26 @@ impl Plan {
             .iter()
             .map(|slot| slot.shape.as_slice())
             .collect()
+    }
+
+    /// The planned tensors: sizes in bytes and lifetimes `[lower, upper)` in steps (0: the inputs
+    /// written; step `i` is the `i`-th dispatch or clear; the last: the outputs read), ids in order
+    /// of first use.
+    pub fn lifetimes(&self) -> &[Buffer] {
+        &self.lifetimes
+    }
+
+    /// [`Plan::lifetimes`] as MiniMalloc's CSV (`id,lower,upper,size` and a line per tensor), the
+    /// format `examples/plan.rs` reads.
+    pub fn lifetimes_csv(&self) -> String {
+        let mut csv = String::from("id,lower,upper,size\n");
+        for buffer in &self.lifetimes {
+            csv.push_str(&format!(
+                "{},{},{},{}\n",
+                buffer.id, buffer.lower, buffer.upper, buffer.size
+            ));
+        }
+        csv
     }
 
     /// Bind groups made since the plan was built (at build, and again after its arena grew).

@@ -89,6 +89,7 @@ fn pool_vs_naive_example_serves_both_workloads() {
         "segments.svg",
         "memory.svg",
         "trace.json",
+        "plan.csv",
     ] {
         let path = out.join(file);
         assert!(
