@@ -133,6 +133,7 @@ impl Context {
                 pool: self.pool().clone(),
                 allocations: Vec::new(),
                 generation: 0,
+                labelled_heap: 0,
             })),
         }
     }
@@ -447,6 +448,8 @@ struct ArenaState {
     allocations: Vec<Allocation>,
     /// Bumped whenever an allocation is replaced.
     generation: u64,
+    /// The heap of the plan whose tensors label the arena's ranges.
+    labelled_heap: u64,
 }
 
 impl PlanArena {
@@ -483,6 +486,63 @@ impl PlanArena {
                 state.allocations.push(allocation);
             }
             state.generation += 1;
+        }
+        Ok(())
+    }
+}
+
+impl PlanArena {
+    /// Labels the arena's ranges with the tensors of `planned` that use them, if it is the
+    /// largest plan placed in the arena so far (the one that sized it).
+    fn label(
+        &self,
+        planned: &crate::plan::Plan,
+        buffers: &[Buffer],
+        names: &[String],
+    ) -> Result<(), ComputeError> {
+        let mut state = self.lock();
+        if planned.heap_bytes < state.labelled_heap {
+            return Ok(());
+        }
+        state.labelled_heap = planned.heap_bytes;
+        for (arena, allocation) in state.allocations.iter().enumerate() {
+            // Elementary ranges between the ends of the tensors placed in this arena.
+            let placed: Vec<(u64, u64, usize)> = planned
+                .placements
+                .iter()
+                .zip(buffers)
+                .enumerate()
+                .filter(|(_, (placement, buffer))| placement.arena == arena && buffer.size > 0)
+                .map(|(id, (placement, buffer))| {
+                    (placement.offset, placement.offset + buffer.size, id)
+                })
+                .collect();
+            let mut bounds: Vec<u64> = placed.iter().flat_map(|&(a, b, _)| [a, b]).collect();
+            bounds.sort_unstable();
+            bounds.dedup();
+            let mut parts: Vec<(u64, u64, String)> = Vec::new();
+            for pair in bounds.windows(2) {
+                let (start, end) = (pair[0], pair[1]);
+                let users: Vec<&str> = placed
+                    .iter()
+                    .filter(|&&(a, b, _)| a <= start && end <= b)
+                    .map(|&(_, _, id)| names[id].as_str())
+                    .collect();
+                if users.is_empty() {
+                    continue;
+                }
+                let label = match users.len() {
+                    1..=4 => users.join(", "),
+                    n => format!("{}, +{} more", users[..3].join(", "), n - 3),
+                };
+                match parts.last_mut() {
+                    Some(last) if last.0 + last.1 == start && last.2 == label => {
+                        last.1 += end - start
+                    }
+                    _ => parts.push((start, end - start, label)),
+                }
+            }
+            state.pool.label_parts(allocation, &parts)?;
         }
         Ok(())
     }
@@ -610,6 +670,32 @@ impl<'a> Planner<'a> {
             planned.max_live_bytes
         );
         self.arena.reserve(&planned.arena_bytes, &label)?;
+        // What each range of the arena holds, by tensor: the name of a tensor is its number and
+        // the op that first writes it.
+        let names: Vec<String> = {
+            let mut names = vec![String::new(); buffers.len()];
+            for input in inputs {
+                if let Some(&id) = ids.get(&Arc::as_ptr(&input.storage)) {
+                    names[id] = format!("t{id} input");
+                }
+            }
+            for step in &steps {
+                let op = match step {
+                    Step::Kernel { kernel, .. } => kernel.entry,
+                    Step::Clear(_) => "zeros",
+                    Step::Custom { .. } => "dispatch",
+                };
+                for storage in step_storages(step) {
+                    if let Some(&id) = ids.get(&Arc::as_ptr(storage)) {
+                        if names[id].is_empty() {
+                            names[id] = format!("t{id} {op}");
+                        }
+                    }
+                }
+            }
+            names
+        };
+        self.arena.label(&planned, &buffers, &names)?;
 
         // 3. Pipelines and parameters.
         let slot_bytes = PARAMS_BYTES.max(u64::from(limits.min_uniform_buffer_offset_alignment));

@@ -62,6 +62,11 @@ impl Allocation {
     }
 
     /// Declares the allocation's last use submitted: dropping it frees the range at once.
+    /// Its record's index in the live slab.
+    pub(super) fn live_slot(&self) -> usize {
+        self.live_slot
+    }
+
     pub(super) fn set_last_use_submitted(&mut self) {
         self.last_use_submitted = true;
     }

@@ -20,6 +20,9 @@ pub(super) struct LiveAllocation {
     pub(super) op: Option<Label>,
     /// Dropped, waiting for the submission that releases it.
     pub(super) pending: bool,
+    /// Labelled parts `(offset from the allocation's start, bytes, label)`, in address order and
+    /// disjoint ([`super::Pool::label_parts`]); empty: the allocation is one span.
+    pub(super) parts: Vec<(u64, u64, String)>,
 }
 
 /// The live allocations in a slab: each handle (and each pending free) holds its record's index,
@@ -159,21 +162,58 @@ pub(super) fn fill_state<S: SegmentStorage>(
             stats.pending_frees += 1;
             stats.pending_free_bytes += placement.allocated_size();
         }
-        by_segment
-            .entry(placement.segment())
-            .or_default()
-            .push(Span {
+        let spans = by_segment.entry(placement.segment()).or_default();
+        let kind = if live.pending {
+            SpanKind::PendingFree
+        } else {
+            SpanKind::Allocated
+        };
+        let op = live.op.as_ref().map(|op| op.to_string());
+        if live.parts.is_empty() {
+            spans.push(Span {
                 offset_bytes: placement.offset(),
                 size_bytes: placement.allocated_size(),
                 requested_bytes: placement.requested_size(),
-                kind: if live.pending {
-                    SpanKind::PendingFree
-                } else {
-                    SpanKind::Allocated
-                },
+                kind,
                 label: live.label.to_string(),
-                op: live.op.as_ref().map(|op| op.to_string()),
+                op,
             });
+            continue;
+        }
+        // One span per part, and one per gap between them (and for the rounding at the end),
+        // so that the allocation's spans still tile its range and hold its requested bytes.
+        let mut at = 0;
+        let mut requested_left = placement.requested_size();
+        let ends = live
+            .parts
+            .iter()
+            .map(|(offset, size, label)| (*offset, *size, format!("{}: {label}", live.label)))
+            .chain(std::iter::once((
+                placement.allocated_size(),
+                0,
+                String::new(),
+            )));
+        for (offset, size, label) in ends {
+            for (start, bytes, label) in [
+                (at, offset - at, format!("{} (between parts)", live.label)),
+                (offset, size, label),
+            ] {
+                if bytes == 0 {
+                    continue;
+                }
+                let requested = bytes.min(requested_left);
+                requested_left -= requested;
+                spans.push(Span {
+                    offset_bytes: placement.offset() + start,
+                    size_bytes: bytes,
+                    requested_bytes: requested,
+                    kind,
+                    label,
+                    op: op.clone(),
+                });
+            }
+            at = offset + size;
+        }
     }
     let mut segments: Vec<SegmentState> =
         core.segments()

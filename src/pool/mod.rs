@@ -289,6 +289,48 @@ impl Pool {
         released
     }
 
+    /// Names parts of `allocation` in the pool's memory state, summary, segment map and
+    /// snapshots: `parts` are `(offset from the allocation's start, bytes, label)`, each shown as a
+    /// span labelled `"<allocation's label>: <label>"` (a plan's arena names the tensors that share
+    /// each range). Replaces earlier parts; empty parts show the allocation whole again. Parts
+    /// that are empty, overlap or pass the allocation's size are [`PoolError::InvalidParts`] and
+    /// change nothing.
+    pub fn label_parts(
+        &self,
+        allocation: &Allocation,
+        parts: &[(u64, u64, String)],
+    ) -> Result<(), PoolError> {
+        allocation.check_pool(&self.shared)?;
+        let mut sorted = parts.to_vec();
+        sorted.sort_by_key(|part| part.0);
+        let size_bytes = allocation.size();
+        let invalid = |reason: String| PoolError::InvalidParts { size_bytes, reason };
+        let mut end = 0;
+        for (offset, bytes, label) in &sorted {
+            if *bytes == 0 {
+                return Err(invalid(format!("part {label:?} is empty")));
+            }
+            if *offset < end {
+                return Err(invalid(format!(
+                    "part {label:?} at {offset} overlaps the one before"
+                )));
+            }
+            end = offset
+                .checked_add(*bytes)
+                .filter(|&end| end <= size_bytes)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "part {label:?} at {offset} of {bytes} bytes passes the end"
+                    ))
+                })?;
+        }
+        let mut state = self.shared.lock();
+        if let Some(live) = state.live.get_mut(allocation.live_slot()) {
+            live.parts = sorted;
+        }
+        Ok(())
+    }
+
     /// Sets or clears the budget on reserved bytes.
     pub fn set_budget(&self, budget_bytes: Option<u64>) {
         self.shared.lock().core.set_budget(budget_bytes);

@@ -145,6 +145,15 @@ pub enum PoolError {
     /// Reading back from the GPU failed.
     #[error("reading back from the GPU failed: {0}")]
     ReadBack(String),
+    /// Parts given to [`Pool::label_parts`](super::Pool::label_parts) overlap, are empty or pass
+    /// the allocation's end.
+    #[error("invalid parts of an allocation of {size_bytes} bytes: {reason}")]
+    InvalidParts {
+        /// The allocation's size.
+        size_bytes: u64,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl From<PolicyError> for PoolError {

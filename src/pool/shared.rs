@@ -156,6 +156,7 @@ impl Shared {
             label: label.clone(),
             op: op.clone(),
             pending: false,
+            parts: Vec::new(),
         };
         if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
             history.record(allocation_event(EventKind::Alloc, time_us, &entry));

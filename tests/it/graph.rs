@@ -274,13 +274,28 @@ fn a_replay_allocates_nothing_and_the_arena_is_one_labelled_allocation() {
         live_before + 1,
         "one arena"
     );
+    // The arena's ranges are labelled with the tensors that share them, in the memory state and
+    // the snapshot (whose spans still tile every segment).
     let state = pool.memory_state();
-    let arena = state
+    let parts: Vec<&str> = state
         .segments
         .iter()
         .flat_map(|segment| &segment.spans)
-        .find(|span| span.label.starts_with("plan arena"));
-    assert!(arena.is_some(), "the arena is labelled in the memory state");
+        .filter(|span| span.label.starts_with("plan arena"))
+        .map(|span| span.label.as_str())
+        .collect();
+    assert!(parts.len() >= 2, "{parts:?}");
+    assert!(parts.iter().any(|label| label.contains("t0 input")), "{parts:?}");
+    assert!(parts.iter().any(|label| label.contains("matmul")), "{parts:?}");
+    let arena_bytes: u64 = state
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.spans)
+        .filter(|span| span.label.starts_with("plan arena"))
+        .map(|span| span.requested_bytes)
+        .sum();
+    assert_eq!(arena_bytes, plan.arena().bytes());
+    pool.snapshot().check_invariants().expect("invariants");
     let total = pool.stats().allocations.total;
     let input = random(&mut rng, 8 * widths[0]);
     for _ in 0..5 {
@@ -291,6 +306,44 @@ fn a_replay_allocates_nothing_and_the_arena_is_one_labelled_allocation() {
         total,
         "replays allocate nothing"
     );
+}
+
+#[test]
+fn labelled_parts_are_checked() {
+    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    let a = pool.allocate(1024).expect("allocate");
+    let part = |offset: u64, bytes: u64| (offset, bytes, format!("p{offset}"));
+    for bad in [
+        vec![part(0, 0)],
+        vec![part(0, 512), part(256, 512)],
+        vec![part(768, 512)],
+        vec![part(u64::MAX, 2)],
+    ] {
+        assert!(
+            matches!(
+                pool.label_parts(&a, &bad),
+                Err(wgpu_pool::PoolError::InvalidParts { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    pool.label_parts(&a, &[part(512, 256), part(0, 256)]).expect("parts");
+    let labels: Vec<String> = pool
+        .memory_state()
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.spans)
+        .filter(|span| span.kind != wgpu_pool::report::SpanKind::Free)
+        .map(|span| span.label.clone())
+        .collect();
+    assert_eq!(labels.len(), 4, "{labels:?}"); // two parts, the gap between, the tail
+    assert!(labels[0].ends_with(": p0") && labels[2].ends_with(": p512"), "{labels:?}");
+    pool.snapshot().check_invariants().expect("invariants");
+    let other = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    assert!(matches!(
+        other.label_parts(&a, &[]),
+        Err(wgpu_pool::PoolError::ForeignAllocation { .. })
+    ));
 }
 
 #[test]
