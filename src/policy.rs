@@ -35,6 +35,12 @@
 //!   refuse that too, nothing is given back: the refusal leaves the statistics as they were (but
 //!   for the OOM count). When the storage refuses, the empty segments given back while trying stay
 //!   given back, and the error says how many bytes that was ([`OutOfMemory::released_bytes`]).
+//! - **Compaction**, when the caller asks for it: [`PoolCore::compaction_plan`] moves live
+//!   allocations (at most the request's size by default) out of one aligned block of a packed
+//!   segment into free blocks of the other packed segments, so that a request fits without a new
+//!   segment; the caller copies the bytes and applies the plan ([`PoolCore::apply_moves`]). The
+//!   pool does not compact on its own; the replay's `pool_compact` does before every growth (on
+//!   the five traces below it found nothing to move: MEASUREMENTS.md, 2026-12-01).
 //!
 //! # The naive mode
 //!
