@@ -9,6 +9,7 @@
 //! TRACE is a PyTorch memory snapshot (`torch.cuda.memory._snapshot()` saved with pickle, or
 //! the same as JSON), or a snapshot this crate exported from its own pool's history. The
 //! strategies are `pool` (the very policy the GPU pool runs, over simulated segments),
+//! `pool_compact` (the same, moving live allocations rather than growing where it can),
 //! `pool_pow2` (the same with power-of-two rounding) and `naive` (one buffer per allocation);
 //! PyTorch's own reserved memory is read from the trace's segment events.
 //!
@@ -16,6 +17,12 @@
 //! their bytes ("GiB created"; JSON `segments_created`, `bytes_created`, and at the top level
 //! `pytorch_segments_created`, `pytorch_bytes_created`): on a GPU each is a driver allocation plus
 //! wgpu's zero-fill, the price that a low peak can hide.
+//!
+//! `pool_compact` is the pool compacting before it grows: when a request fits nowhere, live
+//! allocations of at most the request's size move out of one aligned block so that it fits. Under
+//! the table: the bytes it moved, and what it saved against `pool` (peak reserved, segments and
+//! bytes created, failed allocations); JSON `compaction` and each strategy's `compactions`,
+//! `moves`, `moved_bytes`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -216,6 +223,26 @@ fn print_report(report: &ReplayReport) {
             s.segments_created,
             gib(s.bytes_created),
             oom
+        );
+    }
+    if let Some(c) = &report.compaction {
+        let mib = |bytes: i64| bytes as f64 / (1u64 << 20) as f64;
+        let attempts = report
+            .strategy("pool_compact")
+            .map_or(0, |s| s.compaction_attempts);
+        println!(
+            "\npool_compact: {} compactions of {} requests that would have grown the pool, {} allocations moved, {:.1} MiB moved",
+            c.compactions,
+            attempts,
+            c.moves,
+            mib(c.moved_bytes as i64)
+        );
+        println!(
+            "  saved against pool: peak reserved {:.1} MiB, segments created {}, bytes created {:.1} MiB, failed allocations {}",
+            mib(c.peak_reserved_saved_bytes),
+            c.segments_created_saved,
+            mib(c.bytes_created_saved),
+            c.failed_allocations_saved
         );
     }
     for s in report.strategies.iter().filter(|s| s.oom_reason.is_some()) {

@@ -42,6 +42,12 @@
 //!   refuse that too, nothing is given back: the refusal leaves the statistics as they were (but
 //!   for the OOM count). When the storage refuses, the empty segments given back while trying stay
 //!   given back, and the error says how many bytes that was ([`OutOfMemory::released_bytes`]).
+//! - **Compaction**, when the caller asks for it: [`PoolCore::compaction_plan`] moves live
+//!   allocations (at most the request's size by default) out of one aligned block of a packed
+//!   segment into free blocks of the other packed segments, so that a request fits without a new
+//!   segment; the caller copies the bytes and applies the plan ([`PoolCore::apply_moves`]). The
+//!   pool does not compact on its own; the replay's `pool_compact` does before every growth (on
+//!   the five traces below it found nothing to move: MEASUREMENTS.md, 2026-12-01).
 //!
 //! # The naive mode
 //!
@@ -85,10 +91,15 @@
 
 #![deny(unsafe_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use crate::buddy::{self, BuddyAllocator, Rounding};
+
+mod compact;
+
+pub use compact::CompactionLimits;
+use compact::{cheapest_window, FreeBlocks, Live, Window};
 
 /// What a segment's memory comes from: GPU buffers in the pool, nothing but bookkeeping in the
 /// replay.
@@ -293,6 +304,12 @@ pub struct OutOfMemory {
     /// empty segments could not have avoided gives nothing back). Already out of
     /// `reserved_bytes`.
     pub released_bytes: u64,
+    /// Free bytes in all segments when it failed.
+    pub free_bytes: u64,
+    /// When moving live allocations within [`CompactionLimits::default`] would have made room for
+    /// the request in the segments held (see [`PoolCore::compaction_estimate`]): what it would
+    /// move. `None` when it would not, or for a request compaction cannot serve (a dedicated one).
+    pub compaction: Option<CompactionEstimate>,
 }
 
 impl fmt::Display for OutOfMemory {
@@ -322,6 +339,25 @@ impl fmt::Display for OutOfMemory {
                 "; the pool gave back {:.2} MiB of empty segments while trying",
                 mib(self.released_bytes)
             )?;
+        }
+        if self.free_bytes > 0 {
+            write!(
+                f,
+                "; free space in segments totals {:.2} MiB, the largest block {:.2} MiB",
+                mib(self.free_bytes),
+                mib(self.largest_free_bytes)
+            )?;
+            if let Some(compaction) = &self.compaction {
+                write!(
+                    f,
+                    "; compacting (moving {:.2} MiB in {} allocation{} out of a block of {:.2} MiB in segment {}) would make it fit",
+                    mib(compaction.moved_bytes),
+                    compaction.moves,
+                    if compaction.moves == 1 { "" } else { "s" },
+                    mib(compaction.window_bytes),
+                    compaction.segment.0
+                )?;
+            }
         }
         write!(
             f,
@@ -463,9 +499,21 @@ pub struct Segment<M> {
     dedicated_in_use: bool,
     /// The pool's clock when the segment was created or last had an allocation freed.
     last_used: u64,
+    /// The live allocations of a packed segment (and destinations a compaction plan holds), by
+    /// offset: what compaction moves.
+    live: BTreeMap<u64, Live>,
 }
 
 impl<M> Segment<M> {
+    /// The ranges held in a packed segment as `(offset, allocated bytes)`, in address order: its
+    /// live allocations, and the destinations of a compaction plan not yet applied or cancelled.
+    /// Empty for a dedicated segment.
+    pub fn live_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.live
+            .iter()
+            .map(|(&offset, live)| (offset, live.allocated_bytes))
+    }
+
     /// True when no allocation lives in this segment.
     pub fn is_empty(&self) -> bool {
         match &self.allocator {
@@ -547,6 +595,115 @@ impl Placement {
         self.inner.is_none()
     }
 }
+
+/// One move of a [`CompactionPlan`]: a live allocation's bytes copied from one range to another.
+/// The destination is reserved by the plan: free before it, disjoint from every live allocation
+/// (the one moved included) and from the other moves' destinations, and never in the segment the
+/// plan makes room in. So the copies of a plan may run in any order, or at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Move {
+    /// The segment the allocation is in.
+    pub from_segment: SegmentId,
+    /// That segment's slot ([`Placement::slot`]).
+    pub from_slot: usize,
+    /// The allocation's offset there, in bytes (with `from_segment`, it names the allocation).
+    pub from_offset: u64,
+    /// The segment it moves to.
+    pub to_segment: SegmentId,
+    /// That segment's slot.
+    pub to_slot: usize,
+    /// Its offset there, in bytes.
+    pub to_offset: u64,
+    /// The range to copy: the allocation's size after rounding, in bytes.
+    pub bytes: u64,
+    /// The size the allocation asked for, in bytes (a copy of the data alone needs only these,
+    /// rounded up to the device's copy alignment).
+    pub requested_bytes: u64,
+}
+
+/// What compaction would do to make room for a request, without doing it
+/// ([`PoolCore::compaction_estimate`], [`OutOfMemory::compaction`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CompactionEstimate {
+    /// The segment the request would fit in.
+    pub segment: SegmentId,
+    /// The offset of the aligned block emptied for it, in bytes.
+    pub window_offset: u64,
+    /// The size of that block, in bytes: the request rounded up to a power of two.
+    pub window_bytes: u64,
+    /// The allocations moved out of it.
+    pub moves: usize,
+    /// Their bytes after rounding: what the copies cover.
+    pub moved_bytes: u64,
+}
+
+/// Moves that make room for one request in the segments held ([`PoolCore::compaction_plan`]).
+/// Their destinations are reserved in the pool until the plan is applied
+/// ([`PoolCore::apply_moves`]) or cancelled ([`PoolCore::cancel_compaction`]): the caller copies
+/// each move's bytes while the sources are still live, then applies the plan, which updates the
+/// moved placements and frees the sources. Not `Clone`; dropping it keeps the destinations
+/// reserved.
+#[derive(Debug)]
+#[must_use = "a compaction plan holds its destinations until it is applied or cancelled"]
+pub struct CompactionPlan {
+    request_bytes: u64,
+    estimate: CompactionEstimate,
+    slot: usize,
+    moves: Vec<Move>,
+    /// The destinations, one per move, in the same order.
+    reserved: Vec<buddy::Allocation>,
+}
+
+impl CompactionPlan {
+    /// The moves, largest first.
+    pub fn moves(&self) -> &[Move] {
+        &self.moves
+    }
+
+    /// The bytes all the moves copy (allocated sizes).
+    pub fn moved_bytes(&self) -> u64 {
+        self.estimate.moved_bytes
+    }
+
+    /// The request the plan makes room for, in bytes.
+    pub fn request_bytes(&self) -> u64 {
+        self.request_bytes
+    }
+
+    /// The segment, block and cost of the plan.
+    pub fn estimate(&self) -> CompactionEstimate {
+        self.estimate
+    }
+
+    /// The slot of the segment the request will fit in.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// True when the plan moves `placement`.
+    pub fn moves_placement(&self, placement: &Placement) -> bool {
+        !placement.is_dedicated()
+            && self.moves.iter().any(|m| {
+                m.from_segment == placement.segment && m.from_offset == placement.offset_bytes
+            })
+    }
+}
+
+/// Why [`PoolCore::apply_moves`] refused a plan. The plan is cancelled: nothing moved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompactionError {
+    /// The placements given did not include an allocation the plan moves.
+    #[error("the placement at offset {offset} of segment {segment:?}, which the plan moves, was not given")]
+    MissingPlacement {
+        /// Its segment.
+        segment: SegmentId,
+        /// Its offset, in bytes.
+        offset: u64,
+    },
+}
+
+/// How many candidate blocks [`PoolCore::compaction_plan`] examines, cheapest first.
+pub const COMPACTION_CANDIDATES: usize = 8;
 
 /// A change to the segments, reported to the caller so that history and the GPU layer can follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -857,6 +1014,13 @@ impl<S: SegmentStorage> PoolCore<S> {
         let allocator = segment.allocator.as_mut()?;
         let allocation = allocator.allocate(size_bytes).ok()?;
         let allocated_bytes = allocation.allocated_size(allocator.min_block());
+        segment.live.insert(
+            allocation.offset(),
+            Live {
+                allocated_bytes,
+                requested_bytes: size_bytes,
+            },
+        );
         let placement = Placement {
             segment: segment.id,
             slot,
@@ -888,6 +1052,10 @@ impl<S: SegmentStorage> PoolCore<S> {
                 )?
             }
         };
+        Ok(self.place_dedicated(slot, size_bytes))
+    }
+
+    fn place_dedicated(&mut self, slot: usize, size_bytes: u64) -> Placement {
         let segment = self.segments[slot].as_mut().expect("slot holds a segment");
         let segment_bytes = segment.size_bytes;
         segment.dedicated_in_use = true;
@@ -900,7 +1068,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             inner: None,
         };
         self.count_allocation(size_bytes, segment_bytes);
-        Ok(placement)
+        placement
     }
 
     /// The smallest empty dedicated segment that can serve `size_bytes` within the reuse slack.
@@ -1000,6 +1168,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             allocator,
             dedicated_in_use: false,
             last_used: self.clock,
+            live: BTreeMap::new(),
         };
         self.stats.create_segment_calls += 1;
         self.stats.reserved_bytes.add(size_bytes);
@@ -1037,6 +1206,8 @@ impl<S: SegmentStorage> PoolCore<S> {
             budget_bytes: self.config.budget_bytes,
             device_error,
             released_bytes,
+            free_bytes: stats.free_bytes,
+            compaction: self.compaction_estimate(requested_bytes, CompactionLimits::default()),
         }))
     }
 
@@ -1057,7 +1228,10 @@ impl<S: SegmentStorage> PoolCore<S> {
             _ => panic!("wgpu_pool::policy: a placement in segment {:?} was freed into a pool that does not hold it", placement.segment),
         };
         match (placement.inner, segment.allocator.as_mut()) {
-            (Some(allocation), Some(allocator)) => allocator.free(allocation),
+            (Some(allocation), Some(allocator)) => {
+                segment.live.remove(&allocation.offset());
+                allocator.free(allocation);
+            }
             (None, None) => segment.dedicated_in_use = false,
             _ => panic!(
                 "wgpu_pool::policy: placement and segment {:?} disagree on being dedicated",
@@ -1109,6 +1283,357 @@ impl<S: SegmentStorage> PoolCore<S> {
         });
         self.storage.destroy_segment(segment.memory);
         segment.size_bytes
+    }
+}
+
+/// Compaction: moving live allocations to make room for a request in the segments held. The
+/// policy decides and keeps the books; the caller copies the bytes (the replay only counts them).
+///
+/// The algorithm: a packed request of `size` needs a free aligned block of `size` rounded up to a
+/// power of two (`B`); once such a block is free, the buddy core serves the request from it (its
+/// coalescing is complete, so the block lies within one of the free run's canonical blocks). In
+/// every packed segment, among the aligned blocks of `B` that hold some free space (at most two per
+/// gap between live allocations), the one whose overlapping live allocations are the fewest bytes
+/// is a candidate; an allocation that straddles the block's edge is moved whole. Candidates are
+/// taken cheapest first (bytes, then allocations, then slot), at most [`COMPACTION_CANDIDATES`];
+/// the first whose allocations fit, largest first, into the free blocks of the *other* packed
+/// segments (a model of the buddy core's exact fit) is reserved there for real. Destinations are
+/// never in the segment made room in, so they never overlap the block, a source or a live
+/// allocation. The bound: a plan moves at most `max_moved_factor` times the request's rounded size
+/// (1 by default: never more bytes than the request) in at most `max_moves` allocations. Dedicated
+/// requests and the naive mode are never compacted for. The cost: O(live allocations) per
+/// candidate, only when a request would otherwise grow the pool.
+impl<S: SegmentStorage> PoolCore<S> {
+    /// Places a request only where the pool has room now (a free range of a packed segment, or a
+    /// cached dedicated segment): never creates or gives back a segment. `None` when it would have
+    /// to grow, or for a request of 0 bytes or too large (which [`PoolCore::allocate`] explains).
+    pub fn allocate_existing(&mut self, size_bytes: u64) -> Option<Placement> {
+        if size_bytes == 0 || size_bytes > self.config.max_allocation_bytes {
+            return None;
+        }
+        if self.config.is_naive()
+            || size_bytes
+                > self
+                    .config
+                    .dedicated_above_bytes
+                    .min(self.config.max_segment_bytes)
+        {
+            let slot = self.cached_dedicated(size_bytes)?;
+            return Some(self.place_dedicated(slot, size_bytes));
+        }
+        self.place_in_existing(size_bytes)
+    }
+
+    /// What a compaction within `limits` would move to make room for `size_bytes` in the segments
+    /// held, without moving anything: the plan [`PoolCore::compaction_plan`] would try first. A
+    /// prediction (the model of free blocks may differ from the buddy core's choices); `None` when
+    /// no block can be emptied within the limits, or for a request compaction cannot serve.
+    pub fn compaction_estimate(
+        &self,
+        size_bytes: u64,
+        limits: CompactionLimits,
+    ) -> Option<CompactionEstimate> {
+        self.compaction_candidates(size_bytes, limits)
+            .into_iter()
+            .take(COMPACTION_CANDIDATES)
+            .find_map(|(window, slot)| {
+                self.predicted_destinations(slot, &window)?;
+                Some(self.estimate_of(slot, &window))
+            })
+    }
+
+    /// Plans moves that make room for a request of `size_bytes` in the segments held, and
+    /// reserves their destinations (see the algorithm above). `None` when no block of any packed
+    /// segment can be emptied within `limits`, or for a request compaction cannot serve (0 bytes,
+    /// too large, dedicated, naive mode). A plan with no moves means a free block already holds the
+    /// request. Apply it with [`PoolCore::apply_moves`] once the bytes are copied, or cancel it
+    /// with [`PoolCore::cancel_compaction`]; until then, allocate nothing else.
+    pub fn compaction_plan(
+        &mut self,
+        size_bytes: u64,
+        limits: CompactionLimits,
+    ) -> Option<CompactionPlan> {
+        let candidates = self.compaction_candidates(size_bytes, limits);
+        for (window, slot) in candidates.into_iter().take(COMPACTION_CANDIDATES) {
+            let Some(destinations) = self.predicted_destinations(slot, &window) else {
+                continue;
+            };
+            if let Some(plan) = self.reserve_moves(size_bytes, slot, &window, destinations) {
+                return Some(plan);
+            }
+        }
+        None
+    }
+
+    /// Carries out `plan` in the books: each moved placement (found among `placements` by its
+    /// segment and offset; others are passed over) now names its destination, and its source
+    /// range is freed. Call it once the caller has copied every move's bytes. Afterwards the
+    /// request fits in the plan's segment: [`PoolCore::allocate`] places it without growing. The
+    /// statistics do not change (the same allocations hold the same bytes). Returns the bytes
+    /// moved.
+    ///
+    /// # Errors
+    ///
+    /// [`CompactionError::MissingPlacement`] when a placement the plan moves was not given; the
+    /// plan is then cancelled and nothing moves.
+    pub fn apply_moves<'a>(
+        &mut self,
+        plan: CompactionPlan,
+        placements: impl IntoIterator<Item = &'a mut Placement>,
+    ) -> Result<u64, CompactionError> {
+        let mut wanted: HashMap<(SegmentId, u64), usize> = plan
+            .moves
+            .iter()
+            .enumerate()
+            .map(|(index, m)| ((m.from_segment, m.from_offset), index))
+            .collect();
+        let mut matched: Vec<Option<&'a mut Placement>> = plan.moves.iter().map(|_| None).collect();
+        for placement in placements {
+            if wanted.is_empty() {
+                break;
+            }
+            if placement.is_dedicated() {
+                continue;
+            }
+            if let Some(index) = wanted.remove(&(placement.segment, placement.offset_bytes)) {
+                matched[index] = Some(placement);
+            }
+        }
+        if let Some(&(segment, offset)) = wanted.keys().min() {
+            self.cancel_compaction(plan);
+            return Err(CompactionError::MissingPlacement { segment, offset });
+        }
+        let CompactionPlan {
+            moves,
+            reserved,
+            estimate,
+            ..
+        } = plan;
+        for ((m, destination), placement) in moves.iter().zip(reserved).zip(matched) {
+            let placement = placement.expect("every move was matched");
+            assert_eq!(
+                placement.allocated_bytes, m.bytes,
+                "wgpu_pool::policy: the placement at offset {} of segment {:?} is not the allocation the plan moves",
+                m.from_offset, m.from_segment
+            );
+            let source = placement
+                .inner
+                .replace(destination)
+                .expect("a moved placement is packed");
+            placement.segment = m.to_segment;
+            placement.slot = m.to_slot;
+            placement.offset_bytes = m.to_offset;
+            let segment = self.segments[m.from_slot]
+                .as_mut()
+                .expect("the plan's source segment is held");
+            segment.live.remove(&m.from_offset);
+            segment
+                .allocator
+                .as_mut()
+                .expect("a source segment is packed")
+                .free(source);
+        }
+        Ok(estimate.moved_bytes)
+    }
+
+    /// Drops `plan` without moving anything: its reserved destinations are freed.
+    pub fn cancel_compaction(&mut self, plan: CompactionPlan) {
+        self.release_reserved(&plan.moves, plan.reserved);
+    }
+
+    /// The aligned block a packed request of `size_bytes` needs free, in bytes, or `None` for a
+    /// request compaction cannot serve.
+    fn compaction_block(&self, size_bytes: u64) -> Option<u64> {
+        let packed = size_bytes
+            <= self
+                .config
+                .dedicated_above_bytes
+                .min(self.config.max_segment_bytes);
+        if self.config.is_naive()
+            || size_bytes == 0
+            || size_bytes > self.config.max_allocation_bytes
+            || !packed
+        {
+            return None;
+        }
+        let units = size_bytes.div_ceil(self.config.min_block_bytes).max(1);
+        Some(units.next_power_of_two() * self.config.min_block_bytes)
+    }
+
+    /// The cheapest block of each packed segment that can be emptied within `limits`, cheapest
+    /// first, with its slot.
+    fn compaction_candidates(
+        &self,
+        size_bytes: u64,
+        limits: CompactionLimits,
+    ) -> Vec<(Window, usize)> {
+        let Some(block_bytes) = self.compaction_block(size_bytes) else {
+            return Vec::new();
+        };
+        if limits.max_moved_factor == 0 {
+            return Vec::new();
+        }
+        let max_moved = self
+            .rounded_size(size_bytes)
+            .saturating_mul(limits.max_moved_factor);
+        let mut candidates: Vec<(Window, usize)> = self
+            .segments
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, segment)| {
+                let segment = segment.as_ref().filter(|s| s.allocator.is_some())?;
+                let window = cheapest_window(
+                    &segment.live,
+                    segment.size_bytes,
+                    block_bytes,
+                    max_moved,
+                    limits.max_moves,
+                )?;
+                Some((window, slot))
+            })
+            .collect();
+        candidates.sort_by_key(|(window, slot)| (window.moved_bytes, window.sources.len(), *slot));
+        candidates
+    }
+
+    /// The allocations overlapping `window` in `slot`, largest first, each with the other packed
+    /// segment the model of free blocks places it in (the tightest fit, as the policy places), or
+    /// `None` when one of them fits nowhere.
+    fn predicted_destinations(
+        &self,
+        slot: usize,
+        window: &Window,
+    ) -> Option<Vec<(u64, Live, usize)>> {
+        let min_block = self.config.min_block_bytes;
+        let segment = self.segments[slot].as_ref()?;
+        let mut sources: Vec<(u64, Live)> = window
+            .sources
+            .iter()
+            .map(|offset| (*offset, segment.live[offset]))
+            .collect();
+        sources.sort_by_key(|(offset, live)| (std::cmp::Reverse(live.allocated_bytes), *offset));
+        if sources.is_empty() {
+            return Some(Vec::new());
+        }
+        let mut models: Vec<(usize, FreeBlocks)> = self
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| *other != slot)
+            .filter_map(|(other, s)| {
+                let s = s.as_ref().filter(|s| s.allocator.is_some())?;
+                Some((other, FreeBlocks::of(&s.live, s.size_bytes, min_block)))
+            })
+            .collect();
+        sources
+            .into_iter()
+            .map(|(offset, live)| {
+                let units = live.allocated_bytes / min_block;
+                let (index, order) = models
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(index, (_, model))| Some((index, model.smallest_fit(units)?)))
+                    .min_by_key(|&(index, order)| (order, index))?;
+                models[index].1.take(order, units);
+                Some((offset, live, models[index].0))
+            })
+            .collect()
+    }
+
+    fn estimate_of(&self, slot: usize, window: &Window) -> CompactionEstimate {
+        CompactionEstimate {
+            segment: self.segments[slot]
+                .as_ref()
+                .expect("a candidate's segment is held")
+                .id,
+            window_offset: window.offset,
+            window_bytes: window.bytes,
+            moves: window.sources.len(),
+            moved_bytes: window.moved_bytes,
+        }
+    }
+
+    /// Reserves the destinations of `window`'s allocations, in the predicted segments (or, when
+    /// the buddy core's choices part from the model, in the tightest other packed segment). On
+    /// failure, gives back what it reserved and returns `None`.
+    fn reserve_moves(
+        &mut self,
+        size_bytes: u64,
+        slot: usize,
+        window: &Window,
+        destinations: Vec<(u64, Live, usize)>,
+    ) -> Option<CompactionPlan> {
+        let estimate = self.estimate_of(slot, window);
+        let mut moves = Vec::with_capacity(destinations.len());
+        let mut reserved = Vec::with_capacity(destinations.len());
+        for (offset, live, predicted) in destinations {
+            let allocation = self.reserve_in(predicted, live).or_else(|| {
+                let fallback = self.tightest_other(slot, live.requested_bytes)?;
+                self.reserve_in(fallback, live)
+            });
+            let Some((to_slot, allocation)) = allocation else {
+                self.release_reserved(&moves, reserved);
+                return None;
+            };
+            moves.push(Move {
+                from_segment: estimate.segment,
+                from_slot: slot,
+                from_offset: offset,
+                to_segment: self.segments[to_slot].as_ref().expect("held").id,
+                to_slot,
+                to_offset: allocation.offset(),
+                bytes: live.allocated_bytes,
+                requested_bytes: live.requested_bytes,
+            });
+            reserved.push(allocation);
+        }
+        Some(CompactionPlan {
+            request_bytes: size_bytes,
+            estimate,
+            slot,
+            moves,
+            reserved,
+        })
+    }
+
+    /// Reserves a destination for an allocation like `live` in `slot`.
+    fn reserve_in(&mut self, slot: usize, live: Live) -> Option<(usize, buddy::Allocation)> {
+        let segment = self.segments[slot].as_mut()?;
+        let allocator = segment.allocator.as_mut()?;
+        let allocation = allocator.allocate(live.requested_bytes).ok()?;
+        debug_assert_eq!(
+            allocation.allocated_size(allocator.min_block()),
+            live.allocated_bytes
+        );
+        segment.live.insert(allocation.offset(), live);
+        Some((slot, allocation))
+    }
+
+    /// The packed segment other than `excluded` with the tightest aligned fit for `size_bytes`.
+    fn tightest_other(&self, excluded: usize, size_bytes: u64) -> Option<usize> {
+        self.segments
+            .iter()
+            .enumerate()
+            .filter(|(slot, _)| *slot != excluded)
+            .filter_map(|(slot, s)| {
+                Some((s.as_ref()?.allocator.as_ref()?.fit_order(size_bytes)?, slot))
+            })
+            .min()
+            .map(|(_, slot)| slot)
+    }
+
+    fn release_reserved(&mut self, moves: &[Move], reserved: Vec<buddy::Allocation>) {
+        for (m, allocation) in moves.iter().zip(reserved) {
+            let segment = self.segments[m.to_slot]
+                .as_mut()
+                .expect("a reserved destination's segment is held");
+            segment.live.remove(&m.to_offset);
+            segment
+                .allocator
+                .as_mut()
+                .expect("a destination segment is packed")
+                .free(allocation);
+        }
     }
 }
 

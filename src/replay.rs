@@ -5,13 +5,20 @@
 //! [`SimulatedStorage`]; `pool_pow2` is the same with power-of-two rounding; `naive` is one buffer per
 //! allocation, the policy's naive mode over the same storage. PyTorch's own reserved memory comes from the trace's `segment_alloc` and
 //! `segment_free` events.
+//!
+//! `pool_compact` is the pool that, when a request would otherwise grow the pool (or fail), first
+//! asks the policy for a compaction plan ([`crate::policy::PoolCore::compaction_plan`]) and
+//! applies it: live allocations move out of an aligned block so that the request fits in the
+//! segments held. The replay copies nothing; it counts the bytes the copies would cover.
 
 #![deny(unsafe_code)]
 
 use std::collections::HashMap;
 
 use crate::buddy::Rounding;
-use crate::policy::{PolicyConfig, PolicyError, PoolCore, SimulatedStorage};
+use crate::policy::{
+    CompactionLimits, Placement, PolicyConfig, PolicyError, PoolCore, SimulatedStorage,
+};
 use crate::snapshot::{Snapshot, TraceAction, TraceEntry};
 
 /// What happened, in the order it happened. Sizes are in bytes.
@@ -154,10 +161,20 @@ pub enum Strategy {
     /// One buffer per allocation, sized to the request rounded up to 4 bytes: the policy's
     /// naive mode ([`PolicyConfig::naive`]).
     Naive,
+    /// The pool with this policy, compacting within `limits` before it grows.
+    PoolCompact {
+        /// The name to report.
+        name: String,
+        /// The policy.
+        config: PolicyConfig,
+        /// How much one compaction may move.
+        limits: CompactionLimits,
+    },
 }
 
 impl Strategy {
-    /// The three strategies compared by default for a device: `pool`, `pool_pow2`, `naive`.
+    /// The strategies compared by default for a device: `pool`, `pool_compact` (the same policy,
+    /// compacting with [`CompactionLimits::default`]), `pool_pow2`, `naive`.
     pub fn defaults(profile: &LimitsProfile) -> Vec<Self> {
         let pool = profile.policy();
         let pow2 = PolicyConfig {
@@ -167,7 +184,12 @@ impl Strategy {
         vec![
             Self::Pool {
                 name: "pool".into(),
+                config: pool.clone(),
+            },
+            Self::PoolCompact {
+                name: "pool_compact".into(),
                 config: pool,
+                limits: CompactionLimits::default(),
             },
             Self::Pool {
                 name: "pool_pow2".into(),
@@ -181,15 +203,23 @@ impl Strategy {
     /// [`PolicyConfig::naive`] (buffers sized in multiples of [`NAIVE_ALIGNMENT_BYTES`]).
     pub fn config(&self, profile: &LimitsProfile) -> PolicyConfig {
         match self {
-            Self::Pool { config, .. } => config.clone(),
+            Self::Pool { config, .. } | Self::PoolCompact { config, .. } => config.clone(),
             Self::Naive => PolicyConfig::naive(NAIVE_ALIGNMENT_BYTES, profile.max_buffer_size),
+        }
+    }
+
+    /// The compaction limits, for a strategy that compacts.
+    pub fn compaction(&self) -> Option<CompactionLimits> {
+        match self {
+            Self::PoolCompact { limits, .. } => Some(*limits),
+            _ => None,
         }
     }
 
     /// The name reported.
     pub fn name(&self) -> &str {
         match self {
-            Self::Pool { name, .. } => name,
+            Self::Pool { name, .. } | Self::PoolCompact { name, .. } => name,
             Self::Naive => "naive",
         }
     }
@@ -217,6 +247,15 @@ pub struct StrategyOutcome {
     pub oom_reason: Option<String>,
     /// Allocations that failed.
     pub failed_allocations: u64,
+    /// Requests that would have grown the pool and for which a compaction plan was sought (0 for
+    /// a strategy that does not compact).
+    pub compaction_attempts: u64,
+    /// Compaction plans applied.
+    pub compactions: u64,
+    /// Allocations moved by them.
+    pub moves: u64,
+    /// Bytes moved by them (allocated sizes: what the copies would cover).
+    pub moved_bytes: u64,
     /// Reserved bytes over the trace as `(event index, bytes)`, at most [`TIMELINE_POINTS`]
     /// points (the maximum of each stretch of events), for plots.
     #[serde(skip)]
@@ -235,6 +274,10 @@ impl StrategyOutcome {
             oom_at_event: None,
             oom_reason: None,
             failed_allocations: 0,
+            compaction_attempts: 0,
+            compactions: 0,
+            moves: 0,
+            moved_bytes: 0,
             reserved_timeline: Vec::new(),
         }
     }
@@ -297,12 +340,56 @@ pub struct ReplayReport {
     pub pytorch_bytes_created: Option<u64>,
     /// One outcome per strategy.
     pub strategies: Vec<StrategyOutcome>,
+    /// What `pool_compact` moved and saved against `pool`, when both were replayed.
+    pub compaction: Option<CompactionSavings>,
     /// Live requested bytes over the trace, sampled like the strategies' timelines.
     #[serde(skip)]
     pub requested_timeline: Vec<(usize, u64)>,
     /// PyTorch's reserved bytes over the trace, sampled likewise (empty without segment events).
     #[serde(skip)]
     pub pytorch_reserved_timeline: Vec<(usize, u64)>,
+}
+
+/// What compaction cost and saved on one trace: `pool_compact` against `pool`. Savings are
+/// `pool`'s figure minus `pool_compact`'s (negative when compaction cost more).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CompactionSavings {
+    /// Compaction plans applied.
+    pub compactions: u64,
+    /// Allocations moved.
+    pub moves: u64,
+    /// Bytes moved.
+    pub moved_bytes: u64,
+    /// Peak reserved bytes saved.
+    pub peak_reserved_saved_bytes: i64,
+    /// Segments created saved.
+    pub segments_created_saved: i64,
+    /// Bytes of segments created saved.
+    pub bytes_created_saved: i64,
+    /// Failed allocations saved (under a capacity).
+    pub failed_allocations_saved: i64,
+}
+
+impl CompactionSavings {
+    /// `compacted` against `baseline`.
+    pub fn of(compacted: &StrategyOutcome, baseline: &StrategyOutcome) -> Self {
+        let saved = |base: u64, with: u64| base as i64 - with as i64;
+        Self {
+            compactions: compacted.compactions,
+            moves: compacted.moves,
+            moved_bytes: compacted.moved_bytes,
+            peak_reserved_saved_bytes: saved(
+                baseline.peak_reserved_bytes,
+                compacted.peak_reserved_bytes,
+            ),
+            segments_created_saved: saved(baseline.segments_created, compacted.segments_created),
+            bytes_created_saved: saved(baseline.bytes_created, compacted.bytes_created),
+            failed_allocations_saved: saved(
+                baseline.failed_allocations,
+                compacted.failed_allocations,
+            ),
+        }
+    }
 }
 
 impl ReplayReport {
@@ -380,13 +467,21 @@ pub fn replay(
             replay_pool(
                 strategy.name(),
                 strategy.config(&profile),
+                strategy.compaction(),
                 events,
                 peak_at,
                 capacity_bytes,
                 &mut local,
             )
         })
-        .collect();
+        .collect::<Vec<StrategyOutcome>>();
+    let compaction = match (
+        outcomes.iter().find(|s| s.name == "pool_compact"),
+        outcomes.iter().find(|s| s.name == "pool"),
+    ) {
+        (Some(compacted), Some(baseline)) => Some(CompactionSavings::of(compacted, baseline)),
+        _ => None,
+    };
     ReplayReport {
         trace: trace.to_string(),
         limits: profile,
@@ -400,6 +495,7 @@ pub fn replay(
         pytorch_segments_created: pytorch_created.map(|(segments, _)| segments),
         pytorch_bytes_created: pytorch_created.map(|(_, bytes)| bytes),
         strategies: outcomes,
+        compaction,
         requested_timeline,
         pytorch_reserved_timeline: if pytorch_peak_reserved_bytes.is_some() {
             pytorch_reserved_timeline
@@ -436,6 +532,7 @@ const PROGRESS_EVERY: usize = 4096;
 fn replay_pool(
     name: &str,
     config: PolicyConfig,
+    compaction: Option<CompactionLimits>,
     events: &[ReplayEvent],
     peak_at: usize,
     capacity_bytes: Option<u64>,
@@ -453,14 +550,16 @@ fn replay_pool(
     let mut live = HashMap::new();
     for (index, event) in events.iter().enumerate() {
         match *event {
-            ReplayEvent::Alloc { addr, size } => match pool.allocate(size) {
-                Ok(placement) => {
-                    if let Some(previous) = live.insert(addr, placement) {
-                        pool.free(previous);
+            ReplayEvent::Alloc { addr, size } => {
+                match allocate(&mut pool, size, compaction, &mut live, &mut outcome) {
+                    Ok(placement) => {
+                        if let Some(previous) = live.insert(addr, placement) {
+                            pool.free(previous);
+                        }
                     }
+                    Err(error) => record_failure(&mut outcome, index, &error),
                 }
-                Err(error) => record_failure(&mut outcome, index, &error),
-            },
+            }
             ReplayEvent::Free { addr } => {
                 if let Some(placement) = live.remove(&addr) {
                     pool.free(placement);
@@ -487,6 +586,34 @@ fn replay_pool(
     // The reserved counter's running total is the sum of every segment created.
     outcome.bytes_created = stats.reserved_bytes.total;
     outcome
+}
+
+/// Allocates `size`; with `compaction`, when the request would grow the pool, first applies a
+/// compaction plan to the live placements.
+fn allocate(
+    pool: &mut PoolCore<SimulatedStorage>,
+    size: u64,
+    compaction: Option<CompactionLimits>,
+    live: &mut HashMap<u64, Placement>,
+    outcome: &mut StrategyOutcome,
+) -> Result<Placement, PolicyError> {
+    let Some(limits) = compaction else {
+        return pool.allocate(size);
+    };
+    if let Some(placement) = pool.allocate_existing(size) {
+        return Ok(placement);
+    }
+    outcome.compaction_attempts += 1;
+    if let Some(plan) = pool.compaction_plan(size, limits) {
+        let moves = plan.moves().len() as u64;
+        let moved = pool
+            .apply_moves(plan, live.values_mut())
+            .expect("the replay gives every live placement");
+        outcome.compactions += u64::from(moves > 0);
+        outcome.moves += moves;
+        outcome.moved_bytes += moved;
+    }
+    pool.allocate(size)
 }
 
 fn record_failure(outcome: &mut StrategyOutcome, index: usize, error: &PolicyError) {

@@ -518,3 +518,211 @@ proptest::proptest! {
         proptest::prop_assert_eq!(pool.stats().allocated_bytes.current, 0);
     }
 }
+
+/// Small segments of 64 KiB in 256-byte blocks: holes appear after a few frees.
+fn compaction_config() -> PolicyConfig {
+    PolicyConfig {
+        min_segment_bytes: 64 << 10,
+        max_segment_bytes: 64 << 10,
+        growth_divisor: 0,
+        dedicated_above_bytes: 64 << 10,
+        ..config()
+    }
+}
+
+/// Four 16 KiB allocations in each of two segments, with the first and third of each freed: 64 KiB
+/// free in blocks of 16 KiB, none of 32 KiB.
+fn two_holed_segments(pool: &mut PoolCore<SimulatedStorage>) -> Vec<Placement> {
+    let placements: Vec<Placement> = (0..8).map(|_| pool.allocate(16 << 10).unwrap()).collect();
+    assert_eq!(pool.segment_count(), 2);
+    let (freed, kept): (Vec<_>, Vec<_>) = placements
+        .into_iter()
+        .partition(|p| p.offset() == 0 || p.offset() == 32 << 10);
+    assert_eq!(freed.len(), 4);
+    for placement in freed {
+        pool.free(placement);
+    }
+    kept
+}
+
+#[test]
+fn a_compaction_plan_makes_room_without_growing() {
+    let mut pool = pool(compaction_config());
+    let mut live = two_holed_segments(&mut pool);
+    let before = pool.counters();
+    assert!(pool.allocate_existing(32 << 10).is_none());
+    let plan = pool
+        .compaction_plan(32 << 10, CompactionLimits::default())
+        .unwrap();
+    assert_eq!(plan.moves().len(), 1);
+    assert_eq!(plan.moved_bytes(), 16 << 10);
+    let m = plan.moves()[0];
+    assert_ne!(m.to_slot, plan.slot());
+    assert_eq!((m.from_offset, m.bytes), (16 << 10, 16 << 10));
+    assert!(live.iter().filter(|p| plan.moves_placement(p)).count() == 1);
+    // A plan that misses a placement is refused and cancelled.
+    assert_eq!(
+        pool.apply_moves(plan, live.iter_mut().take(0)),
+        Err(CompactionError::MissingPlacement {
+            segment: m.from_segment,
+            offset: m.from_offset
+        })
+    );
+    assert_eq!(pool.counters(), before);
+    let plan = pool
+        .compaction_plan(32 << 10, CompactionLimits::default())
+        .unwrap();
+    let m = plan.moves()[0];
+    assert_eq!(pool.apply_moves(plan, live.iter_mut()), Ok(16 << 10));
+    assert_eq!(pool.counters(), before, "moving changes no counter");
+    assert_eq!(pool.stats().largest_free_bytes, 32 << 10);
+    let moved = live
+        .iter()
+        .find(|p| p.segment() == m.to_segment && p.offset() == m.to_offset);
+    assert_eq!(moved.map(Placement::allocated_size), Some(16 << 10));
+    let placement = pool
+        .allocate_existing(32 << 10)
+        .expect("the request fits now");
+    assert_eq!(placement.slot(), m.from_slot);
+    assert_eq!(pool.stats().create_segment_calls, 2);
+    // A bound below the bytes to move refuses.
+    live.push(placement);
+    for placement in live {
+        pool.free(placement);
+    }
+    let mut pool = pool_with(compaction_config());
+    let _live = two_holed_segments(&mut pool);
+    let tight = CompactionLimits {
+        max_moves: 0,
+        ..CompactionLimits::default()
+    };
+    assert!(pool.compaction_plan(32 << 10, tight).is_none());
+    assert!(pool.compaction_estimate(32 << 10, tight).is_none());
+}
+
+fn pool_with(config: PolicyConfig) -> PoolCore<SimulatedStorage> {
+    pool(config)
+}
+
+#[test]
+fn out_of_memory_says_when_compacting_would_make_the_request_fit() {
+    let mut pool = pool(PolicyConfig {
+        budget_bytes: Some(128 << 10),
+        ..compaction_config()
+    });
+    let _live = two_holed_segments(&mut pool);
+    let Err(PolicyError::OutOfMemory(oom)) = pool.allocate(32 << 10) else {
+        panic!("the budget refuses a third segment");
+    };
+    assert_eq!(oom.free_bytes, 64 << 10);
+    assert_eq!(oom.largest_free_bytes, 16 << 10);
+    let estimate = oom.compaction.expect("moving one allocation makes room");
+    assert_eq!((estimate.moves, estimate.moved_bytes), (1, 16 << 10));
+    assert_eq!(estimate.window_bytes, 32 << 10);
+    let text = oom.to_string();
+    assert!(
+        text.contains("free space in segments totals 0.06 MiB, the largest block 0.02 MiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "compacting (moving 0.02 MiB in 1 allocation out of a block of 0.03 MiB in segment"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("would make it fit"), "{text}");
+    // 48 KiB needs a whole segment: its two allocations move into the other's holes.
+    let Err(PolicyError::OutOfMemory(oom)) = pool.allocate(48 << 10) else {
+        panic!("the budget refuses a third segment");
+    };
+    let estimate = oom.compaction.unwrap();
+    assert_eq!((estimate.moves, estimate.moved_bytes), (2, 32 << 10));
+    // A dedicated request is never compacted for.
+    let Err(PolicyError::OutOfMemory(oom)) = pool.allocate(80 << 10) else {
+        panic!("the budget refuses a dedicated segment");
+    };
+    assert_eq!(oom.compaction, None);
+    assert!(!oom.to_string().contains("compacting"), "{oom}");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// After a plan is applied every live allocation is there exactly once, with its size, in a
+    /// range no other holds; the moves' destinations overlapped nothing live; the bound held; and
+    /// the request fits without growing.
+    #[test]
+    fn applied_compaction_plans_keep_every_allocation_and_make_room(
+        ops in proptest::collection::vec((1u64..12 << 10, 0u8..4, 1u64..40 << 10, 1u64..3), 1..300),
+    ) {
+        let mut pool = pool(compaction_config());
+        // (tag, placement); sizes by tag.
+        let mut live: Vec<(usize, Placement)> = Vec::new();
+        let mut sizes: Vec<u64> = Vec::new();
+        let mut compactions = 0;
+        for (size, action, request, factor) in ops {
+            match action {
+                0 | 1 => {
+                    let placement = pool.allocate(size).unwrap();
+                    sizes.push(placement.allocated_size());
+                    live.push((sizes.len() - 1, placement));
+                }
+                2 if !live.is_empty() => {
+                    let (_, placement) = live.swap_remove(size as usize % live.len());
+                    pool.free(placement);
+                }
+                _ => {
+                    let limits = CompactionLimits { max_moved_factor: factor, max_moves: 64 };
+                    let before = pool.stats();
+                    let Some(plan) = pool.compaction_plan(request, limits) else { continue };
+                    proptest::prop_assert!(plan.moved_bytes() <= pool.rounded_size(request) * factor);
+                    proptest::prop_assert!(plan.moves().len() <= 64);
+                    for (i, m) in plan.moves().iter().enumerate() {
+                        proptest::prop_assert_ne!(m.to_slot, plan.slot());
+                        let sources = live.iter().filter(|(_, p)| p.segment() == m.from_segment && p.offset() == m.from_offset).count();
+                        proptest::prop_assert_eq!(sources, 1);
+                        // The destination overlaps no live allocation and no other destination.
+                        let overlaps = |segment: SegmentId, offset: u64, bytes: u64| {
+                            segment == m.to_segment && offset < m.to_offset + m.bytes && m.to_offset < offset + bytes
+                        };
+                        proptest::prop_assert!(!live.iter().any(|(_, p)| overlaps(p.segment(), p.offset(), p.allocated_size())));
+                        proptest::prop_assert!(!plan.moves()[..i].iter().any(|o| overlaps(o.to_segment, o.to_offset, o.bytes)));
+                    }
+                    let moves = plan.moves().len();
+                    pool.apply_moves(plan, live.iter_mut().map(|(_, p)| p)).unwrap();
+                    compactions += usize::from(moves > 0);
+                    proptest::prop_assert_eq!(pool.stats().allocated_bytes, before.allocated_bytes);
+                    let placement = pool.allocate_existing(request);
+                    proptest::prop_assert!(placement.is_some(), "the request fits after the plan");
+                    let placement = placement.unwrap();
+                    sizes.push(placement.allocated_size());
+                    live.push((sizes.len() - 1, placement));
+                }
+            }
+            // Every live allocation once, with its size, in a range of its own, as the segments'
+            // books say.
+            let mut ranges: Vec<(usize, u64, u64)> = live
+                .iter()
+                .map(|(tag, p)| {
+                    assert_eq!(p.allocated_size(), sizes[*tag]);
+                    (p.slot(), p.offset(), p.allocated_size())
+                })
+                .collect();
+            ranges.sort_unstable();
+            for pair in ranges.windows(2) {
+                proptest::prop_assert!(pair[0].0 != pair[1].0 || pair[0].1 + pair[0].2 <= pair[1].1, "{:?}", pair);
+            }
+            let mut books: Vec<(usize, u64, u64)> = (0..pool.segments.len())
+                .filter_map(|slot| pool.segment(slot).map(|s| (slot, s)))
+                .flat_map(|(slot, s)| s.live_ranges().map(move |(o, b)| (slot, o, b)))
+                .collect();
+            books.sort_unstable();
+            proptest::prop_assert_eq!(&books, &ranges);
+        }
+        let _ = compactions;
+        for (_, placement) in live {
+            pool.free(placement);
+        }
+        proptest::prop_assert_eq!(pool.stats().allocated_bytes.current, 0);
+    }
+}
