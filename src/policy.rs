@@ -937,6 +937,15 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// `cache_headroom_divisor`, least recently used first until the pool with the new segment
     /// keeps within the headroom over its demand; otherwise largest first, until what stays empty
     /// is at most `reserved / keep_empty_divisor` (all of them when that divisor is 0).
+    /// The empty segments as `(key, slot)`.
+    fn empty_segments(&self, key: impl Fn(&Segment<S::Segment>) -> u64) -> Vec<(u64, usize)> {
+        self.segments
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| s.as_ref().filter(|s| s.is_empty()).map(|s| (key(s), slot)))
+            .collect()
+    }
+
     fn release_for_growth(&mut self, rounded_bytes: u64, segment_bytes: u64) {
         if self.config.is_naive() {
             // Nothing to give back: a naive segment is given back as soon as it is freed.
@@ -944,16 +953,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         }
         if self.config.cache_headroom_divisor > 0 {
             let cap = self.cache_ceiling(rounded_bytes);
-            let mut empty: Vec<(u64, usize)> = self
-                .segments
-                .iter()
-                .enumerate()
-                .filter_map(|(slot, s)| {
-                    s.as_ref()
-                        .filter(|s| s.is_empty())
-                        .map(|s| (s.last_used, slot))
-                })
-                .collect();
+            let mut empty = self.empty_segments(|s| s.last_used);
             empty.sort_unstable();
             for (_, slot) in empty {
                 if self.stats.reserved_bytes.current + segment_bytes <= cap {
@@ -963,16 +963,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             }
             return;
         }
-        let mut empty: Vec<(u64, usize)> = self
-            .segments
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, s)| {
-                s.as_ref()
-                    .filter(|s| s.is_empty())
-                    .map(|s| (s.size_bytes, slot))
-            })
-            .collect();
+        let mut empty = self.empty_segments(|s| s.size_bytes);
         let mut empty_bytes: u64 = empty.iter().map(|e| e.0).sum();
         empty.sort_unstable_by(|a, b| b.cmp(a));
         for (size_bytes, slot) in empty {

@@ -88,32 +88,41 @@ pub(crate) fn cheapest_window(
             }
         }
     };
-    let mut previous_end = 0u64;
-    let ends = live
-        .iter()
-        .map(|(&offset, l)| (offset, offset + l.allocated_bytes))
-        .chain(std::iter::once((capacity_bytes, capacity_bytes)));
-    for (start, end) in ends {
-        if start > previous_end {
-            // The gap [previous_end, start) is free.
-            let whole = previous_end.div_ceil(block_bytes);
-            if (whole + 1) * block_bytes <= start.min(capacity_bytes) {
-                // A whole aligned block is free: nothing to move.
-                return Some(Window {
-                    offset: whole * block_bytes,
-                    bytes: block_bytes,
-                    moved_bytes: 0,
-                    sources: Vec::new(),
-                });
-            }
-            let first = previous_end / block_bytes;
-            let last = (start - 1) / block_bytes;
-            examine(first, &mut best);
-            examine(last, &mut best);
+    for (gap_start, gap_end) in free_gaps(live, capacity_bytes) {
+        // The gap [gap_start, gap_end) is free.
+        let whole = gap_start.div_ceil(block_bytes);
+        if (whole + 1) * block_bytes <= gap_end.min(capacity_bytes) {
+            // A whole aligned block is free: nothing to move.
+            return Some(Window {
+                offset: whole * block_bytes,
+                bytes: block_bytes,
+                moved_bytes: 0,
+                sources: Vec::new(),
+            });
         }
-        previous_end = previous_end.max(end);
+        let first = gap_start / block_bytes;
+        let last = (gap_end - 1) / block_bytes;
+        examine(first, &mut best);
+        examine(last, &mut best);
     }
     best
+}
+
+/// The free gaps `[start, end)` between the live allocations of a segment of `capacity_bytes`,
+/// in address order.
+fn free_gaps(
+    live: &BTreeMap<u64, Live>,
+    capacity_bytes: u64,
+) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let mut previous_end = 0u64;
+    live.iter()
+        .map(|(&offset, l)| (offset, offset + l.allocated_bytes))
+        .chain(std::iter::once((capacity_bytes, capacity_bytes)))
+        .filter_map(move |(start, end)| {
+            let gap = (start > previous_end).then_some((previous_end, start));
+            previous_end = previous_end.max(end);
+            gap
+        })
 }
 
 /// The allocations overlapping `[start, end)`, or `None` when they pass the bounds.
@@ -164,19 +173,11 @@ impl FreeBlocks {
             counts: [0; 64],
             min_block_shift: min_block_bytes.trailing_zeros(),
         };
-        let mut previous_end = 0u64;
-        let ends = live
-            .iter()
-            .map(|(&offset, l)| (offset, offset + l.allocated_bytes))
-            .chain(std::iter::once((capacity_bytes, capacity_bytes)));
-        for (start, end) in ends {
-            if start > previous_end {
-                blocks.add_run(
-                    previous_end >> blocks.min_block_shift,
-                    start >> blocks.min_block_shift,
-                );
-            }
-            previous_end = previous_end.max(end);
+        for (start, end) in free_gaps(live, capacity_bytes) {
+            blocks.add_run(
+                start >> blocks.min_block_shift,
+                end >> blocks.min_block_shift,
+            );
         }
         blocks
     }
