@@ -168,6 +168,10 @@ pub struct Side {
     /// A checksum of every probability read back, `Σ p_i · (i mod 7 + 1)` over every request
     /// (the sides must agree).
     pub checksum: f64,
+    /// The answers to the first and the last request, compared element by element across the
+    /// sides (softmax rows of similar values make the checksum a weak test on its own).
+    #[serde(skip)]
+    pub probe: Vec<f32>,
     /// `planned` only: the bytes of the arena the plans share (the largest plan's heap).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan_heap_bytes: Option<u64>,
@@ -505,6 +509,7 @@ fn serve_with(
 
     let warmup = (workload.requests / 10).max(1);
     let mut checksum = 0.0f64;
+    let mut probe = Vec::new();
     let mut device_reported: Option<u64> = None;
     let mut start = Instant::now();
     let mut creates_at_warmup = 0;
@@ -545,6 +550,9 @@ fn serve_with(
             read_time += read_start.elapsed();
         }
         checksum += answer_checksum(&answer);
+        if request == 0 || request + 1 == workload.requests {
+            probe.extend_from_slice(&answer);
+        }
         if request % sample_every == 0 {
             if let Some(bytes) =
                 AllocatorReport::from_device(&gpu.device, gpu.info.backend).total_allocated_bytes()
@@ -572,6 +580,7 @@ fn serve_with(
         internal_fragmentation: stats.internal_fragmentation(),
         external_fragmentation: stats.external_fragmentation(),
         checksum,
+        probe,
         plan_heap_bytes: None,
         plan_max_live_bytes: None,
         plan_greedy_by_size_bytes: None,
@@ -684,6 +693,7 @@ fn serve_planned(pool: &Pool, workload: &Workload) -> Result<(Side, String)> {
 
     let warmup = (workload.requests / 10).max(1);
     let mut checksum = 0.0f64;
+    let mut probe = Vec::new();
     let mut start = Instant::now();
     let mut creates_at_warmup = 0;
     let mut run_time = Duration::ZERO;
@@ -700,6 +710,9 @@ fn serve_planned(pool: &Pool, workload: &Workload) -> Result<(Side, String)> {
             run_time += run_start.elapsed();
         }
         checksum += answer_checksum(&answer[0]);
+        if request == 0 || request + 1 == requests.len() {
+            probe.extend_from_slice(&answer[0]);
+        }
     }
     let elapsed = start.elapsed().max(Duration::from_nanos(1));
     let stats = pool.stats();
@@ -722,6 +735,7 @@ fn serve_planned(pool: &Pool, workload: &Workload) -> Result<(Side, String)> {
         internal_fragmentation: stats.internal_fragmentation(),
         external_fragmentation: stats.external_fragmentation(),
         checksum,
+        probe,
         plan_heap_bytes: Some(arena.bytes()),
         plan_max_live_bytes: Some(largest.max_live_bytes),
         plan_greedy_by_size_bytes: Some(largest.greedy_by_size_heap_bytes),
