@@ -285,8 +285,14 @@ fn a_replay_allocates_nothing_and_the_arena_is_one_labelled_allocation() {
         .map(|span| span.label.as_str())
         .collect();
     assert!(parts.len() >= 2, "{parts:?}");
-    assert!(parts.iter().any(|label| label.contains("t0 input")), "{parts:?}");
-    assert!(parts.iter().any(|label| label.contains("matmul")), "{parts:?}");
+    assert!(
+        parts.iter().any(|label| label.contains("t0 input")),
+        "{parts:?}"
+    );
+    assert!(
+        parts.iter().any(|label| label.contains("matmul")),
+        "{parts:?}"
+    );
     let arena_bytes: u64 = state
         .segments
         .iter()
@@ -327,7 +333,8 @@ fn labelled_parts_are_checked() {
             "{bad:?}"
         );
     }
-    pool.label_parts(&a, &[part(512, 256), part(0, 256)]).expect("parts");
+    pool.label_parts(&a, &[part(512, 256), part(0, 256)])
+        .expect("parts");
     let labels: Vec<String> = pool
         .memory_state()
         .segments
@@ -337,7 +344,10 @@ fn labelled_parts_are_checked() {
         .map(|span| span.label.clone())
         .collect();
     assert_eq!(labels.len(), 4, "{labels:?}"); // two parts, the gap between, the tail
-    assert!(labels[0].ends_with(": p0") && labels[2].ends_with(": p512"), "{labels:?}");
+    assert!(
+        labels[0].ends_with(": p0") && labels[2].ends_with(": p512"),
+        "{labels:?}"
+    );
     pool.snapshot().check_invariants().expect("invariants");
     let other = Pool::new(gpu(), PoolOptions::default()).expect("pool");
     assert!(matches!(
