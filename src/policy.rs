@@ -1464,7 +1464,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.release_reserved(&plan.moves, plan.reserved);
     }
 
-    /// Plans moves that empty the packed segment in `slot`: every live allocation in it, each
+    /// Plans moves that empty the packed segment `id`: every live allocation in it, each
     /// `movable(segment, offset)`, moved into free blocks of the other packed segments (as
     /// [`PoolCore::compaction_plan`] places them), at most `limits.max_moves` of them. `None` when
     /// the slot holds no packed segment, one of its allocations is not movable, there are too
@@ -1473,11 +1473,12 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// ([`PoolCore::release_if_empty`]).
     pub fn evacuation_plan(
         &mut self,
-        slot: usize,
+        id: SegmentId,
         limits: CompactionLimits,
         movable: impl Fn(SegmentId, u64) -> bool,
     ) -> Option<CompactionPlan> {
-        let segment = self.segments.get(slot)?.as_ref()?;
+        let slot = self.slot_of(id)?;
+        let segment = self.segments[slot].as_ref()?;
         segment.allocator.as_ref()?;
         if segment.live.len() > limits.max_moves
             || segment
@@ -1507,12 +1508,18 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.release_empty(|segment| segment.id == id)
     }
 
-    /// Bytes of the live allocations in the packed segment of `slot` (0 for none).
-    pub fn live_bytes(&self, slot: usize) -> u64 {
-        self.segments
-            .get(slot)
-            .and_then(Option::as_ref)
+    /// Bytes of the live allocations in the packed segment `id` (0 for none, or a dedicated one).
+    pub fn live_bytes(&self, id: SegmentId) -> u64 {
+        self.slot_of(id)
+            .and_then(|slot| self.segments[slot].as_ref())
             .map_or(0, |s| s.live.values().map(|l| l.allocated_bytes).sum())
+    }
+
+    /// The slot of the segment `id`, if it is held.
+    fn slot_of(&self, id: SegmentId) -> Option<usize> {
+        self.segments
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.id == id))
     }
 
     /// The aligned block a packed request of `size_bytes` needs free, in bytes, or `None` for a

@@ -639,32 +639,33 @@ fn an_evacuation_plan_empties_a_segment_that_is_then_given_back() {
     let mut live = two_holed_segments(&mut pool);
     let before = pool.counters();
     let slot = live[0].slot();
-    assert_eq!(pool.live_bytes(slot), 32 << 10);
+    let id = live[0].segment();
+    assert_eq!(pool.live_bytes(id), 32 << 10);
     // Pinned: refused.
     assert!(pool
-        .evacuation_plan(slot, CompactionLimits::default(), |_, _| false)
+        .evacuation_plan(id, CompactionLimits::default(), |_, _| false)
         .is_none());
     // Too many moves: refused.
     let one = CompactionLimits {
         max_moves: 1,
         ..CompactionLimits::default()
     };
-    assert!(pool.evacuation_plan(slot, one, |_, _| true).is_none());
+    assert!(pool.evacuation_plan(id, one, |_, _| true).is_none());
     let plan = pool
-        .evacuation_plan(slot, CompactionLimits::default(), |_, _| true)
+        .evacuation_plan(id, CompactionLimits::default(), |_, _| true)
         .unwrap();
     assert_eq!(plan.moves().len(), 2);
     assert!(plan.moves().iter().all(|m| m.to_slot != slot));
-    let id = plan.estimate().segment;
+    assert_eq!(plan.estimate().segment, id);
     assert_eq!(pool.apply_moves(plan, live.iter_mut()), Ok(32 << 10));
     assert_eq!(pool.counters(), before, "moving changes no counter");
-    assert_eq!(pool.live_bytes(slot), 0);
+    assert_eq!(pool.live_bytes(id), 0);
     assert!(live.iter().all(|p| p.segment() != id));
     assert_eq!(pool.release_if_empty(id), 64 << 10);
     assert_eq!(pool.segment_count(), 1);
     assert_eq!(pool.stats().free_bytes, 0);
     // The other segment is full now: nothing to evacuate it into.
-    let other = live[0].slot();
+    let other = live[0].segment();
     assert!(pool
         .evacuation_plan(other, CompactionLimits::default(), |_, _| true)
         .is_none());

@@ -63,6 +63,7 @@
 //! history into text, JSON, PyTorch snapshots, Chrome traces and SVG plots.
 
 mod allocation;
+mod compact;
 mod io;
 mod live;
 mod options;
@@ -73,11 +74,12 @@ use std::sync::Arc;
 
 use crate::device::Gpu;
 use crate::history::{History, HistoryOptions, Label, Totals};
-use crate::policy::{PolicyConfig, PoolCore, PoolStats};
+use crate::policy::{CompactionEstimate, CompactionLimits, PolicyConfig, PoolCore, PoolStats};
 use crate::snapshot::Snapshot;
 use crate::state::PoolState;
 
 pub use allocation::Allocation;
+pub use compact::Compaction;
 pub use io::MAX_STAGING_BYTES;
 pub use options::{AllocOptions, PoolError, PoolOptions, ReuseSafety};
 pub use storage::SEGMENT_USAGES;
@@ -287,6 +289,49 @@ impl Pool {
             record_segment_events(history, segment_events, self.shared.now_us());
         }
         released
+    }
+
+    /// Moves allocations among `allocations` (and only those) so that a request of `size_bytes`
+    /// fits in the segments the pool holds, within `limits` ([`PoolCore::compaction_plan_where`]),
+    /// and re-points their handles: each moved handle names its new buffer, offset and segment;
+    /// data, size and label stay. The copies are submitted on the queue (after everything
+    /// submitted before) and the old ranges become reusable after that submission. Work recorded
+    /// but not submitted that uses one of `allocations`, or bind groups made over them, must not
+    /// outlive the call: submit the work first, make the bind groups again. Nothing moves when the
+    /// request already fits or no plan over these allocations makes room. Allocations of another
+    /// pool are passed over. The compute context's `Context::compact_for` calls this with its
+    /// tensors.
+    pub fn compact_for(
+        &self,
+        size_bytes: u64,
+        allocations: &mut [&mut Allocation],
+        limits: CompactionLimits,
+    ) -> Result<Compaction, PoolError> {
+        compact::compact_for(&self.shared, size_bytes, allocations, limits)
+    }
+
+    /// Empties packed segments by moving their allocations — all of them among `allocations`,
+    /// at most `limits.max_moves` per segment — into free blocks of the other segments (least
+    /// occupied first, [`PoolCore::evacuation_plan`]), and gives each emptied segment back, until
+    /// no further one can be emptied. Moved handles are re-pointed, with the same rules as
+    /// [`Pool::compact_for`].
+    pub fn compact_segments(
+        &self,
+        allocations: &mut [&mut Allocation],
+        limits: CompactionLimits,
+    ) -> Result<Compaction, PoolError> {
+        compact::compact_segments(&self.shared, allocations, limits)
+    }
+
+    /// What [`Pool::compact_for`] with [`CompactionLimits::default`] would move over these
+    /// allocations to make room for `size_bytes`, without moving anything; `None` when it would
+    /// not make room (or the request already fits a free block: then the estimate moves nothing).
+    pub fn compaction_estimate(
+        &self,
+        size_bytes: u64,
+        allocations: &[&Allocation],
+    ) -> Option<CompactionEstimate> {
+        compact::estimate(&self.shared, size_bytes, allocations)
     }
 
     /// Names parts of `allocation` in the pool's memory state, summary, segment map and
