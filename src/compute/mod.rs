@@ -98,7 +98,7 @@ pub mod tensor;
 pub mod timing;
 mod vocab;
 
-pub use context::{Context, ContextOptions, ContextStats};
+pub use context::{Context, ContextOptions, ContextStats, TensorAllocation};
 pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanStats};
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};

@@ -540,6 +540,21 @@ impl Pool {
         self.shared.read_async(allocation).await
     }
 
+    /// [`Pool::read_async`] of `size` bytes at `offset` of `buffer` (a range of `binding_size`
+    /// bytes, a multiple of 4, of one of this pool's allocations): for the compute context, which
+    /// pins a tensor's range instead of holding its allocation across the wait.
+    pub(crate) async fn read_range_async(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        binding_size: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, PoolError> {
+        self.shared
+            .read_range_async(buffer, offset, binding_size, size)
+            .await
+    }
+
     /// [`Pool::read_vec`] as a future ([`Pool::read_async`]).
     pub async fn read_vec_async<T: bytemuck::Pod>(
         &self,
