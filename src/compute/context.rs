@@ -25,7 +25,9 @@
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError, Weak};
+use std::sync::{
+    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak,
+};
 
 use super::kernels::Kernels;
 use super::timing::{KernelTiming, Timer, TimestampSupport};
@@ -668,14 +670,8 @@ impl Context {
     /// anything (over the tensors that would move now); `None` when it would not make room.
     pub fn compaction_estimate(&self, size_bytes: u64) -> Option<CompactionEstimate> {
         let storages = self.live_storages();
-        let guards: Vec<_> = storages
-            .iter()
-            .filter_map(|storage| match storage.allocation.try_read() {
-                Ok(guard) => Some(guard),
-                Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-                Err(TryLockError::WouldBlock) => None,
-            })
-            .collect();
+        // The tensors a compaction would move now: those it could lock for writing.
+        let guards = movable(&storages);
         let allocations: Vec<&Allocation> = guards.iter().filter_map(|g| g.as_ref()).collect();
         self.shared
             .pool
@@ -707,18 +703,7 @@ impl Context {
         let mut state = self.shared.lock();
         self.flush_locked(&mut state)?;
         let storages = self.live_storages();
-        // Never waits: a tensor borrowed (or pinned) elsewhere just stays where it is.
-        let mut guards: Vec<_> = storages
-            .iter()
-            .filter_map(|storage| {
-                let guard = match storage.allocation.try_write() {
-                    Ok(guard) => guard,
-                    Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                    Err(TryLockError::WouldBlock) => return None,
-                };
-                (storage.pins.load(Ordering::Acquire) == 0).then_some(guard)
-            })
-            .collect();
+        let mut guards = movable(&storages);
         let mut allocations: Vec<&mut Allocation> =
             guards.iter_mut().filter_map(|g| g.as_mut()).collect();
         let outcome = compact(&self.shared.pool, &mut allocations);
@@ -1279,6 +1264,22 @@ impl Context {
         }
         Ok(())
     }
+}
+
+/// The allocations of `storages` that a compaction may move, locked for writing. Never waits: a
+/// tensor borrowed ([`Storage::allocation`]) or pinned ([`Storage::pin`]) elsewhere is left out.
+fn movable(storages: &[Arc<Storage>]) -> Vec<RwLockWriteGuard<'_, Option<Allocation>>> {
+    storages
+        .iter()
+        .filter_map(|storage| {
+            let guard = match storage.allocation.try_write() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => return None,
+            };
+            (storage.pins.load(Ordering::Acquire) == 0).then_some(guard)
+        })
+        .collect()
 }
 
 /// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked
