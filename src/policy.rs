@@ -359,9 +359,17 @@ impl fmt::Display for OutOfMemory {
                 )?;
             }
         }
+        write!(f, ". Try: ")?;
+        if self.compaction.is_some() {
+            write!(
+                f,
+                "compact (a compute context's compact_for moves its tensors; ContextOptions::compact_on_oom does it \
+                 before an allocation fails), "
+            )?;
+        }
         write!(
             f,
-            ". Try: free or drop allocations you no longer need, call trim() to give back empty segments, \
+            "free or drop allocations you no longer need, call trim() to give back empty segments, \
              raise the budget, or split the work into smaller requests"
         )
     }

@@ -124,6 +124,7 @@ fn a_request_refused_for_fragmentation_fits_after_compact_for() {
         "{message}"
     );
     assert!(message.contains("would make it fit"), "{message}");
+    assert!(message.contains("Try: compact"), "{message}");
     let estimate = ctx
         .compaction_estimate(2 * QUARTER as u64 * 4)
         .expect("moving a tensor makes room");
