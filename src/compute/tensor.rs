@@ -7,7 +7,7 @@ use super::context::{Context, Storage, TensorAllocation};
 use super::vocab::{element_count, tensor_bytes, ComputeError};
 use crate::pool::{AllocOptions, PoolError};
 
-/// An f32 tensor, row-major, whose storage is a pool [`Allocation`] of its context's pool.
+/// An f32 tensor, row-major, whose storage is a pool [`Allocation`](crate::Allocation) of its context's pool.
 ///
 /// The allocation is `4 · len` bytes rounded up to 16 (kernels read and write whole vec4s; the
 /// lanes past `len` hold unspecified values). Clones share the data (as PyTorch's tensors share

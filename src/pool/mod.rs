@@ -48,8 +48,17 @@
 //! `storage.rs` (the policy's storage of `wgpu::Buffer`s), `live.rs` (the live-allocation slab, the
 //! history events made from it, and the filling of the plain-data [`PoolState`]), `shared.rs` (the
 //! state under the pool's lock, and reserving, freeing, submitting and releasing), `allocation.rs`
-//! (the [`Allocation`] handle, which holds the shared state, not a [`Pool`]), `io.rs` (writes and
+//! (the [`Allocation`] handle, which holds the shared state, not a [`Pool`]), `compact.rs`
+//! (compaction plans carried out: copies, then the moved handles re-pointed), `io.rs` (writes and
 //! reads), and this file ([`Pool`], [`OpScope`]).
+//!
+//! # Compaction
+//!
+//! A pool never moves an allocation on its own. [`Pool::compact_for`] and
+//! [`Pool::compact_segments`] move only the allocations handed in (`&mut`, so that their handles
+//! can be re-pointed): the compute context hands in its tensors. The copies are submitted on the
+//! queue before the policy frees the old ranges, so their reuse is ordered after the copies;
+//! work that uses a moved allocation must be submitted before the call.
 //!
 //! # History and reports
 //!
