@@ -12,10 +12,18 @@
 //!
 //! 100 MiB are free, yet an 80 MiB request fails in an arena that can only cut its one big
 //! buffer: no single hole is large enough. We show that first, then run the same program on the
-//! GPU pool with a budget of the same 550 MiB, and finally ask for more than the budget allows, to
-//! read the pool's explanation.
+//! GPU pool with a budget of the same 550 MiB, and ask for more than the budget allows, to read
+//! the pool's explanation.
+//!
+//! Finally, the same trap with tensors of a compute context: sixteen 32 MiB tensors fill four
+//! segments of 128 MiB under a 512 MiB budget, every other one is dropped, and the 80 MiB request
+//! fails with 256 MiB free (the error says that compacting would make it fit). The context moves
+//! two tensors with GPU copies (`Context::compact_for`), the request succeeds in the emptied
+//! segment, and `Context::compact` then empties a further segment and gives it back; every tensor
+//! still holds its values.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
+use wgpu_pool::compute::{ComputeError, Context, ContextOptions, Tensor};
 use wgpu_pool::policy::PolicyConfig;
 use wgpu_pool::report::segment_map;
 use wgpu_pool::{
@@ -35,11 +43,17 @@ fn main() -> Result<()> {
     let outcome = run(&gpu, 1 << 20, true)?;
     println!(
         "\nIn short: the arena failed with {} MiB free (largest hole {} MiB); the pool served the request: {}; \
-         past its budget it explained why it could not: {}.",
+         past its budget it explained why it could not: {}. With tensors: refused before compacting: {}, \
+         served after moving {} tensors: {}; compact() gave back {} segment(s); values intact: {}.",
         outcome.arena_free_units,
         outcome.arena_largest_hole_units,
         outcome.pool_served,
-        outcome.second_request_refused
+        outcome.second_request_refused,
+        outcome.tensors.refused_before,
+        outcome.tensors.moves,
+        outcome.tensors.served_after,
+        outcome.tensors.segments_released,
+        outcome.tensors.values_intact
     );
     Ok(())
 }
@@ -55,6 +69,25 @@ pub struct Outcome {
     pub pool_served: bool,
     /// A second request, beyond the budget, was refused with an out-of-memory explanation.
     pub second_request_refused: bool,
+    /// The story told with tensors of a compute context, and compaction.
+    pub tensors: TensorOutcome,
+}
+
+/// What happened to the tensors of part 4.
+#[derive(Debug, Default)]
+pub struct TensorOutcome {
+    /// The request was refused with out of memory, and the error said compacting would help.
+    pub refused_before: bool,
+    /// Tensors `compact_for` moved.
+    pub moves: usize,
+    /// The request was served after `compact_for`, without a new segment.
+    pub served_after: bool,
+    /// Segments `compact` emptied and gave back.
+    pub segments_released: usize,
+    /// Reserved bytes before and after `compact`.
+    pub reserved_bytes: (u64, u64),
+    /// Every tensor read back its values after both compactions.
+    pub values_intact: bool,
 }
 
 /// Runs the story with sizes in `unit_bytes` (1 MiB in the example, less in the tests).
@@ -136,12 +169,104 @@ pub fn run(gpu: &Gpu, unit_bytes: u64, verbose: bool) -> Result<Outcome> {
         Ok(_) => false,
     };
     drop(live);
+    drop(pool);
+
+    let tensors = tensors_story(gpu, unit_bytes, &say)?;
     Ok(Outcome {
         arena_free_units,
         arena_largest_hole_units,
         pool_served,
         second_request_refused,
+        tensors,
     })
+}
+
+/// Tensors in part 4: sixteen of this many units.
+const TENSOR_UNITS: u64 = 32;
+/// Part 4's segments, in units (a power of two above the request).
+const TENSOR_SEGMENT_UNITS: u64 = 128;
+
+/// Part 4: the fragmentation trap with tensors of a compute context, and compaction.
+fn tensors_story(gpu: &Gpu, unit_bytes: u64, say: &dyn Fn(String)) -> Result<TensorOutcome> {
+    let mut outcome = TensorOutcome::default();
+    let mut policy = policy(gpu, unit_bytes);
+    policy.min_segment_bytes = TENSOR_SEGMENT_UNITS * unit_bytes;
+    policy.max_segment_bytes = TENSOR_SEGMENT_UNITS * unit_bytes;
+    policy.dedicated_above_bytes = TENSOR_SEGMENT_UNITS * unit_bytes;
+    policy.growth_divisor = 0;
+    policy.budget_bytes = Some(4 * TENSOR_SEGMENT_UNITS * unit_bytes);
+    let pool = Pool::new(
+        gpu,
+        PoolOptions {
+            policy: Some(policy),
+            ..PoolOptions::default()
+        },
+    )?;
+    let context = Context::new(&pool, ContextOptions::default())?;
+    let floats = |units: u64| (units * unit_bytes / 4) as usize;
+    let values = |tag: usize| vec![tag as f32; floats(TENSOR_UNITS)];
+    let mut tensors: Vec<(usize, Tensor)> = (0..16)
+        .map(|tag| {
+            let tensor = context.tensor(&values(tag), &[floats(TENSOR_UNITS)])?;
+            Ok((tag, tensor))
+        })
+        .collect::<Result<_, ComputeError>>()?;
+    // Every other one dropped: 256 units free, in holes of 32.
+    tensors.retain(|(tag, _)| tag % 2 == 0);
+    let map = |title: &str| {
+        say(format!("   {title}"));
+        say(indent(&segment_map(&pool.memory_state(), 72)));
+    };
+    say(format!(
+        "\n4. Sixteen tensors of {TENSOR_UNITS} units in segments of {TENSOR_SEGMENT_UNITS} units, under a budget of {} units, \
+         every other one dropped:",
+        4 * TENSOR_SEGMENT_UNITS
+    ));
+    map("before compaction:");
+    let request = [floats(REQUEST)];
+    match context.empty(&request) {
+        Err(ComputeError::Pool(PoolError::OutOfMemory(oom))) => {
+            say(format!("   a request of {REQUEST} units FAILS:\n   {oom}"));
+            outcome.refused_before = oom.compaction.is_some();
+        }
+        Err(other) => bail!("expected an out-of-memory error, got {other}"),
+        Ok(_) => bail!("the fragmented segments were expected to refuse the request"),
+    }
+    let moved = context.compact_for(REQUEST * unit_bytes)?;
+    outcome.moves = moved.moves;
+    say(format!(
+        "   Context::compact_for({REQUEST} units) moved {} tensors ({} units) with GPU copies:",
+        moved.moves,
+        moved.moved_bytes / unit_bytes
+    ));
+    let segments_before = pool.stats().create_segment_calls;
+    let request = context.empty(&request);
+    outcome.served_after = request.is_ok() && pool.stats().create_segment_calls == segments_before;
+    let request = request?;
+    map(&format!(
+        "and the request of {REQUEST} units SUCCEEDS in the segment it emptied:"
+    ));
+    let before = pool.stats().reserved_bytes.current;
+    let compacted = context.compact()?;
+    let after = pool.stats().reserved_bytes.current;
+    outcome.segments_released = compacted.segments_released;
+    outcome.reserved_bytes = (before, after);
+    say(format!(
+        "   Context::compact() moved {} more tensors and gave back {} segment(s): reserved {} -> {} units.",
+        compacted.moves,
+        compacted.segments_released,
+        before / unit_bytes,
+        after / unit_bytes
+    ));
+    map("after compact():");
+    outcome.values_intact = true;
+    for (tag, tensor) in &tensors {
+        outcome.values_intact &= tensor.to_vec()? == values(*tag);
+    }
+    ensure!(outcome.values_intact, "a moved tensor lost its values");
+    say("   Every tensor still reads back the values it was made with.".to_string());
+    drop(request);
+    Ok(outcome)
 }
 
 /// The default policy, scaled so that the story reads the same at any unit: segments of at most

@@ -16,5 +16,7 @@ pub use buddy::{BuddyAllocator, Rounding};
 pub use device::{request_gpu, Gpu, LimitsChoice};
 pub use history::{History, HistoryOptions};
 pub use policy::{PolicyConfig, PoolStats};
-pub use pool::{AllocOptions, Allocation, OpScope, Pool, PoolError, PoolOptions, ReuseSafety};
+pub use pool::{
+    AllocOptions, Allocation, Compaction, OpScope, Pool, PoolError, PoolOptions, ReuseSafety,
+};
 pub use report::Report;

@@ -359,9 +359,17 @@ impl fmt::Display for OutOfMemory {
                 )?;
             }
         }
+        write!(f, ". Try: ")?;
+        if self.compaction.is_some() {
+            write!(
+                f,
+                "compact (a compute context's compact_for moves its tensors; ContextOptions::compact_on_oom does it \
+                 before an allocation fails), "
+            )?;
+        }
         write!(
             f,
-            ". Try: free or drop allocations you no longer need, call trim() to give back empty segments, \
+            "free or drop allocations you no longer need, call trim() to give back empty segments, \
              raise the budget, or split the work into smaller requests"
         )
     }
@@ -1324,7 +1332,18 @@ impl<S: SegmentStorage> PoolCore<S> {
         size_bytes: u64,
         limits: CompactionLimits,
     ) -> Option<CompactionEstimate> {
-        self.compaction_candidates(size_bytes, limits)
+        self.compaction_estimate_where(size_bytes, limits, |_, _| true)
+    }
+
+    /// [`PoolCore::compaction_estimate`] moving only the allocations for which `movable(segment,
+    /// offset)` is true: a block that overlaps another one is never chosen.
+    pub fn compaction_estimate_where(
+        &self,
+        size_bytes: u64,
+        limits: CompactionLimits,
+        movable: impl Fn(SegmentId, u64) -> bool,
+    ) -> Option<CompactionEstimate> {
+        self.compaction_candidates(size_bytes, limits, &movable)
             .into_iter()
             .take(COMPACTION_CANDIDATES)
             .find_map(|(window, slot)| {
@@ -1344,7 +1363,19 @@ impl<S: SegmentStorage> PoolCore<S> {
         size_bytes: u64,
         limits: CompactionLimits,
     ) -> Option<CompactionPlan> {
-        let candidates = self.compaction_candidates(size_bytes, limits);
+        self.compaction_plan_where(size_bytes, limits, |_, _| true)
+    }
+
+    /// [`PoolCore::compaction_plan`] moving only the allocations for which `movable(segment,
+    /// offset)` is true (the GPU pool moves only those whose owner can follow them: a compute
+    /// context's tensors).
+    pub fn compaction_plan_where(
+        &mut self,
+        size_bytes: u64,
+        limits: CompactionLimits,
+        movable: impl Fn(SegmentId, u64) -> bool,
+    ) -> Option<CompactionPlan> {
+        let candidates = self.compaction_candidates(size_bytes, limits, &movable);
         for (window, slot) in candidates.into_iter().take(COMPACTION_CANDIDATES) {
             let Some(destinations) = self.predicted_destinations(slot, &window) else {
                 continue;
@@ -1432,6 +1463,64 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.release_reserved(&plan.moves, plan.reserved);
     }
 
+    /// Plans moves that empty the packed segment `id`: every live allocation in it, each
+    /// `movable(segment, offset)`, moved into free blocks of the other packed segments (as
+    /// [`PoolCore::compaction_plan`] places them), at most `limits.max_moves` of them. `None` when
+    /// the slot holds no packed segment, one of its allocations is not movable, there are too
+    /// many, or they do not fit elsewhere. An empty segment gives a plan with no moves. Apply it
+    /// with [`PoolCore::apply_moves`]; the emptied segment can then be given back
+    /// ([`PoolCore::release_if_empty`]).
+    pub fn evacuation_plan(
+        &mut self,
+        id: SegmentId,
+        limits: CompactionLimits,
+        movable: impl Fn(SegmentId, u64) -> bool,
+    ) -> Option<CompactionPlan> {
+        let slot = self.slot_of(id)?;
+        let segment = self.segments[slot].as_ref()?;
+        segment.allocator.as_ref()?;
+        if segment.live.len() > limits.max_moves
+            || segment
+                .live
+                .keys()
+                .any(|&offset| !movable(segment.id, offset))
+        {
+            return None;
+        }
+        let window = Window {
+            offset: 0,
+            bytes: segment.size_bytes,
+            moved_bytes: segment.live.values().map(|l| l.allocated_bytes).sum(),
+            sources: segment.live.keys().copied().collect(),
+        };
+        let size_bytes = segment.size_bytes;
+        let destinations = self.predicted_destinations(slot, &window)?;
+        self.reserve_moves(size_bytes, slot, &window, destinations)
+    }
+
+    /// Gives back the segment `id` if it is held and empty (a packed one made empty by
+    /// compaction, say). Returns the bytes given back (0 when it is not).
+    pub fn release_if_empty(&mut self, id: SegmentId) -> u64 {
+        if self.config.is_naive() {
+            return 0;
+        }
+        self.release_empty(|segment| segment.id == id)
+    }
+
+    /// Bytes of the live allocations in the packed segment `id` (0 for none, or a dedicated one).
+    pub fn live_bytes(&self, id: SegmentId) -> u64 {
+        self.slot_of(id)
+            .and_then(|slot| self.segments[slot].as_ref())
+            .map_or(0, |s| s.live.values().map(|l| l.allocated_bytes).sum())
+    }
+
+    /// The slot of the segment `id`, if it is held.
+    fn slot_of(&self, id: SegmentId) -> Option<usize> {
+        self.segments
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.id == id))
+    }
+
     /// The aligned block a packed request of `size_bytes` needs free, in bytes, or `None` for a
     /// request compaction cannot serve.
     fn compaction_block(&self, size_bytes: u64) -> Option<u64> {
@@ -1457,6 +1546,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         &self,
         size_bytes: u64,
         limits: CompactionLimits,
+        movable: &dyn Fn(SegmentId, u64) -> bool,
     ) -> Vec<(Window, usize)> {
         let Some(block_bytes) = self.compaction_block(size_bytes) else {
             return Vec::new();
@@ -1473,12 +1563,14 @@ impl<S: SegmentStorage> PoolCore<S> {
             .enumerate()
             .filter_map(|(slot, segment)| {
                 let segment = segment.as_ref().filter(|s| s.allocator.is_some())?;
+                let id = segment.id;
                 let window = cheapest_window(
                     &segment.live,
                     segment.size_bytes,
                     block_bytes,
                     max_moved,
                     limits.max_moves,
+                    &|offset| movable(id, offset),
                 )?;
                 Some((window, slot))
             })

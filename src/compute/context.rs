@@ -24,8 +24,10 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{
+    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak,
+};
 
 use super::kernels::Kernels;
 use super::timing::{KernelTiming, Timer, TimestampSupport};
@@ -33,7 +35,8 @@ use super::vocab::{
     ComputeError, KernelKey, MatmulOptions, ParamsBlock, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 use crate::device::Gpu;
-use crate::pool::{Allocation, Pool};
+use crate::policy::{CompactionEstimate, CompactionLimits, OutOfMemory};
+use crate::pool::{AllocOptions, Allocation, Compaction, Pool, PoolError};
 
 pub use super::vocab::ShaderChecks;
 
@@ -62,6 +65,10 @@ pub struct ContextOptions {
     /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grids (and the matmul's
     /// grid over rows of block tiles) with small tensors. `None`: the device's limit.
     pub max_grid_x: Option<u32>,
+    /// When a tensor's allocation fails with out of memory and moving the context's tensors
+    /// would make room for it ([`Context::compact_for`]), compact and try once more. Off by
+    /// default: a compaction flushes the batch and copies memory.
+    pub compact_on_oom: bool,
 }
 
 impl Default for ContextOptions {
@@ -74,6 +81,7 @@ impl Default for ContextOptions {
             matmul: MatmulOptions::default(),
             max_cached_bind_groups: 4096,
             max_grid_x: None,
+            compact_on_oom: false,
         }
     }
 }
@@ -113,10 +121,17 @@ pub struct ContextStats {
 /// The memory of a tensor: a pool allocation of its context, shared by the tensor's clones (and
 /// by a [`Plan`](super::graph::Plan) that binds it), given back when the last holder drops it —
 /// after the open batch is submitted if one is open (see [`Shared::free_tensor`]). A tensor made
-/// while the context captures has no memory (`allocation` is `None`): it names a buffer of the
+/// while the context captures has no memory (its allocation is `None`): it names a buffer of the
 /// capture, which the plan places in its arena.
+///
+/// The allocation sits behind a lock so that compaction ([`Context::compact`]) can move it: a
+/// compaction takes the lock for writing only if no one holds it (`try_write`), so a tensor whose
+/// allocation is borrowed at that moment ([`Tensor::allocation`](super::Tensor::allocation)) is
+/// simply not moved, and readers wait at most for one compaction.
 pub(crate) struct Storage {
-    pub(crate) allocation: Option<Allocation>,
+    allocation: RwLock<Option<Allocation>>,
+    /// Pins ([`Storage::pin`]) that keep compaction from moving the tensor without a lock held.
+    pins: AtomicUsize,
     /// The capture that made it, for a tensor without memory.
     pub(crate) capture: Option<u64>,
     /// Bytes the tensor's allocation takes (or will take, in a plan's arena).
@@ -125,21 +140,118 @@ pub(crate) struct Storage {
 }
 
 impl Storage {
-    /// The allocation, `None` for a tensor of a capture.
-    pub(crate) fn allocation(&self) -> Option<&Allocation> {
-        self.allocation.as_ref()
+    /// A tensor's storage: with memory, registered with the context (so that compaction can
+    /// find and move it); without, a symbolic tensor of `capture`.
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        allocation: Option<Allocation>,
+        capture: Option<u64>,
+        bytes: u64,
+    ) -> Arc<Self> {
+        let registered = allocation.is_some();
+        Arc::new_cyclic(|weak: &Weak<Storage>| {
+            if registered {
+                shared
+                    .registry()
+                    .insert(weak.as_ptr() as usize, weak.clone());
+            }
+            Storage {
+                allocation: RwLock::new(allocation),
+                pins: AtomicUsize::new(0),
+                capture,
+                bytes,
+                shared: shared.clone(),
+            }
+        })
+    }
+
+    /// The allocation, `None` for a tensor of a capture. Held for reading: a compaction does not
+    /// move it while the guard lives.
+    pub(crate) fn allocation(&self) -> Option<TensorAllocation<'_>> {
+        let guard = self
+            .allocation
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard.is_some().then_some(TensorAllocation { guard })
+    }
+
+    /// Whether the tensor has memory (it is not a symbolic tensor of a capture).
+    pub(crate) fn has_memory(&self) -> bool {
+        self.capture.is_none()
+    }
+
+    /// The allocation's range, pinned where it is until the pin is dropped (compaction passes a
+    /// pinned tensor over), without holding a lock: for reads across an `await`. `None` for a
+    /// tensor of a capture.
+    pub(crate) fn pin(&self) -> Option<PinnedRange<'_>> {
+        let allocation = self.allocation()?;
+        // Taken under the read lock: a compaction, which takes the write lock, sees it.
+        self.pins.fetch_add(1, Ordering::AcqRel);
+        Some(PinnedRange {
+            storage: self,
+            buffer: allocation.buffer().clone(),
+            offset: allocation.offset(),
+            binding_size: allocation.binding_size(),
+            size: allocation.size(),
+        })
+    }
+}
+
+/// A tensor's range, kept in place until dropped ([`Storage::pin`]).
+pub(crate) struct PinnedRange<'a> {
+    storage: &'a Storage,
+    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) offset: u64,
+    pub(crate) binding_size: u64,
+    pub(crate) size: u64,
+}
+
+impl Drop for PinnedRange<'_> {
+    fn drop(&mut self) {
+        self.storage.pins.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Drop for Storage {
     fn drop(&mut self) {
+        let allocation = self
+            .allocation
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
         // An open batch may still use it: the context gives it back after submitting that.
-        if let Some(allocation) = self.allocation.take() {
+        if let Some(allocation) = allocation {
+            self.shared
+                .registry()
+                .remove(&(std::ptr::from_ref::<Storage>(self) as usize));
             self.shared
                 .freed_bytes
                 .fetch_add(allocation.size(), Ordering::Relaxed);
             self.shared.free_tensor(allocation);
         }
+    }
+}
+
+/// A tensor's pool allocation, borrowed ([`Tensor::allocation`](super::Tensor::allocation)):
+/// derefs to the [`Allocation`]. While it lives, compaction leaves the tensor where it is; drop
+/// it before calling [`Context::compact`] if the tensor should be movable.
+pub struct TensorAllocation<'a> {
+    guard: RwLockReadGuard<'a, Option<Allocation>>,
+}
+
+impl std::ops::Deref for TensorAllocation<'_> {
+    type Target = Allocation;
+
+    fn deref(&self) -> &Allocation {
+        self.guard
+            .as_ref()
+            .expect("a TensorAllocation is made only over an allocation")
+    }
+}
+
+impl std::fmt::Debug for TensorAllocation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
     }
 }
 
@@ -285,6 +397,12 @@ pub(crate) struct Shared {
     /// The id of the open capture, 0 when none: while set, ops make symbolic tensors and record
     /// into the capture's tape instead of the batch.
     capturing: AtomicU64,
+    /// The storages with memory of the context's live tensors, by address: what compaction may
+    /// move.
+    registry: Mutex<HashMap<usize, Weak<Storage>>>,
+    /// Bumped whenever a compaction moved tensors: plans that bind tensors make their bind groups
+    /// again when it changed.
+    moved: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -311,6 +429,12 @@ impl Shared {
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         );
         self.pool.free_submitted(deferred);
+    }
+
+    fn registry(&self) -> MutexGuard<'_, HashMap<usize, Weak<Storage>>> {
+        self.registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -413,6 +537,8 @@ impl Context {
                 deferred: Mutex::new(Vec::new()),
                 batch_open: AtomicBool::new(false),
                 capturing: AtomicU64::new(0),
+                registry: Mutex::new(HashMap::new()),
+                moved: AtomicU64::new(0),
                 state: Mutex::new(state),
             }),
         })
@@ -506,6 +632,123 @@ impl Context {
         Ok(self.shared.pool.trim())
     }
 
+    /// Moves the context's tensors out of sparsely used segments of the pool into free space of
+    /// the others, and gives each segment so emptied back to the device
+    /// ([`Pool::compact_segments`]), least occupied first, until no further segment can be
+    /// emptied. Returns what moved and what was given back.
+    ///
+    /// Safe against work in flight: the open batch is submitted first, the copies are submitted
+    /// after it (and after everything submitted before), and the old ranges are reused only
+    /// after that submission. The context's cached bind groups are forgotten and plans that bind
+    /// moved tensors make their bind groups again at their next replay. Only tensors with memory
+    /// of this context move: allocations of other users of the pool, plan arenas, tensors whose
+    /// allocation is borrowed at the time ([`Tensor::allocation`](super::Tensor::allocation))
+    /// and tensors being read asynchronously stay where they are, and a segment holding one is
+    /// never emptied. Bind groups or ranges of your own over a tensor's allocation do not follow
+    /// it: make them again after a compaction.
+    pub fn compact(&self) -> Result<Compaction, ComputeError> {
+        let limits = CompactionLimits {
+            max_moved_factor: 1,
+            max_moves: usize::MAX,
+        };
+        self.compact_with(|pool, allocations| pool.compact_segments(allocations, limits))
+    }
+
+    /// Moves the context's tensors so that a request of `size_bytes` fits in the segments the
+    /// pool holds, without a new segment ([`Pool::compact_for`] within
+    /// [`CompactionLimits::default`]: at most the request's size is copied). Nothing moves when it
+    /// already fits, or when no plan over the context's tensors makes room (an out-of-memory
+    /// error's [`OutOfMemory::compaction`](crate::policy::OutOfMemory::compaction) says whether
+    /// one would). The same guarantees as [`Context::compact`].
+    pub fn compact_for(&self, size_bytes: u64) -> Result<Compaction, ComputeError> {
+        self.compact_with(|pool, allocations| {
+            pool.compact_for(size_bytes, allocations, CompactionLimits::default())
+        })
+    }
+
+    /// What [`Context::compact_for`] would move to make room for `size_bytes`, without moving
+    /// anything (over the tensors that would move now); `None` when it would not make room.
+    pub fn compaction_estimate(&self, size_bytes: u64) -> Option<CompactionEstimate> {
+        let storages = self.live_storages();
+        // The tensors a compaction would move now: those it could lock for writing.
+        let guards = movable(&storages);
+        let allocations: Vec<&Allocation> = guards.iter().filter_map(|g| g.as_ref()).collect();
+        self.shared
+            .pool
+            .compaction_estimate(size_bytes, &allocations)
+    }
+
+    /// How many compactions moved tensors: plans compare it with the count their bind groups
+    /// were made at.
+    pub(crate) fn moved_generation(&self) -> u64 {
+        self.shared.moved.load(Ordering::Acquire)
+    }
+
+    /// The storages of the context's live tensors with memory.
+    fn live_storages(&self) -> Vec<Arc<Storage>> {
+        self.shared
+            .registry()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// Runs a compaction of the pool over the context's movable tensors, under the context's lock
+    /// (no op records meanwhile) and after submitting the open batch; forgets the bind groups
+    /// when something moved.
+    fn compact_with(
+        &self,
+        compact: impl FnOnce(&Pool, &mut [&mut Allocation]) -> Result<Compaction, PoolError>,
+    ) -> Result<Compaction, ComputeError> {
+        let mut state = self.shared.lock();
+        self.flush_locked(&mut state)?;
+        let storages = self.live_storages();
+        let mut guards = movable(&storages);
+        let mut allocations: Vec<&mut Allocation> =
+            guards.iter_mut().filter_map(|g| g.as_mut()).collect();
+        let outcome = compact(&self.shared.pool, &mut allocations);
+        drop(allocations);
+        if outcome.as_ref().is_ok_and(|o| o.moves > 0) {
+            // Cached groups name the old ranges (and keep given-back segments alive).
+            state.bind_groups.clear();
+            self.shared.moved.fetch_add(1, Ordering::AcqRel);
+        }
+        drop(guards);
+        drop(state);
+        drop(storages);
+        Ok(outcome?)
+    }
+
+    /// An op's allocation of `bytes` failed with `oom`: with [`ContextOptions::compact_on_oom`],
+    /// compacts and tries once more when that would make room; else (or when it still fails) the
+    /// error, saying whether compacting the context's tensors would make room.
+    pub(crate) fn after_out_of_memory(
+        &self,
+        bytes: u64,
+        label: &'static str,
+        mut oom: Box<OutOfMemory>,
+    ) -> Result<Allocation, ComputeError> {
+        let mut estimate = self.compaction_estimate(bytes);
+        if self.shared.options.compact_on_oom && estimate.is_some() {
+            self.compact_for(bytes)?;
+            match self
+                .shared
+                .pool
+                .allocate_with(bytes, AllocOptions::labeled(label))
+            {
+                Err(PoolError::OutOfMemory(again)) => {
+                    oom = again;
+                    estimate = self.compaction_estimate(bytes);
+                }
+                result => return Ok(result?),
+            }
+        }
+        // The pool's estimate counts every allocation as movable; the context moves only its
+        // own tensors.
+        oom.compaction = estimate;
+        Err(PoolError::OutOfMemory(oom).into())
+    }
+
     /// The largest x dimension of a grid.
     pub(crate) fn max_grid_x(&self) -> u32 {
         let device = self.shared.limits.max_compute_workgroups_per_dimension;
@@ -571,7 +814,8 @@ impl Context {
             });
             return Ok(());
         }
-        let allocations: Vec<&Allocation> = allocations.into_iter().flatten().collect();
+        let allocations: Vec<TensorAllocation<'_>> = allocations.into_iter().flatten().collect();
+        let allocations: Vec<&Allocation> = allocations.iter().map(|a| &**a).collect();
         self.flush_if_full_locked(state)?;
         // The batch uses the dispatch's tensors from here on.
         self.shared.batch_open.store(true, Ordering::Release);
@@ -593,7 +837,7 @@ impl Context {
         &self,
         op: &'static str,
         storages: &'s [&'s Arc<Storage>],
-    ) -> Result<Vec<Option<&'s Allocation>>, ComputeError> {
+    ) -> Result<Vec<Option<TensorAllocation<'s>>>, ComputeError> {
         let capture = self.capture_id();
         storages
             .iter()
@@ -666,16 +910,25 @@ impl Context {
     /// both are ordered after everything recorded before, and the batch's dropped tensors are
     /// released after it); `before` runs first, under the context's lock (no op records
     /// meanwhile), for queue writes that must land before `buffers` but after the batch.
+    ///
+    /// `moved` is [`Context::moved_generation`] when `buffers` were recorded: if a compaction has
+    /// moved tensors since, they may name ranges given back, and nothing is submitted (`None`).
     pub(crate) fn submit_after_batch(
         &self,
         before: impl FnOnce() -> Result<(), ComputeError>,
         buffers: Vec<wgpu::CommandBuffer>,
-    ) -> Result<wgpu::SubmissionIndex, ComputeError> {
+        moved: u64,
+    ) -> Result<Option<wgpu::SubmissionIndex>, ComputeError> {
         let mut state = self.shared.lock();
         if state.tape.is_some() {
             return Err(ComputeError::Capture(
                 "a plan cannot run while its context captures".into(),
             ));
+        }
+        // Compactions hold the lock throughout: none can move a tensor between here and the
+        // submission.
+        if self.moved_generation() != moved {
+            return Ok(None);
         }
         // The batch first, in a submission of its own: queue writes land at the start of the
         // next submission, and the batch may read what they overwrite.
@@ -685,7 +938,7 @@ impl Context {
         before()?;
         let index = self.shared.pool.submit(buffers);
         state.stats.submissions += 1;
-        Ok(index)
+        Ok(Some(index))
     }
 
     /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` (at least
@@ -753,7 +1006,7 @@ impl Context {
     /// the batch first: an upload lands at the start of the next submission, before the clear).
     pub(crate) fn record_clear(&self, storage: &Arc<Storage>) -> Result<(), ComputeError> {
         let storages = [storage];
-        let allocation = self.allocations("zeros", &storages)?[0];
+        let allocation = self.allocations("zeros", &storages)?.pop().flatten();
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         if let Some(tape) = &mut state.tape {
@@ -1011,6 +1264,22 @@ impl Context {
         }
         Ok(())
     }
+}
+
+/// The allocations of `storages` that a compaction may move, locked for writing. Never waits: a
+/// tensor borrowed ([`Storage::allocation`]) or pinned ([`Storage::pin`]) elsewhere is left out.
+fn movable(storages: &[Arc<Storage>]) -> Vec<RwLockWriteGuard<'_, Option<Allocation>>> {
+    storages
+        .iter()
+        .filter_map(|storage| {
+            let guard = match storage.allocation.try_write() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => return None,
+            };
+            (storage.pins.load(Ordering::Acquire) == 0).then_some(guard)
+        })
+        .collect()
 }
 
 /// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked

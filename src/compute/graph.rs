@@ -819,6 +819,9 @@ impl<'a> Planner<'a> {
 /// The bind groups of a plan over one generation of its arena.
 struct Bound {
     generation: u64,
+    /// The context's count of compactions that moved tensors, when the groups were made: the
+    /// tensors the plan binds (weights) may have moved since.
+    moved: u64,
     /// The arena's allocations: `(buffer, offset)` per arena index.
     arenas: Vec<(wgpu::Buffer, u64)>,
     /// One per step (`None` for clears).
@@ -986,24 +989,31 @@ impl Plan {
 
     /// Makes the bind groups if the arena changed since they were made.
     fn bind(&mut self) -> Result<(), ComputeError> {
-        let (generation, arenas) = {
-            let state = self.arena.lock();
-            if self
-                .bound
-                .as_ref()
-                .is_some_and(|bound| bound.generation == state.generation)
+        // Read before the tensors' ranges are: a compaction after this makes the next bind redo
+        // the groups.
+        let moved = self.context.moved_generation();
+        let (generation, arenas) =
             {
-                return Ok(());
-            }
-            let arenas: Vec<(wgpu::Buffer, u64)> = state
-                .allocations
-                .iter()
-                .map(|a| (a.buffer().clone(), a.offset()))
-                .collect();
-            (state.generation, arenas)
-        };
+                let state = self.arena.lock();
+                if self.bound.as_ref().is_some_and(|bound| {
+                    bound.generation == state.generation && bound.moved == moved
+                }) {
+                    return Ok(());
+                }
+                let arenas: Vec<(wgpu::Buffer, u64)> = state
+                    .allocations
+                    .iter()
+                    .map(|a| (a.buffer().clone(), a.offset()))
+                    .collect();
+                (state.generation, arenas)
+            };
         let device = &self.context.gpu().device;
-        let resource = |binding| binding_resource(binding, &arenas);
+        let resolve = |bindings: &[Binding]| -> Vec<(wgpu::Buffer, u64, u64)> {
+            bindings
+                .iter()
+                .map(|binding| binding_range(binding, &arenas))
+                .collect()
+        };
         let mut groups = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
             groups.push(match step {
@@ -1019,10 +1029,11 @@ impl Plan {
                             size: NonZeroU64::new(PARAMS_BYTES),
                         }),
                     }];
-                    entries.extend((1u32..).zip(bindings).map(|(index, binding)| {
+                    let ranges = resolve(bindings);
+                    entries.extend((1u32..).zip(&ranges).map(|(index, range)| {
                         wgpu::BindGroupEntry {
                             binding: index,
-                            resource: resource(binding),
+                            resource: range_resource(range),
                         }
                     }));
                     Some(device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -1034,16 +1045,20 @@ impl Plan {
                 PlanStep::Clear(_) => None,
                 PlanStep::Custom {
                     pipeline, bindings, ..
-                } => Some(custom_group(
-                    device,
-                    pipeline,
-                    bindings.iter().map(resource).collect(),
-                )?),
+                } => {
+                    let ranges = resolve(bindings);
+                    Some(custom_group(
+                        device,
+                        pipeline,
+                        ranges.iter().map(range_resource).collect(),
+                    )?)
+                }
             });
         }
         self.bind_groups_created += groups.iter().flatten().count() as u64;
         self.bound = Some(Bound {
             generation,
+            moved,
             arenas,
             groups,
         });
@@ -1077,35 +1092,33 @@ impl Plan {
                 Feed::Tensor(tensor) => self.check_tensor("plan input", tensor, slot)?,
             }
         }
+        // A compaction on another thread between binding and submitting moves tensors the
+        // replay names: record it again over their new ranges (bounded, in case they keep moving).
+        for _ in 0..8 {
+            if self.record_and_submit(feeds, outputs)? {
+                return Ok(());
+            }
+        }
+        Err(ComputeError::Capture(
+            "the plan's tensors were moved by compactions 8 times while it was being replayed"
+                .into(),
+        ))
+    }
+
+    /// Binds, records and submits one replay (see [`Plan::replay`]); `false` when a compaction
+    /// moved tensors since the bind groups were made, and nothing was submitted.
+    fn record_and_submit(
+        &mut self,
+        feeds: &[Feed<'_>],
+        outputs: Option<&[&Tensor]>,
+    ) -> Result<bool, ComputeError> {
         self.bind()?;
         let bound = self.bound.as_ref().expect("bound above");
         let device = &self.context.gpu().device;
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("wgpu-pool plan replay"),
         });
-        let range = |binding: &Binding| -> (wgpu::Buffer, u64, u64) {
-            match binding {
-                Binding::Arena {
-                    arena,
-                    offset,
-                    size,
-                } => (
-                    bound.arenas[*arena].0.clone(),
-                    bound.arenas[*arena].1 + offset,
-                    *size,
-                ),
-                Binding::Tensor(storage) => {
-                    let allocation = storage
-                        .allocation()
-                        .expect("tensors bound by a plan have memory");
-                    (
-                        allocation.buffer().clone(),
-                        allocation.offset(),
-                        allocation.binding_size(),
-                    )
-                }
-            }
-        };
+        let range = |binding: &Binding| binding_range(binding, &bound.arenas);
         let slot_range = |slot: &Slot| {
             range(&Binding::Arena {
                 arena: slot.arena,
@@ -1294,29 +1307,40 @@ impl Plan {
             }
             Ok(())
         };
-        self.context.submit_after_batch(writes, vec![commands])?;
-        Ok(())
+        let submitted = self
+            .context
+            .submit_after_batch(writes, vec![commands], bound.moved)?;
+        Ok(submitted.is_some())
     }
 }
 
-/// The resource a plan binds for `binding`, over the arena's `(buffer, offset)` per index.
-fn binding_resource<'r>(
-    binding: &'r Binding,
-    arenas: &'r [(wgpu::Buffer, u64)],
-) -> wgpu::BindingResource<'r> {
+/// The range a plan binds for `binding`, over the arena's `(buffer, offset)` per index:
+/// `(buffer, offset, size)`.
+fn binding_range(binding: &Binding, arenas: &[(wgpu::Buffer, u64)]) -> (wgpu::Buffer, u64, u64) {
     match binding {
         Binding::Arena {
             arena,
             offset,
             size,
-        } => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: &arenas[*arena].0,
-            offset: arenas[*arena].1 + offset,
-            size: NonZeroU64::new(*size),
-        }),
-        Binding::Tensor(storage) => storage
-            .allocation()
-            .expect("tensors bound by a plan have memory")
-            .as_binding_resource(),
+        } => (arenas[*arena].0.clone(), arenas[*arena].1 + offset, *size),
+        Binding::Tensor(storage) => {
+            let allocation = storage
+                .allocation()
+                .expect("tensors bound by a plan have memory");
+            (
+                allocation.buffer().clone(),
+                allocation.offset(),
+                allocation.binding_size(),
+            )
+        }
     }
+}
+
+/// A bind-group resource over a `(buffer, offset, size)` range.
+fn range_resource(range: &(wgpu::Buffer, u64, u64)) -> wgpu::BindingResource<'_> {
+    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+        buffer: &range.0,
+        offset: range.1,
+        size: NonZeroU64::new(range.2),
+    })
 }

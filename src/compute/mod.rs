@@ -70,6 +70,19 @@
 //! Work recorded in an encoder of your own that binds [`Tensor::allocation`] is not tracked: a
 //! tensor dropped before that work is submitted can have its range reused at once.
 //!
+//! # Compaction
+//!
+//! Tensors are the pool's only allocations that move. [`Context::compact`] empties sparsely used
+//! segments by moving the context's tensors into free space of the others (GPU copies) and gives
+//! them back; [`Context::compact_for`] makes room for one request; with
+//! [`ContextOptions::compact_on_oom`] an op whose allocation fails compacts and tries once more
+//! when that would make room. A compaction first submits the open batch; the copies follow it on
+//! the queue and the old ranges are reused only after them; the context's cached bind groups are
+//! dropped and plans that bind moved tensors (weights) make their bind groups again before their
+//! next replay. What stays put: plan arenas, allocations of other users of the pool, and tensors
+//! whose allocation is borrowed ([`Tensor::allocation`] returns a guard) or being read
+//! asynchronously at the time. Bind groups of your own over a tensor's range do not follow it.
+//!
 //! # Modules, bottom up
 //!
 //! Each module uses only those listed before it:
@@ -82,7 +95,7 @@
 //!   unrolled matmul entry point written on the host), pipelines and layouts;
 //! - [`timing`]: GPU timestamps per dispatch;
 //! - [`context`]: [`Context`], its options and statistics; records dispatches into batches and
-//!   submits them through the pool;
+//!   submits them through the pool; keeps the storages of its tensors (for compaction);
 //! - [`tensor`]: [`Tensor`], [`ReshapeError`], and the context's methods that upload, make
 //!   ([`Context::zeros`], [`Context::empty`]), overwrite and read tensors;
 //! - [`ops`]: the context's ops (element-wise, matmul, row reductions) and the dispatch of
@@ -98,7 +111,7 @@ pub mod tensor;
 pub mod timing;
 mod vocab;
 
-pub use context::{Context, ContextOptions, ContextStats};
+pub use context::{Context, ContextOptions, ContextStats, TensorAllocation};
 pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanStats};
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};

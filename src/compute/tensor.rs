@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use super::context::{Context, Storage};
+use super::context::{Context, Storage, TensorAllocation};
 use super::vocab::{element_count, tensor_bytes, ComputeError};
-use crate::pool::{AllocOptions, Allocation};
+use crate::pool::{AllocOptions, PoolError};
 
-/// An f32 tensor, row-major, whose storage is a pool [`Allocation`] of its context's pool.
+/// An f32 tensor, row-major, whose storage is a pool [`Allocation`](crate::Allocation) of its context's pool.
 ///
 /// The allocation is `4 · len` bytes rounded up to 16 (kernels read and write whole vec4s; the
 /// lanes past `len` hold unspecified values). Clones share the data (as PyTorch's tensors share
@@ -29,7 +29,7 @@ impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tensor")
             .field("shape", &self.shape)
-            .field("allocation", &self.storage.allocation())
+            .field("allocation", &self.storage.allocation().as_deref())
             .finish()
     }
 }
@@ -55,7 +55,8 @@ impl Tensor {
         self.len as u64 * 4
     }
 
-    /// The pool allocation holding the data.
+    /// The pool allocation holding the data, borrowed: the guard derefs to the
+    /// [`Allocation`](crate::Allocation).
     ///
     /// To bind a tensor in a kernel of your own, record the kernel through the context with
     /// [`Context::dispatch`] or [`Context::dispatch_with`]: the dispatch then joins the context's
@@ -65,25 +66,29 @@ impl Tensor {
     /// range is reusable at once, and a new allocation's upload can land in it before your kernel
     /// reads it. Bind it `read_write` (see the pool's module documentation).
     ///
+    /// A compaction ([`Context::compact`]) may move the tensor to another range: do not keep its
+    /// buffer, offset or bind groups made over it across one (or submit work that uses them
+    /// before it). While the guard lives, the tensor is not moved.
+    ///
     /// # Panics
     ///
     /// On a symbolic tensor (see [`Tensor::is_symbolic`]; [`Tensor::try_allocation`] does not
     /// panic).
-    pub fn allocation(&self) -> &Allocation {
+    pub fn allocation(&self) -> TensorAllocation<'_> {
         self.storage
             .allocation()
             .expect("a symbolic tensor of a capture has no allocation: see Tensor::is_symbolic")
     }
 
     /// The pool allocation holding the data; `None` for a symbolic tensor of a capture.
-    pub fn try_allocation(&self) -> Option<&Allocation> {
+    pub fn try_allocation(&self) -> Option<TensorAllocation<'_>> {
         self.storage.allocation()
     }
 
     /// Whether the tensor was made by an op while its context captured: it has no memory or
     /// data of its own (see [`Context::capture`]).
     pub fn is_symbolic(&self) -> bool {
-        self.storage.allocation().is_none()
+        !self.storage.has_memory()
     }
 
     /// The same data with another shape of as many elements (no copy). A refused shape gives
@@ -193,7 +198,7 @@ impl Context {
         // Real memory even while capturing: data made in a forward is a constant of its plan.
         let tensor = self.allocate_memory("tensor", shape.to_vec(), len)?;
         self.pool()
-            .write(tensor.allocation(), 0, bytemuck::cast_slice(data))?;
+            .write(&tensor.allocation(), 0, bytemuck::cast_slice(data))?;
         Ok(tensor)
     }
 
@@ -234,7 +239,7 @@ impl Context {
             self.flush()?;
         }
         self.pool()
-            .write(allocation, 0, bytemuck::cast_slice(data))?;
+            .write(&allocation, 0, bytemuck::cast_slice(data))?;
         Ok(())
     }
 
@@ -244,7 +249,7 @@ impl Context {
         let allocation = tensor
             .try_allocation()
             .ok_or(ComputeError::Symbolic { op: "read" })?;
-        Ok(floats(&self.read_allocation(allocation)?, tensor.len()))
+        Ok(floats(&self.read_allocation(&allocation)?, tensor.len()))
     }
 
     /// [`Context::read`] as a future that does not block the thread, for async code and the read
@@ -252,11 +257,17 @@ impl Context {
     /// ([`Pool::read_async`](crate::Pool::read_async)).
     pub async fn read_async(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
         self.check_owner("read", tensor)?;
-        let allocation = tensor
-            .try_allocation()
+        // Pinned, not borrowed: a lock guard held across the wait would make the future `!Send`.
+        let range = tensor
+            .storage
+            .pin()
             .ok_or(ComputeError::Symbolic { op: "read" })?;
         self.flush()?;
-        let bytes = self.pool().read_async(allocation).await?;
+        let bytes = self
+            .pool()
+            .read_range_async(&range.buffer, range.offset, range.binding_size, range.size)
+            .await?;
+        drop(range);
         Ok(floats(&bytes, tensor.len()))
     }
 
@@ -283,12 +294,7 @@ impl Context {
     ) -> Result<Tensor, ComputeError> {
         match self.capture_id() {
             Some(capture) => Ok(Tensor {
-                storage: Arc::new(Storage {
-                    allocation: None,
-                    capture: Some(capture),
-                    bytes: tensor_bytes(len),
-                    shared: self.shared.clone(),
-                }),
+                storage: Storage::new(&self.shared, None, Some(capture), tensor_bytes(len)),
                 shape,
                 len,
             }),
@@ -304,16 +310,15 @@ impl Context {
         len: usize,
     ) -> Result<Tensor, ComputeError> {
         let bytes = tensor_bytes(len);
-        let allocation = self
+        let allocation = match self
             .pool()
-            .allocate_with(bytes, AllocOptions::labeled(label))?;
+            .allocate_with(bytes, AllocOptions::labeled(label))
+        {
+            Err(PoolError::OutOfMemory(oom)) => self.after_out_of_memory(bytes, label, oom)?,
+            result => result?,
+        };
         Ok(Tensor {
-            storage: Arc::new(Storage {
-                allocation: Some(allocation),
-                capture: None,
-                bytes,
-                shared: self.shared.clone(),
-            }),
+            storage: Storage::new(&self.shared, Some(allocation), None, bytes),
             shape,
             len,
         })

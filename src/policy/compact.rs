@@ -51,14 +51,16 @@ pub(crate) struct Window {
 /// The aligned block of `block_bytes` (a power of two) in a segment of `capacity_bytes` whose
 /// overlapping live allocations are the fewest bytes (then the fewest allocations, then the lowest
 /// offset), if one can be emptied by moving at most `max_moved` bytes in at most `max_moves`
-/// allocations. Only blocks that hold some free space are examined: at most two per gap between
-/// live allocations (a gap that holds a whole block returns it at once, with nothing to move).
+/// allocations, all of them `movable` (asked by offset). Only blocks that hold some free space are
+/// examined: at most two per gap between live allocations (a gap that holds a whole block returns
+/// it at once, with nothing to move).
 pub(crate) fn cheapest_window(
     live: &BTreeMap<u64, Live>,
     capacity_bytes: u64,
     block_bytes: u64,
     max_moved: u64,
     max_moves: usize,
+    movable: &dyn Fn(u64) -> bool,
 ) -> Option<Window> {
     debug_assert!(block_bytes.is_power_of_two());
     if block_bytes > capacity_bytes {
@@ -79,7 +81,7 @@ pub(crate) fn cheapest_window(
         let bound = best
             .as_ref()
             .map_or(max_moved, |b| b.moved_bytes.min(max_moved));
-        if let Some(window) = window_cost(live, start, end, bound, max_moves) {
+        if let Some(window) = window_cost(live, start, end, bound, max_moves, movable) {
             let better = best.as_ref().is_none_or(|b| {
                 (window.moved_bytes, window.sources.len()) < (b.moved_bytes, b.sources.len())
             });
@@ -125,13 +127,15 @@ fn free_gaps(
         })
 }
 
-/// The allocations overlapping `[start, end)`, or `None` when they pass the bounds.
+/// The allocations overlapping `[start, end)`, or `None` when they pass the bounds or one of them
+/// is not `movable`.
 fn window_cost(
     live: &BTreeMap<u64, Live>,
     start: u64,
     end: u64,
     max_moved: u64,
     max_moves: usize,
+    movable: &dyn Fn(u64) -> bool,
 ) -> Option<Window> {
     let mut window = Window {
         offset: start,
@@ -146,7 +150,7 @@ fn window_cost(
     for (&offset, l) in before.into_iter().chain(live.range(start..end)) {
         window.moved_bytes += l.allocated_bytes;
         window.sources.push(offset);
-        if window.moved_bytes > max_moved || window.sources.len() > max_moves {
+        if window.moved_bytes > max_moved || window.sources.len() > max_moves || !movable(offset) {
             return None;
         }
     }
@@ -246,22 +250,25 @@ mod tests {
             (2048, 768),
             (3072, 1024),
         ]);
-        let window = cheapest_window(&live, 4096, 1024, 1024, 8).unwrap();
+        let window = cheapest_window(&live, 4096, 1024, 1024, 8, &|_| true).unwrap();
         assert_eq!(
             (window.offset, window.moved_bytes, window.sources),
             (1024, 512, vec![1024, 1536])
         );
         // At most one move: [0, 1024) and [2048, 3072) tie on bytes, the lower offset wins.
-        let window = cheapest_window(&live, 4096, 1024, 1024, 1).unwrap();
+        let window = cheapest_window(&live, 4096, 1024, 1024, 1, &|_| true).unwrap();
         assert_eq!((window.offset, window.sources), (0, vec![0]));
+        // Pinned allocations are never moved: with the one at 0 pinned, [2048, 3072) is next.
+        let window = cheapest_window(&live, 4096, 1024, 1024, 1, &|offset| offset != 0).unwrap();
+        assert_eq!((window.offset, window.sources), (2048, vec![2048]));
         // The bound refuses every block.
-        assert_eq!(cheapest_window(&live, 4096, 1024, 256, 8), None);
+        assert_eq!(cheapest_window(&live, 4096, 1024, 256, 8, &|_| true), None);
     }
 
     #[test]
     fn an_allocation_straddling_the_block_is_moved_whole() {
         let live = index(&[(0, 1280), (2048, 2048)]);
-        let window = cheapest_window(&live, 4096, 1024, 4096, 8).unwrap();
+        let window = cheapest_window(&live, 4096, 1024, 4096, 8, &|_| true).unwrap();
         assert_eq!(
             (window.offset, window.moved_bytes, window.sources),
             (1024, 1280, vec![0])
@@ -271,7 +278,7 @@ mod tests {
     #[test]
     fn a_free_block_needs_no_move() {
         let live = index(&[(0, 256), (3072, 256)]);
-        let window = cheapest_window(&live, 4096, 1024, 0, 0).unwrap();
+        let window = cheapest_window(&live, 4096, 1024, 0, 0, &|_| true).unwrap();
         assert_eq!((window.offset, window.moved_bytes), (1024, 0));
     }
 

@@ -600,6 +600,82 @@ fn a_compaction_plan_makes_room_without_growing() {
     assert!(pool.compaction_estimate(32 << 10, tight).is_none());
 }
 
+#[test]
+fn pinned_allocations_are_never_moved() {
+    let mut pool = pool(compaction_config());
+    let mut live = two_holed_segments(&mut pool);
+    // Every allocation pinned: no plan, no estimate.
+    assert!(pool
+        .compaction_plan_where(32 << 10, CompactionLimits::default(), |_, _| false)
+        .is_none());
+    assert!(pool
+        .compaction_estimate_where(32 << 10, CompactionLimits::default(), |_, _| false)
+        .is_none());
+    // The allocation the unrestricted plan moves pinned: the plan moves another.
+    let first = pool
+        .compaction_plan(32 << 10, CompactionLimits::default())
+        .unwrap();
+    let pinned = first.moves()[0];
+    pool.cancel_compaction(first);
+    let plan = pool
+        .compaction_plan_where(32 << 10, CompactionLimits::default(), |segment, offset| {
+            (segment, offset) != (pinned.from_segment, pinned.from_offset)
+        })
+        .unwrap();
+    assert_eq!(plan.moves().len(), 1);
+    assert_ne!(
+        (plan.moves()[0].from_segment, plan.moves()[0].from_offset),
+        (pinned.from_segment, pinned.from_offset)
+    );
+    assert_eq!(pool.apply_moves(plan, live.iter_mut()), Ok(16 << 10));
+    for placement in live {
+        pool.free(placement);
+    }
+}
+
+#[test]
+fn an_evacuation_plan_empties_a_segment_that_is_then_given_back() {
+    let mut pool = pool(compaction_config());
+    let mut live = two_holed_segments(&mut pool);
+    let before = pool.counters();
+    let slot = live[0].slot();
+    let id = live[0].segment();
+    assert_eq!(pool.live_bytes(id), 32 << 10);
+    // Pinned: refused.
+    assert!(pool
+        .evacuation_plan(id, CompactionLimits::default(), |_, _| false)
+        .is_none());
+    // Too many moves: refused.
+    let one = CompactionLimits {
+        max_moves: 1,
+        ..CompactionLimits::default()
+    };
+    assert!(pool.evacuation_plan(id, one, |_, _| true).is_none());
+    let plan = pool
+        .evacuation_plan(id, CompactionLimits::default(), |_, _| true)
+        .unwrap();
+    assert_eq!(plan.moves().len(), 2);
+    assert!(plan.moves().iter().all(|m| m.to_slot != slot));
+    assert_eq!(plan.estimate().segment, id);
+    assert_eq!(pool.apply_moves(plan, live.iter_mut()), Ok(32 << 10));
+    assert_eq!(pool.counters(), before, "moving changes no counter");
+    assert_eq!(pool.live_bytes(id), 0);
+    assert!(live.iter().all(|p| p.segment() != id));
+    assert_eq!(pool.release_if_empty(id), 64 << 10);
+    assert_eq!(pool.segment_count(), 1);
+    assert_eq!(pool.stats().free_bytes, 0);
+    // The other segment is full now: nothing to evacuate it into.
+    let other = live[0].segment();
+    assert!(pool
+        .evacuation_plan(other, CompactionLimits::default(), |_, _| true)
+        .is_none());
+    let remaining = pool.segments().next().unwrap().id;
+    assert_eq!(pool.release_if_empty(remaining), 0);
+    for placement in live {
+        pool.free(placement);
+    }
+}
+
 fn pool_with(config: PolicyConfig) -> PoolCore<SimulatedStorage> {
     pool(config)
 }

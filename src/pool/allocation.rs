@@ -61,12 +61,19 @@ impl Allocation {
         }
     }
 
-    /// Declares the allocation's last use submitted: dropping it frees the range at once.
     /// Its record's index in the live slab.
     pub(super) fn live_slot(&self) -> usize {
         self.live_slot
     }
 
+    /// Points the handle at the range a compaction moved it to (the same size).
+    pub(super) fn relocate(&mut self, buffer: wgpu::Buffer, segment: SegmentId, offset_bytes: u64) {
+        self.buffer = buffer;
+        self.segment = segment;
+        self.offset_bytes = offset_bytes;
+    }
+
+    /// Declares the allocation's last use submitted: dropping it frees the range at once.
     pub(super) fn set_last_use_submitted(&mut self) {
         self.last_use_submitted = true;
     }

@@ -115,21 +115,38 @@ impl Shared {
     /// (no lock is held across a wait), in pieces as large as the shared one's, each awaited.
     pub(super) async fn read_async(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         allocation.check_pool(self)?;
-        let size = allocation.binding_size();
-        let piece_bytes = size.min(self.staging_limit());
+        self.read_range_async(
+            allocation.buffer(),
+            allocation.offset(),
+            allocation.binding_size(),
+            allocation.size(),
+        )
+        .await
+    }
+
+    /// Reads `size` bytes at `offset` of `buffer` (a range of `binding_size` bytes, a multiple of
+    /// 4), as [`Shared::read_async`] does.
+    pub(super) async fn read_range_async(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        binding_size: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, PoolError> {
+        let piece_bytes = binding_size.min(self.staging_limit());
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-pool async read-back"),
             size: piece_bytes,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        let mut bytes = Vec::with_capacity(usize::try_from(binding_size).unwrap_or(0));
         let mut done = 0;
-        while done < size {
-            let piece = (size - done).min(piece_bytes);
+        while done < binding_size {
+            let piece = (binding_size - done).min(piece_bytes);
             self.gpu
                 .queue
-                .submit([self.copy_piece(&staging, allocation, done, piece)]);
+                .submit([self.copy_piece(&staging, buffer, offset + done, piece)]);
             bytes.extend(
                 crate::device::read_mapped_async(&self.gpu.device, &staging, piece)
                     .await
@@ -137,7 +154,7 @@ impl Shared {
             );
             done += piece;
         }
-        bytes.truncate(usize::try_from(allocation.size()).unwrap_or(usize::MAX));
+        bytes.truncate(usize::try_from(size).unwrap_or(usize::MAX));
         Ok(bytes)
     }
 
@@ -170,7 +187,12 @@ impl Shared {
         size: u64,
         work: Option<Vec<wgpu::CommandBuffer>>,
     ) -> Result<Vec<u8>, PoolError> {
-        let copy = self.copy_piece(staging, allocation, offset_bytes, size);
+        let copy = self.copy_piece(
+            staging,
+            allocation.buffer(),
+            allocation.offset() + offset_bytes,
+            size,
+        );
         match work {
             // The pool's own submission: ranges waiting for one stay pending.
             None => {
@@ -190,12 +212,12 @@ impl Shared {
         largest_power_of_two_at_most(self.max_buffer_size.min(MAX_STAGING_BYTES))
     }
 
-    /// A command buffer that copies `size` bytes of `allocation` from `offset_bytes` to the
-    /// start of `staging`.
+    /// A command buffer that copies `size` bytes of `buffer` from `offset_bytes` to the start of
+    /// `staging`.
     fn copy_piece(
         &self,
         staging: &wgpu::Buffer,
-        allocation: &Allocation,
+        buffer: &wgpu::Buffer,
         offset_bytes: u64,
         size: u64,
     ) -> wgpu::CommandBuffer {
@@ -205,13 +227,7 @@ impl Shared {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("wgpu-pool read-back"),
             });
-        encoder.copy_buffer_to_buffer(
-            allocation.buffer(),
-            allocation.offset() + offset_bytes,
-            staging,
-            0,
-            size,
-        );
+        encoder.copy_buffer_to_buffer(buffer, offset_bytes, staging, 0, size);
         encoder.finish()
     }
 }

@@ -74,6 +74,10 @@ impl LiveSlab {
     pub(super) fn iter(&self) -> impl Iterator<Item = &LiveAllocation> {
         self.slots.iter().flatten()
     }
+
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut LiveAllocation> {
+        self.slots.iter_mut().flatten()
+    }
 }
 
 /// An event about a live allocation, with its label and op.

@@ -48,8 +48,17 @@
 //! `storage.rs` (the policy's storage of `wgpu::Buffer`s), `live.rs` (the live-allocation slab, the
 //! history events made from it, and the filling of the plain-data [`PoolState`]), `shared.rs` (the
 //! state under the pool's lock, and reserving, freeing, submitting and releasing), `allocation.rs`
-//! (the [`Allocation`] handle, which holds the shared state, not a [`Pool`]), `io.rs` (writes and
+//! (the [`Allocation`] handle, which holds the shared state, not a [`Pool`]), `compact.rs`
+//! (compaction plans carried out: copies, then the moved handles re-pointed), `io.rs` (writes and
 //! reads), and this file ([`Pool`], [`OpScope`]).
+//!
+//! # Compaction
+//!
+//! A pool never moves an allocation on its own. [`Pool::compact_for`] and
+//! [`Pool::compact_segments`] move only the allocations handed in (`&mut`, so that their handles
+//! can be re-pointed): the compute context hands in its tensors. The copies are submitted on the
+//! queue before the policy frees the old ranges, so their reuse is ordered after the copies;
+//! work that uses a moved allocation must be submitted before the call.
 //!
 //! # History and reports
 //!
@@ -63,6 +72,7 @@
 //! history into text, JSON, PyTorch snapshots, Chrome traces and SVG plots.
 
 mod allocation;
+mod compact;
 mod io;
 mod live;
 mod options;
@@ -73,11 +83,12 @@ use std::sync::Arc;
 
 use crate::device::Gpu;
 use crate::history::{History, HistoryOptions, Label, Totals};
-use crate::policy::{PolicyConfig, PoolCore, PoolStats};
+use crate::policy::{CompactionEstimate, CompactionLimits, PolicyConfig, PoolCore, PoolStats};
 use crate::snapshot::Snapshot;
 use crate::state::PoolState;
 
 pub use allocation::Allocation;
+pub use compact::Compaction;
 pub use io::MAX_STAGING_BYTES;
 pub use options::{AllocOptions, PoolError, PoolOptions, ReuseSafety};
 pub use storage::SEGMENT_USAGES;
@@ -289,6 +300,49 @@ impl Pool {
         released
     }
 
+    /// Moves allocations among `allocations` (and only those) so that a request of `size_bytes`
+    /// fits in the segments the pool holds, within `limits` ([`PoolCore::compaction_plan_where`]),
+    /// and re-points their handles: each moved handle names its new buffer, offset and segment;
+    /// data, size and label stay. The copies are submitted on the queue (after everything
+    /// submitted before) and the old ranges become reusable after that submission. Work recorded
+    /// but not submitted that uses one of `allocations`, or bind groups made over them, must not
+    /// outlive the call: submit the work first, make the bind groups again. Nothing moves when the
+    /// request already fits or no plan over these allocations makes room. Allocations of another
+    /// pool are passed over. The compute context's `Context::compact_for` calls this with its
+    /// tensors.
+    pub fn compact_for(
+        &self,
+        size_bytes: u64,
+        allocations: &mut [&mut Allocation],
+        limits: CompactionLimits,
+    ) -> Result<Compaction, PoolError> {
+        compact::compact_for(&self.shared, size_bytes, allocations, limits)
+    }
+
+    /// Empties packed segments by moving their allocations — all of them among `allocations`,
+    /// at most `limits.max_moves` per segment — into free blocks of the other segments (least
+    /// occupied first, [`PoolCore::evacuation_plan`]), and gives each emptied segment back, until
+    /// no further one can be emptied. Moved handles are re-pointed, with the same rules as
+    /// [`Pool::compact_for`].
+    pub fn compact_segments(
+        &self,
+        allocations: &mut [&mut Allocation],
+        limits: CompactionLimits,
+    ) -> Result<Compaction, PoolError> {
+        compact::compact_segments(&self.shared, allocations, limits)
+    }
+
+    /// What [`Pool::compact_for`] with [`CompactionLimits::default`] would move over these
+    /// allocations to make room for `size_bytes`, without moving anything; `None` when it would
+    /// not make room (or the request already fits a free block: then the estimate moves nothing).
+    pub fn compaction_estimate(
+        &self,
+        size_bytes: u64,
+        allocations: &[&Allocation],
+    ) -> Option<CompactionEstimate> {
+        compact::estimate(&self.shared, size_bytes, allocations)
+    }
+
     /// Names parts of `allocation` in the pool's memory state, summary, segment map and
     /// snapshots: `parts` are `(offset from the allocation's start, bytes, label)`, each shown as a
     /// span labelled `"<allocation's label>: <label>"` (a plan's arena names the tensors that share
@@ -493,6 +547,21 @@ impl Pool {
     /// each time it is polled, and asks to be polled again until the copy is done.
     pub async fn read_async(&self, allocation: &Allocation) -> Result<Vec<u8>, PoolError> {
         self.shared.read_async(allocation).await
+    }
+
+    /// [`Pool::read_async`] of `size` bytes at `offset` of `buffer` (a range of `binding_size`
+    /// bytes, a multiple of 4, of one of this pool's allocations): for the compute context, which
+    /// pins a tensor's range instead of holding its allocation across the wait.
+    pub(crate) async fn read_range_async(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        binding_size: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, PoolError> {
+        self.shared
+            .read_range_async(buffer, offset, binding_size, size)
+            .await
     }
 
     /// [`Pool::read_vec`] as a future ([`Pool::read_async`]).

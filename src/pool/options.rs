@@ -2,7 +2,7 @@
 //! [`ReuseSafety`], [`AllocOptions`], [`PoolError`]. Plain data over the policy's types.
 
 use crate::history::HistoryOptions;
-use crate::policy::{OutOfMemory, PolicyConfig, PolicyError};
+use crate::policy::{CompactionError, OutOfMemory, PolicyConfig, PolicyError};
 
 /// When a dropped allocation's range may be handed out again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,6 +154,9 @@ pub enum PoolError {
         /// What is wrong.
         reason: String,
     },
+    /// The policy refused to apply a compaction plan (nothing moved).
+    #[error("compaction refused: {0}")]
+    Compaction(#[from] CompactionError),
 }
 
 impl From<PolicyError> for PoolError {

@@ -15,6 +15,16 @@ fn fragmentation_example_tells_its_story() {
     assert_eq!(outcome.arena_largest_hole_units, 50);
     assert!(outcome.pool_served, "{outcome:?}");
     assert!(outcome.second_request_refused, "{outcome:?}");
+    // The tensors' part: refused (the error says compacting helps), two tensors moved, served
+    // without a new segment, one more segment given back by compact(), values intact.
+    let tensors = &outcome.tensors;
+    assert!(tensors.refused_before, "{tensors:?}");
+    assert_eq!(tensors.moves, 2, "{tensors:?}");
+    assert!(tensors.served_after, "{tensors:?}");
+    assert_eq!(tensors.segments_released, 1, "{tensors:?}");
+    let segment = 128 * (64 << 10);
+    assert_eq!(tensors.reserved_bytes, (4 * segment, 3 * segment));
+    assert!(tensors.values_intact, "{tensors:?}");
 }
 
 #[expect(
