@@ -5,6 +5,7 @@
 //! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
 //!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
+//!     [--narrow-lanes L]... [--narrow-splits S]...
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -38,6 +39,11 @@
 //!   (`matmul_chain_step_us`). `--large` includes the serving shapes in its list.
 //! - `--split N` (repeatable): with `--large` and `--matmul`, every compared tile is measured with
 //!   each of these split-K counts (`MatmulOptions::split_k`) instead of the automatic one.
+//! - `--narrow-lanes L`, `--narrow-splits S` (repeatable): each `--matmul` shape of at most 8
+//!   rows is also measured with the narrow kernel's lanes (`MatmulOptions::narrow_lanes`) and
+//!   splits along K (`MatmulOptions::narrow_splits`) forced, every listed lanes with every listed
+//!   splits (the one not listed automatic), after its automatic plan. Without them, `--large`
+//!   measures lanes 1 to 64 with automatic splits.
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
@@ -48,7 +54,7 @@
 //!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
-//! "forced_narrow_lanes", "torch_time_us", "ratio"}],
+//! "forced_narrow_lanes", "forced_narrow_splits", "torch_time_us", "ratio"}],
 //! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us"}], "op_overhead_us",
 //! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us", "matmul_chain_single_us",
 //! "matmul_chain_step_us", "torch_chain_step_us"}`. A section not run has an
@@ -89,6 +95,10 @@ struct Args {
     splits: Vec<u32>,
     /// PyTorch's figures (`benches/torch/matmul.py --json`) to print beside ours.
     torch: Option<PathBuf>,
+    /// The narrow kernel's lanes to force on shapes of at most 8 rows.
+    narrow_lanes: Vec<u32>,
+    /// The narrow kernel's splits along K to force on shapes of at most 8 rows.
+    narrow_splits: Vec<u32>,
 }
 
 impl Args {
@@ -125,6 +135,8 @@ fn parse_args() -> anyhow::Result<Args> {
         serving: false,
         torch: None,
         splits: Vec::new(),
+        narrow_lanes: Vec::new(),
+        narrow_splits: Vec::new(),
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -141,6 +153,22 @@ fn parse_args() -> anyhow::Result<Args> {
                 args.splits.push(splits);
             }
             "--torch" => args.torch = Some(iter.next().context("--torch needs a file")?.into()),
+            "--narrow-lanes" => {
+                let lanes = iter.next().context("--narrow-lanes needs a number")?;
+                let lanes: u32 = lanes.parse().context("--narrow-lanes needs a number")?;
+                if !lanes.is_power_of_two() || lanes > 256 {
+                    bail!("--narrow-lanes needs a power of two from 1 to 256");
+                }
+                args.narrow_lanes.push(lanes);
+            }
+            "--narrow-splits" => {
+                let splits = iter.next().context("--narrow-splits needs a number")?;
+                let splits: u32 = splits.parse().context("--narrow-splits needs a number")?;
+                if splits == 0 {
+                    bail!("--narrow-splits needs a number of at least 1");
+                }
+                args.narrow_splits.push(splits);
+            }
             "--checked" => args.checks = ShaderChecks::Checked,
             "--matmul" => {
                 let shape = iter.next().context("--matmul needs MxNxK")?;
@@ -189,7 +217,8 @@ fn parse_args() -> anyhow::Result<Args> {
                     "bench_kernels [--json OUT] [--large] [--checked] \
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
                      [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
-                     [--serving] [--torch FILE] [--split N]..."
+                     [--serving] [--torch FILE] [--split N]... [--narrow-lanes L]... \
+                     [--narrow-splits S]..."
                 );
                 std::process::exit(0);
             }
@@ -262,6 +291,8 @@ struct MatmulCase {
     tiles: Option<MatmulTiles>,
     /// The narrow kernel's lanes, forced.
     narrow_lanes: Option<u32>,
+    /// The narrow kernel's splits along K, forced.
+    narrow_splits: Option<u32>,
     /// Split-K, forced (`MatmulOptions::split_k`).
     splits: Option<u32>,
 }
@@ -273,6 +304,7 @@ fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
         k,
         tiles: None,
         narrow_lanes: None,
+        narrow_splits: None,
         splits: None,
     };
     let mut cases = Vec::new();
@@ -426,6 +458,7 @@ fn bench_matmul(
     let context = bench.context(MatmulOptions {
         tiles: case.tiles,
         narrow_lanes: case.narrow_lanes.or(bench.matmul.narrow_lanes),
+        narrow_splits: case.narrow_splits.or(bench.matmul.narrow_splits),
         split_k: case.splits.or(bench.matmul.split_k),
         ..bench.matmul.clone()
     })?;
@@ -913,15 +946,37 @@ fn main() -> anyhow::Result<()> {
                 k,
                 tiles: None,
                 narrow_lanes: None,
+                narrow_splits: None,
                 splits: None,
             };
-            if args.large && m <= MatmulOptions::NARROW_MAX_ROWS as usize {
-                cases.extend([1, 2, 4, 8, 16, 32, 64].map(|lanes| MatmulCase {
-                    narrow_lanes: Some(lanes),
-                    ..case
-                }));
-            }
             cases.push(case);
+            if m <= MatmulOptions::NARROW_MAX_ROWS as usize {
+                // The forced lanes (with --large and none listed: 1 to 64) crossed with the
+                // forced splits; automatic where none is listed.
+                let lanes: Vec<Option<u32>> = if !args.narrow_lanes.is_empty() {
+                    args.narrow_lanes.iter().copied().map(Some).collect()
+                } else if args.large {
+                    [1, 2, 4, 8, 16, 32, 64].map(Some).to_vec()
+                } else {
+                    vec![None]
+                };
+                let splits: Vec<Option<u32>> = if args.narrow_splits.is_empty() {
+                    vec![None]
+                } else {
+                    args.narrow_splits.iter().copied().map(Some).collect()
+                };
+                for &narrow_lanes in &lanes {
+                    for &narrow_splits in &splits {
+                        if narrow_lanes.is_some() || narrow_splits.is_some() {
+                            cases.push(MatmulCase {
+                                narrow_lanes,
+                                narrow_splits,
+                                ..case
+                            });
+                        }
+                    }
+                }
+            }
             if args.large {
                 // Every tile, with each `--split` (or the automatic split).
                 let splits: Vec<Option<u32>> = if args.splits.is_empty() {
@@ -936,6 +991,7 @@ fn main() -> anyhow::Result<()> {
                         k,
                         tiles: Some(tiles),
                         narrow_lanes: None,
+                        narrow_splits: None,
                         splits,
                     }));
                 }
@@ -951,7 +1007,8 @@ fn main() -> anyhow::Result<()> {
         let r = bench_matmul(&bench, &case, &mut rng)
             .with_context(|| format!("matmul {}x{}x{}", case.m, case.n, case.k))?;
         // PyTorch's time beside the automatic plan's.
-        let automatic = case.tiles.is_none() && case.narrow_lanes.is_none();
+        let automatic =
+            case.tiles.is_none() && case.narrow_lanes.is_none() && case.narrow_splits.is_none();
         let torch_us = torch
             .as_ref()
             .filter(|_| automatic)
@@ -978,6 +1035,7 @@ fn main() -> anyhow::Result<()> {
             "m": r.m, "n": r.n, "k": r.k, "gflops": r.gflops, "max_rel_err": r.max_rel_err,
             "tiles": r.kernel, "splits": r.splits, "time_us": r.time_us,
             "forced_tiles": case.tiles.is_some(), "forced_narrow_lanes": case.narrow_lanes,
+            "forced_narrow_splits": case.narrow_splits,
             "torch_time_us": torch_us, "ratio": ratio,
         }));
     }

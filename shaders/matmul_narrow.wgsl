@@ -2,17 +2,34 @@
 // the optional fused epilogue C = act(A·B + bias[N]). CPU twin: `matmul` in src/compute/cpu.rs.
 //
 // With few rows the tiled kernel (matmul.wgsl) wastes most of its tile and walks K serially;
-// this one is a matrix-vector product: the time is reading B once. A workgroup of 256 owns
-// LANES vec4 columns of C and splits K into SLICES = 256 / LANES slices: invocation
-// (lane, slice) reads rows 4·kk .. 4·kk + 3 of B for every kk ≡ slice (mod SLICES), one vec4 of
-// its column each (neighbouring lanes read neighbouring vec4s: coalesced), with the matching
-// vec4 of each row of A, and keeps ROWS vec4 sums in registers. The slices are then added in
-// workgroup memory (a halving tree, four rows at a time) and slice 0 stores C.
+// this one is a matrix-vector product: the time is reading B once, so the kernel is about
+// keeping many independent loads of B in flight, each coalesced.
 //
-// The host puts before this file the constants ROWS (= M, 1 to 8), LANES (a power of two, 1 to 256), BIAS and ACT (0 none,
-// 1 relu, 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is in
-// bounds by construction (ROWS is M exactly; lanes past N do no loads or stores), so the kernel
-// may run unchecked.
+// A workgroup of 256 owns LANES vec4 columns of C (a tile) and one chunk of K: the grid's z is
+// the split along K, chunk z covering vec4 rows [z · k_chunk4, (z + 1) · k_chunk4) of K (all of
+// K without a split). The chunk is dealt to SLICES = 256 / LANES slices: invocation
+// (lane, slice) takes the vec4 rows kk ≡ slice (mod SLICES) of its chunk, four at a time (16
+// independent vec4 loads of B in flight, rows 4·kk .. 4·kk + 3 of its column each; neighbouring
+// lanes read neighbouring vec4s: coalesced), with the matching vec4 of each row of A, and keeps
+// ROWS vec4 sums in registers (acc0 .. acc{ROWS-1}). The slices are then added in workgroup
+// memory, up to four rows at a time: a halving tree down to at most FINAL_SLICES slices, then one
+// invocation per output adds those. Without a split it stores C with the epilogue; with one
+// (SPLIT) it stores its partial sums P[z, M, N], which matmul_reduce.wgsl adds, running the
+// epilogue.
+//
+// The entry point `matmul_narrow` is written by the host (src/compute/kernels.rs,
+// `narrow_entry`) with the rows and the four steps of K unrolled: it reads like
+//
+//     let (tile, lane, slice) = ...;  col = tile · LANES + lane
+//     accumulate rows 4·kk .. 4·kk + 3 of B into acc0 .. acc{ROWS-1}, four kk at a time, then one
+//     for each group of four rows: sums[r][slice][lane] = acc; barrier; reduce_and_store(...)
+//
+// The host puts before this file the constants ROWS (= M, 1 to 8), LANES (a power of two, 1 to
+// 256), SUM_ROWS (min(ROWS, 4): rows reduced at once), SPLIT, BIAS and ACT (0 none, 1 relu,
+// 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is in bounds by
+// construction (ROWS is M exactly; kk < min(k4, chunk end); lanes past N do no loads or stores;
+// with SPLIT the output is the partial products of exactly `splits` = the grid's z chunks), so the
+// kernel may run unchecked.
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 
@@ -22,78 +39,61 @@ struct NarrowParams {
     k4: u32,
     // Workgroups per row of the grid.
     grid_x: u32,
-    // Unused (0).
-    pad: u32,
+    // vec4 rows of K per split (k4 without a split).
+    k_chunk4: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: NarrowParams;
 @group(0) @binding(1) var<storage, read_write> a: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> b: array<vec4<f32>>;
+// C, or with SPLIT the partial products P[splits, M, N].
 @group(0) @binding(3) var<storage, read_write> c: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> bias: array<vec4<f32>>;
 
 const SLICES: u32 = 256u / LANES;
+// The tree stops at this many slices; one invocation per output adds them.
+const FINAL_SLICES: u32 = min(SLICES, 8u);
 
-// Four rows of partial sums of every invocation.
-var<workgroup> sums: array<vec4<f32>, 1024>;
+// Partial sums: sums[r · 256 + slice · LANES + lane] for SUM_ROWS rows at a time.
+var<workgroup> sums: array<vec4<f32>, SUM_ROWS * 256u>;
 
-@compute @workgroup_size(256)
-fn matmul_narrow(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
-    let lane = local % LANES;
+// Adds the slices of rows first .. first + count - 1 (count ≤ SUM_ROWS, already in `sums`) and
+// stores them: C with the epilogue, or with SPLIT the partial products of split z. Called by
+// every invocation of the workgroup (it has barriers); ends with a barrier, so `sums` may be
+// written again after it.
+fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, z: u32) {
     let slice = local / LANES;
+    var live = SLICES;
+    while (live > FINAL_SLICES) {
+        live = live / 2u;
+        if (slice < live) {
+            for (var r = 0u; r < count; r++) {
+                sums[r * 256u + local] += sums[r * 256u + local + live * LANES];
+            }
+        }
+        workgroupBarrier();
+    }
     let n4 = params.n4;
-    let k4 = params.k4;
-    // The grid is [groups, 1] where the device takes it, else rows of grid_x workgroups; lanes
-    // past N (in workgroups past the last) do no loads or stores.
-    let col = (workgroup.y * params.grid_x + workgroup.x) * LANES + lane;
-    let in_n = col < n4;
-
-    var acc: array<vec4<f32>, ROWS>;
-    for (var r = 0u; r < ROWS; r++) {
-        acc[r] = vec4<f32>(0.0);
-    }
-    if (in_n) {
-        for (var kk = slice; kk < k4; kk += SLICES) {
-            let row = kk * 4u * n4 + col;
-            let b0 = b[row];
-            let b1 = b[row + n4];
-            let b2 = b[row + 2u * n4];
-            let b3 = b[row + 3u * n4];
-            for (var r = 0u; r < ROWS; r++) {
-                let x = a[r * k4 + kk];
-                acc[r] += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+    // One invocation per output (row r, lane), LANES · count of them (up to 1024: a loop).
+    for (var output = local; output < count * LANES; output += 256u) {
+        let r = output / LANES;
+        let lane = output % LANES;
+        let col = tile * LANES + lane;
+        if (col < n4) {
+            var v = sums[r * 256u + lane];
+            for (var s = 1u; s < FINAL_SLICES; s++) {
+                v += sums[r * 256u + s * LANES + lane];
             }
-        }
-    }
-
-    for (var first = 0u; first < ROWS; first += 4u) {
-        for (var r = 0u; r < 4u; r++) {
-            if (first + r < ROWS) {
-                sums[r * 256u + local] = acc[first + r];
-            }
-        }
-        workgroupBarrier();
-        for (var stride = SLICES / 2u; stride > 0u; stride /= 2u) {
-            if (slice < stride) {
-                for (var r = 0u; r < 4u; r++) {
-                    if (first + r < ROWS) {
-                        sums[r * 256u + local] += sums[r * 256u + local + stride * LANES];
-                    }
+            let row = first + r;
+            if (SPLIT) {
+                c[(z * ROWS + row) * n4 + col] = v;
+            } else {
+                if (BIAS) {
+                    v += bias[col];
                 }
-            }
-            workgroupBarrier();
-        }
-        if (slice == 0u && in_n) {
-            for (var r = 0u; r < 4u; r++) {
-                if (first + r < ROWS) {
-                    var v = sums[r * 256u + lane];
-                    if (BIAS) {
-                        v += bias[col];
-                    }
-                    c[(first + r) * n4 + col] = activate4(v, ACT);
-                }
+                c[row * n4 + col] = activate4(v, ACT);
             }
         }
-        workgroupBarrier();
     }
+    workgroupBarrier();
 }

@@ -68,6 +68,9 @@ pub(crate) fn module_source(source: Source, variant: &Variant) -> String {
     {
         text.push_str(&matmul_entry(tiles, *linear_grid));
     }
+    if let Variant::Narrow { rows, .. } = *variant {
+        text.push_str(&narrow_entry(rows));
+    }
     text
 }
 
@@ -104,12 +107,15 @@ fn constants(variant: &Variant) -> String {
         Variant::Narrow {
             rows,
             lanes,
+            split,
             bias,
             activation,
         } => [
             int("ROWS", rows),
             int("LANES", lanes),
+            int("SUM_ROWS", rows.min(NARROW_SUM_ROWS)),
             int("ACT", activation.code()),
+            bool("SPLIT", split),
             bool("BIAS", bias),
         ]
         .concat(),
@@ -227,6 +233,115 @@ fn matmul_entry(tiles: &MatmulTiles, linear_grid: bool) -> String {
     for (i, e, j, acc) in outputs() {
         text.push_str(&format!(
             "    store_c(row + {i}u * ROW_GROUP + {e}u, col + {j}u * COL_GROUP, z, acc[{acc}u]);\n"
+        ));
+    }
+    text.push_str("}\n");
+    text
+}
+
+/// Rows of the narrow matmul whose slices are added at once in workgroup memory (256 vec4s each:
+/// 16 KiB for four, WebGPU's default limit).
+const NARROW_SUM_ROWS: u32 = 4;
+
+/// Steps of K that the narrow matmul's main loop takes at once (each loads four vec4s of B).
+const NARROW_STEPS: u32 = 4;
+
+/// The start of the narrow matmul's entry point, up to its accumulators.
+const NARROW_ENTRY_BEGIN: &str = "
+// The entry point, written by the host (src/compute/kernels.rs, `narrow_entry`) with the rows and
+// the steps of K unrolled.
+@compute @workgroup_size(256)
+fn matmul_narrow(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let lane = local % LANES;
+    let slice = local / LANES;
+    let n4 = params.n4;
+    let k4 = params.k4;
+    // The grid is [tiles, 1, splits] where the device takes it, else rows of grid_x workgroups;
+    // lanes past N (in workgroups past the last) do no loads or stores.
+    let tile = workgroup.y * params.grid_x + workgroup.x;
+    let col = tile * LANES + lane;
+    // This split's chunk of K, in vec4 rows; the host makes no empty chunk.
+    let k_end = min(k4, (workgroup.z + 1u) * params.k_chunk4);
+";
+
+/// The WGSL entry point `matmul_narrow` of the narrow matmul for `rows` rows (see
+/// `shaders/matmul_narrow.wgsl`): `rows` accumulators `acc{r}`; a main loop that takes
+/// [`NARROW_STEPS`] vec4 rows of K at once (all their loads of B first, then for each row of A its
+/// vec4s and four fused multiply-adds per step), a loop for the rest one at a time; then for each
+/// group of up to [`NARROW_SUM_ROWS`] rows, the accumulators into workgroup memory and
+/// `reduce_and_store`.
+fn narrow_entry(rows: u32) -> String {
+    let mut text = String::from(NARROW_ENTRY_BEGIN);
+    for r in 0..rows {
+        text.push_str(&format!("    var acc{r} = vec4<f32>(0.0);\n"));
+    }
+    // One step of K at `kk + offset` (vec4 rows), its loads of B named b{step}_{0..3}.
+    let loads = |step: u32, offset: &str| {
+        let mut code = format!("            let row{step} = (kk{offset}) * 4u * n4 + col;\n");
+        for e in 0..4 {
+            code.push_str(&format!(
+                "            let b{step}_{e} = b[row{step} + {e}u * n4];\n"
+            ));
+        }
+        code
+    };
+    let products = |step: u32, offset: &str| {
+        let mut code = String::new();
+        for r in 0..rows {
+            code.push_str(&format!(
+                "            let a{step}_{r} = a[{r}u * k4 + kk{offset}];\n"
+            ));
+            for (e, component) in ["x", "y", "z", "w"].iter().enumerate() {
+                code.push_str(&format!(
+                    "            acc{r} = fma(vec4<f32>(a{step}_{r}.{component}), b{step}_{e}, acc{r});\n"
+                ));
+            }
+        }
+        code
+    };
+    let offset = |step: u32| {
+        if step == 0 {
+            String::new()
+        } else {
+            format!(" + {step}u * SLICES")
+        }
+    };
+    text.push_str("    if (col < n4) {\n");
+    text.push_str("        var kk = workgroup.z * params.k_chunk4 + slice;\n");
+    text.push_str(&format!(
+        "        // {NARROW_STEPS} steps at a time: their loads of B first, all independent.\n"
+    ));
+    text.push_str(&format!(
+        "        while (kk + {}u * SLICES < k_end) {{\n",
+        NARROW_STEPS - 1
+    ));
+    for step in 0..NARROW_STEPS {
+        text.push_str(&loads(step, &offset(step)));
+    }
+    for step in 0..NARROW_STEPS {
+        text.push_str(&products(step, &offset(step)));
+    }
+    text.push_str(&format!("            kk += {NARROW_STEPS}u * SLICES;\n"));
+    text.push_str("        }\n");
+    text.push_str("        while (kk < k_end) {\n");
+    text.push_str(&loads(0, ""));
+    text.push_str(&products(0, ""));
+    text.push_str("            kk += SLICES;\n");
+    text.push_str("        }\n");
+    text.push_str("    }\n");
+    for first in (0..rows).step_by(NARROW_SUM_ROWS as usize) {
+        let count = (rows - first).min(NARROW_SUM_ROWS);
+        text.push_str(&format!("    // Rows {first} to {}.\n", first + count - 1));
+        for r in 0..count {
+            text.push_str(&format!(
+                "    sums[{}u + local] = acc{};\n",
+                r * 256,
+                first + r
+            ));
+        }
+        text.push_str("    workgroupBarrier();\n");
+        text.push_str(&format!(
+            "    reduce_and_store({first}u, {count}u, local, tile, workgroup.z);\n"
         ));
     }
     text.push_str("}\n");
@@ -482,11 +597,21 @@ mod tests {
                     let variant = Variant::Narrow {
                         rows,
                         lanes,
+                        split: false,
                         bias,
                         activation,
                     };
                     modules.push((Source::MatmulNarrow, variant));
                 }
+                // Split along K: partial products, no epilogue (the reduction runs it).
+                let variant = Variant::Narrow {
+                    rows,
+                    lanes,
+                    split: true,
+                    bias: false,
+                    activation: Activation::None,
+                };
+                modules.push((Source::MatmulNarrow, variant));
             }
         }
         for (bias, activation) in epilogues() {
@@ -539,7 +664,7 @@ mod tests {
                 n4: u32,
                 k4: u32,
                 grid_x: u32,
-                pad: u32,
+                k_chunk4: u32,
             }),
             Source::MatmulReduce => layout!(ReduceParams {
                 len: u32,
@@ -724,10 +849,14 @@ mod tests {
                 }
                 Variant::Narrow {
                     lanes,
+                    split,
                     bias,
                     activation,
                     ..
-                } => [1, 64, 256].contains(&lanes) && bias && activation == Activation::Gelu,
+                } => {
+                    [1, 64, 256].contains(&lanes)
+                        && (split || (bias && activation == Activation::Gelu))
+                }
                 Variant::Plain | Variant::Reduce { .. } => true,
             });
         for (source, variant) in modules {
@@ -772,6 +901,39 @@ mod tests {
             let (i, j) = (tiles.tm / 4 - 1, tiles.tn / 4 - 1);
             let line = format!("acc[{last}u] = fma(vec4<f32>(a{i}[3u]), b{j}, acc[{last}u]);");
             assert!(text.contains(&line), "{tiles}: no {line}");
+        }
+    }
+
+    #[test]
+    fn narrow_rows_and_steps_are_unrolled() {
+        for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
+            let variant = Variant::Narrow {
+                rows,
+                lanes: 8,
+                split: false,
+                bias: true,
+                activation: Activation::Gelu,
+            };
+            let text = module_source(Source::MatmulNarrow, &variant);
+            if std::env::var_os("PRINT_NARROW").is_some() && rows == 5 {
+                println!("{text}");
+            }
+            // Four multiply-adds per row and step: the main loop's steps and the remainder's one.
+            let fmas = text.matches(" = fma(vec4<f32>(a").count() as u32;
+            assert_eq!(fmas, rows * 4 * (NARROW_STEPS + 1), "{rows} rows");
+            assert_eq!(text.matches("    var acc").count() as u32, rows);
+            // Every row is reduced and stored once, in groups of at most four.
+            assert_eq!(
+                text.matches("    reduce_and_store(").count() as u32,
+                rows.div_ceil(NARROW_SUM_ROWS)
+            );
+            for r in 0..rows {
+                assert_eq!(
+                    text.matches(&format!("= acc{r};")).count(),
+                    1,
+                    "{rows} rows"
+                );
+            }
         }
     }
 }

@@ -378,9 +378,15 @@ pub struct MatmulOptions {
     /// [`MatmulOptions::NARROW_MAX_ROWS`]; 0: never.
     pub narrow_max_rows: u32,
     /// vec4 columns of C per workgroup of the narrow kernel: a power of two from 1 to 256
-    /// (`None`: on a GPU the largest up to 64 that still gives `min_workgroups / 2` workgroups,
-    /// at least 2; on a software GPU 64).
+    /// (`None`: on a GPU the largest up to 64 that still gives `min_workgroups / 2` workgroups
+    /// along N, at least 4, and no more than N needs; on a software GPU 64, or what N needs).
     pub narrow_lanes: Option<u32>,
+    /// Splits of K over workgroups of the narrow kernel, whose partial products the split-K
+    /// reduction then adds (`Some(1)`: never; `None`: on a GPU, when the workgroups along N are
+    /// fewer than `min_workgroups / 2`, enough splits for about `split_workgroups` workgroups in
+    /// all, at most `max_splits`, each invocation taking at least eight vec4 rows of K per split;
+    /// on a software GPU never). Capped so that no split is empty.
+    pub narrow_splits: Option<u32>,
 }
 
 impl Default for MatmulOptions {
@@ -398,6 +404,7 @@ impl Default for MatmulOptions {
             group_rows: 8,
             narrow_max_rows: Self::NARROW_MAX_ROWS,
             narrow_lanes: None,
+            narrow_splits: None,
         }
     }
 }
@@ -408,6 +415,9 @@ impl MatmulOptions {
 
     /// The most vec4 columns per workgroup of the narrow kernel.
     pub(crate) const NARROW_MAX_LANES: u32 = 256;
+
+    /// Invocations per workgroup of the narrow kernel (lanes × slices).
+    pub(crate) const NARROW_THREADS: u32 = 256;
 
     /// Checks that the forced tile (or at least one of the automatic ones) runs on the device.
     pub(crate) fn validate(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
@@ -423,6 +433,11 @@ impl MatmulOptions {
                 Self::NARROW_MAX_ROWS,
                 self.narrow_max_rows
             )));
+        }
+        if self.narrow_splits == Some(0) {
+            return Err(ComputeError::Config(
+                "narrow_splits must be at least 1".into(),
+            ));
         }
         if let Some(lanes) = self.narrow_lanes {
             if !lanes.is_power_of_two() || lanes > Self::NARROW_MAX_LANES {
@@ -492,6 +507,9 @@ pub(crate) enum Variant {
     Narrow {
         rows: u32,
         lanes: u32,
+        /// K is split over the grid's z: the kernel writes partial products (no epilogue) that
+        /// the split-K reduction adds.
+        split: bool,
         bias: bool,
         activation: Activation,
     },
@@ -523,10 +541,12 @@ impl Variant {
             Self::Narrow {
                 rows,
                 lanes,
+                split,
                 bias,
                 activation,
             } => format!(
-                " {rows} rows x{lanes} lanes{}{}",
+                " {rows} rows x{lanes} lanes{}{}{}",
+                if split { " split" } else { "" },
                 if bias { " +bias" } else { "" },
                 activation.suffix()
             ),
@@ -633,8 +653,8 @@ pub(crate) struct NarrowParams {
     pub(crate) k4: u32,
     /// Workgroups per row of the grid.
     pub(crate) grid_x: u32,
-    /// Unused (0).
-    pub(crate) pad: u32,
+    /// vec4 rows of K per split along the grid's z (`k4` without a split).
+    pub(crate) k_chunk4: u32,
 }
 
 /// The parameters of the split-K reduction; WGSL `ReduceParams` in

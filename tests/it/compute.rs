@@ -534,13 +534,14 @@ fn matmul_epilogues_match_their_cpu_twin() {
 
 /// Shapes `(m, k, n)` of the narrow kernel: 1 to 8 rows, K and N multiples of 4; N not a
 /// multiple of a workgroup's columns (idle lanes), K shorter and longer than a workgroup's slices.
-const NARROW_SHAPES: [(usize, usize, usize); 6] = [
+const NARROW_SHAPES: [(usize, usize, usize); 7] = [
     (1, 4, 4),
     (3, 20, 36),
     (4, 1024, 132),
     (5, 516, 1028),
     (7, 12, 8),
     (8, 2052, 260),
+    (6, 4108, 24),
 ];
 
 #[test]
@@ -594,6 +595,82 @@ fn narrow_matmul_matches_its_cpu_twin() {
     }
 }
 
+/// Shapes `(m, k, n)` of the narrow kernel split along K, and the splits forced: small and
+/// large N, deep K, chunks of K not a multiple of the slices, a last chunk shorter than the others.
+const NARROW_SPLIT_SHAPES: [(usize, usize, usize, u32); 6] = [
+    (3, 8192, 12, 4),
+    (3, 8192, 2048, 3),
+    (1, 4100, 4, 7),
+    (8, 1028, 36, 2),
+    (5, 516, 1028, 16),
+    (2, 8, 8, 2),
+];
+
+#[test]
+fn narrow_matmul_split_along_k_matches_its_cpu_twin() {
+    for (index, (limits, gpu)) in both().into_iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(12);
+        // Lanes automatic and forced to the extremes; under the default limits, automatic only.
+        let lane_choices: &[Option<u32>] = if index == 0 {
+            &[None, Some(1), Some(16), Some(256)]
+        } else {
+            &[None]
+        };
+        for &lanes in lane_choices {
+            for (i, &(m, k, n, splits)) in NARROW_SPLIT_SHAPES.iter().enumerate() {
+                let checks = if i % 2 == 0 {
+                    ContextOptions::default()
+                } else {
+                    ContextOptions::unchecked()
+                };
+                let context = context_with(
+                    gpu,
+                    ContextOptions {
+                        matmul: MatmulOptions {
+                            narrow_lanes: lanes,
+                            narrow_splits: Some(splits),
+                            ..MatmulOptions::default()
+                        },
+                        ..checks
+                    },
+                );
+                let plan = context.matmul_plan(m, n, k).unwrap();
+                assert!(plan.narrow_lanes > 0, "{m}x{k}x{n}: {plan:?}");
+                // No empty split: at most the splits asked for, each chunk a whole number of
+                // vec4 rows, the last one not empty.
+                assert!(plan.splits > 1 && plan.splits <= splits, "{plan:?}");
+                assert_eq!(plan.workgroups[2], plan.splits, "{plan:?}");
+                assert_eq!(plan.k_chunk % 4, 0, "{plan:?}");
+                assert!(
+                    (plan.splits as usize - 1) * (plan.k_chunk as usize) < k,
+                    "{plan:?}"
+                );
+                assert!(
+                    plan.splits as usize * plan.k_chunk as usize >= k,
+                    "{plan:?}"
+                );
+                // The epilogue runs in the reduction: bias and GELU, bias and ReLU, none.
+                let (bias, activation) = match i % 3 {
+                    0 => (true, Activation::Gelu),
+                    1 => (true, Activation::Relu),
+                    _ => (false, Activation::None),
+                };
+                check_matmul(
+                    &context,
+                    &format!(
+                        "narrow split {splits} lanes {lanes:?} {:?} ({limits})",
+                        checks.shader_checks
+                    ),
+                    (m, k, n),
+                    bias,
+                    activation,
+                    &mut rng,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
     let context = context(gpu());
@@ -605,17 +682,34 @@ fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
         assert_eq!(plan(m, k, n).narrow_lanes, 0, "{m}x{k}x{n}");
     }
     // Automatic lanes: on a GPU the most columns per workgroup (up to 64) that still give
-    // min_workgroups / 2 workgroups, at least 2; on a software GPU 64.
+    // min_workgroups / 2 workgroups, at least 4; on a software GPU 64; never more than N needs.
     let lanes = plan(4, 256, 4096).narrow_lanes as usize;
-    if context.gpu().info.device_type == wgpu::DeviceType::Cpu {
+    let software = context.gpu().info.device_type == wgpu::DeviceType::Cpu;
+    if software {
         assert_eq!(lanes, 64);
     } else {
         let wanted = (MatmulOptions::default().min_workgroups / 2) as usize;
-        assert!((2..=64).contains(&lanes), "{lanes}");
-        assert!(lanes == 2 || 4096 / 4 / lanes >= wanted, "{lanes}");
+        assert!((4..=64).contains(&lanes), "{lanes}");
+        assert!(lanes == 4 || 4096 / 4 / lanes >= wanted, "{lanes}");
         assert!(
             lanes == 64 || (4096usize / 4).div_ceil(2 * lanes) < wanted,
             "{lanes}"
+        );
+    }
+    assert_eq!(plan(2, 64, 12).narrow_lanes, 4);
+    assert_eq!(plan(2, 64, 4).narrow_lanes, 1);
+    // Automatic split along K: never on a software GPU, nor where the GPU is filled along N or
+    // K is shallow; on a GPU for deep K on few columns.
+    assert_eq!(plan(8, 1024, 1024).splits, 1);
+    assert_eq!(plan(1, 4096, 4096).splits, 1);
+    let deep = plan(3, 16384, 1024);
+    if software {
+        assert_eq!(deep.splits, 1, "{deep:?}");
+    } else {
+        assert!(deep.splits > 1, "{deep:?}");
+        assert!(
+            deep.splits <= MatmulOptions::default().max_splits,
+            "{deep:?}"
         );
     }
     // Forced tiles, or narrow_max_rows 0, turn it off.
@@ -650,6 +744,10 @@ fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
         },
         MatmulOptions {
             narrow_max_rows: 9,
+            ..MatmulOptions::default()
+        },
+        MatmulOptions {
+            narrow_splits: Some(0),
             ..MatmulOptions::default()
         },
     ] {
@@ -1472,6 +1570,7 @@ mod extreme_sizes {
                     group_rows: sizes[7],
                     narrow_max_rows: sizes[3],
                     narrow_lanes: Some(sizes[4]),
+                    narrow_splits: Some(sizes[2]),
                     ..MatmulOptions::default()
                 },
                 ..ContextOptions::default()
@@ -1484,6 +1583,7 @@ mod extreme_sizes {
                 matmul: MatmulOptions {
                     split_k: None,
                     narrow_lanes: None,
+                    narrow_splits: None,
                     tiles: None,
                     small_tiles: tiles,
                     ..options.matmul
@@ -1566,6 +1666,29 @@ fn matmul_grids_past_the_x_limit_are_split_over_rows_of_workgroups() {
         (3, 16, 28),
         true,
         Activation::Relu,
+        &mut rng,
+    );
+    // Narrow split along K too: the same grid, 3 splits along z.
+    let context = context_with(
+        gpu(),
+        ContextOptions {
+            max_grid_x: Some(2),
+            matmul: MatmulOptions {
+                narrow_lanes: Some(1),
+                narrow_splits: Some(3),
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        },
+    );
+    let plan = context.matmul_plan(3, 28, 48).unwrap();
+    assert_eq!(plan.workgroups, [2, 4, 3]);
+    check_matmul(
+        &context,
+        "split narrow grid along K",
+        (3, 48, 28),
+        true,
+        Activation::Gelu,
         &mut rng,
     );
 }

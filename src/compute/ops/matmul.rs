@@ -21,11 +21,32 @@
 //!
 //! With at most [`MatmulOptions::NARROW_MAX_ROWS`] rows (a small batch) and K, N multiples of 4,
 //! a tile would be mostly empty and would walk K serially; the narrow kernel
-//! (`shaders/matmul_narrow.wgsl`) computes a matrix-vector style product instead: each workgroup
-//! owns `narrow_lanes` vec4 columns of C and splits K over its invocations, which add their sums
-//! in workgroup memory. One dispatch, no split-K partials. On the H200 (`bench_kernels --large
-//! --matmul 8x1024x1024`): 15 µs against 41 µs for the 64×64 tile with split-K 4 at
-//! 8×1024×1024, 8.5 against 40 µs at 1×1024×1024, 76 against 766 µs at 8×4096×4096.
+//! (`shaders/matmul_narrow.wgsl`) computes a matrix-vector style product instead, whose time is
+//! reading B once. Each workgroup of 256 owns `narrow_lanes` vec4 columns of C and one chunk of
+//! K; its invocations take the vec4 rows of the chunk in turn (`256 / narrow_lanes` slices), four
+//! at a time (sixteen independent vec4 loads of B in flight per invocation, rows of B read as
+//! `16 · narrow_lanes` contiguous bytes), then add their slices in workgroup memory (a halving
+//! tree down to 8 slices, then one invocation per output; four rows at a time). Without a split
+//! (one chunk: all of K) that is one dispatch storing C with the epilogue; with `splits` chunks
+//! along the grid's z, each workgroup stores its partial products `[splits, M, N]` and the
+//! split-K reduction (`shaders/matmul_reduce.wgsl`, as for the tiled kernel) adds them and runs
+//! the epilogue.
+//!
+//! The automatic plan ([`MatmulOptions::narrow_lanes`], [`MatmulOptions::narrow_splits`]): on a
+//! GPU the widest workgroups (up to 64 vec4 columns, at least 4: 64 contiguous bytes of each row
+//! of B) that still give `min_workgroups / 2` workgroups along N; where even 4 lanes give fewer,
+//! K is split for about `split_workgroups` workgroups in all (at most `max_splits`), as long as
+//! each invocation keeps at least 8 vec4 rows of K per split — a split costs a second dispatch,
+//! which a short product does not repay. So 8×1024×1024 and 1×1024×1024 run one dispatch of 64
+//! workgroups (4 lanes, 64 slices, four steps of K each), 1×4096×4096 and 8×4096×4096 one of 256
+//! (sixteen steps each), 4×1024×4096 two splits of 64 workgroups, 3×16384×1024 eight. On a
+//! software GPU: 64 lanes, no split.
+//!
+//! Measured on the H200 before this design (one dispatch, 2 to 64 lanes, two steps of K per
+//! invocation at 8×1024×1024 followed by a 7-level tree over 128 slices, eight rows in two
+//! passes; `bench_kernels --large --matmul 8x1024x1024`): 15 µs against 41 µs for the 64×64 tile
+//! with split-K 4 at 8×1024×1024, 8.5 against 40 µs at 1×1024×1024, 76 against 766 µs at
+//! 8×4096×4096; 2.67 TB/s of B at 1×4096×4096 (PyTorch 3.55).
 //!
 //! Each variant is compiled for its case: `vec4` (K and N multiples of 4: vec4 loads of A and B,
 //! vec4 stores of C) or element loads and stores (the bindings declared as `array<f32>`);
@@ -78,7 +99,14 @@ use crate::compute::vocab::{
 pub use crate::compute::vocab::{Activation, MatmulOptions, MatmulTiles};
 
 /// The most lanes the narrow kernel's automatic choice takes.
-const NARROW_AUTO_MAX_LANES: u32 = 64;
+const NARROW_AUTO_MAX_LANES: u64 = 64;
+
+/// The fewest lanes the narrow kernel's automatic choice takes on a GPU (where N has them).
+const NARROW_AUTO_MIN_LANES: u64 = 4;
+
+/// The automatic split of the narrow kernel leaves each invocation at least this many vec4 rows
+/// of K per split.
+const NARROW_MIN_SPLIT_STEPS: u64 = 8;
 
 /// What a matmul does to its result before storing it: `act(A·B + bias)`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -96,14 +124,15 @@ pub struct MatmulPlan {
     pub tiles: MatmulTiles,
     /// Splits along K (1: none).
     pub splits: u32,
-    /// Depth of K per split, a multiple of `tiles.bk` (K when there is no split).
+    /// Depth of K per split, a multiple of `tiles.bk` (of 4 for the narrow kernel; K when there
+    /// is no split).
     pub k_chunk: u32,
     /// K and N are multiples of 4: vec4 loads and stores.
     pub vec4: bool,
     /// Some tile is partial: loads and stores are masked.
     pub edges: bool,
     /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`, or of the narrow
-    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, 1]`. Where a dimension would exceed the device's
+    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, splits]`. Where a dimension would exceed the device's
     /// `max_compute_workgroups_per_dimension` (or [`ContextOptions::max_grid_x`] along x), the
     /// block tiles (or the narrow kernel's workgroups) are laid out over `[x, y]` rows of linear
     /// ids instead, `x · y` at least their number (the kernels skip the ids past it).
@@ -234,30 +263,65 @@ impl Context {
         if !applies {
             return None;
         }
-        let n4 = (n / 4) as u64;
-        let lanes = options.narrow_lanes.unwrap_or_else(|| {
-            // A software GPU runs invocations one after another: fewer slices (fewer barriers
-            // in the reduction) win there, whatever the number of workgroups.
-            if self.gpu().info.device_type == wgpu::DeviceType::Cpu {
-                return NARROW_AUTO_MAX_LANES;
+        let limits = self.limits();
+        let (n4, k4) = ((n / 4) as u64, (k / 4) as u64);
+        // A software GPU runs invocations one after another: fewer slices (fewer barriers in
+        // the reduction) and no split win there, whatever the number of workgroups.
+        let software = self.gpu().info.device_type == wgpu::DeviceType::Cpu;
+        let wanted = u64::from(options.min_workgroups / 2).max(1);
+        // No more lanes than N needs (lanes past N idle).
+        let needed = n4
+            .next_power_of_two()
+            .min(u64::from(MatmulOptions::NARROW_MAX_LANES));
+        let lanes = match options.narrow_lanes {
+            Some(lanes) => u64::from(lanes),
+            None if software => NARROW_AUTO_MAX_LANES.min(needed),
+            None => {
+                // Coalescing wants wide rows of B per workgroup, filling the GPU many
+                // workgroups: the widest that still gives `wanted` of them, at least 4 vec4s (64
+                // contiguous bytes of each row of B).
+                let mut lanes = NARROW_AUTO_MAX_LANES.min(needed);
+                while lanes > NARROW_AUTO_MIN_LANES && n4.div_ceil(lanes) < wanted {
+                    lanes /= 2;
+                }
+                lanes
             }
-            let wanted = u64::from(options.min_workgroups / 2).max(1);
-            let mut lanes = NARROW_AUTO_MAX_LANES;
-            while lanes > 2 && n4.div_ceil(u64::from(lanes)) < wanted {
-                lanes /= 2;
-            }
-            lanes
-        });
+        };
+        let tiles = n4.div_ceil(lanes);
+        let slices = u64::from(MatmulOptions::NARROW_THREADS) / lanes;
+        let wanted_splits = match options.narrow_splits {
+            Some(splits) => u64::from(splits),
+            None if software || tiles >= wanted => 1,
+            None => u64::from(options.split_workgroups)
+                .max(wanted)
+                .div_ceil(tiles)
+                .min(u64::from(options.max_splits))
+                .min(k4 / (slices * NARROW_MIN_SPLIT_STEPS))
+                .max(1),
+        };
+        // The partial products (rounded up to 16 bytes) must fit one binding, and the splits
+        // the grid's z.
+        let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
+            / (m as u64).saturating_mul(n as u64).saturating_mul(4))
+        .max(1);
+        let wanted_splits = wanted_splits
+            .min(max_binding_splits)
+            .min(u64::from(limits.max_compute_workgroups_per_dimension))
+            .clamp(1, k4.max(1));
+        // vec4 rows of K per split, then splits without an empty one.
+        let k_chunk4 = k4.div_ceil(wanted_splits).max(1);
+        let splits = k4.div_ceil(k_chunk4).max(1);
         // Past the x limit, rows of workgroups (lanes past N do nothing).
-        let (workgroups, _) = grid_1d(self, "matmul", n4.div_ceil(u64::from(lanes))).ok()?;
+        let (mut workgroups, _) = grid_1d(self, "matmul", tiles).ok()?;
+        workgroups[2] = u32::try_from(splits).ok()?;
         Some(MatmulPlan {
             tiles: options.small_tiles,
-            splits: 1,
-            k_chunk: u32::try_from(k).ok()?,
+            splits: workgroups[2],
+            k_chunk: u32::try_from(k_chunk4 * 4).ok()?,
             vec4: true,
             edges: false,
             workgroups,
-            narrow_lanes: lanes,
+            narrow_lanes: u32::try_from(lanes).ok()?,
         })
     }
 
@@ -314,15 +378,21 @@ impl Context {
                 variant: Variant::Narrow {
                     rows: kernel_u32(OP, "rows", m)?,
                     lanes: plan.narrow_lanes,
-                    bias: has_bias,
-                    activation: epilogue.activation,
+                    split,
+                    // With a split the reduction runs the epilogue.
+                    bias: has_bias && !split,
+                    activation: if split {
+                        Activation::None
+                    } else {
+                        epilogue.activation
+                    },
                 },
             };
             let params = NarrowParams {
                 n4: kernel_u32(OP, "N / 4", n / 4)?,
                 k4: kernel_u32(OP, "K / 4", k / 4)?,
                 grid_x: plan.workgroups[0],
-                pad: 0,
+                k_chunk4: plan.k_chunk / 4,
             };
             (kernel, ParamsBlock::new(&params))
         } else {
