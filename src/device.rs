@@ -280,7 +280,10 @@ pub(crate) fn read_mapped(
             device
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| e.to_string())?;
-            break receiver.try_recv().ok();
+            // The submission is done, so the callback has run, is running on another thread
+            // whose poll took it (a device shared between threads), or was dropped: wait for
+            // it rather than try once.
+            break receiver.recv().ok();
         }
         device
             .poll(wgpu::PollType::Poll)
