@@ -5,7 +5,7 @@
 //! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
 //!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
-//!     [--narrow-lanes L]... [--narrow-splits S]...
+//!     [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -39,11 +39,13 @@
 //!   (`matmul_chain_step_us`). `--large` includes the serving shapes in its list.
 //! - `--split N` (repeatable): with `--large` and `--matmul`, every compared tile is measured with
 //!   each of these split-K counts (`MatmulOptions::split_k`) instead of the automatic one.
-//! - `--narrow-lanes L`, `--narrow-splits S` (repeatable): each `--matmul` shape of at most 8
-//!   rows is also measured with the narrow kernel's lanes (`MatmulOptions::narrow_lanes`) and
-//!   splits along K (`MatmulOptions::narrow_splits`) forced, every listed lanes with every listed
-//!   splits (the one not listed automatic), after its automatic plan. Without them, `--large`
-//!   measures lanes 1 to 64 with automatic splits.
+//! - `--narrow-lanes L`, `--narrow-splits S`, `--narrow-subgroups on|off` (repeatable): each
+//!   `--matmul` shape of at most 8 rows is also measured with the narrow kernel's lanes
+//!   (`MatmulOptions::narrow_lanes`), splits along K (`MatmulOptions::narrow_splits`) and
+//!   subgroup shuffles (`MatmulOptions::narrow_subgroups`) forced, every combination of the
+//!   listed values (those not listed automatic), after its automatic plan. Without them,
+//!   `--large` measures lanes 1 to 64 with the rest automatic. The kernel column reads
+//!   `narrow xL` (L lanes), with `sgS` where subgroups of S add slices by shuffles.
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
@@ -54,7 +56,8 @@
 //!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
-//! "forced_narrow_lanes", "forced_narrow_splits", "torch_time_us", "ratio"}],
+//! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups", "torch_time_us",
+//! "ratio"}],
 //! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us"}], "op_overhead_us",
 //! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us", "matmul_chain_single_us",
 //! "matmul_chain_step_us", "torch_chain_step_us"}`. A section not run has an
@@ -99,6 +102,8 @@ struct Args {
     narrow_lanes: Vec<u32>,
     /// The narrow kernel's splits along K to force on shapes of at most 8 rows.
     narrow_splits: Vec<u32>,
+    /// Whether the narrow kernel uses subgroups, forced on shapes of at most 8 rows.
+    narrow_subgroups: Vec<bool>,
 }
 
 impl Args {
@@ -137,6 +142,7 @@ fn parse_args() -> anyhow::Result<Args> {
         splits: Vec::new(),
         narrow_lanes: Vec::new(),
         narrow_splits: Vec::new(),
+        narrow_subgroups: Vec::new(),
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -168,6 +174,14 @@ fn parse_args() -> anyhow::Result<Args> {
                     bail!("--narrow-splits needs a number of at least 1");
                 }
                 args.narrow_splits.push(splits);
+            }
+            "--narrow-subgroups" => {
+                let choice = iter.next().context("--narrow-subgroups needs on or off")?;
+                args.narrow_subgroups.push(match choice.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => bail!("--narrow-subgroups takes on or off, not {choice:?}"),
+                });
             }
             "--checked" => args.checks = ShaderChecks::Checked,
             "--matmul" => {
@@ -218,7 +232,7 @@ fn parse_args() -> anyhow::Result<Args> {
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
                      [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
                      [--serving] [--torch FILE] [--split N]... [--narrow-lanes L]... \
-                     [--narrow-splits S]..."
+                     [--narrow-splits S]... [--narrow-subgroups on|off]..."
                 );
                 std::process::exit(0);
             }
@@ -293,6 +307,8 @@ struct MatmulCase {
     narrow_lanes: Option<u32>,
     /// The narrow kernel's splits along K, forced.
     narrow_splits: Option<u32>,
+    /// Whether the narrow kernel uses subgroups, forced.
+    narrow_subgroups: Option<bool>,
     /// Split-K, forced (`MatmulOptions::split_k`).
     splits: Option<u32>,
 }
@@ -305,6 +321,7 @@ fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
         tiles: None,
         narrow_lanes: None,
         narrow_splits: None,
+        narrow_subgroups: None,
         splits: None,
     };
     let mut cases = Vec::new();
@@ -459,6 +476,9 @@ fn bench_matmul(
         tiles: case.tiles,
         narrow_lanes: case.narrow_lanes.or(bench.matmul.narrow_lanes),
         narrow_splits: case.narrow_splits.or(bench.matmul.narrow_splits),
+        narrow_subgroups: case
+            .narrow_subgroups
+            .unwrap_or(bench.matmul.narrow_subgroups),
         split_k: case.splits.or(bench.matmul.split_k),
         ..bench.matmul.clone()
     })?;
@@ -486,7 +506,9 @@ fn bench_matmul(
         m,
         n,
         k,
-        kernel: if plan.narrow_lanes > 0 {
+        kernel: if plan.narrow_lanes > 0 && plan.narrow_subgroup > 0 {
+            format!("narrow x{} sg{}", plan.narrow_lanes, plan.narrow_subgroup)
+        } else if plan.narrow_lanes > 0 {
             format!("narrow x{}", plan.narrow_lanes)
         } else {
             plan.tiles.to_string()
@@ -917,7 +939,7 @@ fn main() -> anyhow::Result<()> {
 
     println!();
     println!(
-        "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11} {:>10} {:>11}  check{}",
+        "{:>6} {:>6} {:>6}  {:<17} {:>5} {:>11} {:>10} {:>11}  check{}",
         "M",
         "N",
         "K",
@@ -947,6 +969,7 @@ fn main() -> anyhow::Result<()> {
                 tiles: None,
                 narrow_lanes: None,
                 narrow_splits: None,
+                narrow_subgroups: None,
                 splits: None,
             };
             cases.push(case);
@@ -965,14 +988,25 @@ fn main() -> anyhow::Result<()> {
                 } else {
                     args.narrow_splits.iter().copied().map(Some).collect()
                 };
+                let subgroups: Vec<Option<bool>> = if args.narrow_subgroups.is_empty() {
+                    vec![None]
+                } else {
+                    args.narrow_subgroups.iter().copied().map(Some).collect()
+                };
                 for &narrow_lanes in &lanes {
                     for &narrow_splits in &splits {
-                        if narrow_lanes.is_some() || narrow_splits.is_some() {
-                            cases.push(MatmulCase {
-                                narrow_lanes,
-                                narrow_splits,
-                                ..case
-                            });
+                        for &narrow_subgroups in &subgroups {
+                            let forced = narrow_lanes.is_some()
+                                || narrow_splits.is_some()
+                                || narrow_subgroups.is_some();
+                            if forced {
+                                cases.push(MatmulCase {
+                                    narrow_lanes,
+                                    narrow_splits,
+                                    narrow_subgroups,
+                                    ..case
+                                });
+                            }
                         }
                     }
                 }
@@ -992,6 +1026,7 @@ fn main() -> anyhow::Result<()> {
                         tiles: Some(tiles),
                         narrow_lanes: None,
                         narrow_splits: None,
+                        narrow_subgroups: None,
                         splits,
                     }));
                 }
@@ -1007,15 +1042,17 @@ fn main() -> anyhow::Result<()> {
         let r = bench_matmul(&bench, &case, &mut rng)
             .with_context(|| format!("matmul {}x{}x{}", case.m, case.n, case.k))?;
         // PyTorch's time beside the automatic plan's.
-        let automatic =
-            case.tiles.is_none() && case.narrow_lanes.is_none() && case.narrow_splits.is_none();
+        let automatic = case.tiles.is_none()
+            && case.narrow_lanes.is_none()
+            && case.narrow_splits.is_none()
+            && case.narrow_subgroups.is_none();
         let torch_us = torch
             .as_ref()
             .filter(|_| automatic)
             .and_then(|t| t.products.get(&(r.m, r.n, r.k)).copied());
         let ratio = torch_us.map(|theirs| r.time_us / theirs);
         println!(
-            "{:>6} {:>6} {:>6}  {:<15} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {:<5}{}",
+            "{:>6} {:>6} {:>6}  {:<17} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {:<5}{}",
             r.m,
             r.n,
             r.k,
@@ -1036,6 +1073,7 @@ fn main() -> anyhow::Result<()> {
             "tiles": r.kernel, "splits": r.splits, "time_us": r.time_us,
             "forced_tiles": case.tiles.is_some(), "forced_narrow_lanes": case.narrow_lanes,
             "forced_narrow_splits": case.narrow_splits,
+            "forced_narrow_subgroups": case.narrow_subgroups,
             "torch_time_us": torch_us, "ratio": ratio,
         }));
     }

@@ -11,25 +11,32 @@
 // (lane, slice) takes the vec4 rows kk ≡ slice (mod SLICES) of its chunk, four at a time (16
 // independent vec4 loads of B in flight, rows 4·kk .. 4·kk + 3 of its column each; neighbouring
 // lanes read neighbouring vec4s: coalesced), with the matching vec4 of each row of A, and keeps
-// ROWS vec4 sums in registers (acc0 .. acc{ROWS-1}). The slices are then added in workgroup
-// memory, up to four rows at a time: a halving tree down to at most FINAL_SLICES slices, then one
-// invocation per output adds those. Without a split it stores C with the epilogue; with one
-// (SPLIT) it stores its partial sums P[z, M, N], which matmul_reduce.wgsl adds, running the
-// epilogue.
+// ROWS vec4 sums in registers (acc0 .. acc{ROWS-1}).
+//
+// The slices are then added. With subgroups (SUBGROUP, their size, fixed on the device: not 0),
+// first within each subgroup, which holds GROUPED = SUBGROUP / LANES slices of each of its lanes
+// (invocation ids are subgroup_id · SUBGROUP + subgroup_invocation_id): butterfly shuffles leave
+// the sum in every invocation, and the first slice of each subgroup keeps it. Then in workgroup
+// memory the STORED = SLICES / GROUPED slices left (all of them without subgroups), SUM_ROWS rows
+// at a time: a halving tree down to at most FINAL_SLICES slices, then one invocation per output
+// adds those. Without a split it stores C with the epilogue; with one (SPLIT) it stores its
+// partial sums P[z, M, N], which matmul_reduce.wgsl adds, running the epilogue.
 //
 // The entry point `matmul_narrow` is written by the host (src/compute/kernels.rs,
-// `narrow_entry`) with the rows and the four steps of K unrolled: it reads like
+// `narrow_entry`) with the rows, the four steps of K and the shuffles unrolled: it reads like
 //
 //     let (tile, lane, slice) = ...;  col = tile · LANES + lane
 //     accumulate rows 4·kk .. 4·kk + 3 of B into acc0 .. acc{ROWS-1}, four kk at a time, then one
-//     for each group of four rows: sums[r][slice][lane] = acc; barrier; reduce_and_store(...)
+//     with subgroups, acc{r} += subgroupShuffleXor(acc{r}, mask) for mask = LANES .. SUBGROUP / 2
+//     for each group of SUM_ROWS rows: sums[r][stored slice][lane] = acc; barrier;
+//     reduce_and_store(...)
 //
 // The host puts before this file the constants ROWS (= M, 1 to 8), LANES (a power of two, 1 to
-// 256), SUM_ROWS (min(ROWS, 4): rows reduced at once), SPLIT, BIAS and ACT (0 none, 1 relu,
-// 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is in bounds by
-// construction (ROWS is M exactly; kk < min(k4, chunk end); lanes past N do no loads or stores;
-// with SPLIT the output is the partial products of exactly `splits` = the grid's z chunks), so the
-// kernel may run unchecked.
+// 256), SUBGROUP (0, or a power of two from 4 to 128), GROUPED, SUM_ROWS, SPLIT, BIAS and ACT (0
+// none, 1 relu, 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is
+// in bounds by construction (ROWS is M exactly; kk < min(k4, chunk end); lanes past N do no loads
+// or stores; with SPLIT the output is the partial products of exactly `splits` = the grid's z
+// chunks), so the kernel may run unchecked.
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 
@@ -51,24 +58,27 @@ struct NarrowParams {
 @group(0) @binding(4) var<storage, read_write> bias: array<vec4<f32>>;
 
 const SLICES: u32 = 256u / LANES;
+// Slices left for workgroup memory, and the vec4s each row takes there.
+const STORED: u32 = SLICES / GROUPED;
+const ROW_STRIDE: u32 = STORED * LANES;
 // The tree stops at this many slices; one invocation per output adds them.
-const FINAL_SLICES: u32 = min(SLICES, 8u);
+const FINAL_SLICES: u32 = min(STORED, 8u);
 
-// Partial sums: sums[r · 256 + slice · LANES + lane] for SUM_ROWS rows at a time.
-var<workgroup> sums: array<vec4<f32>, SUM_ROWS * 256u>;
+// Partial sums: sums[r · ROW_STRIDE + slice · LANES + lane] for SUM_ROWS rows at a time (at most
+// 1024 vec4s: 16 KiB).
+var<workgroup> sums: array<vec4<f32>, SUM_ROWS * ROW_STRIDE>;
 
 // Adds the slices of rows first .. first + count - 1 (count ≤ SUM_ROWS, already in `sums`) and
 // stores them: C with the epilogue, or with SPLIT the partial products of split z. Called by
 // every invocation of the workgroup (it has barriers); ends with a barrier, so `sums` may be
 // written again after it.
 fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, z: u32) {
-    let slice = local / LANES;
-    var live = SLICES;
+    var live = STORED;
     while (live > FINAL_SLICES) {
         live = live / 2u;
-        if (slice < live) {
+        if (local < live * LANES) {
             for (var r = 0u; r < count; r++) {
-                sums[r * 256u + local] += sums[r * 256u + local + live * LANES];
+                sums[r * ROW_STRIDE + local] += sums[r * ROW_STRIDE + local + live * LANES];
             }
         }
         workgroupBarrier();
@@ -80,9 +90,9 @@ fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, z: u32) {
         let lane = output % LANES;
         let col = tile * LANES + lane;
         if (col < n4) {
-            var v = sums[r * 256u + lane];
+            var v = sums[r * ROW_STRIDE + lane];
             for (var s = 1u; s < FINAL_SLICES; s++) {
-                v += sums[r * 256u + s * LANES + lane];
+                v += sums[r * ROW_STRIDE + s * LANES + lane];
             }
             let row = first + r;
             if (SPLIT) {

@@ -6,16 +6,19 @@
 //! Every file of `shaders/` is plain WGSL, used as it is. A kernel's module is, in this order:
 //!
 //! 1. **generated**: the variant's constants, WGSL `const` declarations ([`constants`]): the
-//!    tile sizes, which edges to mask and the fused epilogue of the tiled matmul, the rows and
-//!    lanes of the narrow one, the epilogue of the split-K reduction (none for the other
-//!    kernels), so that each variant is compiled with its branches resolved;
+//!    tile sizes, which edges to mask and the fused epilogue of the tiled matmul, the rows,
+//!    lanes, subgroup size, split and epilogue of the narrow one, the epilogue of the split-K
+//!    reduction (none for the other kernels), so that each variant is compiled with its branches
+//!    resolved;
 //! 2. `shaders/common.wgsl` (activations, grid indexing, the element-wise parameters);
 //! 3. for the tiled matmul, its storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`)
 //!    or as elements (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4);
 //! 4. the kernel's file, `shaders/<source>.wgsl`;
-//! 5. **generated**, for the tiled matmul only: its entry point `matmul` ([`matmul_entry`]),
+//! 5. **generated**, for the tiled matmul: its entry point `matmul` ([`matmul_entry`]),
 //!    whose `BK` steps of K and whose `TM × TN` outputs per invocation are unrolled here into
-//!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics).
+//!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics);
+//!    for the narrow matmul: its entry point `matmul_narrow` ([`narrow_entry`]), its rows (one
+//!    accumulator each), four steps of K and its subgroup shuffles unrolled.
 //!
 //! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. Tests (no GPU)
 //! parse and validate every variant with naga, check that the parameter struct each kernel reads
@@ -32,8 +35,8 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 
 use super::vocab::{
-    ComputeError, KernelKey, MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS,
-    PARAMS_BYTES,
+    ComputeError, KernelKey, MatmulOptions, MatmulTiles, ShaderChecks, Source, Variant,
+    MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -68,8 +71,14 @@ pub(crate) fn module_source(source: Source, variant: &Variant) -> String {
     {
         text.push_str(&matmul_entry(tiles, *linear_grid));
     }
-    if let Variant::Narrow { rows, .. } = *variant {
-        text.push_str(&narrow_entry(rows));
+    if let Variant::Narrow {
+        rows,
+        lanes,
+        subgroup,
+        ..
+    } = *variant
+    {
+        text.push_str(&narrow_entry(rows, lanes, subgroup));
     }
     text
 }
@@ -107,13 +116,16 @@ fn constants(variant: &Variant) -> String {
         Variant::Narrow {
             rows,
             lanes,
+            subgroup,
             split,
             bias,
             activation,
         } => [
             int("ROWS", rows),
             int("LANES", lanes),
-            int("SUM_ROWS", rows.min(NARROW_SUM_ROWS)),
+            int("SUBGROUP", subgroup),
+            int("GROUPED", narrow_grouped(lanes, subgroup)),
+            int("SUM_ROWS", narrow_sum_rows(rows, lanes, subgroup)),
             int("ACT", activation.code()),
             bool("SPLIT", split),
             bool("BIAS", bias),
@@ -239,20 +251,32 @@ fn matmul_entry(tiles: &MatmulTiles, linear_grid: bool) -> String {
     text
 }
 
-/// Rows of the narrow matmul whose slices are added at once in workgroup memory (256 vec4s each:
-/// 16 KiB for four, WebGPU's default limit).
-const NARROW_SUM_ROWS: u32 = 4;
+/// vec4s of workgroup memory the narrow matmul adds its slices in: 16 KiB, WebGPU's default
+/// limit.
+const NARROW_SUM_VEC4S: u32 = 1024;
 
 /// Steps of K that the narrow matmul's main loop takes at once (each loads four vec4s of B).
 const NARROW_STEPS: u32 = 4;
 
-/// The start of the narrow matmul's entry point, up to its accumulators.
-const NARROW_ENTRY_BEGIN: &str = "
-// The entry point, written by the host (src/compute/kernels.rs, `narrow_entry`) with the rows and
-// the steps of K unrolled.
-@compute @workgroup_size(256)
-fn matmul_narrow(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
-    let lane = local % LANES;
+/// Slices of each lane that one subgroup of the narrow matmul holds and adds by shuffles (1:
+/// none, without subgroups or with a subgroup no wider than the lanes).
+fn narrow_grouped(lanes: u32, subgroup: u32) -> u32 {
+    if subgroup > lanes {
+        subgroup / lanes.max(1)
+    } else {
+        1
+    }
+}
+
+/// Rows of the narrow matmul whose slices are added at once in workgroup memory: as many as
+/// [`NARROW_SUM_VEC4S`] hold, each taking `256 / grouped` vec4s.
+fn narrow_sum_rows(rows: u32, lanes: u32, subgroup: u32) -> u32 {
+    let row_vec4s = MatmulOptions::NARROW_THREADS / narrow_grouped(lanes, subgroup);
+    rows.min(NARROW_SUM_VEC4S / row_vec4s).max(1)
+}
+
+/// The start of the narrow matmul's entry point, after its signature, up to its accumulators.
+const NARROW_ENTRY_BEGIN: &str = "    let lane = local % LANES;
     let slice = local / LANES;
     let n4 = params.n4;
     let k4 = params.k4;
@@ -264,14 +288,37 @@ fn matmul_narrow(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_inv
     let k_end = min(k4, (workgroup.z + 1u) * params.k_chunk4);
 ";
 
-/// The WGSL entry point `matmul_narrow` of the narrow matmul for `rows` rows (see
-/// `shaders/matmul_narrow.wgsl`): `rows` accumulators `acc{r}`; a main loop that takes
-/// [`NARROW_STEPS`] vec4 rows of K at once (all their loads of B first, then for each row of A its
-/// vec4s and four fused multiply-adds per step), a loop for the rest one at a time; then for each
-/// group of up to [`NARROW_SUM_ROWS`] rows, the accumulators into workgroup memory and
-/// `reduce_and_store`.
-fn narrow_entry(rows: u32) -> String {
-    let mut text = String::from(NARROW_ENTRY_BEGIN);
+/// The WGSL entry point `matmul_narrow` of the narrow matmul for `rows` rows, `lanes` lanes and
+/// subgroups of `subgroup` invocations (0: none; see `shaders/matmul_narrow.wgsl`): `rows`
+/// accumulators `acc{r}`; a main loop that takes [`NARROW_STEPS`] vec4 rows of K at once (all
+/// their loads of B first, then for each row of A its vec4s and four fused multiply-adds per
+/// step), a loop for the rest one at a time; with subgroups wider than the lanes, butterfly
+/// shuffles over the slices each subgroup holds; then for each group of rows that fits workgroup
+/// memory, the accumulators kept there and `reduce_and_store`.
+fn narrow_entry(rows: u32, lanes: u32, subgroup: u32) -> String {
+    let grouped = narrow_grouped(lanes, subgroup);
+    let mut text = String::from(
+        "
+// The entry point, written by the host (src/compute/kernels.rs, `narrow_entry`) with the rows, the
+// steps of K and the shuffles unrolled.
+@compute @workgroup_size(256)
+",
+    );
+    if subgroup > 0 {
+        text.push_str(
+            "fn matmul_narrow(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(subgroup_id) subgroup_id: u32, @builtin(subgroup_invocation_id) subgroup_lane: u32) {
+    // Invocation ids by subgroups, so that a shuffle's partner is known: subgroups are full (the
+    // device's subgroup size is fixed and divides 256). Clamped all the same, so that no index
+    // leaves its array whatever the driver does.
+    let local = min(subgroup_id * SUBGROUP + subgroup_lane, 255u);
+",
+        );
+    } else {
+        text.push_str(
+            "fn matmul_narrow(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {\n",
+        );
+    }
+    text.push_str(NARROW_ENTRY_BEGIN);
     for r in 0..rows {
         text.push_str(&format!("    var acc{r} = vec4<f32>(0.0);\n"));
     }
@@ -329,15 +376,46 @@ fn narrow_entry(rows: u32) -> String {
     text.push_str("            kk += SLICES;\n");
     text.push_str("        }\n");
     text.push_str("    }\n");
-    for first in (0..rows).step_by(NARROW_SUM_ROWS as usize) {
-        let count = (rows - first).min(NARROW_SUM_ROWS);
+    if grouped > 1 {
+        text.push_str(&format!(
+            "    // The {grouped} slices of each lane in a subgroup added by butterfly shuffles (uniform\n    // control flow: every invocation takes part).\n"
+        ));
+        let mut mask = lanes;
+        while mask < subgroup {
+            for r in 0..rows {
+                text.push_str(&format!(
+                    "    acc{r} += subgroupShuffleXor(acc{r}, {mask}u);\n"
+                ));
+            }
+            mask *= 2;
+        }
+        text.push_str(
+            "    // The first slice of each subgroup keeps its sums, at its subgroup's slice.
+    let keeps = subgroup_lane < LANES;
+    let stored = min(subgroup_id, STORED - 1u) * LANES + subgroup_lane;
+",
+        );
+    }
+    let sum_rows = narrow_sum_rows(rows, lanes, subgroup);
+    for first in (0..rows).step_by(sum_rows as usize) {
+        let count = (rows - first).min(sum_rows);
         text.push_str(&format!("    // Rows {first} to {}.\n", first + count - 1));
-        for r in 0..count {
-            text.push_str(&format!(
-                "    sums[{}u + local] = acc{};\n",
-                r * 256,
-                first + r
-            ));
+        if grouped > 1 {
+            text.push_str("    if (keeps) {\n");
+            for r in 0..count {
+                text.push_str(&format!(
+                    "        sums[{r}u * ROW_STRIDE + stored] = acc{};\n",
+                    first + r
+                ));
+            }
+            text.push_str("    }\n");
+        } else {
+            for r in 0..count {
+                text.push_str(&format!(
+                    "    sums[{r}u * ROW_STRIDE + local] = acc{};\n",
+                    first + r
+                ));
+            }
         }
         text.push_str("    workgroupBarrier();\n");
         text.push_str(&format!(
@@ -506,9 +584,11 @@ mod tests {
 
     use super::*;
     use crate::compute::vocab::{
-        Activation, ElementwiseParams, MatmulOptions, MatmulParams, NarrowParams, ReduceParams,
-        RowsParams,
+        Activation, ElementwiseParams, MatmulParams, NarrowParams, ReduceParams, RowsParams,
     };
+
+    /// The subgroup sizes of the narrow matmul's variants (0: none).
+    const NARROW_SUBGROUPS: [u32; 7] = [0, 4, 8, 16, 32, 64, 128];
 
     /// Every tile the kernel takes ([`MatmulTiles::check`] on a device without limits): 8×8,
     /// 16×8 or 8×16 outputs per invocation, 8 or 16 deep, 1, 2 or 4 loads of each tile.
@@ -597,21 +677,39 @@ mod tests {
                     let variant = Variant::Narrow {
                         rows,
                         lanes,
+                        subgroup: 0,
                         split: false,
                         bias,
                         activation,
                     };
                     modules.push((Source::MatmulNarrow, variant));
                 }
-                // Split along K: partial products, no epilogue (the reduction runs it).
-                let variant = Variant::Narrow {
-                    rows,
-                    lanes,
-                    split: true,
-                    bias: false,
-                    activation: Activation::None,
-                };
-                modules.push((Source::MatmulNarrow, variant));
+                // Split along K: partial products, no epilogue (the reduction runs it); and
+                // subgroups of every size wider than the lanes (the host asks for no other), with
+                // one epilogue and split.
+                for subgroup in NARROW_SUBGROUPS {
+                    if subgroup != 0 && subgroup <= lanes {
+                        continue;
+                    }
+                    for split in [false, true] {
+                        if subgroup == 0 && !split {
+                            continue;
+                        }
+                        let variant = Variant::Narrow {
+                            rows,
+                            lanes,
+                            subgroup,
+                            split,
+                            bias: !split,
+                            activation: if split {
+                                Activation::None
+                            } else {
+                                Activation::Gelu
+                            },
+                        };
+                        modules.push((Source::MatmulNarrow, variant));
+                    }
+                }
             }
         }
         for (bias, activation) in epilogues() {
@@ -685,9 +783,10 @@ mod tests {
     fn validate(text: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
         let module =
             naga::front::wgsl::parse_str(text).map_err(|error| error.emit_to_string(text))?;
+        // Subgroup operations are a capability (the device's SUBGROUP feature).
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::default(),
+            naga::valid::Capabilities::default() | naga::valid::Capabilities::SUBGROUP,
         )
         .validate(&module)
         .map_err(|error| error.emit_to_string(text))?;
@@ -849,13 +948,14 @@ mod tests {
                 }
                 Variant::Narrow {
                     lanes,
+                    subgroup,
                     split,
                     bias,
                     activation,
                     ..
                 } => {
-                    [1, 64, 256].contains(&lanes)
-                        && (split || (bias && activation == Activation::Gelu))
+                    [1, 4, 64, 256].contains(&lanes)
+                        && (split || subgroup > 0 || (bias && activation == Activation::Gelu))
                 }
                 Variant::Plain | Variant::Reduce { .. } => true,
             });
@@ -905,34 +1005,53 @@ mod tests {
     }
 
     #[test]
-    fn narrow_rows_and_steps_are_unrolled() {
+    fn narrow_rows_steps_and_shuffles_are_unrolled() {
         for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
-            let variant = Variant::Narrow {
-                rows,
-                lanes: 8,
-                split: false,
-                bias: true,
-                activation: Activation::Gelu,
-            };
-            let text = module_source(Source::MatmulNarrow, &variant);
-            if std::env::var_os("PRINT_NARROW").is_some() && rows == 5 {
-                println!("{text}");
-            }
-            // Four multiply-adds per row and step: the main loop's steps and the remainder's one.
-            let fmas = text.matches(" = fma(vec4<f32>(a").count() as u32;
-            assert_eq!(fmas, rows * 4 * (NARROW_STEPS + 1), "{rows} rows");
-            assert_eq!(text.matches("    var acc").count() as u32, rows);
-            // Every row is reduced and stored once, in groups of at most four.
-            assert_eq!(
-                text.matches("    reduce_and_store(").count() as u32,
-                rows.div_ceil(NARROW_SUM_ROWS)
-            );
-            for r in 0..rows {
+            for (lanes, subgroup, shuffles, sum_rows) in
+                [(8, 0, 0, 4), (4, 32, 3, 8), (1, 8, 3, 8), (16, 8, 0, 4)]
+            {
+                let variant = Variant::Narrow {
+                    rows,
+                    lanes,
+                    subgroup,
+                    split: false,
+                    bias: true,
+                    activation: Activation::Gelu,
+                };
+                let text = module_source(Source::MatmulNarrow, &variant);
+                if std::env::var_os("PRINT_NARROW").is_some() && rows == 5 {
+                    println!("{text}");
+                }
+                // The code, without comments.
+                let text: String = text
+                    .lines()
+                    .map(|line| line.split("//").next().unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                // Four multiply-adds per row and step: the main loop's steps and the remainder's
+                // one.
+                let fmas = text.matches(" = fma(vec4<f32>(a").count() as u32;
+                assert_eq!(fmas, rows * 4 * (NARROW_STEPS + 1), "{rows} rows");
+                assert_eq!(text.matches("    var acc").count() as u32, rows);
+                // log2(subgroup / lanes) shuffles per row.
                 assert_eq!(
-                    text.matches(&format!("= acc{r};")).count(),
-                    1,
-                    "{rows} rows"
+                    text.matches("= subgroupShuffleXor(").count() as u32,
+                    rows * shuffles,
+                    "{rows} rows, {lanes} lanes, subgroup {subgroup}"
                 );
+                // Every row is reduced and stored once, in groups of as many as fit.
+                assert_eq!(narrow_sum_rows(rows, lanes, subgroup), rows.min(sum_rows));
+                assert_eq!(
+                    text.matches("    reduce_and_store(").count() as u32,
+                    rows.div_ceil(sum_rows)
+                );
+                for r in 0..rows {
+                    assert_eq!(
+                        text.matches(&format!("= acc{r};")).count(),
+                        1,
+                        "{rows} rows"
+                    );
+                }
             }
         }
     }

@@ -387,6 +387,11 @@ pub struct MatmulOptions {
     /// all, at most `max_splits`, each invocation taking at least eight vec4 rows of K per split;
     /// on a software GPU never). Capped so that no split is empty.
     pub narrow_splits: Option<u32>,
+    /// The narrow kernel adds the slices of each subgroup by shuffles before workgroup memory,
+    /// where the device has [`wgpu::Features::SUBGROUP`] (requested when the adapter has it),
+    /// a fixed subgroup size (`subgroup_min_size == subgroup_max_size`, so subgroups are full) and
+    /// subgroups wider than the lanes. `false`: workgroup memory only, on every device.
+    pub narrow_subgroups: bool,
 }
 
 impl Default for MatmulOptions {
@@ -405,6 +410,7 @@ impl Default for MatmulOptions {
             narrow_max_rows: Self::NARROW_MAX_ROWS,
             narrow_lanes: None,
             narrow_splits: None,
+            narrow_subgroups: true,
         }
     }
 }
@@ -507,6 +513,9 @@ pub(crate) enum Variant {
     Narrow {
         rows: u32,
         lanes: u32,
+        /// The device's subgroup size, fixed, wider than `lanes`: each subgroup adds the slices it
+        /// holds by shuffles before workgroup memory. 0: no subgroup operations.
+        subgroup: u32,
         /// K is split over the grid's z: the kernel writes partial products (no epilogue) that
         /// the split-K reduction adds.
         split: bool,
@@ -541,11 +550,17 @@ impl Variant {
             Self::Narrow {
                 rows,
                 lanes,
+                subgroup,
                 split,
                 bias,
                 activation,
             } => format!(
-                " {rows} rows x{lanes} lanes{}{}{}",
+                " {rows} rows x{lanes} lanes{}{}{}{}",
+                if subgroup > 0 {
+                    format!(" subgroup {subgroup}")
+                } else {
+                    String::new()
+                },
                 if split { " split" } else { "" },
                 if bias { " +bias" } else { "" },
                 activation.suffix()

@@ -672,6 +672,62 @@ fn narrow_matmul_split_along_k_matches_its_cpu_twin() {
 }
 
 #[test]
+fn narrow_matmul_adds_slices_by_subgroups_where_the_device_has_them() {
+    let gpu = gpu();
+    let info = &gpu.info;
+    let fixed = gpu.device.features().contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size == info.subgroup_max_size;
+    eprintln!(
+        "subgroups: {:?}, sizes {} to {}",
+        gpu.device.features().contains(wgpu::Features::SUBGROUP),
+        info.subgroup_min_size,
+        info.subgroup_max_size
+    );
+    let mut rng = StdRng::seed_from_u64(13);
+    for subgroups in [true, false] {
+        for (lanes, splits) in [(1, 1), (2, 3), (4, 1)] {
+            let context = context_with(
+                gpu,
+                ContextOptions {
+                    matmul: MatmulOptions {
+                        narrow_lanes: Some(lanes),
+                        narrow_splits: Some(splits),
+                        narrow_subgroups: subgroups,
+                        ..MatmulOptions::default()
+                    },
+                    ..ContextOptions::unchecked()
+                },
+            );
+            for (i, &(m, k, n)) in [(8, 1040, 20), (3, 516, 8), (1, 4096, 4)]
+                .iter()
+                .enumerate()
+            {
+                let plan = context.matmul_plan(m, n, k).unwrap();
+                let expected = if subgroups && fixed && info.subgroup_min_size > lanes {
+                    info.subgroup_min_size
+                } else {
+                    0
+                };
+                assert_eq!(plan.narrow_subgroup, expected, "{plan:?}");
+                let (bias, activation) = if i == 0 {
+                    (true, Activation::Gelu)
+                } else {
+                    (false, Activation::None)
+                };
+                check_matmul(
+                    &context,
+                    &format!("narrow lanes {lanes} splits {splits} subgroups {subgroups}"),
+                    (m, k, n),
+                    bias,
+                    activation,
+                    &mut rng,
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
     let context = context(gpu());
     let plan = |m, k, n| context.matmul_plan(m, n, k).unwrap();

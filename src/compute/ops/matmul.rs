@@ -25,8 +25,11 @@
 //! reading B once. Each workgroup of 256 owns `narrow_lanes` vec4 columns of C and one chunk of
 //! K; its invocations take the vec4 rows of the chunk in turn (`256 / narrow_lanes` slices), four
 //! at a time (sixteen independent vec4 loads of B in flight per invocation, rows of B read as
-//! `16 · narrow_lanes` contiguous bytes), then add their slices in workgroup memory (a halving
-//! tree down to 8 slices, then one invocation per output; four rows at a time). Without a split
+//! `16 · narrow_lanes` contiguous bytes), then add their slices: first within each subgroup by
+//! butterfly shuffles, where the device has subgroups of a fixed size wider than the lanes
+//! ([`MatmulOptions::narrow_subgroups`]; on the H200, 32: a workgroup of 4 lanes is left with 8
+//! slices, all eight rows in one pass), then in workgroup memory (a halving tree down to 8
+//! slices, then one invocation per output; as many rows at a time as 16 KiB hold). Without a split
 //! (one chunk: all of K) that is one dispatch storing C with the epilogue; with `splits` chunks
 //! along the grid's z, each workgroup stores its partial products `[splits, M, N]` and the
 //! split-K reduction (`shaders/matmul_reduce.wgsl`, as for the tiled kernel) adds them and runs
@@ -141,6 +144,10 @@ pub struct MatmulPlan {
     pub workgroups: [u32; 3],
     /// vec4 columns per workgroup of the narrow kernel; 0 when the tiled kernel runs.
     pub narrow_lanes: u32,
+    /// The subgroup size by which the narrow kernel adds slices with shuffles (see
+    /// [`MatmulOptions::narrow_subgroups`]); 0 when it adds them in workgroup memory only, or
+    /// when the tiled kernel runs.
+    pub narrow_subgroup: u32,
 }
 
 impl Context {
@@ -248,6 +255,7 @@ impl Context {
                 kernel_u32(OP, "splits along K", z)?,
             ],
             narrow_lanes: 0,
+            narrow_subgroup: 0,
         })
     }
 
@@ -311,6 +319,25 @@ impl Context {
         // vec4 rows of K per split, then splits without an empty one.
         let k_chunk4 = k4.div_ceil(wanted_splits).max(1);
         let splits = k4.div_ceil(k_chunk4).max(1);
+        // Subgroups, where the device has them with a fixed size (so they are full) wider than the
+        // lanes (else each holds a single slice: nothing to add).
+        let info = &self.gpu().info;
+        let size = info.subgroup_min_size;
+        let subgroup = if options.narrow_subgroups
+            && self
+                .gpu()
+                .device
+                .features()
+                .contains(wgpu::Features::SUBGROUP)
+            && size == info.subgroup_max_size
+            && size.is_power_of_two()
+            && (4..=128).contains(&size)
+            && u64::from(size) > lanes
+        {
+            size
+        } else {
+            0
+        };
         // Past the x limit, rows of workgroups (lanes past N do nothing).
         let (mut workgroups, _) = grid_1d(self, "matmul", tiles).ok()?;
         workgroups[2] = u32::try_from(splits).ok()?;
@@ -322,6 +349,7 @@ impl Context {
             edges: false,
             workgroups,
             narrow_lanes: u32::try_from(lanes).ok()?,
+            narrow_subgroup: subgroup,
         })
     }
 
@@ -378,6 +406,7 @@ impl Context {
                 variant: Variant::Narrow {
                     rows: kernel_u32(OP, "rows", m)?,
                     lanes: plan.narrow_lanes,
+                    subgroup: plan.narrow_subgroup,
                     split,
                     // With a split the reduction runs the epilogue.
                     bias: has_bias && !split,
