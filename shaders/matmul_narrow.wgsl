@@ -8,10 +8,10 @@
 // A workgroup of 256 owns LANES vec4 columns of C (a tile) and one chunk of K: the grid's z is
 // the split along K, chunk z covering vec4 rows [z · k_chunk4, (z + 1) · k_chunk4) of K (all of
 // K without a split). The chunk is dealt to SLICES = 256 / LANES slices: invocation
-// (lane, slice) takes the vec4 rows kk ≡ slice (mod SLICES) of its chunk, four at a time (16
-// independent vec4 loads of B in flight, rows 4·kk .. 4·kk + 3 of its column each; neighbouring
-// lanes read neighbouring vec4s: coalesced), with the matching vec4 of each row of A, and keeps
-// ROWS vec4 sums in registers (acc0 .. acc{ROWS-1}).
+// (lane, slice) takes the vec4 rows kk ≡ slice (mod SLICES) of its chunk, four at a time and the
+// rest in one block (up to 16 independent vec4 loads of B in flight, rows 4·kk .. 4·kk + 3 of its
+// column each; neighbouring lanes read neighbouring vec4s: coalesced), with the matching vec4 of
+// each row of A, and keeps ROWS vec4 sums in registers (acc0 .. acc{ROWS-1}).
 //
 // The slices are then added. With subgroups (SUBGROUP, their size, fixed on the device: not 0),
 // first within each subgroup, which holds GROUPED = SUBGROUP / LANES slices of each of its lanes
@@ -26,7 +26,8 @@
 // `narrow_entry`) with the rows, the four steps of K and the shuffles unrolled: it reads like
 //
 //     let (tile, lane, slice) = ...;  col = tile · LANES + lane
-//     accumulate rows 4·kk .. 4·kk + 3 of B into acc0 .. acc{ROWS-1}, four kk at a time, then one
+//     accumulate rows 4·kk .. 4·kk + 3 of B into acc0 .. acc{ROWS-1}, four kk at a time, then
+//     the three, two or one left in one block
 //     with subgroups, acc{r} += subgroupShuffleXor(acc{r}, mask) for mask = LANES .. SUBGROUP / 2
 //     for each group of SUM_ROWS rows: sums[r][stored slice][lane] = acc; barrier;
 //     reduce_and_store(...)

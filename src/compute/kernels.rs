@@ -292,10 +292,12 @@ const NARROW_ENTRY_BEGIN: &str = "    let lane = local % LANES;
 /// subgroups of `subgroup` invocations (0: none; see `shaders/matmul_narrow.wgsl`): `rows`
 /// accumulators `acc{r}`; a main loop that takes [`NARROW_STEPS`] vec4 rows of K at once (all
 /// their loads of B first, then for each row of A its vec4s and four fused multiply-adds per
-/// step), a loop for the rest one at a time; with subgroups wider than the lanes, butterfly
+/// step), then the fewer steps left in one block of the same form (one block per number of
+/// steps, chosen by `if`); with subgroups wider than the lanes, butterfly
 /// shuffles over the slices each subgroup holds; then for each group of rows that fits workgroup
 /// memory, the accumulators kept there and `reduce_and_store`.
 fn narrow_entry(rows: u32, lanes: u32, subgroup: u32) -> String {
+    const { assert!(NARROW_STEPS >= 2) };
     let grouped = narrow_grouped(lanes, subgroup);
     let mut text = String::from(
         "
@@ -370,12 +372,31 @@ fn narrow_entry(rows: u32, lanes: u32, subgroup: u32) -> String {
     }
     text.push_str(&format!("            kk += {NARROW_STEPS}u * SLICES;\n"));
     text.push_str("        }\n");
-    text.push_str("        while (kk < k_end) {\n");
-    text.push_str(&loads(0, ""));
-    text.push_str(&products(0, ""));
-    text.push_str("            kk += SLICES;\n");
-    text.push_str("        }\n");
-    text.push_str("    }\n");
+    // The fewer than NARROW_STEPS steps left, in one block of independent loads too.
+    text.push_str(
+        "        // The steps left (fewer than the main loop's), their loads of B first as well.\n",
+    );
+    for left in (1..NARROW_STEPS).rev() {
+        let test = if left == 1 {
+            "kk < k_end".to_string()
+        } else {
+            format!("kk + {}u * SLICES < k_end", left - 1)
+        };
+        let keyword = if left == NARROW_STEPS - 1 {
+            "        if"
+        } else {
+            " else if"
+        };
+        text.push_str(&format!("{keyword} ({test}) {{\n"));
+        for step in 0..left {
+            text.push_str(&loads(step, &offset(step)));
+        }
+        for step in 0..left {
+            text.push_str(&products(step, &offset(step)));
+        }
+        text.push_str("        }");
+    }
+    text.push_str("\n    }\n");
     if grouped > 1 {
         text.push_str(&format!(
             "    // The {grouped} slices of each lane in a subgroup added by butterfly shuffles (uniform\n    // control flow: every invocation takes part).\n"
@@ -1028,10 +1049,11 @@ mod tests {
                     .map(|line| line.split("//").next().unwrap_or_default())
                     .collect::<Vec<_>>()
                     .join("\n");
-                // Four multiply-adds per row and step: the main loop's steps and the remainder's
-                // one.
+                // Four multiply-adds per row and step: the main loop's steps and the blocks of
+                // the steps left (NARROW_STEPS - 1 down to 1).
                 let fmas = text.matches(" = fma(vec4<f32>(a").count() as u32;
-                assert_eq!(fmas, rows * 4 * (NARROW_STEPS + 1), "{rows} rows");
+                let steps = NARROW_STEPS + NARROW_STEPS * (NARROW_STEPS - 1) / 2;
+                assert_eq!(fmas, rows * 4 * steps, "{rows} rows");
                 assert_eq!(text.matches("    var acc").count() as u32, rows);
                 // log2(subgroup / lanes) shuffles per row.
                 assert_eq!(

@@ -383,7 +383,7 @@ pub struct MatmulOptions {
     pub narrow_lanes: Option<u32>,
     /// Splits of K over workgroups of the narrow kernel, whose partial products the split-K
     /// reduction then adds (`Some(1)`: never; `None`: on a GPU, when the workgroups along N are
-    /// fewer than `min_workgroups / 2`, enough splits for about `split_workgroups` workgroups in
+    /// fewer than `min_workgroups / 8`, enough splits for about `min_workgroups / 2` workgroups in
     /// all, at most `max_splits`, each invocation taking at least eight vec4 rows of K per split;
     /// on a software GPU never). Capped so that no split is empty.
     pub narrow_splits: Option<u32>,

@@ -754,11 +754,13 @@ fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
     }
     assert_eq!(plan(2, 64, 12).narrow_lanes, 4);
     assert_eq!(plan(2, 64, 4).narrow_lanes, 1);
-    // Automatic split along K: never on a software GPU, nor where the GPU is filled along N or
-    // K is shallow; on a GPU for deep K on few columns.
+    // Automatic split along K: never on a software GPU, nor where a quarter of the GPU is busy
+    // along N or K is shallow; on a GPU for deep K on few columns.
     assert_eq!(plan(8, 1024, 1024).splits, 1);
     assert_eq!(plan(1, 4096, 4096).splits, 1);
-    let deep = plan(3, 16384, 1024);
+    assert_eq!(plan(4, 4096, 1024).splits, 1);
+    assert_eq!(plan(3, 256, 64).splits, 1);
+    let deep = plan(3, 16384, 64);
     if software {
         assert_eq!(deep.splits, 1, "{deep:?}");
     } else {

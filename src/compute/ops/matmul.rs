@@ -37,13 +37,14 @@
 //!
 //! The automatic plan ([`MatmulOptions::narrow_lanes`], [`MatmulOptions::narrow_splits`]): on a
 //! GPU the widest workgroups (up to 64 vec4 columns, at least 4: 64 contiguous bytes of each row
-//! of B) that still give `min_workgroups / 2` workgroups along N; where even 4 lanes give fewer,
-//! K is split for about `split_workgroups` workgroups in all (at most `max_splits`), as long as
-//! each invocation keeps at least 8 vec4 rows of K per split — a split costs a second dispatch,
-//! which a short product does not repay. So 8×1024×1024 and 1×1024×1024 run one dispatch of 64
-//! workgroups (4 lanes, 64 slices, four steps of K each), 1×4096×4096 and 8×4096×4096 one of 256
-//! (sixteen steps each), 4×1024×4096 two splits of 64 workgroups, 3×16384×1024 eight. On a
-//! software GPU: 64 lanes, no split.
+//! of B) that still give `min_workgroups / 2` workgroups along N. K is split only where even 4
+//! lanes give fewer than a quarter of those (N below 528 on the H200: a split costs a second
+//! dispatch, and 33 or more workgroups with sixteen loads in flight per invocation keep HBM
+//! busy), for about `min_workgroups / 2` workgroups in all (at most `max_splits`), as long as each
+//! invocation keeps at least 8 vec4 rows of K per split. So 8×1024×1024 and 1×1024×1024 run one
+//! dispatch of 64 workgroups (4 lanes, 64 slices, four steps of K each), 4×1024×4096 of 64 too
+//! (sixteen steps each), 1×4096×4096 and 8×4096×4096 of 256 (sixteen steps each); 3×16384×64
+//! splits K 8 ways over 4 workgroups along N. On a software GPU: 64 lanes, no split.
 //!
 //! Measured on the H200 before this design (one dispatch, 2 to 64 lanes, two steps of K per
 //! invocation at 8×1024×1024 followed by a 7-level tree over 128 slices, eight rows in two
@@ -110,6 +111,11 @@ const NARROW_AUTO_MIN_LANES: u64 = 4;
 /// The automatic split of the narrow kernel leaves each invocation at least this many vec4 rows
 /// of K per split.
 const NARROW_MIN_SPLIT_STEPS: u64 = 8;
+
+/// The narrow kernel splits K automatically only with fewer than `min_workgroups / 2 /` this
+/// many workgroups along N: a quarter of them still keep HBM busy (each with sixteen vec4 loads
+/// per invocation in flight), and a split costs a second dispatch.
+const NARROW_SPLIT_BELOW: u64 = 4;
 
 /// What a matmul does to its result before storing it: `act(A·B + bias)`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -299,9 +305,8 @@ impl Context {
         let slices = u64::from(MatmulOptions::NARROW_THREADS) / lanes;
         let wanted_splits = match options.narrow_splits {
             Some(splits) => u64::from(splits),
-            None if software || tiles >= wanted => 1,
-            None => u64::from(options.split_workgroups)
-                .max(wanted)
+            None if software || tiles.saturating_mul(NARROW_SPLIT_BELOW) >= wanted => 1,
+            None => wanted
                 .div_ceil(tiles)
                 .min(u64::from(options.max_splits))
                 .min(k4 / (slices * NARROW_MIN_SPLIT_STEPS))
