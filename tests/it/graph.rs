@@ -146,6 +146,39 @@ fn split_k_replays_with_the_epilogue_in_the_reduction() {
 }
 
 #[test]
+fn narrow_split_along_k_replays_with_the_epilogue_in_the_reduction() {
+    // A few rows: the narrow kernel, K split over workgroups, the bias and GELU in the reduction.
+    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    let options = ContextOptions {
+        matmul: MatmulOptions {
+            narrow_splits: Some(4),
+            ..MatmulOptions::default()
+        },
+        ..ContextOptions::default()
+    };
+    let ctx = Context::new(&pool, options).expect("context");
+    let (m, k, n) = (4, 2048, 20);
+    let plan_of = ctx.matmul_plan(m, n, k).expect("matmul plan");
+    assert!(
+        plan_of.narrow_lanes > 0 && plan_of.splits > 1,
+        "the case must split K in the narrow kernel: {plan_of:?}"
+    );
+    let mut rng = StdRng::seed_from_u64(4);
+    let layers = layers(&ctx, &mut rng, &[k, n, 8]);
+    let input = random(&mut rng, m * k);
+    let want = eager(&ctx, &input, &[m, k], &layers);
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[m, k]).expect("input");
+    let (p, s) = forward(&ctx, &x, &layers);
+    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    for round in 0..2 {
+        let got = plan.run(&[Feed::Data(&input)]).expect("run");
+        assert_close(&format!("narrow split softmax {round}"), &got[0], &want[0]);
+        assert_close(&format!("narrow split sums {round}"), &got[1], &want[1]);
+    }
+}
+
+#[test]
 fn replays_interleave_with_eager_work_and_see_new_weights() {
     let ctx = context(gpu());
     let mut rng = StdRng::seed_from_u64(3);
