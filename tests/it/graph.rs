@@ -609,3 +609,42 @@ fn the_matmul_options_of_the_context_are_captured() {
     assert_close("no split", &got[0], &want[0]);
     assert_close("no split sums", &got[1], &want[1]);
 }
+
+#[test]
+fn a_replay_in_flight_keeps_its_arena_when_the_plan_is_dropped() {
+    // The plan (and its arena) is dropped right after `run_into` submitted: nothing the replay
+    // uses is destroyed, and new tensors that take the arena's range and are written at once
+    // (uploads land at the next submission) do not reach the replay in flight.
+    let ctx = context(gpu());
+    let mut rng = StdRng::seed_from_u64(9);
+    let widths = [32, 64, 16];
+    let layers = layers(&ctx, &mut rng, &widths);
+    let input = random(&mut rng, 4 * widths[0]);
+    let want = eager(&ctx, &input, &[4, widths[0]], &layers);
+    for round in 0..3 {
+        let mut capture = ctx.capture().expect("capture");
+        let x = capture.input(&[4, widths[0]]).expect("input");
+        let (p, s) = forward(&ctx, &x, &layers);
+        let mut plan = capture.finish(&[&p, &s]).expect("plan");
+        let arena_bytes = plan.arena().bytes();
+        let out_p = ctx.empty(&[4, widths[2]]).expect("empty");
+        let out_s = ctx.empty(&[4]).expect("empty");
+        plan.run_into(&[Feed::Data(&input)], &[&out_p, &out_s])
+            .expect("run_into");
+        drop(plan);
+        // Overwrite whatever now takes the arena's bytes.
+        let len = usize::try_from(arena_bytes / 4).expect("fits");
+        let scribble = ctx.tensor(&vec![f32::NAN; len], &[len]).expect("tensor");
+        let _also = ctx.relu(&scribble).expect("relu");
+        assert_close(
+            &format!("round {round}"),
+            &out_p.to_vec().expect("read"),
+            &want[0],
+        );
+        assert_close(
+            &format!("round {round} sums"),
+            &out_s.to_vec().expect("read"),
+            &want[1],
+        );
+    }
+}
