@@ -2,7 +2,7 @@
 //! recording an op, every result checked against its CPU twin.
 //!
 //! ```text
-//! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
+//! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked] [--autotune]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
 //!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
 //!     [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
@@ -12,7 +12,9 @@
 //!   matmuls up to 4096³ (also with every tile that fits, to compare them), skinny ones of 4096,
 //!   element-wise ops up to 64M elements.
 //! - Kernels are compiled unchecked (`ShaderChecks::Unchecked`: the ops validate every shape on
-//!   the host); `--checked` keeps wgpu's bounds checks, to measure what they cost.
+//!   the host); `--checked` keeps wgpu's bounds checks, to measure what they cost; `--autotune`
+//!   lets each case's context choose the tiled kernel's tile and split-K by measurement
+//!   (`MatmulOptions::autotune`; the table shows the choice).
 //! - Runs are recorded back to back into one batch after 100 ms of warm-up. Time is GPU time from
 //!   timestamps where the adapter has `TIMESTAMP_QUERY` (around each dispatch with
 //!   `TIMESTAMP_QUERY_INSIDE_PASSES`), the median over the runs; else the wall clock around
@@ -104,6 +106,8 @@ struct Args {
     narrow_splits: Vec<u32>,
     /// Whether the narrow kernel uses subgroups, forced on shapes of at most 8 rows.
     narrow_subgroups: Vec<bool>,
+    /// `--autotune`: matmul tiles and splits chosen by measurement (`MatmulOptions::autotune`).
+    autotune: bool,
 }
 
 impl Args {
@@ -143,6 +147,7 @@ fn parse_args() -> anyhow::Result<Args> {
         narrow_lanes: Vec::new(),
         narrow_splits: Vec::new(),
         narrow_subgroups: Vec::new(),
+        autotune: false,
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -184,6 +189,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 });
             }
             "--checked" => args.checks = ShaderChecks::Checked,
+            "--autotune" => args.autotune = true,
             "--matmul" => {
                 let shape = iter.next().context("--matmul needs MxNxK")?;
                 let dims: Vec<usize> = shape
@@ -228,7 +234,7 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "bench_kernels [--json OUT] [--large] [--checked] \
+                    "bench_kernels [--json OUT] [--large] [--checked] [--autotune] \
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
                      [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
                      [--serving] [--torch FILE] [--split N]... [--narrow-lanes L]... \
@@ -921,6 +927,7 @@ fn main() -> anyhow::Result<()> {
             group_rows: args
                 .group_rows
                 .unwrap_or(MatmulOptions::default().group_rows),
+            autotune: args.autotune,
             ..MatmulOptions::default()
         },
     };

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example pool_vs_naive -- [--large] [--out DIR] [--json OUT] [--profile]
-//!     [--only small|mlp] [--batch-ops N] [--width W] [--layers L]
+//!     [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune]
 //! ```
 //!
 //! A server answers requests with an MLP: each request brings a batch of inputs, runs a few
@@ -36,7 +36,8 @@
 //! `--json OUT` writes the figures of both workloads. `--profile` serves the small workload once
 //! more with timestamps around every dispatch and prints where a request's GPU time goes.
 //! `--only NAME` runs one workload; `--batch-ops N` submits a request's ops in batches of N;
-//! `--width W` and `--layers L` change the `small` workload's layers (W a multiple of 4).
+//! `--width W` and `--layers L` change the `small` workload's layers (W a multiple of 4);
+//! `--autotune` lets every side's matmuls choose tile and split-K by measurement.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -121,6 +122,9 @@ pub struct Settings {
     pub small_width: Option<usize>,
     /// The `small` workload's number of layers, in place of the scale's (8 with `--large`).
     pub small_layers: Option<usize>,
+    /// `--autotune`: every side's matmuls choose tile and split-K by measurement
+    /// (`MatmulOptions::autotune`); the planned side tunes while it builds its plans.
+    pub autotune: bool,
 }
 
 impl Settings {
@@ -266,6 +270,7 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--out" => args.out = iter.next().context("--out needs a directory")?.into(),
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
             "--profile" => args.profile = true,
+            "--autotune" => args.settings.autotune = true,
             "--batch-ops" => {
                 let ops = iter.next().context("--batch-ops needs a number")?;
                 args.settings.max_ops_per_batch =
@@ -297,7 +302,7 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             other => bail!(
                 "unknown argument {other}\n\
                  usage: pool_vs_naive [--large] [--out DIR] [--json OUT] [--profile] \
-                 [--only small|mlp] [--batch-ops N] [--width W] [--layers L]"
+                 [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune]"
             ),
         }
     }
@@ -443,7 +448,7 @@ pub fn run(
             //    request: the weights and the arena are allocated once, each a buffer of its exact
             //    size (the pool's exact mode, `Pool::naive`), so the memory is theirs alone.
             let pool = Pool::naive(gpu, PoolOptions::default());
-            let (side, csv) = serve_planned(&pool, &workload)?;
+            let (side, csv) = serve_planned(&pool, &workload, settings)?;
             planned_rounds.push(side);
             if let (Some(dir), "mlp", true) = (out, workload.name, last_round) {
                 std::fs::create_dir_all(dir)?;
@@ -493,6 +498,7 @@ fn serve(pool: &Pool, workload: &Workload, settings: &Settings) -> Result<(Side,
     if let Some(ops) = settings.max_ops_per_batch {
         options.max_ops_per_batch = ops;
     }
+    options.matmul.autotune = settings.autotune;
     serve_with(pool, workload, options).map(|(side, sizes, _)| (side, sizes))
 }
 
@@ -665,8 +671,10 @@ fn forward(ctx: &Context, x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Ten
 /// Serves the workload's requests with plans: one per batch size drawn, captured and planned
 /// before the timed requests, sharing one arena.
 /// Also returns the largest plan's tensor lifetimes as MiniMalloc's CSV.
-fn serve_planned(pool: &Pool, workload: &Workload) -> Result<(Side, String)> {
-    let ctx = Context::new(pool, ContextOptions::unchecked())?;
+fn serve_planned(pool: &Pool, workload: &Workload, settings: &Settings) -> Result<(Side, String)> {
+    let mut options = ContextOptions::unchecked();
+    options.matmul.autotune = settings.autotune;
+    let ctx = Context::new(pool, options)?;
     let (layers, requests) = model_and_requests(&ctx, workload)?;
     let build_start = Instant::now();
     let arena = ctx.plan_arena();

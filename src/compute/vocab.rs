@@ -392,6 +392,14 @@ pub struct MatmulOptions {
     /// a fixed subgroup size (`subgroup_min_size == subgroup_max_size`, so subgroups are full) and
     /// subgroups wider than the lanes. `false`: workgroup memory only, on every device.
     pub narrow_subgroups: bool,
+    /// Choose the tile and split-K of the tiled kernel by measurement: the first matmul of a
+    /// shape class (M rounded up to a power of two, N, K) times a few candidate plans on the
+    /// device, and the fastest serves the class from then on, in every context of the process
+    /// on the same device (adapter, driver, backend) with the same options
+    /// ([`crate::compute::ops::matmul`]).
+    /// Off by default: the first matmul of each class then costs a few milliseconds. Ignored
+    /// where `tiles` or `split_k` is forced, and for the narrow kernel.
+    pub autotune: bool,
 }
 
 impl Default for MatmulOptions {
@@ -411,6 +419,7 @@ impl Default for MatmulOptions {
             narrow_lanes: None,
             narrow_splits: None,
             narrow_subgroups: true,
+            autotune: false,
         }
     }
 }

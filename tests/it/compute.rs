@@ -1968,3 +1968,42 @@ fn tensors_read_back_without_blocking_the_thread() {
     let again = pollster::block_on(context.read_async(&sum)).unwrap();
     assert_eq!(again, read);
 }
+
+#[test]
+fn autotuned_matmuls_agree_with_the_twin_and_keep_their_choice() {
+    let context = context_with(
+        gpu(),
+        ContextOptions {
+            matmul: MatmulOptions {
+                autotune: true,
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        },
+    );
+    let mut rng = StdRng::seed_from_u64(77);
+    // Past the narrow kernel's rows; deep K (split candidates), odd sizes (scalar, edges).
+    for shape in [(24, 1024, 36), (33, 65, 20), (64, 512, 128)] {
+        let (m, k, n) = shape;
+        let first = context.matmul_plan(m, n, k).unwrap();
+        check_matmul(
+            &context,
+            "autotuned",
+            shape,
+            true,
+            Activation::Gelu,
+            &mut rng,
+        );
+        // The class keeps its choice: the same plan, and for another M of the class too.
+        assert_eq!(context.matmul_plan(m, n, k).unwrap(), first);
+        let other = context
+            .matmul_plan(m.next_power_of_two() - 1, n, k)
+            .unwrap();
+        assert_eq!(
+            (other.tiles, other.splits),
+            (first.tiles, first.splits),
+            "{shape:?}"
+        );
+        assert!(first.narrow_lanes == 0);
+    }
+}

@@ -17,6 +17,17 @@
 //! partial product, and a second kernel adds them and runs the epilogue.
 //! Tiles that do not fit the device's limits (workgroup memory, invocations) are skipped.
 //!
+//! # Autotuning
+//!
+//! The rules above choose a tile and a split from counts of workgroups. With
+//! [`MatmulOptions::autotune`], the first matmul of a shape class (M rounded up to a power of
+//! two, N, K) that the tiled kernel serves times candidate plans instead — the automatic one, and
+//! the large, small, 64×128×16 and 128×64×16 tiles the device takes, each with 1, 2, 4, 8 and 16
+//! splits of at least `min_split_depth` — in a context of its own on the same pool (operands of
+//! the class's size, wall clock around three products submitted together after one that compiles
+//! the variant), and the fastest serves the class from then on, in every context of the process
+//! on the same device with the same options. The narrow kernel is not tuned.
+//!
 //! # Few rows
 //!
 //! With at most [`MatmulOptions::NARROW_MAX_ROWS`] rows (a small batch) and K, N multiples of 4,
@@ -93,7 +104,7 @@
 //! padded A tile in workgroup memory (no gain), global loads two tiles ahead (slower).
 
 use super::grid_1d;
-use crate::compute::context::{Context, Dispatch};
+use crate::compute::context::{Context, ContextOptions, Dispatch};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{
     element_count, kernel_u32, tensor_bytes, ComputeError, KernelKey, MatmulParams, NarrowParams,
@@ -116,6 +127,18 @@ const NARROW_MIN_SPLIT_STEPS: u64 = 8;
 /// many workgroups along N: a quarter of them still keep HBM busy (each with sixteen vec4 loads
 /// per invocation in flight), and a split costs a second dispatch.
 const NARROW_SPLIT_BELOW: u64 = 4;
+
+/// The autotuner's choices `(tiles, splits)`, by device and options and by shape class `(M
+/// rounded up to a power of two, N, K)`.
+type Tuned = std::collections::HashMap<(String, (usize, usize, usize)), (MatmulTiles, u32)>;
+
+fn tuned() -> std::sync::MutexGuard<'static, Tuned> {
+    static TUNED: std::sync::OnceLock<std::sync::Mutex<Tuned>> = std::sync::OnceLock::new();
+    TUNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// What a matmul does to its result before storing it: `act(A·B + bias)`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -174,7 +197,10 @@ impl Context {
         }
         let plan = match self.narrow_plan(m, n, k) {
             Some(plan) => plan,
-            None => self.tiled_plan(m, n, k)?,
+            None => match self.tuned_options(m, n, k)? {
+                Some(options) => self.tiled_plan_with(&options, m, n, k)?,
+                None => self.tiled_plan_with(&self.options().matmul, m, n, k)?,
+            },
         };
         // A, B and C are tensors: refuse what no tensor holds, as the matmul would.
         for shape in [[m, k], [k, n], [m, n]] {
@@ -185,9 +211,14 @@ impl Context {
 
     /// The plan of the tiled kernel (with split-K where the tile leaves the GPU idle); `m`, `n`,
     /// `k` are not 0. Every product saturates: a saturated size is refused below by a limit.
-    fn tiled_plan(&self, m: usize, n: usize, k: usize) -> Result<MatmulPlan, ComputeError> {
+    fn tiled_plan_with(
+        &self,
+        options: &MatmulOptions,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<MatmulPlan, ComputeError> {
         const OP: &str = "matmul";
-        let options = &self.options().matmul;
         let limits = self.limits();
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         let blocks = |tiles: MatmulTiles| {
@@ -263,6 +294,117 @@ impl Context {
             narrow_lanes: 0,
             narrow_subgroup: 0,
         })
+    }
+
+    /// With [`MatmulOptions::autotune`]: the options with the tile and split-K measured fastest
+    /// for the shape class of `[m, k] · [k, n]` (measured now if the class is new); `None` when
+    /// autotuning is off or the tile or split is forced.
+    fn tuned_options(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<MatmulOptions>, ComputeError> {
+        let options = &self.options().matmul;
+        if !options.autotune || options.tiles.is_some() || options.split_k.is_some() {
+            return Ok(None);
+        }
+        let class = (m.checked_next_power_of_two().unwrap_or(m), n, k);
+        // Choices hold for a device (adapter, driver, backend) and these options, in the whole
+        // process: every context of the device shares them.
+        let info = &self.gpu().info;
+        let key = (
+            format!(
+                "{} / {} {} / {:?} / {options:?}",
+                info.name, info.driver, info.driver_info, info.backend
+            ),
+            class,
+        );
+        let known = tuned().get(&key).copied();
+        let (tiles, splits) = match known {
+            Some(choice) => choice,
+            None => {
+                let choice = self.autotune(class)?;
+                tuned().insert(key, choice);
+                choice
+            }
+        };
+        Ok(Some(MatmulOptions {
+            tiles: Some(tiles),
+            split_k: Some(splits),
+            ..options.clone()
+        }))
+    }
+
+    /// The fastest `(tiles, splits)` for `[m, k] · [k, n]`: the automatic plan and the large,
+    /// small and two medium tiles the device takes, each with 1, 2, 4, 8 and 16 splits (at least
+    /// `min_split_depth` of K each), timed on the device in a context of their own (wall clock
+    /// around three products submitted together, after one that compiles and warms up).
+    fn autotune(
+        &self,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(MatmulTiles, u32), ComputeError> {
+        let options = &self.options().matmul;
+        let limits = self.limits();
+        let automatic = self.tiled_plan_with(options, m, n, k)?;
+        let mut tiles: Vec<MatmulTiles> = vec![automatic.tiles];
+        let more = options.large_tiles.iter().copied().chain([
+            options.small_tiles,
+            MatmulTiles::T64X128X16,
+            MatmulTiles::T128X64X16,
+        ]);
+        for candidate in more {
+            if candidate.check(limits).is_ok() && !tiles.contains(&candidate) {
+                tiles.push(candidate);
+            }
+        }
+        let mut candidates = vec![(automatic.tiles, automatic.splits)];
+        for &tile in &tiles {
+            for splits in [1u32, 2, 4, 8, 16] {
+                let deep_enough =
+                    k as u64 >= u64::from(splits) * u64::from(options.min_split_depth);
+                if (splits == 1 || deep_enough) && !candidates.contains(&(tile, splits)) {
+                    candidates.push((tile, splits));
+                }
+            }
+        }
+        let tuner = Context::new(
+            self.pool(),
+            ContextOptions {
+                shader_checks: self.options().shader_checks,
+                matmul: MatmulOptions {
+                    autotune: false,
+                    ..options.clone()
+                },
+                ..ContextOptions::default()
+            },
+        )?;
+        let a = tuner.zeros(&[m, k])?;
+        let b = tuner.zeros(&[k, n])?;
+        let mut best: Option<(f64, (MatmulTiles, u32))> = None;
+        for (tile, splits) in candidates {
+            let forced = MatmulOptions {
+                tiles: Some(tile),
+                split_k: Some(splits),
+                ..options.clone()
+            };
+            let Ok(plan) = tuner.tiled_plan_with(&forced, m, n, k) else {
+                continue;
+            };
+            // One product compiles the variant and warms up; three are timed.
+            drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
+            tuner.sync()?;
+            let started = std::time::Instant::now();
+            for _ in 0..3 {
+                drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
+            }
+            tuner.sync()?;
+            let seconds = started.elapsed().as_secs_f64();
+            if best.is_none_or(|(fastest, _)| seconds < fastest) {
+                best = Some((seconds, (tile, plan.splits)));
+            }
+        }
+        Ok(best.map_or((automatic.tiles, automatic.splits), |(_, choice)| choice))
     }
 
     /// The plan of the narrow kernel, where it applies: few rows, K and N multiples of 4, tiles
@@ -400,8 +542,29 @@ impl Context {
                 });
             }
         }
-        let len = element_count(OP, &[m, n])?;
         let plan = self.matmul_plan(m, n, k)?;
+        self.matmul_planned(a, b, epilogue, plan)
+    }
+
+    /// [`Context::matmul_with`] following `plan` (one of [`Context::matmul_plan`]'s, or of the
+    /// autotuner's candidates, for these operands' shapes).
+    fn matmul_planned(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        epilogue: Epilogue<'_>,
+        plan: MatmulPlan,
+    ) -> Result<Tensor, ComputeError> {
+        const OP: &str = "matmul";
+        let (&[m, k], &[_, n]) = (a.shape(), b.shape()) else {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: a.shape().to_vec(),
+                right: b.shape().to_vec(),
+                expected: "A of shape [M, K] and B of shape [K, N]",
+            });
+        };
+        let len = element_count(OP, &[m, n])?;
         let has_bias = epilogue.bias.is_some();
         let split = plan.splits > 1;
         let (kernel, matmul_params) = if plan.narrow_lanes > 0 {
