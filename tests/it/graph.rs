@@ -68,6 +68,20 @@ fn forward(ctx: &Context, x: &Tensor, layers: &[(Tensor, Tensor)]) -> (Tensor, T
     (probabilities, hidden_sum.expect("at least two layers"))
 }
 
+/// The forward captured for inputs of `shape`, planned with `options`: its outputs are the
+/// softmax and the row sums.
+fn planned(
+    ctx: &Context,
+    shape: &[usize],
+    layers: &[(Tensor, Tensor)],
+    options: CaptureOptions,
+) -> wgpu_pool::compute::Plan {
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(shape).expect("input");
+    let (p, s) = forward(ctx, &x, layers);
+    capture.finish_with(&[&p, &s], options).expect("plan")
+}
+
 fn eager(
     ctx: &Context,
     input: &[f32],
@@ -135,10 +149,7 @@ fn split_k_replays_with_the_epilogue_in_the_reduction() {
     let layers = layers(&ctx, &mut rng, &[k, n, 8]);
     let input = random(&mut rng, m * k);
     let want = eager(&ctx, &input, &[m, k], &layers);
-    let mut capture = ctx.capture().expect("capture");
-    let x = capture.input(&[m, k]).expect("input");
-    let (p, s) = forward(&ctx, &x, &layers);
-    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    let mut plan = planned(&ctx, &[m, k], &layers, CaptureOptions::default());
     assert_eq!(plan.stats().fused_steps, 3);
     let got = plan.run(&[Feed::Data(&input)]).expect("run");
     assert_close("split-K softmax", &got[0], &want[0]);
@@ -167,10 +178,7 @@ fn narrow_split_along_k_replays_with_the_epilogue_in_the_reduction() {
     let layers = layers(&ctx, &mut rng, &[k, n, 8]);
     let input = random(&mut rng, m * k);
     let want = eager(&ctx, &input, &[m, k], &layers);
-    let mut capture = ctx.capture().expect("capture");
-    let x = capture.input(&[m, k]).expect("input");
-    let (p, s) = forward(&ctx, &x, &layers);
-    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    let mut plan = planned(&ctx, &[m, k], &layers, CaptureOptions::default());
     for round in 0..2 {
         let got = plan.run(&[Feed::Data(&input)]).expect("run");
         assert_close(&format!("narrow split softmax {round}"), &got[0], &want[0]);
@@ -185,11 +193,7 @@ fn replays_interleave_with_eager_work_and_see_new_weights() {
     let widths = [12, 20, 8];
     let layers = layers(&ctx, &mut rng, &widths);
     let rows = 6;
-    let mut capture = ctx.capture().expect("capture");
-    let x = capture.input(&[rows, widths[0]]).expect("input");
-    let (p, s) = forward(&ctx, &x, &layers);
-    let mut plan = capture.finish(&[&p, &s]).expect("plan");
-    drop((x, p, s));
+    let mut plan = planned(&ctx, &[rows, widths[0]], &layers, CaptureOptions::default());
     let created = plan.bind_groups_created();
     for round in 0..4 {
         // Eager work recorded before the replay and left unsubmitted: its input tensor feeds the
@@ -241,14 +245,11 @@ fn plans_of_several_batch_sizes_share_one_arena() {
     let mut plans = Vec::new();
     // Smallest first: every larger plan grows the arena, and the earlier plans bind again.
     for rows in [1, 4, 9, 30] {
-        let mut capture = ctx.capture().expect("capture");
-        let x = capture.input(&[rows, widths[0]]).expect("input");
-        let (p, s) = forward(&ctx, &x, &layers);
         let options = CaptureOptions {
             arena: Some(arena.clone()),
             ..CaptureOptions::default()
         };
-        plans.push((rows, capture.finish_with(&[&p, &s], options).expect("plan")));
+        plans.push((rows, planned(&ctx, &[rows, widths[0]], &layers, options)));
     }
     let largest = plans
         .iter()
@@ -397,14 +398,11 @@ fn fusion_off_gives_the_same_answers() {
     let layers = layers(&ctx, &mut rng, &widths);
     let input = random(&mut rng, 3 * widths[0]);
     let want = eager(&ctx, &input, &[3, widths[0]], &layers);
-    let mut capture = ctx.capture().expect("capture");
-    let x = capture.input(&[3, widths[0]]).expect("input");
-    let (p, s) = forward(&ctx, &x, &layers);
     let options = CaptureOptions {
         fuse: false,
         ..CaptureOptions::default()
     };
-    let mut plan = capture.finish_with(&[&p, &s], options).expect("plan");
+    let mut plan = planned(&ctx, &[3, widths[0]], &layers, options);
     assert_eq!(plan.stats().fused_steps, 0);
     assert_eq!(plan.stats().steps, plan.stats().recorded_steps);
     let got = plan.run(&[Feed::Data(&input)]).expect("run");
@@ -601,10 +599,7 @@ fn the_matmul_options_of_the_context_are_captured() {
     let layers = layers(&ctx, &mut rng, &[1024, 12, 8]);
     let input = random(&mut rng, 9 * 1024);
     let want = eager(&ctx, &input, &[9, 1024], &layers);
-    let mut capture = ctx.capture().expect("capture");
-    let x = capture.input(&[9, 1024]).expect("input");
-    let (p, s) = forward(&ctx, &x, &layers);
-    let mut plan = capture.finish(&[&p, &s]).expect("plan");
+    let mut plan = planned(&ctx, &[9, 1024], &layers, CaptureOptions::default());
     let got = plan.run(&[Feed::Data(&input)]).expect("run");
     assert_close("no split", &got[0], &want[0]);
     assert_close("no split sums", &got[1], &want[1]);
@@ -622,10 +617,7 @@ fn a_replay_in_flight_keeps_its_arena_when_the_plan_is_dropped() {
     let input = random(&mut rng, 4 * widths[0]);
     let want = eager(&ctx, &input, &[4, widths[0]], &layers);
     for round in 0..3 {
-        let mut capture = ctx.capture().expect("capture");
-        let x = capture.input(&[4, widths[0]]).expect("input");
-        let (p, s) = forward(&ctx, &x, &layers);
-        let mut plan = capture.finish(&[&p, &s]).expect("plan");
+        let mut plan = planned(&ctx, &[4, widths[0]], &layers, CaptureOptions::default());
         let arena_bytes = plan.arena().bytes();
         let out_p = ctx.empty(&[4, widths[2]]).expect("empty");
         let out_s = ctx.empty(&[4]).expect("empty");
