@@ -872,13 +872,7 @@ impl<S: SegmentStorage> PoolCore<S> {
                 max_allocation_bytes: self.config.max_allocation_bytes,
             });
         }
-        if self.config.is_naive()
-            || size_bytes
-                > self
-                    .config
-                    .dedicated_above_bytes
-                    .min(self.config.max_segment_bytes)
-        {
+        if self.takes_dedicated(size_bytes) {
             return self.allocate_dedicated(size_bytes);
         }
         if let Some(placement) = self.place_in_existing(size_bytes) {
@@ -1310,13 +1304,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         if size_bytes == 0 || size_bytes > self.config.max_allocation_bytes {
             return None;
         }
-        if self.config.is_naive()
-            || size_bytes
-                > self
-                    .config
-                    .dedicated_above_bytes
-                    .min(self.config.max_segment_bytes)
-        {
+        if self.takes_dedicated(size_bytes) {
             let slot = self.cached_dedicated(size_bytes)?;
             return Some(self.place_dedicated(slot, size_bytes));
         }
@@ -1521,18 +1509,22 @@ impl<S: SegmentStorage> PoolCore<S> {
             .position(|s| s.as_ref().is_some_and(|s| s.id == id))
     }
 
+    /// Whether a request of `size_bytes` gets a segment of its own (always in the naive mode).
+    fn takes_dedicated(&self, size_bytes: u64) -> bool {
+        self.config.is_naive()
+            || size_bytes
+                > self
+                    .config
+                    .dedicated_above_bytes
+                    .min(self.config.max_segment_bytes)
+    }
+
     /// The aligned block a packed request of `size_bytes` needs free, in bytes, or `None` for a
     /// request compaction cannot serve.
     fn compaction_block(&self, size_bytes: u64) -> Option<u64> {
-        let packed = size_bytes
-            <= self
-                .config
-                .dedicated_above_bytes
-                .min(self.config.max_segment_bytes);
-        if self.config.is_naive()
-            || size_bytes == 0
+        if size_bytes == 0
             || size_bytes > self.config.max_allocation_bytes
-            || !packed
+            || self.takes_dedicated(size_bytes)
         {
             return None;
         }

@@ -299,11 +299,12 @@ static NEXT_CAPTURE: AtomicU64 = AtomicU64::new(1);
 #[derive(PartialEq, Eq, Hash)]
 struct BindKey([Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS]);
 
-/// Op parameters of the open batch: slots of a uniform buffer, filled on the CPU while recording
-/// and written with one `queue.write_buffer` before the batch is submitted (the write lands at the
-/// start of that submission, before the batch's commands). Identical parameters share a slot.
-struct ParamsRing {
-    buffer: wgpu::Buffer,
+/// Op parameters of the open batch (or of a plan, written once): slots of a uniform buffer, filled
+/// on the CPU while recording and written with one `queue.write_buffer` before the batch is
+/// submitted (the write lands at the start of that submission, before the batch's commands).
+/// Identical parameters share a slot.
+pub(crate) struct ParamsRing {
+    pub(crate) buffer: wgpu::Buffer,
     slot_bytes: u64,
     staging: Vec<u8>,
     used_slots: u64,
@@ -311,7 +312,11 @@ struct ParamsRing {
 }
 
 impl ParamsRing {
-    fn new(device: &wgpu::Device, slots: u32, alignment: u32) -> Self {
+    /// The most slots of a ring: their offsets fit a `u32`.
+    pub(crate) const MAX_SLOTS: u32 = 65_536;
+
+    /// A ring of `slots` (1..=[`Self::MAX_SLOTS`]) slots of `max(PARAMS_BYTES, alignment)` bytes.
+    pub(crate) fn new(device: &wgpu::Device, slots: u32, alignment: u32) -> Self {
         let slot_bytes = PARAMS_BYTES.max(u64::from(alignment));
         let size = slot_bytes * u64::from(slots);
         Self {
@@ -328,9 +333,9 @@ impl ParamsRing {
         }
     }
 
-    /// The dynamic offset of a slot holding `params`. The ring has a slot per dispatch of a batch,
-    /// so it never fills before the batch does.
-    fn push(&mut self, params: &ParamsBlock) -> u32 {
+    /// The dynamic offset of a slot holding `params`. The ring has a slot per dispatch of a batch
+    /// (per step of a plan), so it never fills before the batch does.
+    pub(crate) fn push(&mut self, params: &ParamsBlock) -> u32 {
         if let Some(&offset) = self.slots_by_params.get(params) {
             return offset;
         }
@@ -345,6 +350,16 @@ impl ParamsRing {
 
     fn used_bytes(&self) -> usize {
         (self.used_slots * self.slot_bytes) as usize
+    }
+
+    /// Writes the slots filled so far to the buffer (landing at the start of the next
+    /// submission); returns the bytes written.
+    pub(crate) fn write(&self, queue: &wgpu::Queue) -> usize {
+        let used = self.used_bytes();
+        if used > 0 {
+            queue.write_buffer(&self.buffer, 0, &self.staging[..used]);
+        }
+        used
     }
 
     fn reset(&mut self) {
@@ -462,12 +477,7 @@ impl Drop for Shared {
             .into_iter()
             .collect();
         if !buffers.is_empty() {
-            let used = state.ring.used_bytes();
-            if used > 0 {
-                self.gpu
-                    .queue
-                    .write_buffer(&state.ring.buffer, 0, &state.ring.staging[..used]);
-            }
+            state.ring.write(&self.gpu.queue);
             self.pool.submit(buffers);
         }
         self.release_deferred();
@@ -1226,15 +1236,8 @@ impl Context {
             }
             buffers.push(encoder.finish());
         }
-        let used = state.ring.used_bytes();
-        if used > 0 {
-            // Lands at the start of the next submission, before the batch's dispatches.
-            self.shared
-                .gpu
-                .queue
-                .write_buffer(&state.ring.buffer, 0, &state.ring.staging[..used]);
-            state.stats.params_bytes_written += used as u64;
-        }
+        // Lands at the start of the next submission, before the batch's dispatches.
+        state.stats.params_bytes_written += state.ring.write(&self.shared.gpu.queue) as u64;
         state.ring.reset();
         state.batch.dispatches = 0;
         self.shared.freed_bytes.store(0, Ordering::Relaxed);

@@ -65,7 +65,7 @@ use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::context::{custom_group, Context, Step, Storage};
+use super::context::{custom_group, Context, ParamsRing, Step, Storage};
 use super::ops::grid_1d;
 use super::tensor::Tensor;
 use super::vocab::{
@@ -698,9 +698,22 @@ impl<'a> Planner<'a> {
         self.arena.label(&planned, &buffers, &names)?;
 
         // 3. Pipelines and parameters.
-        let slot_bytes = PARAMS_BYTES.max(u64::from(limits.min_uniform_buffer_offset_alignment));
-        let mut params: Vec<ParamsBlock> = Vec::new();
-        let mut params_slots: HashMap<ParamsBlock, u32> = HashMap::new();
+        // A slot per step and per input and output copy, identical parameters sharing one.
+        let gpu = self.context.gpu();
+        let slots = u32::try_from(steps.len() + inputs.len() + outputs.len())
+            .ok()
+            .filter(|&slots| slots <= ParamsRing::MAX_SLOTS)
+            .ok_or_else(|| {
+                ComputeError::Capture(format!(
+                    "a plan takes at most {} steps, inputs and outputs",
+                    ParamsRing::MAX_SLOTS
+                ))
+            })?;
+        let mut params = ParamsRing::new(
+            &gpu.device,
+            slots.max(1),
+            limits.min_uniform_buffer_offset_alignment,
+        );
         let mut built = Vec::with_capacity(steps.len());
         for step in &steps {
             built.push(match step {
@@ -711,13 +724,7 @@ impl<'a> Planner<'a> {
                     workgroups,
                 } => {
                     let pipeline = self.context.pipeline(kernel)?;
-                    let next = u32::try_from(params.len() as u64 * slot_bytes).map_err(|_| {
-                        ComputeError::Capture("too many distinct parameter blocks".into())
-                    })?;
-                    let params_offset = *params_slots.entry(*block).or_insert_with(|| {
-                        params.push(*block);
-                        next
-                    });
+                    let params_offset = params.push(block);
                     PlanStep::Kernel {
                         pipeline,
                         key: *kernel,
@@ -753,28 +760,10 @@ impl<'a> Planner<'a> {
                 cols: 0,
                 scalar: 0.0,
             });
-            let next = u32::try_from(params.len() as u64 * slot_bytes)
-                .map_err(|_| ComputeError::Capture("too many distinct parameter blocks".into()))?;
-            let offset = *params_slots.entry(block).or_insert_with(|| {
-                params.push(block);
-                next
-            });
-            slot.copy = (offset, workgroups);
+            slot.copy = (params.push(&block), workgroups);
         }
-        let gpu = self.context.gpu();
-        let params_bytes = (params.len().max(1) as u64) * slot_bytes;
-        let params_buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgpu-pool plan parameters"),
-            size: params_bytes,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut staging = vec![0u8; params_bytes as usize];
-        for (index, block) in params.iter().enumerate() {
-            let start = index * slot_bytes as usize;
-            staging[start..start + PARAMS_BYTES as usize].copy_from_slice(block.bytes());
-        }
-        gpu.queue.write_buffer(&params_buffer, 0, &staging);
+        // Written once: lands before the first replay.
+        params.write(&gpu.queue);
 
         let output_bytes: u64 = outputs.iter().map(|slot| slot.bytes).sum();
         let read_back = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -790,7 +779,7 @@ impl<'a> Planner<'a> {
             outputs,
             arena: self.arena,
             bound: None,
-            params: params_buffer,
+            params: params.buffer,
             copy,
             read_back,
             output_bytes,

@@ -19,6 +19,16 @@ fn context(gpu: &Gpu) -> Context {
     Context::new(&pool, ContextOptions::default()).expect("context")
 }
 
+/// A context on a pool of its own with these matmul options.
+fn context_with_matmul(matmul: MatmulOptions) -> Context {
+    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    let options = ContextOptions {
+        matmul,
+        ..ContextOptions::default()
+    };
+    Context::new(&pool, options).expect("context")
+}
+
 fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect()
 }
@@ -159,15 +169,10 @@ fn split_k_replays_with_the_epilogue_in_the_reduction() {
 #[test]
 fn narrow_split_along_k_replays_with_the_epilogue_in_the_reduction() {
     // A few rows: the narrow kernel, K split over workgroups, the bias and GELU in the reduction.
-    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
-    let options = ContextOptions {
-        matmul: MatmulOptions {
-            narrow_splits: Some(4),
-            ..MatmulOptions::default()
-        },
-        ..ContextOptions::default()
-    };
-    let ctx = Context::new(&pool, options).expect("context");
+    let ctx = context_with_matmul(MatmulOptions {
+        narrow_splits: Some(4),
+        ..MatmulOptions::default()
+    });
     let (m, k, n) = (4, 2048, 20);
     let plan_of = ctx.matmul_plan(m, n, k).expect("matmul plan");
     assert!(
@@ -586,15 +591,10 @@ fn a_tensor_beyond_the_binding_limit_is_a_typed_error_of_the_build() {
 #[test]
 fn the_matmul_options_of_the_context_are_captured() {
     // A context whose matmuls never split K: the plan runs what the eager ops would.
-    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
-    let options = ContextOptions {
-        matmul: MatmulOptions {
-            split_k: Some(1),
-            ..MatmulOptions::default()
-        },
-        ..ContextOptions::default()
-    };
-    let ctx = Context::new(&pool, options).expect("context");
+    let ctx = context_with_matmul(MatmulOptions {
+        split_k: Some(1),
+        ..MatmulOptions::default()
+    });
     let mut rng = StdRng::seed_from_u64(8);
     let layers = layers(&ctx, &mut rng, &[1024, 12, 8]);
     let input = random(&mut rng, 9 * 1024);
