@@ -3,7 +3,8 @@
 //
 // The host puts these constants before this file (src/compute/kernels.rs, from `MatmulTiles`):
 //   BM, BN, BK   the block tile: BM×BN outputs per workgroup, BK (8 or 16) deep per step of K
-//   TM, TN       outputs per invocation, in registers: TM×TN of 8×8, 16×8 or 8×16
+//   TM, TN       outputs per invocation, in registers: TM×TN of 8×8, 16×8, 8×16, 4×8, 8×4,
+//                4×16 or 16×4
 //   THREADS      (BM / TM) · (BN / TN) invocations
 //   A_LOADS, B_LOADS   vec4 global loads per invocation per tile of A and of B (1, 2 or 4)
 //   VEC4         K % 4 == 0 and N % 4 == 0: rows of A, B and C are whole vec4s

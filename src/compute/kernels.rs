@@ -612,7 +612,7 @@ mod tests {
     const NARROW_SUBGROUPS: [u32; 7] = [0, 4, 8, 16, 32, 64, 128];
 
     /// Every tile the kernel takes ([`MatmulTiles::check`] on a device without limits): 8×8,
-    /// 16×8 or 8×16 outputs per invocation, 8 or 16 deep, 1, 2 or 4 loads of each tile.
+    /// 16×8, 8×16, 4×8, 8×4, 4×16 or 16×4 outputs per invocation, 8 or 16 deep, 1, 2 or 4 loads of each tile.
     fn every_tile() -> Vec<MatmulTiles> {
         let unlimited = wgpu::Limits {
             max_compute_invocations_per_workgroup: u32::MAX,
@@ -621,7 +621,7 @@ mod tests {
             ..wgpu::Limits::default()
         };
         let mut tiles = Vec::new();
-        for (tm, tn) in [(8, 8), (16, 8), (8, 16)] {
+        for (tm, tn) in [(8, 8), (16, 8), (8, 16), (4, 8), (8, 4), (4, 16), (16, 4)] {
             for bk in [8, 16] {
                 for bm in (8..=1024).step_by(8) {
                     for bn in (8..=1024).step_by(8) {

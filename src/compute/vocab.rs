@@ -237,9 +237,18 @@ impl MatmulTiles {
     pub const T128X64X8_16X8: Self = Self::new(128, 64, 8).per_invocation(16, 8);
     /// 64×128, 8 deep, 8×16 outputs per invocation: 64 invocations, 12 KiB.
     pub const T64X128X8_8X16: Self = Self::new(64, 128, 8).per_invocation(8, 16);
+    /// 64×128, 16 deep, 4×8 outputs per invocation: 256 invocations, 24 KiB (twice the
+    /// invocations of 64×128×16 on the same tile, for products of a few hundred rows).
+    pub const T64X128X16_4X8: Self = Self::new(64, 128, 16).per_invocation(4, 8);
+    /// 64×64, 16 deep, 4×8 outputs per invocation: 128 invocations, 16 KiB.
+    pub const T64X64X16_4X8: Self = Self::new(64, 64, 16).per_invocation(4, 8);
+    /// 32×128, 16 deep, 4×8 outputs per invocation: 128 invocations, 20 KiB.
+    pub const T32X128X16_4X8: Self = Self::new(32, 128, 16).per_invocation(4, 8);
+    /// 64×256, 16 deep, 4×16 outputs per invocation: 256 invocations, 40 KiB.
+    pub const T64X256X16_4X16: Self = Self::new(64, 256, 16).per_invocation(4, 16);
 
     /// Every tile the kernel supports.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 23] = [
         Self::T128X128X8,
         Self::T128X128X16,
         Self::T128X64X8,
@@ -259,6 +268,10 @@ impl MatmulTiles {
         Self::T64X256X8_8X16,
         Self::T128X64X8_16X8,
         Self::T64X128X8_8X16,
+        Self::T64X128X16_4X8,
+        Self::T64X64X16_4X8,
+        Self::T32X128X16_4X8,
+        Self::T64X256X16_4X16,
     ];
 
     /// A tile of 8×8 outputs per invocation; see [`MatmulTiles::check`] for the shapes the
@@ -300,13 +313,13 @@ impl MatmulTiles {
             .saturating_mul(8)
     }
 
-    /// Whether the kernel takes this tile (`tm`, `tn` 8 or 16 but not both 16; `bm`, `bn`
+    /// Whether the kernel takes this tile (`tm`, `tn` 4, 8 or 16, from 32 to 128 outputs; `bm`, `bn`
     /// multiples of `tm`, `tn`; `bk` 8 or 16; each invocation loads one, two or four vec4s of
     /// each tile) and the device runs it (invocations, workgroup size, workgroup memory).
     pub fn check(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
-        let shape_ok = [8, 16].contains(&self.tm)
-            && [8, 16].contains(&self.tn)
-            && self.tm * self.tn <= 128
+        let shape_ok = [4, 8, 16].contains(&self.tm)
+            && [4, 8, 16].contains(&self.tn)
+            && (32..=128).contains(&(self.tm * self.tn))
             && self.bm > 0
             && self.bn > 0
             && self.bm.is_multiple_of(self.tm)
@@ -318,8 +331,8 @@ impl MatmulTiles {
             && [1, 2, 4].contains(&self.b_loads());
         if !shape_ok {
             return Err(ComputeError::Config(format!(
-                "matmul tile {self}: the kernel takes tm × tn outputs per invocation of 8×8, 16×8 \
-                 or 8×16, bm, bn multiples of tm, tn, bk 8 or 16, and 1, 2 or 4 vec4 loads of \
+                "matmul tile {self}: the kernel takes tm × tn outputs per invocation of 8×8, 16×8, \
+                 8×16, 4×8, 8×4 or 4×16, bm, bn multiples of tm, tn, bk 8 or 16, and 1, 2 or 4 vec4 loads of \
                  each tile per invocation (e.g. {}, {}, {})",
                 Self::T128X128X8,
                 Self::T64X64X8,
@@ -354,14 +367,22 @@ pub struct MatmulOptions {
     pub large_tiles: Vec<MatmulTiles>,
     /// The tile for smaller shapes, and wherever the large one does not fit the device.
     pub small_tiles: MatmulTiles,
+    /// The tile for products of at most its `bm` rows (more than the narrow kernel takes) that
+    /// would take the small tile: a 64-row tile would be half empty, and this one's workgroups
+    /// of 128 invocations keep more warps busy where the grid is small. On the H200 at
+    /// 32 × 4096 × 4096: 57 µs with split-K 8, against 85 for the small tile (MEASUREMENTS.md).
+    /// Skipped where the device's limits do not allow it.
+    pub thin_tiles: MatmulTiles,
     /// Split K this many ways (`Some(1)`: never; `None`: when the tile leaves the GPU idle). The
     /// split is capped so that no split is empty.
     pub split_k: Option<u32>,
     /// Workgroups that fill the GPU: about two per SM (264 for an H200's 132 SMs). A shape with
     /// fewer large tiles than this takes the small tile, and with fewer small tiles, split-K.
     pub min_workgroups: u32,
-    /// Automatic split-K splits K until about this many workgroups run (at least
-    /// `min_workgroups`): about four per SM. On the H200, 64 to 256 rows through a layer of 4096
+    /// Automatic split-K splits K into as many parts as keep the workgroups at most this many
+    /// (and at least `min_workgroups` where K allows): about four per SM, one wave; a count past
+    /// it starts a second wave of a few workgroups (on the H200, 9 splits of 64 tiles took 88 µs
+    /// where 8 took 73 at 256 × 1024 × 4096). On the H200, 64 to 256 rows through a layer of 4096
     /// inputs took 8–20% less time with twice `min_workgroups` than with `min_workgroups`
     /// (MEASUREMENTS.md).
     pub split_workgroups: u32,
@@ -409,6 +430,7 @@ impl Default for MatmulOptions {
             // 48 KiB of workgroup memory where the device has it (the H200 does), else 16 KiB.
             large_tiles: vec![MatmulTiles::T128X256X16_8X16, MatmulTiles::T128X128X8_16X8],
             small_tiles: MatmulTiles::T64X64X8,
+            thin_tiles: MatmulTiles::T32X128X16_4X8,
             split_k: None,
             min_workgroups: 264,
             split_workgroups: 528,

@@ -5,16 +5,18 @@
 //! # Tiles
 //!
 //! A workgroup computes a `bm × bn` block of C with `(bm / tm) · (bn / tn)` invocations, each
-//! holding `tm × tn` outputs in registers (8×8, 16×8 or 8×16; see [`MatmulTiles::ALL`]); it
+//! holding `tm × tn` outputs in registers (8×8, 16×8, 8×16, 4×8, 8×4, 4×16 or 16×4; see [`MatmulTiles::ALL`]); it
 //! walks K in steps of `bk` through two workgroup-memory buffers (A stored transposed for vec4
 //! reads). The large tile — the first of [`MatmulOptions::large_tiles`] the device allows:
 //! 128×256×16 with 8×16 outputs per invocation (256 invocations, 48 KiB of workgroup memory)
 //! where the device has 48 KiB, else 128×128×8 with 16×8 (128 invocations, 16 KiB, which every
 //! WebGPU device has) — is used when it yields at least [`MatmulOptions::min_workgroups`]
 //! workgroups; otherwise the small one (64×64×8: 64
-//! invocations, 8 KiB), and when even that leaves the GPU idle, split-K: `splits` workgroups
-//! along K (enough for about [`MatmulOptions::split_workgroups`] workgroups in all) each write a
-//! partial product, and a second kernel adds them and runs the epilogue.
+//! invocations, 8 KiB), or for at most 32 rows the thin one ([`MatmulOptions::thin_tiles`],
+//! 32×128×16 with 4×8 outputs per invocation: 128 invocations, 20 KiB), and when even that leaves
+//! the GPU idle, split-K: `splits` workgroups along K (as many as keep the workgroups within
+//! [`MatmulOptions::split_workgroups`], one wave) each write a partial product, and a second
+//! kernel adds them and runs the epilogue.
 //! Tiles that do not fit the device's limits (workgroup memory, invocations) are skipped.
 //!
 //! # Autotuning
@@ -22,10 +24,10 @@
 //! The rules above choose a tile and a split from counts of workgroups. With
 //! [`MatmulOptions::autotune`], the first matmul of a shape class (M rounded up to a power of
 //! two, N, K) that the tiled kernel serves times candidate plans instead — the automatic one, and
-//! the large, small, 64×128×16 and 128×64×16 tiles the device takes, each with 1, 2, 4, 8 and 16
-//! splits of at least `min_split_depth` — in a context of its own on the same pool (operands of
-//! the class's size, wall clock around three products submitted together after one that compiles
-//! the variant), and the fastest serves the class from then on, in every context of the process
+//! the large, small, thin, 64×128×16, 64×128×16/4×8 and 128×64×16 tiles the device takes, each
+//! with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` — in a context of its own on the
+//! same pool (operands of the class's size, wall clock around three products submitted together
+//! after one that compiles the variant), and the fastest serves the class from then on, in every context of the process
 //! on the same device with the same options. The narrow kernel is not tuned.
 //!
 //! # Few rows
@@ -230,8 +232,10 @@ impl Context {
             Some(tiles) => tiles,
             None => {
                 let small_fits = options.small_tiles.check(limits).is_ok();
+                let thin = options.thin_tiles;
                 match options.large_tile(limits) {
                     Some(large) if blocks(large) >= min_workgroups || !small_fits => large,
+                    _ if m64 <= u64::from(thin.bm) && thin.check(limits).is_ok() => thin,
                     _ => options.small_tiles,
                 }
             }
@@ -240,9 +244,10 @@ impl Context {
         let wanted = match options.split_k {
             Some(splits) => u64::from(splits.max(1)),
             None if blocks(tiles) >= min_workgroups => 1,
-            None => u64::from(options.split_workgroups)
-                .max(min_workgroups)
-                .div_ceil(blocks(tiles).max(1))
+            // As many splits as keep the workgroups within `split_workgroups` (one wave), but
+            // at least enough for `min_workgroups`.
+            None => (u64::from(options.split_workgroups) / blocks(tiles).max(1))
+                .max(min_workgroups.div_ceil(blocks(tiles).max(1)))
                 .min(k64 / u64::from(options.min_split_depth.max(1)))
                 .min(u64::from(options.max_splits))
                 .max(1),
@@ -337,7 +342,7 @@ impl Context {
     }
 
     /// The fastest `(tiles, splits)` for `[m, k] · [k, n]`: the automatic plan and the large,
-    /// small and two medium tiles the device takes, each with 1, 2, 4, 8 and 16 splits (at least
+    /// small, thin and three medium tiles the device takes, each with 1, 2, 4, 8 and 16 splits (at least
     /// `min_split_depth` of K each), timed on the device in a context of their own (wall clock
     /// around three products submitted together, after one that compiles and warms up).
     fn autotune(
@@ -350,7 +355,9 @@ impl Context {
         let mut tiles: Vec<MatmulTiles> = vec![automatic.tiles];
         let more = options.large_tiles.iter().copied().chain([
             options.small_tiles,
+            options.thin_tiles,
             MatmulTiles::T64X128X16,
+            MatmulTiles::T64X128X16_4X8,
             MatmulTiles::T128X64X16,
         ]);
         for candidate in more {
