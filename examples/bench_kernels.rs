@@ -2,7 +2,8 @@
 //! recording an op, every result checked against its CPU twin.
 //!
 //! ```text
-//! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked] [--autotune]
+//! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
+//!     [--autotune|--no-autotune]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
 //!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
 //!     [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
@@ -12,9 +13,10 @@
 //!   matmuls up to 4096³ (also with every tile that fits, to compare them), skinny ones of 4096,
 //!   element-wise ops up to 64M elements.
 //! - Kernels are compiled unchecked (`ShaderChecks::Unchecked`: the ops validate every shape on
-//!   the host); `--checked` keeps wgpu's bounds checks, to measure what they cost; `--autotune`
-//!   lets each case's context choose the tiled kernel's tile and split-K by measurement
-//!   (`MatmulOptions::autotune`; the table shows the choice).
+//!   the host); `--checked` keeps wgpu's bounds checks, to measure what they cost. Each case's
+//!   context chooses the tiled kernel's tile and split-K by measurement on a GPU (the default of
+//!   `MatmulOptions::autotune`; the table shows the choice); `--no-autotune` measures the rules'
+//!   plans instead, `--autotune` tunes on a software GPU too.
 //! - Runs are recorded back to back into one batch after 100 ms of warm-up. Time is GPU time from
 //!   timestamps where the adapter has `TIMESTAMP_QUERY` (around each dispatch with
 //!   `TIMESTAMP_QUERY_INSIDE_PASSES`), the median over the runs; else the wall clock around
@@ -74,8 +76,8 @@ use anyhow::{bail, Context as _};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use wgpu_pool::compute::{
-    cpu, BinaryOp, Context, ContextOptions, Feed, MatmulOptions, MatmulTiles, ShaderChecks, Tensor,
-    TimestampSupport, UnaryOp,
+    cpu, Autotune, BinaryOp, Context, ContextOptions, Feed, MatmulOptions, MatmulTiles,
+    ShaderChecks, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
 
@@ -106,8 +108,9 @@ struct Args {
     narrow_splits: Vec<u32>,
     /// Whether the narrow kernel uses subgroups, forced on shapes of at most 8 rows.
     narrow_subgroups: Vec<bool>,
-    /// `--autotune`: matmul tiles and splits chosen by measurement (`MatmulOptions::autotune`).
-    autotune: bool,
+    /// `MatmulOptions::autotune`: the library's default (tuned on a GPU), `--autotune` (also on a
+    /// software GPU) or `--no-autotune` (the rules alone).
+    autotune: Autotune,
 }
 
 impl Args {
@@ -147,7 +150,7 @@ fn parse_args() -> anyhow::Result<Args> {
         narrow_lanes: Vec::new(),
         narrow_splits: Vec::new(),
         narrow_subgroups: Vec::new(),
-        autotune: false,
+        autotune: Autotune::default(),
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -189,7 +192,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 });
             }
             "--checked" => args.checks = ShaderChecks::Checked,
-            "--autotune" => args.autotune = true,
+            "--autotune" => args.autotune = Autotune::Always,
+            "--no-autotune" => args.autotune = Autotune::Off,
             "--matmul" => {
                 let shape = iter.next().context("--matmul needs MxNxK")?;
                 let dims: Vec<usize> = shape
@@ -234,7 +238,7 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "bench_kernels [--json OUT] [--large] [--checked] [--autotune] \
+                    "bench_kernels [--json OUT] [--large] [--checked] [--autotune|--no-autotune] \
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
                      [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
                      [--serving] [--torch FILE] [--split N]... [--narrow-lanes L]... \

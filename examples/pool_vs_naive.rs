@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example pool_vs_naive -- [--large] [--out DIR] [--json OUT] [--profile]
-//!     [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune]
+//!     [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune|--no-autotune]
 //! ```
 //!
 //! A server answers requests with an MLP: each request brings a batch of inputs, runs a few
@@ -37,7 +37,8 @@
 //! more with timestamps around every dispatch and prints where a request's GPU time goes.
 //! `--only NAME` runs one workload; `--batch-ops N` submits a request's ops in batches of N;
 //! `--width W` and `--layers L` change the `small` workload's layers (W a multiple of 4);
-//! `--autotune` lets every side's matmuls choose tile and split-K by measurement.
+//! Every side's matmuls choose tile and split-K by measurement on a GPU (the library's default);
+//! `--no-autotune` leaves it to the rules, `--autotune` tunes on a software GPU too.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -46,7 +47,7 @@ use anyhow::{bail, Context as _, Result};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 use wgpu_pool::compute::{
-    CaptureOptions, Context, ContextOptions, Feed, KernelTiming, Plan, Tensor,
+    Autotune, CaptureOptions, Context, ContextOptions, Feed, KernelTiming, Plan, Tensor,
 };
 use wgpu_pool::report::{write_exports, AllocatorReport, Report};
 use wgpu_pool::{request_gpu, Gpu, HistoryOptions, LimitsChoice, Pool, PoolOptions};
@@ -122,9 +123,10 @@ pub struct Settings {
     pub small_width: Option<usize>,
     /// The `small` workload's number of layers, in place of the scale's (8 with `--large`).
     pub small_layers: Option<usize>,
-    /// `--autotune`: every side's matmuls choose tile and split-K by measurement
-    /// (`MatmulOptions::autotune`); the planned side tunes while it builds its plans.
-    pub autotune: bool,
+    /// `MatmulOptions::autotune` of every side (the planned side tunes while it builds its
+    /// plans): the library's default (tuned on a GPU), `--autotune` (also on a software GPU) or
+    /// `--no-autotune`.
+    pub autotune: Autotune,
 }
 
 impl Settings {
@@ -270,7 +272,8 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--out" => args.out = iter.next().context("--out needs a directory")?.into(),
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
             "--profile" => args.profile = true,
-            "--autotune" => args.settings.autotune = true,
+            "--autotune" => args.settings.autotune = Autotune::Always,
+            "--no-autotune" => args.settings.autotune = Autotune::Off,
             "--batch-ops" => {
                 let ops = iter.next().context("--batch-ops needs a number")?;
                 args.settings.max_ops_per_batch =
@@ -302,7 +305,7 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             other => bail!(
                 "unknown argument {other}\n\
                  usage: pool_vs_naive [--large] [--out DIR] [--json OUT] [--profile] \
-                 [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune]"
+                 [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune|--no-autotune]"
             ),
         }
     }

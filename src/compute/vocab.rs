@@ -356,6 +356,30 @@ impl MatmulTiles {
     }
 }
 
+/// When matmuls choose their tile and split-K by measurement ([`MatmulOptions::autotune`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Autotune {
+    /// Never: the rules of [`crate::compute::ops::matmul`] choose.
+    Off,
+    /// On every adapter that is not a software one ([`wgpu::DeviceType::Cpu`], where timing the
+    /// candidates costs seconds and says nothing about a GPU). The default.
+    #[default]
+    Gpu,
+    /// On every adapter, software ones included.
+    Always,
+}
+
+impl Autotune {
+    /// Whether matmuls on an adapter of `device_type` are tuned.
+    pub fn applies_to(self, device_type: wgpu::DeviceType) -> bool {
+        match self {
+            Self::Off => false,
+            Self::Gpu => device_type != wgpu::DeviceType::Cpu,
+            Self::Always => true,
+        }
+    }
+}
+
 /// How matmuls choose their tiles and split-K (see [`crate::compute::ops::matmul`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MatmulOptions {
@@ -413,14 +437,14 @@ pub struct MatmulOptions {
     /// a fixed subgroup size (`subgroup_min_size == subgroup_max_size`, so subgroups are full) and
     /// subgroups wider than the lanes. `false`: workgroup memory only, on every device.
     pub narrow_subgroups: bool,
-    /// Choose the tile and split-K of the tiled kernel by measurement: the first matmul of a
-    /// shape class (M rounded up to a power of two, N, K) times a few candidate plans on the
-    /// device, and the fastest serves the class from then on, in every context of the process
-    /// on the same device (adapter, driver, backend) with the same options
-    /// ([`crate::compute::ops::matmul`]).
-    /// Off by default: the first matmul of each class then costs a few milliseconds. Ignored
-    /// where `tiles` or `split_k` is forced, and for the narrow kernel.
-    pub autotune: bool,
+    /// Whether the tile and split-K of the tiled kernel are chosen by measurement: the first
+    /// matmul of a shape class (M rounded up to a power of two, N, K) times a few candidate plans
+    /// on the device, and the fastest serves the class from then on, in every context of the
+    /// process on the same device (adapter, driver, backend) with the same options
+    /// ([`crate::compute::ops::matmul`]). By default ([`Autotune::Gpu`]) on every adapter but a
+    /// software one; the first matmul of each class then costs a few milliseconds. Ignored where
+    /// `tiles` or `split_k` is forced, and for the narrow kernel.
+    pub autotune: Autotune,
 }
 
 impl Default for MatmulOptions {
@@ -441,7 +465,7 @@ impl Default for MatmulOptions {
             narrow_lanes: None,
             narrow_splits: None,
             narrow_subgroups: true,
-            autotune: false,
+            autotune: Autotune::Gpu,
         }
     }
 }

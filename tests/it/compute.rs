@@ -16,8 +16,8 @@
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{
-    cpu, Activation, BinaryOp, ComputeError, Context, ContextOptions, Epilogue, MatmulOptions,
-    MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
+    cpu, Activation, Autotune, BinaryOp, ComputeError, Context, ContextOptions, Epilogue,
+    MatmulOptions, MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 
@@ -854,12 +854,26 @@ fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_
     // 4096² outputs: at least 512 large tiles, no split.
     let large = context.matmul_plan(4096, 4096, 4096).unwrap();
     assert_eq!((large.tiles, large.splits), (large_tile, 1));
-    // 64 × 4096 outputs: 64 small tiles (fewer than 264); K = 4096 is split until about 528
-    // workgroups run: ⌈528 / 64⌉ = 9 ways.
+    // 64 × 4096 outputs: 64 small tiles (fewer than 264); K = 4096 is split as many ways as keep
+    // the workgroups within 528 (one wave): ⌊528 / 64⌋ = 8 ways.
     let skinny = context.matmul_plan(64, 4096, 4096).unwrap();
     assert_eq!(skinny.tiles, options.small_tiles);
-    assert_eq!(skinny.splits, 9);
+    assert_eq!(skinny.splits, 8);
     assert_eq!(skinny.k_chunk % skinny.tiles.bk, 0);
+    // 100 tiles: ⌊528 / 100⌋ = 5 ways, 500 workgroups.
+    let hundred = context.matmul_plan(100, 3200, 4096).unwrap();
+    assert_eq!((hundred.tiles, hundred.splits), (options.small_tiles, 5));
+    // 240 tiles: ⌊528 / 240⌋ = 2 ways, and at least ⌈264 / 240⌉ = 2.
+    let two = context.matmul_plan(192, 5120, 4096).unwrap();
+    assert_eq!((two.tiles, two.splits), (options.small_tiles, 2));
+    // At most 32 rows (past the narrow kernel's): the thin tile, 32 of them along N, K split
+    // ⌊528 / 32⌋ = 16 ways (each 256 deep: `min_split_depth`).
+    if options.thin_tiles.check(&limits).is_ok() {
+        let thin = context.matmul_plan(32, 4096, 4096).unwrap();
+        assert_eq!((thin.tiles, thin.splits), (options.thin_tiles, 16));
+        let rows_33 = context.matmul_plan(33, 4096, 4096).unwrap();
+        assert_eq!(rows_33.tiles, options.small_tiles);
+    }
     // Shallow K is never split below min_split_depth.
     let shallow = context.matmul_plan(64, 64, 300).unwrap();
     assert_eq!(shallow.splits, 1);
@@ -875,6 +889,32 @@ fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_
         Activation::Relu,
         &mut rng,
     );
+}
+
+#[test]
+fn split_k_partials_of_varying_sizes_reuse_one_segment() {
+    // A server's batches vary, and so do the split-K partials of its products (16 splits of M ×
+    // 8192: 16.5 to 32 MiB here, past the pool's dedicated threshold). Eager partials are rounded
+    // up to a power of two, so after the first product no new segment is created.
+    let context = matmul_context(gpu(), None, Some(16));
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut created = None;
+    for m in [64, 48, 40, 33, 57] {
+        check_matmul(
+            &context,
+            "varying split-K",
+            (m, 512, 8192),
+            true,
+            Activation::None,
+            &mut rng,
+        );
+        context.sync().unwrap();
+        let calls = context.pool().stats().create_segment_calls;
+        match created {
+            None => created = Some(calls),
+            Some(first) => assert_eq!(calls, first, "M = {m} created a segment"),
+        }
+    }
 }
 
 #[test]
@@ -1975,7 +2015,7 @@ fn autotuned_matmuls_agree_with_the_twin_and_keep_their_choice() {
         gpu(),
         ContextOptions {
             matmul: MatmulOptions {
-                autotune: true,
+                autotune: Autotune::Always,
                 ..MatmulOptions::default()
             },
             ..ContextOptions::default()

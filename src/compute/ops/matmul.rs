@@ -113,7 +113,7 @@ use crate::compute::vocab::{
     ParamsBlock, ReduceParams, Source, Variant,
 };
 
-pub use crate::compute::vocab::{Activation, MatmulOptions, MatmulTiles};
+pub use crate::compute::vocab::{Activation, Autotune, MatmulOptions, MatmulTiles};
 
 /// The most lanes the narrow kernel's automatic choice takes.
 const NARROW_AUTO_MAX_LANES: u64 = 64;
@@ -311,7 +311,11 @@ impl Context {
         k: usize,
     ) -> Result<Option<MatmulOptions>, ComputeError> {
         let options = &self.options().matmul;
-        if !options.autotune || options.tiles.is_some() || options.split_k.is_some() {
+        let device_type = self.gpu().info.device_type;
+        if !options.autotune.applies_to(device_type)
+            || options.tiles.is_some()
+            || options.split_k.is_some()
+        {
             return Ok(None);
         }
         let class = (m.checked_next_power_of_two().unwrap_or(m), n, k);
@@ -380,7 +384,7 @@ impl Context {
             ContextOptions {
                 shader_checks: self.options().shader_checks,
                 matmul: MatmulOptions {
-                    autotune: false,
+                    autotune: Autotune::Off,
                     ..options.clone()
                 },
                 ..ContextOptions::default()
@@ -674,7 +678,20 @@ impl Context {
         }
         self.before_op()?;
         let c = self.allocate(OP, vec![m, n], len)?;
-        let partial = self.allocate("matmul split-K partial", vec![splits, m, n], partial_len)?;
+        // Outside a capture the partials are scratch, given back once the reduction is
+        // recorded: their size is rounded up to a power of two (where one binding holds it), so
+        // that products whose sizes vary (a server's batches, the tuner's splits) reuse a few
+        // sizes of pool segments rather than asking for a new size each time. A plan lays
+        // them out exactly.
+        let scratch_len = partial_len.checked_next_power_of_two().filter(|&rounded| {
+            tensor_bytes(rounded) <= self.limits().max_storage_buffer_binding_size
+        });
+        let partial = match scratch_len {
+            Some(rounded) if self.capture_id().is_none() => {
+                self.allocate("matmul split-K partial", vec![rounded], rounded)?
+            }
+            _ => self.allocate("matmul split-K partial", vec![splits, m, n], partial_len)?,
+        };
         record_product(&partial, a)?;
         let bias = epilogue.bias.unwrap_or(&partial);
         let reduce_params = ReduceParams {
