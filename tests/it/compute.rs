@@ -837,7 +837,17 @@ fn plans_beyond_the_kernels_u32_parameters_are_typed_errors() {
 
 #[test]
 fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_the_gpu() {
-    let context = context(gpu());
+    // The rules' plans: on a GPU the default tunes by measurement instead.
+    let context = context_with(
+        gpu(),
+        ContextOptions {
+            matmul: MatmulOptions {
+                autotune: Autotune::Off,
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        },
+    );
     let limits = context.limits().clone();
     let options = MatmulOptions::default();
     let Some(large_tile) = options.large_tile(&limits) else {

@@ -22,13 +22,16 @@
 //! # Autotuning
 //!
 //! The rules above choose a tile and a split from counts of workgroups. With
-//! [`MatmulOptions::autotune`], the first matmul of a shape class (M rounded up to a power of
-//! two, N, K) that the tiled kernel serves times candidate plans instead — the automatic one, and
-//! the large, small, thin, 64×128×16, 64×128×16/4×8 and 128×64×16 tiles the device takes, each
-//! with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` — in a context of its own on the
-//! same pool (operands of the class's size, wall clock around three products submitted together
-//! after one that compiles the variant), and the fastest serves the class from then on, in every context of the process
-//! on the same device with the same options. The narrow kernel is not tuned.
+//! [`MatmulOptions::autotune`] (by default on every adapter but a software one), the first matmul
+//! of a shape class (M rounded up to a power of two, N, K) that the tiled kernel serves, and
+//! whose automatic plan is not the large tile unsplit, times candidate plans instead — the
+//! automatic one, and the large, small, thin, 64×128×16, 64×128×16/4×8 and 128×64×16 tiles the
+//! device takes, each with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` — in a context
+//! of its own on the same pool, with operands of the class's size: the candidates take turns for
+//! five rounds and each keeps its fastest (GPU timestamps where the adapter has them), so that a
+//! clock that moves while it tunes moves every candidate's figure alike. The fastest serves the
+//! class from then on, in every context of the process on the same device with the same
+//! options. The narrow kernel is not tuned.
 //!
 //! # Few rows
 //!
@@ -108,6 +111,7 @@
 use super::grid_1d;
 use crate::compute::context::{Context, ContextOptions, Dispatch};
 use crate::compute::tensor::Tensor;
+use crate::compute::timing::TimestampSupport;
 use crate::compute::vocab::{
     element_count, kernel_u32, tensor_bytes, ComputeError, KernelKey, MatmulParams, NarrowParams,
     ParamsBlock, ReduceParams, Source, Variant,
@@ -129,6 +133,9 @@ const NARROW_MIN_SPLIT_STEPS: u64 = 8;
 /// many workgroups along N: a quarter of them still keep HBM busy (each with sixteen vec4 loads
 /// per invocation in flight), and a split costs a second dispatch.
 const NARROW_SPLIT_BELOW: u64 = 4;
+
+/// Rounds in which the autotuner's candidates take turns (each keeps its fastest).
+const TUNING_ROUNDS: usize = 5;
 
 /// The autotuner's choices `(tiles, splits)`, by device and options and by shape class `(M
 /// rounded up to a power of two, N, K)`.
@@ -346,9 +353,17 @@ impl Context {
     }
 
     /// The fastest `(tiles, splits)` for `[m, k] · [k, n]`: the automatic plan and the large,
-    /// small, thin and three medium tiles the device takes, each with 1, 2, 4, 8 and 16 splits (at least
-    /// `min_split_depth` of K each), timed on the device in a context of their own (wall clock
-    /// around three products submitted together, after one that compiles and warms up).
+    /// small, thin and three medium tiles the device takes, each with 1, 2, 4, 8 and 16 splits (at
+    /// least `min_split_depth` of K each), timed on the device in a context of their own. Where
+    /// the automatic plan is the large tile without a split (the grid fills the GPU), that plan,
+    /// untimed.
+    ///
+    /// Timing: each candidate is compiled and run once, then the candidates take turns for
+    /// [`TUNING_ROUNDS`] rounds of two products each, and each keeps its fastest round: GPU time
+    /// from timestamps where the adapter has them (the product and its reduction), else the wall
+    /// clock around the round. Turns and minimums, because a GPU's clock can move while it tunes
+    /// (under Vulkan the H200's fell from 1,980 to 345 MHz and back within one tuning run):
+    /// timing candidates one after another compared clocks, not plans.
     fn autotune(
         &self,
         (m, n, k): (usize, usize, usize),
@@ -356,6 +371,9 @@ impl Context {
         let options = &self.options().matmul;
         let limits = self.limits();
         let automatic = self.tiled_plan_with(options, m, n, k)?;
+        if Some(automatic.tiles) == options.large_tile(limits) && automatic.splits == 1 {
+            return Ok((automatic.tiles, automatic.splits));
+        }
         let mut tiles: Vec<MatmulTiles> = vec![automatic.tiles];
         let more = options.large_tiles.iter().copied().chain([
             options.small_tiles,
@@ -379,6 +397,7 @@ impl Context {
                 }
             }
         }
+        let timestamps = TimestampSupport::of(&self.gpu().device) != TimestampSupport::None;
         let tuner = Context::new(
             self.pool(),
             ContextOptions {
@@ -387,35 +406,51 @@ impl Context {
                     autotune: Autotune::Off,
                     ..options.clone()
                 },
+                profile: timestamps,
                 ..ContextOptions::default()
             },
         )?;
         let a = tuner.zeros(&[m, k])?;
         let b = tuner.zeros(&[k, n])?;
-        let mut best: Option<(f64, (MatmulTiles, u32))> = None;
+        // The plans the device takes; one product each compiles its variant and warms up.
+        let mut plans = Vec::with_capacity(candidates.len());
         for (tile, splits) in candidates {
             let forced = MatmulOptions {
                 tiles: Some(tile),
                 split_k: Some(splits),
                 ..options.clone()
             };
-            let Ok(plan) = tuner.tiled_plan_with(&forced, m, n, k) else {
-                continue;
-            };
-            // One product compiles the variant and warms up; three are timed.
-            drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
-            tuner.sync()?;
-            let started = std::time::Instant::now();
-            for _ in 0..3 {
+            if let Ok(plan) = tuner.tiled_plan_with(&forced, m, n, k) {
                 drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
-            }
-            tuner.sync()?;
-            let seconds = started.elapsed().as_secs_f64();
-            if best.is_none_or(|(fastest, _)| seconds < fastest) {
-                best = Some((seconds, (tile, plan.splits)));
+                plans.push(plan);
             }
         }
-        Ok(best.map_or((automatic.tiles, automatic.splits), |(_, choice)| choice))
+        tuner.sync()?;
+        drop(tuner.take_kernel_timings());
+        let mut fastest = vec![f64::INFINITY; plans.len()];
+        for _ in 0..TUNING_ROUNDS {
+            for (plan, best) in plans.iter().zip(&mut fastest) {
+                let started = std::time::Instant::now();
+                for _ in 0..2 {
+                    drop(tuner.matmul_planned(&a, &b, Epilogue::default(), *plan)?);
+                }
+                tuner.sync()?;
+                let wall = started.elapsed().as_secs_f64();
+                let gpu: f64 = tuner
+                    .take_kernel_timings()
+                    .iter()
+                    .map(|timing| timing.gpu_ns * 1e-9)
+                    .sum();
+                let seconds = if timestamps && gpu > 0.0 { gpu } else { wall };
+                *best = best.min(seconds);
+            }
+        }
+        let choice = plans
+            .iter()
+            .zip(&fastest)
+            .min_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(plan, _)| (plan.tiles, plan.splits));
+        Ok(choice.unwrap_or((automatic.tiles, automatic.splits)))
     }
 
     /// The plan of the narrow kernel, where it applies: few rows, K and N multiples of 4, tiles
