@@ -33,8 +33,9 @@
 //! pytorch.org/memory_viz), `trace.json` (open it in ui.perfetto.dev), `report.txt`; and
 //! `plan.csv`, the lifetimes of the largest `mlp` plan's tensors (`cargo run --example plan --
 //! DIR/plan.csv` plans them again).
-//! `--json OUT` writes the figures of both workloads. `--profile` serves the small workload once
-//! more with timestamps around every dispatch and prints where a request's GPU time goes.
+//! `--json OUT` writes the figures of both workloads. `--profile` serves each workload once more
+//! with timestamps around every dispatch and prints where a request's GPU time goes, beside the
+//! wall time of a request served without them.
 //! `--only NAME` runs one workload; `--batch-ops N` submits a request's ops in batches of N;
 //! `--width W` and `--layers L` change the `small` workload's layers (W a multiple of 4);
 //! Every side's matmuls choose tile and split-K by measurement on a GPU (the library's default);
@@ -325,16 +326,27 @@ fn main() -> Result<()> {
     let settings = args.settings;
     let comparisons = run(&gpu, args.scale, &settings, Some(&args.out), true)?;
     if args.profile {
-        let rows = profile(&gpu, args.scale, &settings)?;
-        if rows.is_empty() {
-            println!("\n--profile: this adapter has no timestamp queries");
+        for comparison in &comparisons {
+            let name = comparison.workload.name;
+            let rows = profile(&gpu, args.scale, &settings, name)?;
+            if rows.is_empty() {
+                println!("\n--profile: this adapter has no timestamp queries");
+                break;
+            }
+            let total: f64 = rows.iter().map(|row| row.2).sum();
+            println!("\n== GPU time of a {name} request, by kernel (pool, timestamps)");
+            for (kernel, count, us) in &rows {
+                println!("{kernel:<44} {count:>6.2} per request {us:>9.1} µs");
+            }
+            println!("{:<44} {:>19} {total:>9.1} µs", "total", "");
+            let wall = 1e6 / comparison.pool.requests_per_s;
+            println!(
+                "{:<44} {:>19} {wall:>9.1} µs (GPU busy {:.0}%)",
+                "a request's wall time when served above",
+                "",
+                100.0 * total / wall
+            );
         }
-        let total: f64 = rows.iter().map(|row| row.2).sum();
-        println!("\n== GPU time of a small request, by kernel (pool, timestamps)");
-        for (kernel, count, us) in &rows {
-            println!("{kernel:<44} {count:>6.2} per request {us:>9.1} µs");
-        }
-        println!("{:<44} {:>19} {total:>9.1} µs", "total", "");
     }
 
     if let Some(path) = &args.json {
@@ -757,17 +769,22 @@ fn serve_planned(pool: &Pool, workload: &Workload, settings: &Settings) -> Resul
     Ok((side, csv))
 }
 
-/// Where a request's GPU time goes: the `small` workload of `scale` (with the overrides of
+/// Where a request's GPU time goes: the workload `name` of `scale` (with the overrides of
 /// `settings`) served by the pool with
 /// timestamps around every dispatch. Returns `(kernel, dispatches per request, GPU µs per
 /// request)`, most expensive first; empty where the adapter has no timestamps.
-pub fn profile(gpu: &Gpu, scale: Scale, settings: &Settings) -> Result<Vec<(String, f64, f64)>> {
+pub fn profile(
+    gpu: &Gpu,
+    scale: Scale,
+    settings: &Settings,
+    name: &str,
+) -> Result<Vec<(String, f64, f64)>> {
     let workload = scale
         .workloads()
         .into_iter()
-        .find(|w| w.name == "small")
+        .find(|w| w.name == name)
         .map(|w| settings.apply(w))
-        .context("the small workload exists")?;
+        .with_context(|| format!("no workload {name}"))?;
     let pool = Pool::new(gpu, PoolOptions::default())?;
     let options = ContextOptions {
         profile: true,
