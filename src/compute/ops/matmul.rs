@@ -5,9 +5,9 @@
 //! # Tiles
 //!
 //! A workgroup computes a `bm × bn` block of C with `(bm / tm) · (bn / tn)` invocations, each
-//! holding `tm × tn` outputs in registers (8×8, 16×8, 8×16, 4×8, 8×4, 4×16 or 16×4; see [`MatmulTiles::ALL`]); it
-//! walks K in steps of `bk` through two workgroup-memory buffers (A stored transposed for vec4
-//! reads). The large tile — the first of [`MatmulOptions::large_tiles`] the device allows:
+//! holding `tm × tn` outputs in registers (8×8, 16×8, 8×16, 4×8, 8×4, 4×16 or 16×4; see
+//! [`MatmulTiles::ALL`]); it walks K in steps of `bk` through two workgroup-memory buffers (A
+//! stored transposed for vec4 reads). The large tile — the first of [`MatmulOptions::large_tiles`] the device allows:
 //! 128×256×16 with 8×16 outputs per invocation (256 invocations, 48 KiB of workgroup memory)
 //! where the device has 48 KiB, else 128×128×8 with 16×8 (128 invocations, 16 KiB, which every
 //! WebGPU device has) — is used when it yields at least [`MatmulOptions::min_workgroups`]
