@@ -97,9 +97,11 @@ use std::fmt;
 use crate::buddy::{self, BuddyAllocator, Rounding};
 
 mod compact;
+mod large;
 
 pub use compact::CompactionLimits;
 use compact::{cheapest_window, FreeBlocks, Live, Window};
+use large::{FreeIndex, Ranges};
 
 /// What a segment's memory comes from: GPU buffers in the pool, nothing but bookkeeping in the
 /// replay.
@@ -134,6 +136,12 @@ pub struct StorageError {
 /// segments, 1.29 and 1.42 with 256 MiB, and 1.11 and 1.38 with 64 MiB: smaller segments leave
 /// less memory stranded in partly used ones.
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// A new segment of the mid-sized class holds at least this many requests of the size that made
+/// it (rounded up to a power of two, at most `max_segment_bytes`): with room for one request
+/// only, a pool at its cache ceiling gave back and created a segment for every few requests of
+/// sizes cycling from 1 to 8 MiB (56 segments where the buddy allocators created 9).
+const MID_SEGMENT_REQUESTS: u64 = 2;
 
 /// How the policy serves requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -184,6 +192,27 @@ pub struct PolicyConfig {
     /// `demand + demand / cache_headroom_divisor`, where demand is the most bytes ever allocated
     /// at once, the request at hand included.
     pub cache_headroom_divisor: u64,
+    /// From 1 to 8 (6 by default): requests above `dedicated_above_bytes` share *large
+    /// segments*, each an exact-fit list of address-ordered free ranges that coalesce on free (a
+    /// new one is of the request's size). A request takes the tightest free range of any large
+    /// segment that leaves the segment at least `large_fill_eighths / 8` full (and a remainder
+    /// allowed by `large_remainder_divisor`), cut from the range's start. So the space one large
+    /// request frees serves later requests of other sizes, while a request much smaller than an
+    /// empty or mostly free segment does not pin it (that segment drains, and is given back or
+    /// reused whole). 0: the older rule, a dedicated segment per request, which once freed serves
+    /// one later request of at least `1 - 1 / dedicated_reuse_divisor` of its size.
+    pub large_fill_eighths: u64,
+    /// With shared large segments: a free range serves a large request only when what it leaves
+    /// is either more than `dedicated_above_bytes` (another large request can use it) or at most
+    /// `1 / large_remainder_divisor` of the request (4 by default; 0: any remainder). A remainder
+    /// in between could serve no large request and would stay as waste beside it.
+    pub large_remainder_divisor: u64,
+    /// When not 0 (1 MiB by default: `max_segment_bytes / 64`), requests above this and up to
+    /// `dedicated_above_bytes` (*mid-sized*) are placed in segments of their own class, each an
+    /// exact-fit list of free ranges like a large segment, best fit over all of them, sized as
+    /// packed segments are; when none has room, free space in the packed segments serves before
+    /// the pool grows. 0: mid-sized requests are packed by the buddy allocators like small ones.
+    pub mid_above_bytes: u64,
 }
 
 impl PolicyConfig {
@@ -216,6 +245,9 @@ impl PolicyConfig {
             keep_empty_divisor: 32,
             budget_bytes: None,
             cache_headroom_divisor: 32,
+            large_fill_eighths: 6,
+            large_remainder_divisor: 4,
+            mid_above_bytes: (max_segment_bytes / 64).max(min_block_bytes),
         }
     }
 
@@ -237,6 +269,9 @@ impl PolicyConfig {
             keep_empty_divisor: 0,
             budget_bytes: None,
             cache_headroom_divisor: 0,
+            large_fill_eighths: 0,
+            large_remainder_divisor: 0,
+            mid_above_bytes: 0,
         }
     }
 
@@ -503,8 +538,10 @@ pub struct Segment<M> {
     pub size_bytes: u64,
     /// The offsets allocator; `None` for a dedicated segment.
     pub allocator: Option<BuddyAllocator>,
-    /// For a dedicated segment: whether its one allocation is live.
+    /// For a segment of the naive mode: whether its one allocation is live.
     dedicated_in_use: bool,
+    /// For a large segment: its free ranges.
+    large: Option<Ranges>,
     /// The pool's clock when the segment was created or last had an allocation freed.
     last_used: u64,
     /// The live allocations of a packed segment (and destinations a compaction plan holds), by
@@ -524,14 +561,27 @@ impl<M> Segment<M> {
 
     /// True when no allocation lives in this segment.
     pub fn is_empty(&self) -> bool {
-        match &self.allocator {
-            Some(allocator) => allocator.is_empty(),
-            None => !self.dedicated_in_use,
+        match (&self.allocator, &self.large) {
+            (Some(allocator), _) => allocator.is_empty(),
+            (None, Some(large)) => large.is_empty(),
+            (None, None) => !self.dedicated_in_use,
         }
     }
 
     /// Counters of the offsets allocator (a dedicated segment reports itself as one block).
     pub fn stats(&self, min_block_bytes: u64) -> buddy::Stats {
+        if let Some(large) = &self.large {
+            return buddy::Stats {
+                capacity_bytes: self.size_bytes,
+                allocated_bytes: large.allocated_bytes(),
+                requested_bytes: 0,
+                free_bytes: large.free_bytes(),
+                largest_free_bytes: large.largest_free_bytes(),
+                min_block_bytes,
+                free_blocks_per_order: [0; buddy::MAX_ORDER_LIMIT as usize + 1],
+                allocation_count: large.allocations(),
+            };
+        }
         match &self.allocator {
             Some(allocator) => allocator.stats(),
             None => buddy::Stats {
@@ -713,6 +763,17 @@ pub enum CompactionError {
 /// How many candidate blocks [`PoolCore::compaction_plan`] examines, cheapest first.
 pub const COMPACTION_CANDIDATES: usize = 8;
 
+/// What a new segment is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Packed by a buddy allocator.
+    Packed,
+    /// One request's own (the naive mode, and large requests when they do not share).
+    Dedicated,
+    /// Free ranges shared by large requests (`mid` false) or by mid-sized ones (`mid` true).
+    Ranges { mid: bool },
+}
+
 /// A change to the segments, reported to the caller so that history and the GPU layer can follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentEvent {
@@ -748,6 +809,9 @@ pub struct PoolCore<S: SegmentStorage> {
     demand_high_water: u64,
     /// Counts the frees: segments are given back least recently used first.
     clock: u64,
+    /// The free ranges of the large segments (`[0]`) and of the mid-sized class's (`[1]`), by
+    /// size.
+    ranges_free: [FreeIndex; 2],
 }
 
 impl<S: SegmentStorage> fmt::Debug for PoolCore<S> {
@@ -774,6 +838,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             events: Vec::new(),
             demand_high_water: 0,
             clock: 0,
+            ranges_free: [FreeIndex::default(), FreeIndex::default()],
         })
     }
 
@@ -827,11 +892,13 @@ impl<S: SegmentStorage> PoolCore<S> {
             return stats;
         }
         for segment in self.segments.iter().flatten() {
-            if let Some(allocator) = &segment.allocator {
-                stats.free_bytes += allocator.free_bytes();
-                stats.largest_free_bytes =
-                    stats.largest_free_bytes.max(allocator.largest_free_bytes());
-            }
+            let (free, largest) = match (&segment.allocator, &segment.large) {
+                (Some(allocator), _) => (allocator.free_bytes(), allocator.largest_free_bytes()),
+                (None, Some(large)) => (large.free_bytes(), large.largest_free_bytes()),
+                (None, None) => continue,
+            };
+            stats.free_bytes += free;
+            stats.largest_free_bytes = stats.largest_free_bytes.max(largest);
         }
         stats
     }
@@ -873,12 +940,77 @@ impl<S: SegmentStorage> PoolCore<S> {
             });
         }
         if self.takes_dedicated(size_bytes) {
-            return self.allocate_dedicated(size_bytes);
+            return if self.shares_large() {
+                self.allocate_large(size_bytes)
+            } else {
+                self.allocate_dedicated(size_bytes)
+            };
         }
-        if let Some(placement) = self.place_in_existing(size_bytes) {
+        // The request's own class first, then free space of the other class, before growing.
+        if let Some(placement) = self.place_packed_or_mid_existing(size_bytes) {
             return Ok(placement);
         }
+        if self.takes_mid(size_bytes) {
+            return self.allocate_mid(size_bytes);
+        }
         let rounded = self.rounded_size(size_bytes);
+        let segment_bytes = self.packed_segment_bytes(rounded);
+        // When the budget or the device refuses, the fallback is a segment of exactly the rounded
+        // request.
+        self.refuse_over_budget(size_bytes, rounded)?;
+        let reserved_before = self.stats.reserved_bytes.current;
+        self.release_for_growth(rounded, segment_bytes);
+        let slot = self.grow(
+            size_bytes,
+            segment_bytes,
+            rounded,
+            Kind::Packed,
+            reserved_before,
+        )?;
+        Ok(self
+            .place_in_slot(slot, size_bytes)
+            .expect("a new segment sized for the request has room for it"))
+    }
+
+    /// Whether a request of `size_bytes` goes to the mid-sized class.
+    fn takes_mid(&self, size_bytes: u64) -> bool {
+        self.config.mid_above_bytes > 0
+            && !self.config.is_naive()
+            && size_bytes > self.config.mid_above_bytes
+            && !self.takes_dedicated(size_bytes)
+    }
+
+    /// A mid-sized request that fits nowhere now: a new segment of the mid-sized class, sized as a
+    /// packed one would be, and with room for at least [`MID_SEGMENT_REQUESTS`] such requests.
+    fn allocate_mid(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
+        let rounded = self.rounded_size(size_bytes);
+        let segment_bytes = self.packed_segment_bytes(rounded).max(
+            (rounded * MID_SEGMENT_REQUESTS)
+                .next_power_of_two()
+                .min(self.config.max_segment_bytes),
+        );
+        self.refuse_over_budget(size_bytes, rounded)?;
+        let reserved_before = self.stats.reserved_bytes.current;
+        self.release_for_growth(rounded, segment_bytes);
+        let slot = self.grow(
+            size_bytes,
+            segment_bytes,
+            rounded,
+            Kind::Ranges { mid: true },
+            reserved_before,
+        )?;
+        Ok(self.place_large(slot, 0, size_bytes, rounded))
+    }
+
+    fn place_mid_existing(&mut self, size_bytes: u64, rounded_bytes: u64) -> Option<Placement> {
+        let (slot, offset) = self.ranges_free[1].best_fit(rounded_bytes, |_, _| true)?;
+        Some(self.place_large(slot, offset, size_bytes, rounded_bytes))
+    }
+
+    /// The size of a new packed segment for a request holding `rounded` bytes:
+    /// `next_power_of_two(rounded)`, at least `min_segment_bytes` and `reserved / growth_divisor`
+    /// (rounded down to a power of two), at most `max_segment_bytes`, and at least `rounded`.
+    fn packed_segment_bytes(&self, rounded: u64) -> u64 {
         let mut segment_bytes = rounded
             .next_power_of_two()
             .max(self.config.min_segment_bytes);
@@ -892,18 +1024,9 @@ impl<S: SegmentStorage> PoolCore<S> {
             let proportional = proportional.max(1);
             segment_bytes = segment_bytes.max(1u64 << (63 - proportional.leading_zeros()));
         }
-        let segment_bytes = segment_bytes
+        segment_bytes
             .min(self.config.max_segment_bytes)
-            .max(rounded);
-        // When the budget or the device refuses, the fallback is a segment of exactly the rounded
-        // request.
-        self.refuse_over_budget(size_bytes, rounded)?;
-        let reserved_before = self.stats.reserved_bytes.current;
-        self.release_for_growth(rounded, segment_bytes);
-        let slot = self.grow(size_bytes, segment_bytes, rounded, false, reserved_before)?;
-        Ok(self
-            .place_in_slot(slot, size_bytes)
-            .expect("a new segment sized for the request has room for it"))
+            .max(rounded)
     }
 
     /// Refuses at once, giving nothing back, when even a segment of `fallback_bytes` after giving
@@ -1026,6 +1149,11 @@ impl<S: SegmentStorage> PoolCore<S> {
         Some(placement)
     }
 
+    /// True when large requests share large segments (`large_fill_eighths` from 1 to 8).
+    fn shares_large(&self) -> bool {
+        !self.config.is_naive() && self.config.large_fill_eighths > 0
+    }
+
     fn allocate_dedicated(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
         let segment_bytes =
             size_bytes.div_ceil(self.config.min_block_bytes) * self.config.min_block_bytes;
@@ -1040,7 +1168,7 @@ impl<S: SegmentStorage> PoolCore<S> {
                     size_bytes,
                     segment_bytes,
                     segment_bytes,
-                    true,
+                    Kind::Dedicated,
                     reserved_before,
                 )?
             }
@@ -1074,7 +1202,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             .iter()
             .enumerate()
             .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s)))
-            .filter(|(_, s)| s.allocator.is_none() && !s.dedicated_in_use)
+            .filter(|(_, s)| s.allocator.is_none() && s.large.is_none() && !s.dedicated_in_use)
             .filter(|(_, s)| {
                 s.size_bytes >= size_bytes && s.size_bytes - s.size_bytes / divisor <= size_bytes
             })
@@ -1082,13 +1210,91 @@ impl<S: SegmentStorage> PoolCore<S> {
             .map(|(slot, _)| slot)
     }
 
+    /// A large request: the tightest free range of the large segments, or a new large segment.
+    fn allocate_large(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
+        let rounded = self.large_rounded(size_bytes);
+        if let Some(placement) = self.place_large_existing(size_bytes, rounded) {
+            return Ok(placement);
+        }
+        self.refuse_over_budget(size_bytes, rounded)?;
+        let reserved_before = self.stats.reserved_bytes.current;
+        let segment_bytes = rounded;
+        self.release_for_growth(rounded, segment_bytes);
+        let slot = self.grow(
+            size_bytes,
+            segment_bytes,
+            rounded,
+            Kind::Ranges { mid: false },
+            reserved_before,
+        )?;
+        Ok(self.place_large(slot, 0, size_bytes, rounded))
+    }
+
+    /// The bytes a large request holds: rounded up to `min_block_bytes` (never past the largest
+    /// allocation when that is not a multiple of it).
+    fn large_rounded(&self, size_bytes: u64) -> u64 {
+        let rounded =
+            size_bytes.div_ceil(self.config.min_block_bytes) * self.config.min_block_bytes;
+        rounded.min(self.config.max_allocation_bytes.max(size_bytes))
+    }
+
+    /// Places a large request in the tightest free range of the large segments that leaves its
+    /// segment at least `large_fill_eighths / 8` full, if there is one.
+    fn place_large_existing(&mut self, size_bytes: u64, rounded_bytes: u64) -> Option<Placement> {
+        let eighths = self.config.large_fill_eighths;
+        let segments = &self.segments;
+        let usable = self.config.dedicated_above_bytes;
+        let remainder_divisor = self.config.large_remainder_divisor;
+        let (slot, offset) = self.ranges_free[0].best_fit(rounded_bytes, |length, slot| {
+            let segment = segments[slot]
+                .as_ref()
+                .expect("a listed range's segment is held");
+            let used = segment.large.as_ref().map_or(0, Ranges::allocated_bytes);
+            let rest = length - rounded_bytes;
+            let rest_ok = remainder_divisor == 0
+                || rest > usable
+                || rest <= rounded_bytes / remainder_divisor;
+            rest_ok
+                && (used + rounded_bytes).saturating_mul(8)
+                    >= segment.size_bytes.saturating_mul(eighths)
+        })?;
+        Some(self.place_large(slot, offset, size_bytes, rounded_bytes))
+    }
+
+    fn place_large(
+        &mut self,
+        slot: usize,
+        offset: u64,
+        size_bytes: u64,
+        rounded_bytes: u64,
+    ) -> Placement {
+        let segment = self.segments[slot].as_mut().expect("slot holds a segment");
+        let ranges = segment.large.as_mut().expect("a large segment");
+        self.ranges_free[usize::from(ranges.is_mid())].take(slot, ranges, offset, rounded_bytes);
+        let placement = Placement {
+            segment: segment.id,
+            slot,
+            offset_bytes: offset,
+            requested_bytes: size_bytes,
+            allocated_bytes: rounded_bytes,
+            inner: None,
+        };
+        self.count_allocation(size_bytes, rounded_bytes);
+        placement
+    }
+
+    /// The demand once a request holding `rounded_bytes` is placed: the most bytes ever allocated
+    /// at once, this request included.
+    fn demand_with(&self, rounded_bytes: u64) -> u64 {
+        self.demand_high_water
+            .max(self.stats.allocated_bytes.current + rounded_bytes)
+    }
+
     /// The most bytes the pool may hold, cache included, once a request holding `rounded_bytes`
     /// is placed: its demand (the most bytes ever allocated at once, this request included) plus
     /// `1 / cache_headroom_divisor` of it.
     fn cache_ceiling(&self, rounded_bytes: u64) -> u64 {
-        let demand = self
-            .demand_high_water
-            .max(self.stats.allocated_bytes.current + rounded_bytes);
+        let demand = self.demand_with(rounded_bytes);
         demand + demand / self.config.cache_headroom_divisor.max(1)
     }
 
@@ -1109,16 +1315,16 @@ impl<S: SegmentStorage> PoolCore<S> {
         requested_bytes: u64,
         segment_bytes: u64,
         fallback_bytes: u64,
-        dedicated: bool,
+        kind: Kind,
         reserved_before: u64,
     ) -> Result<usize, PolicyError> {
-        match self.try_create(segment_bytes, dedicated) {
+        match self.try_create(segment_bytes, kind) {
             Ok(slot) => Ok(slot),
             Err(first_error) => {
                 if !self.config.is_naive() {
                     self.release_empty(|_| true);
                 }
-                self.try_create(fallback_bytes, dedicated)
+                self.try_create(fallback_bytes, kind)
                     .map_err(|device_error| {
                         let error = device_error.or(first_error);
                         // No segment was created on this path: reserved only went down.
@@ -1130,7 +1336,8 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// `Err(None)`: over budget; `Err(Some(reason))`: the storage refused.
-    fn try_create(&mut self, size_bytes: u64, dedicated: bool) -> Result<usize, Option<String>> {
+    fn try_create(&mut self, size_bytes: u64, kind: Kind) -> Result<usize, Option<String>> {
+        let dedicated = matches!(kind, Kind::Dedicated | Kind::Ranges { mid: false });
         if let Some(budget) = self.config.budget_bytes {
             if self.stats.reserved_bytes.current + size_bytes > budget {
                 return Err(None);
@@ -1140,7 +1347,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             .storage
             .create_segment(size_bytes, dedicated)
             .map_err(|e| Some(e.reason))?;
-        let allocator = if dedicated {
+        let allocator = if kind != Kind::Packed {
             None
         } else {
             Some(
@@ -1160,6 +1367,10 @@ impl<S: SegmentStorage> PoolCore<S> {
             size_bytes,
             allocator,
             dedicated_in_use: false,
+            large: match kind {
+                Kind::Ranges { mid } => Some(Ranges::new(size_bytes, mid)),
+                _ => None,
+            },
             last_used: self.clock,
             live: BTreeMap::new(),
         };
@@ -1177,6 +1388,9 @@ impl<S: SegmentStorage> PoolCore<S> {
                 self.segments.len() - 1
             }
         };
+        if let Kind::Ranges { mid } = kind {
+            self.ranges_free[usize::from(mid)].add_segment(slot, size_bytes);
+        }
         Ok(slot)
     }
 
@@ -1225,7 +1439,15 @@ impl<S: SegmentStorage> PoolCore<S> {
                 segment.live.remove(&allocation.offset());
                 allocator.free(allocation);
             }
-            (None, None) => segment.dedicated_in_use = false,
+            (None, None) => match segment.large.as_mut() {
+                Some(ranges) => self.ranges_free[usize::from(ranges.is_mid())].give(
+                    placement.slot,
+                    ranges,
+                    placement.offset_bytes,
+                    placement.allocated_bytes,
+                ),
+                None => segment.dedicated_in_use = false,
+            },
             _ => panic!(
                 "wgpu_pool::policy: placement and segment {:?} disagree on being dedicated",
                 placement.segment
@@ -1237,6 +1459,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.stats.allocated_bytes.sub(placement.allocated_bytes);
         self.stats.allocations.sub(1);
         if segment.allocator.is_none()
+            && segment.is_empty()
             && (self.config.dedicated_reuse_divisor == 0 || self.config.is_naive())
         {
             self.destroy_slot(placement.slot);
@@ -1267,6 +1490,9 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     fn destroy_slot(&mut self, slot: usize) -> u64 {
         let segment = self.segments[slot].take().expect("slot holds a segment");
+        if let Some(ranges) = &segment.large {
+            self.ranges_free[usize::from(ranges.is_mid())].remove_segment(slot, ranges);
+        }
         self.vacant_slots.insert(slot);
         self.stats.reserved_bytes.sub(segment.size_bytes);
         self.stats.segments.sub(1);
@@ -1305,10 +1531,31 @@ impl<S: SegmentStorage> PoolCore<S> {
             return None;
         }
         if self.takes_dedicated(size_bytes) {
+            if self.shares_large() {
+                let rounded = self.large_rounded(size_bytes);
+                return self.place_large_existing(size_bytes, rounded);
+            }
             let slot = self.cached_dedicated(size_bytes)?;
             return Some(self.place_dedicated(slot, size_bytes));
         }
-        self.place_in_existing(size_bytes)
+        self.place_packed_or_mid_existing(size_bytes)
+    }
+
+    /// Places a packed or mid-sized request where the pool has room now, in the order
+    /// [`PoolCore::allocate`] tries: the request's own class first, then the other's free space.
+    fn place_packed_or_mid_existing(&mut self, size_bytes: u64) -> Option<Placement> {
+        if self.config.is_naive() {
+            return None;
+        }
+        let mid = self.config.mid_above_bytes > 0;
+        let rounded = self.rounded_size(size_bytes);
+        if self.takes_mid(size_bytes) {
+            self.place_mid_existing(size_bytes, rounded)
+                .or_else(|| self.place_in_existing(size_bytes))
+        } else {
+            self.place_in_existing(size_bytes)
+                .or_else(|| mid.then(|| self.place_mid_existing(size_bytes, rounded))?)
+        }
     }
 
     /// What a compaction within `limits` would move to make room for `size_bytes` in the segments

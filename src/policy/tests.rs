@@ -18,6 +18,9 @@ fn config() -> PolicyConfig {
         keep_empty_divisor: 0,
         budget_bytes: None,
         cache_headroom_divisor: 0,
+        large_fill_eighths: 0,
+        large_remainder_divisor: 0,
+        mid_above_bytes: 0,
     }
 }
 
