@@ -138,9 +138,10 @@ pub struct StorageError {
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
 
 /// A new segment of the mid-sized class holds at least this many requests of the size that made
-/// it (rounded up to a power of two, at most `max_segment_bytes`): with room for one request
-/// only, a pool at its cache ceiling gave back and created a segment for every few requests of
-/// sizes cycling from 1 to 8 MiB (56 segments where the buddy allocators created 9).
+/// it (rounded up to a power of two, at most `max_segment_bytes` and at most half the demand,
+/// rounded down to a power of two): with room for one request only, a pool at its cache ceiling
+/// gave back and created a segment for every few requests of sizes cycling from 1 to 8 MiB (56
+/// segments where the buddy allocators created 9).
 const MID_SEGMENT_REQUESTS: u64 = 2;
 
 /// How the policy serves requests.
@@ -984,11 +985,25 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// packed one would be, and with room for at least [`MID_SEGMENT_REQUESTS`] such requests.
     fn allocate_mid(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
         let rounded = self.rounded_size(size_bytes);
-        let segment_bytes = self.packed_segment_bytes(rounded).max(
+        let packed = self.packed_segment_bytes(rounded);
+        // At most half the demand, rounded down to a power of two: a small pool does not grow
+        // by segments twice its requests.
+        let half_demand = (self.demand_with(rounded) / 2).max(1);
+        let half_demand = 1u64 << (63 - half_demand.leading_zeros());
+        let roomy = packed.max(
             (rounded * MID_SEGMENT_REQUESTS)
                 .next_power_of_two()
-                .min(self.config.max_segment_bytes),
+                .min(self.config.max_segment_bytes)
+                .min(half_demand),
         );
+        // When the roomier segment would pass the budget, the size a packed request would get
+        // (then, if that passes it too, the request's own).
+        let with_roomy = self.stats.reserved_bytes.current.saturating_add(roomy);
+        let over_budget = self
+            .config
+            .budget_bytes
+            .is_some_and(|budget| with_roomy > budget);
+        let segment_bytes = if over_budget { packed } else { roomy };
         self.refuse_over_budget(size_bytes, rounded)?;
         let reserved_before = self.stats.reserved_bytes.current;
         self.release_for_growth(rounded, segment_bytes);
