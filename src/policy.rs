@@ -943,6 +943,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         if self.takes_dedicated(size_bytes) {
             return if self.shares_large() {
                 self.allocate_large(size_bytes)
+                    .or_else(|error| self.place_as_a_last_resort(size_bytes, error))
             } else {
                 self.allocate_dedicated(size_bytes)
             };
@@ -1226,6 +1227,26 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// A large request: the tightest free range of the large segments, or a new large segment.
+    /// When the budget or the device refused the memory for a large request: any free range of
+    /// the large segments that fits it, whatever the rules of [`PolicyConfig::large_fill_eighths`]
+    /// and [`PolicyConfig::large_remainder_divisor`] (which spare segments for later requests, not
+    /// worth a failure). The refusal is then not counted.
+    fn place_as_a_last_resort(
+        &mut self,
+        size_bytes: u64,
+        error: PolicyError,
+    ) -> Result<Placement, PolicyError> {
+        if !matches!(error, PolicyError::OutOfMemory(_)) {
+            return Err(error);
+        }
+        let rounded = self.large_rounded(size_bytes);
+        let Some((slot, offset)) = self.ranges_free[0].best_fit(rounded, |_, _| true) else {
+            return Err(error);
+        };
+        self.stats.oom_count -= 1;
+        Ok(self.place_large(slot, offset, size_bytes, rounded))
+    }
+
     fn allocate_large(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
         let rounded = self.large_rounded(size_bytes);
         if let Some(placement) = self.place_large_existing(size_bytes, rounded) {
