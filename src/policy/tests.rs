@@ -1054,3 +1054,30 @@ proptest::proptest! {
         proptest::prop_assert_eq!(pool.segment_count(), 0);
     }
 }
+
+#[test]
+fn under_a_budget_a_large_request_takes_a_range_its_rules_would_spare() {
+    let mut pool = pool(PolicyConfig {
+        budget_bytes: Some(100 * MIB),
+        ..roomy_config()
+    });
+    let a = pool.allocate(100 * MIB).unwrap();
+    let segment = a.segment();
+    pool.free(a);
+    let b = pool.allocate(78 * MIB).unwrap();
+    assert_eq!((b.segment(), b.offset()), (segment, 0));
+    // 17 MiB in the 22 MiB left would leave 5: more than a quarter of it, and too little for a
+    // large request, so the rules ask for a new segment; the budget has no room for one.
+    let c = pool.allocate(17 * MIB).unwrap();
+    assert_eq!((c.segment(), c.offset()), (segment, 78 * MIB));
+    let stats = pool.stats();
+    assert_eq!((stats.oom_count, stats.create_segment_calls), (0, 1));
+    // With nothing left that fits, the refusal stands and is counted.
+    assert!(matches!(
+        pool.allocate(17 * MIB),
+        Err(PolicyError::OutOfMemory(_))
+    ));
+    assert_eq!(pool.stats().oom_count, 1);
+    pool.free(b);
+    pool.free(c);
+}
