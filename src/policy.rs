@@ -8,25 +8,36 @@
 //!
 //! # The default policy
 //!
-//! - **Placement**: among all segments, the one whose smallest sufficient free block has the lowest
-//!   order (a best fit by block size; ties go to the oldest segment); within a segment, the buddy
-//!   core cuts it from the first-listed free run of the tightest class (see [`crate::buddy`]).
-//!   When no aligned block is free anywhere, a run straddling buddy boundaries is tried before
-//!   growing.
-//! - **Growth**: when nothing fits, a new segment is created of `next_power_of_two(request)`, but at
+//! Requests fall in three classes by size, each with its own kind of segment:
+//!
+//! - **Packed** (up to `mid_above_bytes`, 1 MiB by default): among the buddy-packed segments,
+//!   the one whose smallest sufficient free block has the lowest order (a best fit by block size;
+//!   ties go to the oldest segment); within a segment, the buddy core cuts it from the first-listed
+//!   free run of the tightest class (see [`crate::buddy`]). When no aligned block is free
+//!   anywhere, a run straddling buddy boundaries is tried, then the free ranges of the mid-sized
+//!   class, before growing. **Growth**: a new segment of `next_power_of_two(request)`, but at
 //!   least `min_segment_bytes` and at least `reserved / growth_divisor` (rounded down to a power of
 //!   two), never above `max_segment_bytes`. Small pools grow in small steps; a large pool grows in
 //!   steps proportional to its size.
-//! - **Dedicated segments**: a request above `dedicated_above_bytes` (a quarter of the largest
-//!   segment by default: 16 MiB) gets a segment of its own size. Once freed it stays cached, and a
-//!   later request of at least 7/8 of its size reuses it. (An eighth, 8 MiB, gave lower peaks on
-//!   three of the five traces below — `vit_train` 1.040 against 1.164 — but a server whose
-//!   requests vary in size then created a segment for most requests, forever: the GPU
-//!   `pool_vs_naive --large` mlp workload, batches of 1 to 512 rows, created 423 segments after
-//!   warm-up and served 0.89× naive's requests/s on the H200; its allocation sequence replayed
-//!   creates 503 segments with an eighth and 11 with a quarter. Requests of 8 to 16 MiB of
-//!   varying sizes fit packed segments, where any free range serves any size; a cache of exact
-//!   segments within 1/32 of the demand cannot hold one of each size.)
+//! - **Mid-sized** (above 1 MiB, up to `dedicated_above_bytes`, 16 MiB by default): segments of
+//!   exact-fit free ranges (address-ordered, coalescing on free; `large.rs`), the tightest free
+//!   range of any of them, cut from its start; then free space of the packed segments, before
+//!   growing. A new one is sized as a packed one but holds at least two requests of the size that
+//!   made it (rounded up to a power of two, at most `max_segment_bytes` and half the demand).
+//!   Packed in buddy blocks, requests of 1-16 MiB left the packed segments 72% and 55% full at
+//!   the peaks of `gpt_train` and `vit_train` (1.4 GiB holding 1.0; 1.8 holding 1.0).
+//! - **Large** (above `dedicated_above_bytes`): segments of exact-fit free ranges too, each created
+//!   of the request's size, shared by later large requests: a request takes the tightest free range
+//!   of any large segment that leaves the segment at least `large_fill_eighths / 8` (6/8) full and
+//!   leaves beside it either a remainder another large request could use (above
+//!   `dedicated_above_bytes`) or one of at most `1 / large_remainder_divisor` (1/4) of the request.
+//!   So the space one large request frees serves requests of other sizes, and a freed range
+//!   coalesces with its neighbours; but a small request does not pin a mostly free segment that a
+//!   later large request would reuse whole, and a remainder that no large request could use is not
+//!   left as waste. When nothing fits, a new segment of the request's size. When the budget or the
+//!   device refuses it, any free range that fits serves the request whatever the two rules.
+//!   (With `large_fill_eighths` 0, the older rule: a dedicated segment per request, reused once
+//!   freed by a later request of at least 7/8 of its size.)
 //! - **A cache bounded by demand**: empty segments stay cached while the pool keeps within a
 //!   headroom of `1 / cache_headroom_divisor` (1/32 by default) over its demand, the most bytes
 //!   ever allocated at once. Before a new segment is created, empty segments (which could not
@@ -47,7 +58,7 @@
 //!   segment into free blocks of the other packed segments, so that a request fits without a new
 //!   segment; the caller copies the bytes and applies the plan ([`PoolCore::apply_moves`]). The
 //!   pool does not compact on its own; the replay's `pool_compact` does before every growth (on
-//!   the five traces below it found nothing to move: MEASUREMENTS.md, 2026-12-01).
+//!   the nine traces below it found nothing to move with this policy).
 //!
 //! # The naive mode
 //!
@@ -59,35 +70,64 @@
 //!
 //! # The figures that chose it
 //!
-//! Replaying five real PyTorch traces of an H200 (the replay example, H200 limits; MEASUREMENTS.md,
-//! 2026-12-01), peak reserved over peak requested, and segments created:
+//! Replaying real PyTorch traces of an H200 (the replay example, H200 limits; the first five in
+//! the shared trace folder, the last four captured later and never used to tune; MEASUREMENTS.md,
+//! 2026-12-02), peak reserved over peak requested, segments created:
 //!
-//! | trace | this policy | dedicated above 1/8 | before (keep 1/32 empty) | PyTorch |
-//! |---|---|---|---|---|
-//! | gpt_train | 1.082, 188 | 1.032, 471 | 1.086, 391 | 1.246, 57 |
-//! | frag_churn | 1.064, 920 | 1.050, 991 | 1.063, 1,196 | 1.287, 68 |
-//! | bert_varlen_infer | 1.081, 733 | 1.041, 827 | 1.081, 2,306 | 2.097, 24 |
-//! | vit_train | 1.164, 482 | 1.040, 685 | 1.195, 714 | 1.094, 143 |
-//! | mixed_serving | 1.071, 732 | 1.065, 833 | 1.055, 846 | 3.209, 20 |
-//! | the `mlp` server's sequence | 1.032, 11 | 1.071, 503 | 1.032, 11 | |
+//! | trace | this policy | before: packed to 16 MiB, dedicated above | PyTorch |
+//! |---|---|---|---|
+//! | gpt_train | 1.031, 158 | 1.082, 188 | 1.246, 57 |
+//! | frag_churn | 1.046, 822 | 1.064, 920 | 1.287, 68 |
+//! | bert_varlen_infer | 1.031, 477 | 1.081, 733 | 2.097, 24 |
+//! | vit_train | 1.080, 348 | 1.164, 482 | 1.094, 143 |
+//! | mixed_serving | 1.071, 638 | 1.071, 732 | 3.209, 20 |
+//! | gpt_decode | 1.091, 37 | 1.071, 40 | 1.171, 43 |
+//! | llm_prefill_varlen | 1.036, 228 | 1.031, 360 | 1.587, 30 |
+//! | mlp_varbatch_serve | 1.071, 7 | 1.071, 8 | 1.024, 8 |
+//! | resnet_train | 1.031, 380 | 1.044, 508 | 1.285, 133 |
+//! | the `mlp` server's sequence | 1.064, 9 | 1.196, 12 | |
 //!
-//! The cache cuts segments created by 10–68% at the same or lower peaks. Dedicated segments above
-//! an eighth lower three peaks further but make a server of varying batch sizes create segments
-//! without end (the last row; see the dedicated rule above), which costs a real GPU more than
-//! the memory: the pool keeps a quarter.
+//! Fewer segments on every trace (by 7-37%); peaks lower on five, the same on two, higher on two
+//! (`gpt_decode`, `llm_prefill_varlen`, within 1.10 and PyTorch's). The mid-sized class brought the two peaks the old
+//! policy left above PyTorch's or CubeCL's down (`gpt_train`, `vit_train`); sharing large
+//! segments cut most of the segments. Segments created stay far above PyTorch's, which never
+//! gives memory back: within 1/32 over the demand, a request that no cached range fits still
+//! means a new segment. A server whose requests above 16 MiB vary in size (split-K partials of
+//! 16-40 MiB with batches of 1 to 512, replayed) keeps creating segments under this policy as
+//! under the one before (1,135 and 1,411 over 400 requests, half of them in the second half);
+//! even a headroom of 1/4 did not stop it (351).
 //!
-//! At the old peak most of the waste was in the packed segments (on `vit_train` 1.8 GiB of them
-//! held 1.0 GiB): with dedicated segments above an eighth, requests of 8 to 16 MiB get segments
-//! of their own, which are exact and can be given back. The headroom sets the trade-off: 1/20 gave 1.05-1.07 with up to 8% fewer
-//! segments, 1/10 1.10-1.12; giving back largest first instead of least recently used created
-//! fewer segments on two traces and more on three (1,471 against 827 on `bert_varlen_infer`).
-//! Tried and not kept (worst trace in brackets): segments of 256 MiB to 2 GiB packed by the core
-//! (1.6-2.2: a few long-lived small allocations pin large segments), segments of the request's
-//! size shared by later requests (2.1), size classes for dedicated segments (1.08-1.15, no fewer
-//! segments), reusing cached dedicated segments with up to twice the slack (1.17-1.19), and
-//! placing in the fullest segment (no change with this cache). Segments created stay far above
-//! PyTorch's, which caches everything and never gives back: with one segment per large request,
-//! reuse needs a cached segment of nearly the same size.
+//! Tried and not kept (figures over the five shared traces, then worst held-out one):
+//! - large requests sharing every free range that fits (no fill or remainder rule): 1.20-1.44
+//!   with 34-257 segments: small requests pin large segments, whose free ranges the next large
+//!   request cannot use; with new large segments of `demand / 16` within the headroom, the same.
+//! - the fill rule alone, with mid-sized requests packed: at 4/8 1.081-1.166 with 119-504
+//!   segments, at 5/8 up to 1.167; at 7/8 the old figures; at 6/8 `gpt_decode` rose to 1.119 (22
+//!   MiB requests in 30 MiB segments left 7 MiB that no large request fits: hence the remainder
+//!   rule). Remainder rules of 1/2 and 1/8 with the final classes: `gpt_decode` 1.139, and up to
+//!   24% more segments.
+//! - giving the fill rule up when the pool is at its cache ceiling (sharing rather than giving
+//!   back and creating): 1.08-1.37, 95-341 segments.
+//! - merging the empty large segments into the new one: 1.17-1.48 with every range shared, up to
+//!   1.91 with the fill rule.
+//! - dedicated above 8 MiB with shared large segments: every ratio target met on the five
+//!   (1.031-1.071) but `gpt_decode` 562 segments (a KV cache of 8-16 MiB tensors growing by a
+//!   step), against 40.
+//! - mid-sized segments of the packed size, with room for one request: a churn of 1-8 MiB
+//!   requests created 56 segments where the buddy allocators created 9 (small requests not using
+//!   the mid-sized free space) and `gpt_decode` rose to 1.152 (using it); room for at least four:
+//!   small pools 1.19-1.87 (the `mlp` server, a churn of 1-8 MiB); mid-sized segments of 64 MiB:
+//!   the `mlp` server 59 segments.
+//! - a headroom of 1/16 with these rules: up to 14% fewer segments, peaks 1.06-1.09, `gpt_train`
+//!   1.061 (above CubeCL's 1.037); of 1/10: peaks up to 1.10, up to 31% fewer segments.
+//!
+//! Before (figures of that policy): the cache cut segments created by 10–68% at the same or lower
+//! peaks; dedicated segments above an eighth lowered three peaks but made the `mlp` server create
+//! 503 segments. Tried then and not kept: segments of 256 MiB to 2 GiB packed by the core
+//! (1.6-2.2: a few long-lived small allocations pin large segments), size classes for dedicated
+//! segments (1.08-1.15, no fewer segments), reusing cached dedicated segments with up to twice the
+//! slack (1.17-1.19), placing in the fullest segment (no change with the cache), and a headroom of
+//! 1/20 (1.05-1.07, up to 8% fewer segments) or 1/10 (1.10-1.12).
 
 #![deny(unsafe_code)]
 
@@ -171,10 +211,14 @@ pub struct PolicyConfig {
     pub max_segment_bytes: u64,
     /// New segments are at least `reserved / growth_divisor` (0 turns this off).
     pub growth_divisor: u64,
-    /// Requests above this get a dedicated segment (at most `max_segment_bytes`).
+    /// Requests above this (at most `max_segment_bytes`) are *large*: they share large segments
+    /// (see `large_fill_eighths`), or, when `large_fill_eighths` is 0, each gets a dedicated
+    /// segment.
     pub dedicated_above_bytes: u64,
-    /// A freed dedicated segment is kept and reused for a later request of at least
-    /// `size * (1 - 1 / dedicated_reuse_divisor)` bytes (0: never reused, given back at once).
+    /// With dedicated segments (`large_fill_eighths` 0): a freed one is kept and reused for a
+    /// later request of at least `size * (1 - 1 / dedicated_reuse_divisor)` bytes. With shared
+    /// large segments only 0 matters. 0: a dedicated or large segment is given back as soon as no
+    /// allocation lives in it.
     pub dedicated_reuse_divisor: u64,
     /// Largest request accepted, in bytes (dedicated segments included): the device's largest
     /// buffer.
@@ -220,8 +264,10 @@ impl PolicyConfig {
     /// The default policy for a device with these limits: `min_block` is at least 256 bytes and at
     /// least the storage offset alignment, segments are at most the largest power of two not above
     /// `max_buffer_size` and at most [`DEFAULT_MAX_SEGMENT_BYTES`], and the first segment is 2 MiB.
-    /// Requests above a quarter of the largest segment get dedicated segments, reused within 1/8
-    /// of their size; empty segments stay cached within 1/32 over the pool's demand.
+    /// Requests above a quarter of the largest segment (16 MiB) share large segments (6/8 full,
+    /// remainders within 1/4), requests above 1/64 of it (1 MiB) segments of the mid-sized class,
+    /// the rest buddy-packed segments; empty segments stay cached within 1/32 over the pool's
+    /// demand.
     pub fn for_limits(min_storage_buffer_offset_alignment: u64, max_buffer_size: u64) -> Self {
         let min_block_bytes = min_storage_buffer_offset_alignment
             .max(256)
