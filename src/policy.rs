@@ -574,7 +574,8 @@ fn ratio_complement(part: u64, whole: u64) -> f64 {
 )]
 pub struct SegmentId(pub u64);
 
-/// One segment: its memory, and the buddy allocator of its offsets (none for a dedicated one).
+/// One segment: its memory, and the buddy allocator of its offsets (none for a dedicated one, or
+/// one of free ranges of the large or mid-sized class).
 #[derive(Debug)]
 pub struct Segment<M> {
     /// The segment's id.
@@ -583,11 +584,11 @@ pub struct Segment<M> {
     pub memory: M,
     /// Its size, in bytes.
     pub size_bytes: u64,
-    /// The offsets allocator; `None` for a dedicated segment.
+    /// The offsets allocator; `None` for a dedicated segment or one of free ranges.
     pub allocator: Option<BuddyAllocator>,
-    /// For a segment of the naive mode: whether its one allocation is live.
+    /// For a dedicated segment: whether its one allocation is live.
     dedicated_in_use: bool,
-    /// For a large segment: its free ranges.
+    /// For a segment of the large or the mid-sized class: its free ranges.
     large: Option<Ranges>,
     /// The pool's clock when the segment was created or last had an allocation freed.
     last_used: u64,
@@ -695,7 +696,8 @@ impl Placement {
         self.allocated_bytes
     }
 
-    /// True when the allocation has a segment of its own.
+    /// True when the allocation is not in a buddy-packed segment: in a dedicated segment, or in
+    /// a segment of free ranges (the large or the mid-sized class). Compaction never moves it.
     pub fn is_dedicated(&self) -> bool {
         self.inner.is_none()
     }
