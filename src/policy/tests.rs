@@ -1044,6 +1044,12 @@ proptest::proptest! {
                 proptest::prop_assert_eq!(segment.is_empty(), mine == 0);
             }
             proptest::prop_assert_eq!(held, stats.reserved_bytes.current);
+            // The index of free ranges lists exactly the segments' free ranges.
+            let listed: usize = (0..pool.segments.len())
+                .filter_map(|slot| pool.segment(slot)?.large.as_ref())
+                .map(|ranges| ranges.free_ranges().count())
+                .sum();
+            proptest::prop_assert_eq!(pool.ranges_free[0].len() + pool.ranges_free[1].len(), listed);
             proptest::prop_assert!(stats.free_bytes + stats.allocated_bytes.current == held);
         }
         for placement in live {
