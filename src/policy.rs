@@ -71,8 +71,8 @@
 //! # The figures that chose it
 //!
 //! Replaying real PyTorch traces of an H200 (the replay example, H200 limits; the first five in
-//! the shared trace folder, the last four captured later and never used to tune; MEASUREMENTS.md,
-//! 2026-12-02), peak reserved over peak requested, segments created:
+//! the shared trace folder, the last four captured later and used to validate the choices among
+//! variants; MEASUREMENTS.md, 2026-12-02), peak reserved over peak requested, segments created:
 //!
 //! | trace | this policy | before: packed to 16 MiB, dedicated above | PyTorch |
 //! |---|---|---|---|
