@@ -270,7 +270,9 @@ fn tensors_story(gpu: &Gpu, unit_bytes: u64, say: &dyn Fn(String)) -> Result<Ten
 }
 
 /// The default policy, scaled so that the story reads the same at any unit: segments of at most
-/// 64 units, requests above 16 units in segments of their own.
+/// 64 units, requests above 16 units in large segments of their own. The story is about the
+/// buddy allocators' packed segments, so requests of every size up to 16 units are packed (no
+/// mid-sized class).
 fn policy(gpu: &Gpu, unit_bytes: u64) -> PolicyConfig {
     let limits = gpu.device.limits();
     let mut policy = PolicyConfig::for_limits(
@@ -282,6 +284,7 @@ fn policy(gpu: &Gpu, unit_bytes: u64) -> PolicyConfig {
         .min(policy.max_segment_bytes);
     policy.min_segment_bytes = policy.min_segment_bytes.min(policy.max_segment_bytes);
     policy.dedicated_above_bytes = 16 * unit_bytes;
+    policy.mid_above_bytes = 0;
     policy
 }
 

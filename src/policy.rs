@@ -8,25 +8,36 @@
 //!
 //! # The default policy
 //!
-//! - **Placement**: among all segments, the one whose smallest sufficient free block has the lowest
-//!   order (a best fit by block size; ties go to the oldest segment); within a segment, the buddy
-//!   core cuts it from the first-listed free run of the tightest class (see [`crate::buddy`]).
-//!   When no aligned block is free anywhere, a run straddling buddy boundaries is tried before
-//!   growing.
-//! - **Growth**: when nothing fits, a new segment is created of `next_power_of_two(request)`, but at
+//! Requests fall in three classes by size, each with its own kind of segment:
+//!
+//! - **Packed** (up to `mid_above_bytes`, 1 MiB by default): among the buddy-packed segments,
+//!   the one whose smallest sufficient free block has the lowest order (a best fit by block size;
+//!   ties go to the oldest segment); within a segment, the buddy core cuts it from the first-listed
+//!   free run of the tightest class (see [`crate::buddy`]). When no aligned block is free
+//!   anywhere, a run straddling buddy boundaries is tried, then the free ranges of the mid-sized
+//!   class, before growing. **Growth**: a new segment of `next_power_of_two(request)`, but at
 //!   least `min_segment_bytes` and at least `reserved / growth_divisor` (rounded down to a power of
 //!   two), never above `max_segment_bytes`. Small pools grow in small steps; a large pool grows in
 //!   steps proportional to its size.
-//! - **Dedicated segments**: a request above `dedicated_above_bytes` (a quarter of the largest
-//!   segment by default: 16 MiB) gets a segment of its own size. Once freed it stays cached, and a
-//!   later request of at least 7/8 of its size reuses it. (An eighth, 8 MiB, gave lower peaks on
-//!   three of the five traces below — `vit_train` 1.040 against 1.164 — but a server whose
-//!   requests vary in size then created a segment for most requests, forever: the GPU
-//!   `pool_vs_naive --large` mlp workload, batches of 1 to 512 rows, created 423 segments after
-//!   warm-up and served 0.89× naive's requests/s on the H200; its allocation sequence replayed
-//!   creates 503 segments with an eighth and 11 with a quarter. Requests of 8 to 16 MiB of
-//!   varying sizes fit packed segments, where any free range serves any size; a cache of exact
-//!   segments within 1/32 of the demand cannot hold one of each size.)
+//! - **Mid-sized** (above 1 MiB, up to `dedicated_above_bytes`, 16 MiB by default): segments of
+//!   exact-fit free ranges (address-ordered, coalescing on free; `large.rs`), the tightest free
+//!   range of any of them, cut from its start; then free space of the packed segments, before
+//!   growing. A new one is sized as a packed one but holds at least two requests of the size that
+//!   made it (rounded up to a power of two, at most `max_segment_bytes` and half the demand).
+//!   Packed in buddy blocks, requests of 1-16 MiB left the packed segments 72% and 55% full at
+//!   the peaks of `gpt_train` and `vit_train` (1.4 GiB holding 1.0; 1.8 holding 1.0).
+//! - **Large** (above `dedicated_above_bytes`): segments of exact-fit free ranges too, each created
+//!   of the request's size, shared by later large requests: a request takes the tightest free range
+//!   of any large segment that leaves the segment at least `large_fill_eighths / 8` (6/8) full and
+//!   leaves beside it either a remainder another large request could use (above
+//!   `dedicated_above_bytes`) or one of at most `1 / large_remainder_divisor` (1/4) of the request.
+//!   So the space one large request frees serves requests of other sizes, and a freed range
+//!   coalesces with its neighbours; but a small request does not pin a mostly free segment that a
+//!   later large request would reuse whole, and a remainder that no large request could use is not
+//!   left as waste. When nothing fits, a new segment of the request's size. When the budget or the
+//!   device refuses it, any free range that fits serves the request whatever the two rules.
+//!   (With `large_fill_eighths` 0, the older rule: a dedicated segment per request, reused once
+//!   freed by a later request of at least 7/8 of its size.)
 //! - **A cache bounded by demand**: empty segments stay cached while the pool keeps within a
 //!   headroom of `1 / cache_headroom_divisor` (1/32 by default) over its demand, the most bytes
 //!   ever allocated at once. Before a new segment is created, empty segments (which could not
@@ -47,7 +58,7 @@
 //!   segment into free blocks of the other packed segments, so that a request fits without a new
 //!   segment; the caller copies the bytes and applies the plan ([`PoolCore::apply_moves`]). The
 //!   pool does not compact on its own; the replay's `pool_compact` does before every growth (on
-//!   the five traces below it found nothing to move: MEASUREMENTS.md, 2026-12-01).
+//!   the nine traces below it found nothing to move with this policy).
 //!
 //! # The naive mode
 //!
@@ -59,35 +70,64 @@
 //!
 //! # The figures that chose it
 //!
-//! Replaying five real PyTorch traces of an H200 (the replay example, H200 limits; MEASUREMENTS.md,
-//! 2026-12-01), peak reserved over peak requested, and segments created:
+//! Replaying real PyTorch traces of an H200 (the replay example, H200 limits; the first five in
+//! the shared trace folder, the last four captured later and used to validate the choices among
+//! variants; MEASUREMENTS.md, 2026-12-02), peak reserved over peak requested, segments created:
 //!
-//! | trace | this policy | dedicated above 1/8 | before (keep 1/32 empty) | PyTorch |
-//! |---|---|---|---|---|
-//! | gpt_train | 1.082, 188 | 1.032, 471 | 1.086, 391 | 1.246, 57 |
-//! | frag_churn | 1.064, 920 | 1.050, 991 | 1.063, 1,196 | 1.287, 68 |
-//! | bert_varlen_infer | 1.081, 733 | 1.041, 827 | 1.081, 2,306 | 2.097, 24 |
-//! | vit_train | 1.164, 482 | 1.040, 685 | 1.195, 714 | 1.094, 143 |
-//! | mixed_serving | 1.071, 732 | 1.065, 833 | 1.055, 846 | 3.209, 20 |
-//! | the `mlp` server's sequence | 1.032, 11 | 1.071, 503 | 1.032, 11 | |
+//! | trace | this policy | before: packed to 16 MiB, dedicated above | PyTorch |
+//! |---|---|---|---|
+//! | gpt_train | 1.031, 158 | 1.082, 188 | 1.246, 57 |
+//! | frag_churn | 1.046, 822 | 1.064, 920 | 1.287, 68 |
+//! | bert_varlen_infer | 1.031, 477 | 1.081, 733 | 2.097, 24 |
+//! | vit_train | 1.080, 348 | 1.164, 482 | 1.094, 143 |
+//! | mixed_serving | 1.071, 638 | 1.071, 732 | 3.209, 20 |
+//! | gpt_decode | 1.091, 37 | 1.071, 40 | 1.171, 43 |
+//! | llm_prefill_varlen | 1.036, 228 | 1.031, 360 | 1.587, 30 |
+//! | mlp_varbatch_serve | 1.071, 7 | 1.071, 8 | 1.024, 8 |
+//! | resnet_train | 1.031, 380 | 1.044, 508 | 1.285, 133 |
+//! | the `mlp` server's sequence | 1.064, 9 | 1.196, 12 | |
 //!
-//! The cache cuts segments created by 10–68% at the same or lower peaks. Dedicated segments above
-//! an eighth lower three peaks further but make a server of varying batch sizes create segments
-//! without end (the last row; see the dedicated rule above), which costs a real GPU more than
-//! the memory: the pool keeps a quarter.
+//! Fewer segments on every trace (by 7-37%); peaks lower on five, the same on two, higher on two
+//! (`gpt_decode`, `llm_prefill_varlen`, within 1.10 and PyTorch's). The mid-sized class brought the two peaks the old
+//! policy left above PyTorch's or CubeCL's down (`gpt_train`, `vit_train`); sharing large
+//! segments cut most of the segments. Segments created stay far above PyTorch's, which never
+//! gives memory back: within 1/32 over the demand, a request that no cached range fits still
+//! means a new segment. A server whose requests above 16 MiB vary in size (split-K partials of
+//! 16-40 MiB with batches of 1 to 512, replayed) keeps creating segments under this policy as
+//! under the one before (1,135 and 1,411 over 400 requests, half of them in the second half);
+//! even a headroom of 1/4 did not stop it (351).
 //!
-//! At the old peak most of the waste was in the packed segments (on `vit_train` 1.8 GiB of them
-//! held 1.0 GiB): with dedicated segments above an eighth, requests of 8 to 16 MiB get segments
-//! of their own, which are exact and can be given back. The headroom sets the trade-off: 1/20 gave 1.05-1.07 with up to 8% fewer
-//! segments, 1/10 1.10-1.12; giving back largest first instead of least recently used created
-//! fewer segments on two traces and more on three (1,471 against 827 on `bert_varlen_infer`).
-//! Tried and not kept (worst trace in brackets): segments of 256 MiB to 2 GiB packed by the core
-//! (1.6-2.2: a few long-lived small allocations pin large segments), segments of the request's
-//! size shared by later requests (2.1), size classes for dedicated segments (1.08-1.15, no fewer
-//! segments), reusing cached dedicated segments with up to twice the slack (1.17-1.19), and
-//! placing in the fullest segment (no change with this cache). Segments created stay far above
-//! PyTorch's, which caches everything and never gives back: with one segment per large request,
-//! reuse needs a cached segment of nearly the same size.
+//! Tried and not kept (figures over the five shared traces, then worst held-out one):
+//! - large requests sharing every free range that fits (no fill or remainder rule): 1.20-1.44
+//!   with 34-257 segments: small requests pin large segments, whose free ranges the next large
+//!   request cannot use; with new large segments of `demand / 16` within the headroom, the same.
+//! - the fill rule alone, with mid-sized requests packed: at 4/8 1.081-1.166 with 119-504
+//!   segments, at 5/8 up to 1.167; at 7/8 the old figures; at 6/8 `gpt_decode` rose to 1.119 (22
+//!   MiB requests in 30 MiB segments left 7 MiB that no large request fits: hence the remainder
+//!   rule). Remainder rules of 1/2 and 1/8 with the final classes: `gpt_decode` 1.139, and up to
+//!   24% more segments.
+//! - giving the fill rule up when the pool is at its cache ceiling (sharing rather than giving
+//!   back and creating): 1.08-1.37, 95-341 segments.
+//! - merging the empty large segments into the new one: 1.17-1.48 with every range shared, up to
+//!   1.91 with the fill rule.
+//! - dedicated above 8 MiB with shared large segments: every ratio target met on the five
+//!   (1.031-1.071) but `gpt_decode` 562 segments (a KV cache of 8-16 MiB tensors growing by a
+//!   step), against 40.
+//! - mid-sized segments of the packed size, with room for one request: a churn of 1-8 MiB
+//!   requests created 56 segments where the buddy allocators created 9 (small requests not using
+//!   the mid-sized free space) and `gpt_decode` rose to 1.152 (using it); room for at least four:
+//!   small pools 1.19-1.87 (the `mlp` server, a churn of 1-8 MiB); mid-sized segments of 64 MiB:
+//!   the `mlp` server 59 segments.
+//! - a headroom of 1/16 with these rules: up to 14% fewer segments, peaks 1.06-1.09, `gpt_train`
+//!   1.061 (above CubeCL's 1.037); of 1/10: peaks up to 1.10, up to 31% fewer segments.
+//!
+//! Before (figures of that policy): the cache cut segments created by 10–68% at the same or lower
+//! peaks; dedicated segments above an eighth lowered three peaks but made the `mlp` server create
+//! 503 segments. Tried then and not kept: segments of 256 MiB to 2 GiB packed by the core
+//! (1.6-2.2: a few long-lived small allocations pin large segments), size classes for dedicated
+//! segments (1.08-1.15, no fewer segments), reusing cached dedicated segments with up to twice the
+//! slack (1.17-1.19), placing in the fullest segment (no change with the cache), and a headroom of
+//! 1/20 (1.05-1.07, up to 8% fewer segments) or 1/10 (1.10-1.12).
 
 #![deny(unsafe_code)]
 
@@ -97,9 +137,11 @@ use std::fmt;
 use crate::buddy::{self, BuddyAllocator, Rounding};
 
 mod compact;
+mod large;
 
 pub use compact::CompactionLimits;
 use compact::{cheapest_window, FreeBlocks, Live, Window};
+use large::{FreeIndex, Ranges};
 
 /// What a segment's memory comes from: GPU buffers in the pool, nothing but bookkeeping in the
 /// replay.
@@ -135,6 +177,13 @@ pub struct StorageError {
 /// less memory stranded in partly used ones.
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 64 << 20;
 
+/// A new segment of the mid-sized class holds at least this many requests of the size that made
+/// it (rounded up to a power of two, at most `max_segment_bytes` and at most half the demand,
+/// rounded down to a power of two): with room for one request only, a pool at its cache ceiling
+/// gave back and created a segment for every few requests of sizes cycling from 1 to 8 MiB (56
+/// segments where the buddy allocators created 9).
+const MID_SEGMENT_REQUESTS: u64 = 2;
+
 /// How the policy serves requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PolicyMode {
@@ -162,10 +211,14 @@ pub struct PolicyConfig {
     pub max_segment_bytes: u64,
     /// New segments are at least `reserved / growth_divisor` (0 turns this off).
     pub growth_divisor: u64,
-    /// Requests above this get a dedicated segment (at most `max_segment_bytes`).
+    /// Requests above this (at most `max_segment_bytes`) are *large*: they share large segments
+    /// (see `large_fill_eighths`), or, when `large_fill_eighths` is 0, each gets a dedicated
+    /// segment.
     pub dedicated_above_bytes: u64,
-    /// A freed dedicated segment is kept and reused for a later request of at least
-    /// `size * (1 - 1 / dedicated_reuse_divisor)` bytes (0: never reused, given back at once).
+    /// With dedicated segments (`large_fill_eighths` 0): a freed one is kept and reused for a
+    /// later request of at least `size * (1 - 1 / dedicated_reuse_divisor)` bytes. With shared
+    /// large segments only 0 matters. 0: a dedicated or large segment is given back as soon as no
+    /// allocation lives in it.
     pub dedicated_reuse_divisor: u64,
     /// Largest request accepted, in bytes (dedicated segments included): the device's largest
     /// buffer.
@@ -184,14 +237,37 @@ pub struct PolicyConfig {
     /// `demand + demand / cache_headroom_divisor`, where demand is the most bytes ever allocated
     /// at once, the request at hand included.
     pub cache_headroom_divisor: u64,
+    /// From 1 to 8 (6 by default): requests above `dedicated_above_bytes` share *large
+    /// segments*, each an exact-fit list of address-ordered free ranges that coalesce on free (a
+    /// new one is of the request's size). A request takes the tightest free range of any large
+    /// segment that leaves the segment at least `large_fill_eighths / 8` full (and a remainder
+    /// allowed by `large_remainder_divisor`), cut from the range's start. So the space one large
+    /// request frees serves later requests of other sizes, while a request much smaller than an
+    /// empty or mostly free segment does not pin it (that segment drains, and is given back or
+    /// reused whole). 0: the older rule, a dedicated segment per request, which once freed serves
+    /// one later request of at least `1 - 1 / dedicated_reuse_divisor` of its size.
+    pub large_fill_eighths: u64,
+    /// With shared large segments: a free range serves a large request only when what it leaves
+    /// is either more than `dedicated_above_bytes` (another large request can use it) or at most
+    /// `1 / large_remainder_divisor` of the request (4 by default; 0: any remainder). A remainder
+    /// in between could serve no large request and would stay as waste beside it.
+    pub large_remainder_divisor: u64,
+    /// When not 0 (1 MiB by default: `max_segment_bytes / 64`), requests above this and up to
+    /// `dedicated_above_bytes` (*mid-sized*) are placed in segments of their own class, each an
+    /// exact-fit list of free ranges like a large segment, best fit over all of them, sized as
+    /// packed segments are; when none has room, free space in the packed segments serves before
+    /// the pool grows. 0: mid-sized requests are packed by the buddy allocators like small ones.
+    pub mid_above_bytes: u64,
 }
 
 impl PolicyConfig {
     /// The default policy for a device with these limits: `min_block` is at least 256 bytes and at
     /// least the storage offset alignment, segments are at most the largest power of two not above
     /// `max_buffer_size` and at most [`DEFAULT_MAX_SEGMENT_BYTES`], and the first segment is 2 MiB.
-    /// Requests above a quarter of the largest segment get dedicated segments, reused within 1/8
-    /// of their size; empty segments stay cached within 1/32 over the pool's demand.
+    /// Requests above a quarter of the largest segment (16 MiB) share large segments (6/8 full,
+    /// remainders within 1/4), requests above 1/64 of it (1 MiB) segments of the mid-sized class,
+    /// the rest buddy-packed segments; empty segments stay cached within 1/32 over the pool's
+    /// demand.
     pub fn for_limits(min_storage_buffer_offset_alignment: u64, max_buffer_size: u64) -> Self {
         let min_block_bytes = min_storage_buffer_offset_alignment
             .max(256)
@@ -216,6 +292,9 @@ impl PolicyConfig {
             keep_empty_divisor: 32,
             budget_bytes: None,
             cache_headroom_divisor: 32,
+            large_fill_eighths: 6,
+            large_remainder_divisor: 4,
+            mid_above_bytes: (max_segment_bytes / 64).max(min_block_bytes),
         }
     }
 
@@ -237,6 +316,9 @@ impl PolicyConfig {
             keep_empty_divisor: 0,
             budget_bytes: None,
             cache_headroom_divisor: 0,
+            large_fill_eighths: 0,
+            large_remainder_divisor: 0,
+            mid_above_bytes: 0,
         }
     }
 
@@ -492,7 +574,8 @@ fn ratio_complement(part: u64, whole: u64) -> f64 {
 )]
 pub struct SegmentId(pub u64);
 
-/// One segment: its memory, and the buddy allocator of its offsets (none for a dedicated one).
+/// One segment: its memory, and the buddy allocator of its offsets (none for a dedicated one, or
+/// one of free ranges of the large or mid-sized class).
 #[derive(Debug)]
 pub struct Segment<M> {
     /// The segment's id.
@@ -501,10 +584,12 @@ pub struct Segment<M> {
     pub memory: M,
     /// Its size, in bytes.
     pub size_bytes: u64,
-    /// The offsets allocator; `None` for a dedicated segment.
+    /// The offsets allocator; `None` for a dedicated segment or one of free ranges.
     pub allocator: Option<BuddyAllocator>,
     /// For a dedicated segment: whether its one allocation is live.
     dedicated_in_use: bool,
+    /// For a segment of the large or the mid-sized class: its free ranges.
+    large: Option<Ranges>,
     /// The pool's clock when the segment was created or last had an allocation freed.
     last_used: u64,
     /// The live allocations of a packed segment (and destinations a compaction plan holds), by
@@ -524,14 +609,27 @@ impl<M> Segment<M> {
 
     /// True when no allocation lives in this segment.
     pub fn is_empty(&self) -> bool {
-        match &self.allocator {
-            Some(allocator) => allocator.is_empty(),
-            None => !self.dedicated_in_use,
+        match (&self.allocator, &self.large) {
+            (Some(allocator), _) => allocator.is_empty(),
+            (None, Some(large)) => large.is_empty(),
+            (None, None) => !self.dedicated_in_use,
         }
     }
 
     /// Counters of the offsets allocator (a dedicated segment reports itself as one block).
     pub fn stats(&self, min_block_bytes: u64) -> buddy::Stats {
+        if let Some(large) = &self.large {
+            return buddy::Stats {
+                capacity_bytes: self.size_bytes,
+                allocated_bytes: large.allocated_bytes(),
+                requested_bytes: 0,
+                free_bytes: large.free_bytes(),
+                largest_free_bytes: large.largest_free_bytes(),
+                min_block_bytes,
+                free_blocks_per_order: [0; buddy::MAX_ORDER_LIMIT as usize + 1],
+                allocation_count: large.allocations(),
+            };
+        }
         match &self.allocator {
             Some(allocator) => allocator.stats(),
             None => buddy::Stats {
@@ -598,7 +696,8 @@ impl Placement {
         self.allocated_bytes
     }
 
-    /// True when the allocation has a segment of its own.
+    /// True when the allocation is not in a buddy-packed segment: in a dedicated segment, or in
+    /// a segment of free ranges (the large or the mid-sized class). Compaction never moves it.
     pub fn is_dedicated(&self) -> bool {
         self.inner.is_none()
     }
@@ -713,6 +812,17 @@ pub enum CompactionError {
 /// How many candidate blocks [`PoolCore::compaction_plan`] examines, cheapest first.
 pub const COMPACTION_CANDIDATES: usize = 8;
 
+/// What a new segment is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Packed by a buddy allocator.
+    Packed,
+    /// One request's own (the naive mode, and large requests when they do not share).
+    Dedicated,
+    /// Free ranges shared by large requests (`mid` false) or by mid-sized ones (`mid` true).
+    Ranges { mid: bool },
+}
+
 /// A change to the segments, reported to the caller so that history and the GPU layer can follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentEvent {
@@ -748,6 +858,9 @@ pub struct PoolCore<S: SegmentStorage> {
     demand_high_water: u64,
     /// Counts the frees: segments are given back least recently used first.
     clock: u64,
+    /// The free ranges of the large segments (`[0]`) and of the mid-sized class's (`[1]`), by
+    /// size.
+    ranges_free: [FreeIndex; 2],
 }
 
 impl<S: SegmentStorage> fmt::Debug for PoolCore<S> {
@@ -774,6 +887,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             events: Vec::new(),
             demand_high_water: 0,
             clock: 0,
+            ranges_free: [FreeIndex::default(), FreeIndex::default()],
         })
     }
 
@@ -827,11 +941,13 @@ impl<S: SegmentStorage> PoolCore<S> {
             return stats;
         }
         for segment in self.segments.iter().flatten() {
-            if let Some(allocator) = &segment.allocator {
-                stats.free_bytes += allocator.free_bytes();
-                stats.largest_free_bytes =
-                    stats.largest_free_bytes.max(allocator.largest_free_bytes());
-            }
+            let (free, largest) = match (&segment.allocator, &segment.large) {
+                (Some(allocator), _) => (allocator.free_bytes(), allocator.largest_free_bytes()),
+                (None, Some(large)) => (large.free_bytes(), large.largest_free_bytes()),
+                (None, None) => continue,
+            };
+            stats.free_bytes += free;
+            stats.largest_free_bytes = stats.largest_free_bytes.max(largest);
         }
         stats
     }
@@ -873,12 +989,92 @@ impl<S: SegmentStorage> PoolCore<S> {
             });
         }
         if self.takes_dedicated(size_bytes) {
-            return self.allocate_dedicated(size_bytes);
+            return if self.shares_large() {
+                self.allocate_large(size_bytes)
+                    .or_else(|error| self.place_as_a_last_resort(size_bytes, error))
+            } else {
+                self.allocate_dedicated(size_bytes)
+            };
         }
-        if let Some(placement) = self.place_in_existing(size_bytes) {
+        // The request's own class first, then free space of the other class, before growing.
+        if let Some(placement) = self.place_packed_or_mid_existing(size_bytes) {
             return Ok(placement);
         }
+        if self.takes_mid(size_bytes) {
+            return self.allocate_mid(size_bytes);
+        }
         let rounded = self.rounded_size(size_bytes);
+        let segment_bytes = self.packed_segment_bytes(rounded);
+        // When the budget or the device refuses, the fallback is a segment of exactly the rounded
+        // request.
+        self.refuse_over_budget(size_bytes, rounded)?;
+        let reserved_before = self.stats.reserved_bytes.current;
+        self.release_for_growth(rounded, segment_bytes);
+        let slot = self.grow(
+            size_bytes,
+            segment_bytes,
+            rounded,
+            Kind::Packed,
+            reserved_before,
+        )?;
+        Ok(self
+            .place_in_slot(slot, size_bytes)
+            .expect("a new segment sized for the request has room for it"))
+    }
+
+    /// Whether a request of `size_bytes` goes to the mid-sized class.
+    fn takes_mid(&self, size_bytes: u64) -> bool {
+        self.config.mid_above_bytes > 0
+            && !self.config.is_naive()
+            && size_bytes > self.config.mid_above_bytes
+            && !self.takes_dedicated(size_bytes)
+    }
+
+    /// A mid-sized request that fits nowhere now: a new segment of the mid-sized class, sized as a
+    /// packed one would be, and with room for at least [`MID_SEGMENT_REQUESTS`] such requests.
+    fn allocate_mid(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
+        let rounded = self.rounded_size(size_bytes);
+        let packed = self.packed_segment_bytes(rounded);
+        // At most half the demand, rounded down to a power of two: a small pool does not grow
+        // by segments twice its requests.
+        let half_demand = (self.demand_with(rounded) / 2).max(1);
+        let half_demand = 1u64 << (63 - half_demand.leading_zeros());
+        let roomy = packed.max(
+            (rounded * MID_SEGMENT_REQUESTS)
+                .next_power_of_two()
+                .min(self.config.max_segment_bytes)
+                .min(half_demand),
+        );
+        // When the roomier segment would pass the budget, the size a packed request would get
+        // (then, if that passes it too, the request's own).
+        let with_roomy = self.stats.reserved_bytes.current.saturating_add(roomy);
+        let over_budget = self
+            .config
+            .budget_bytes
+            .is_some_and(|budget| with_roomy > budget);
+        let segment_bytes = if over_budget { packed } else { roomy };
+        self.refuse_over_budget(size_bytes, rounded)?;
+        let reserved_before = self.stats.reserved_bytes.current;
+        self.release_for_growth(rounded, segment_bytes);
+        let slot = self.grow(
+            size_bytes,
+            segment_bytes,
+            rounded,
+            Kind::Ranges { mid: true },
+            reserved_before,
+        )?;
+        Ok(self.place_large(slot, 0, size_bytes, rounded))
+    }
+
+    fn place_mid_existing(&mut self, size_bytes: u64, rounded_bytes: u64) -> Option<Placement> {
+        let (slot, offset) = self.ranges_free[1].best_fit(rounded_bytes, |_, _| true)?;
+        Some(self.place_large(slot, offset, size_bytes, rounded_bytes))
+    }
+
+    /// The size of a new packed segment for a request holding `rounded` bytes:
+    /// `next_power_of_two(rounded)`, at least `min_segment_bytes` and `reserved / growth_divisor`
+    /// (rounded down to a power of two), at most `max_segment_bytes`, and at least `rounded`.
+    fn packed_segment_bytes(&self, rounded: u64) -> u64 {
         let mut segment_bytes = rounded
             .next_power_of_two()
             .max(self.config.min_segment_bytes);
@@ -892,18 +1088,9 @@ impl<S: SegmentStorage> PoolCore<S> {
             let proportional = proportional.max(1);
             segment_bytes = segment_bytes.max(1u64 << (63 - proportional.leading_zeros()));
         }
-        let segment_bytes = segment_bytes
+        segment_bytes
             .min(self.config.max_segment_bytes)
-            .max(rounded);
-        // When the budget or the device refuses, the fallback is a segment of exactly the rounded
-        // request.
-        self.refuse_over_budget(size_bytes, rounded)?;
-        let reserved_before = self.stats.reserved_bytes.current;
-        self.release_for_growth(rounded, segment_bytes);
-        let slot = self.grow(size_bytes, segment_bytes, rounded, false, reserved_before)?;
-        Ok(self
-            .place_in_slot(slot, size_bytes)
-            .expect("a new segment sized for the request has room for it"))
+            .max(rounded)
     }
 
     /// Refuses at once, giving nothing back, when even a segment of `fallback_bytes` after giving
@@ -1026,6 +1213,11 @@ impl<S: SegmentStorage> PoolCore<S> {
         Some(placement)
     }
 
+    /// True when large requests share large segments (`large_fill_eighths` from 1 to 8).
+    fn shares_large(&self) -> bool {
+        !self.config.is_naive() && self.config.large_fill_eighths > 0
+    }
+
     fn allocate_dedicated(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
         let segment_bytes =
             size_bytes.div_ceil(self.config.min_block_bytes) * self.config.min_block_bytes;
@@ -1040,7 +1232,7 @@ impl<S: SegmentStorage> PoolCore<S> {
                     size_bytes,
                     segment_bytes,
                     segment_bytes,
-                    true,
+                    Kind::Dedicated,
                     reserved_before,
                 )?
             }
@@ -1074,7 +1266,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             .iter()
             .enumerate()
             .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s)))
-            .filter(|(_, s)| s.allocator.is_none() && !s.dedicated_in_use)
+            .filter(|(_, s)| s.allocator.is_none() && s.large.is_none() && !s.dedicated_in_use)
             .filter(|(_, s)| {
                 s.size_bytes >= size_bytes && s.size_bytes - s.size_bytes / divisor <= size_bytes
             })
@@ -1082,13 +1274,111 @@ impl<S: SegmentStorage> PoolCore<S> {
             .map(|(slot, _)| slot)
     }
 
+    /// A large request: the tightest free range of the large segments, or a new large segment.
+    /// When the budget or the device refused the memory for a large request: any free range of
+    /// the large segments that fits it, whatever the rules of [`PolicyConfig::large_fill_eighths`]
+    /// and [`PolicyConfig::large_remainder_divisor`] (which spare segments for later requests, not
+    /// worth a failure). The refusal is then not counted.
+    fn place_as_a_last_resort(
+        &mut self,
+        size_bytes: u64,
+        error: PolicyError,
+    ) -> Result<Placement, PolicyError> {
+        if !matches!(error, PolicyError::OutOfMemory(_)) {
+            return Err(error);
+        }
+        let rounded = self.large_rounded(size_bytes);
+        let Some((slot, offset)) = self.ranges_free[0].best_fit(rounded, |_, _| true) else {
+            return Err(error);
+        };
+        self.stats.oom_count -= 1;
+        Ok(self.place_large(slot, offset, size_bytes, rounded))
+    }
+
+    fn allocate_large(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
+        let rounded = self.large_rounded(size_bytes);
+        if let Some(placement) = self.place_large_existing(size_bytes, rounded) {
+            return Ok(placement);
+        }
+        self.refuse_over_budget(size_bytes, rounded)?;
+        let reserved_before = self.stats.reserved_bytes.current;
+        let segment_bytes = rounded;
+        self.release_for_growth(rounded, segment_bytes);
+        let slot = self.grow(
+            size_bytes,
+            segment_bytes,
+            rounded,
+            Kind::Ranges { mid: false },
+            reserved_before,
+        )?;
+        Ok(self.place_large(slot, 0, size_bytes, rounded))
+    }
+
+    /// The bytes a large request holds: rounded up to `min_block_bytes` (never past the largest
+    /// allocation when that is not a multiple of it).
+    fn large_rounded(&self, size_bytes: u64) -> u64 {
+        let rounded =
+            size_bytes.div_ceil(self.config.min_block_bytes) * self.config.min_block_bytes;
+        rounded.min(self.config.max_allocation_bytes.max(size_bytes))
+    }
+
+    /// Places a large request in the tightest free range of the large segments that leaves its
+    /// segment at least `large_fill_eighths / 8` full, if there is one.
+    fn place_large_existing(&mut self, size_bytes: u64, rounded_bytes: u64) -> Option<Placement> {
+        let eighths = self.config.large_fill_eighths;
+        let segments = &self.segments;
+        let usable = self.config.dedicated_above_bytes;
+        let remainder_divisor = self.config.large_remainder_divisor;
+        let (slot, offset) = self.ranges_free[0].best_fit(rounded_bytes, |length, slot| {
+            let segment = segments[slot]
+                .as_ref()
+                .expect("a listed range's segment is held");
+            let used = segment.large.as_ref().map_or(0, Ranges::allocated_bytes);
+            let rest = length - rounded_bytes;
+            let rest_ok = remainder_divisor == 0
+                || rest > usable
+                || rest <= rounded_bytes / remainder_divisor;
+            rest_ok
+                && (used + rounded_bytes).saturating_mul(8)
+                    >= segment.size_bytes.saturating_mul(eighths)
+        })?;
+        Some(self.place_large(slot, offset, size_bytes, rounded_bytes))
+    }
+
+    fn place_large(
+        &mut self,
+        slot: usize,
+        offset: u64,
+        size_bytes: u64,
+        rounded_bytes: u64,
+    ) -> Placement {
+        let segment = self.segments[slot].as_mut().expect("slot holds a segment");
+        let ranges = segment.large.as_mut().expect("a large segment");
+        self.ranges_free[usize::from(ranges.is_mid())].take(slot, ranges, offset, rounded_bytes);
+        let placement = Placement {
+            segment: segment.id,
+            slot,
+            offset_bytes: offset,
+            requested_bytes: size_bytes,
+            allocated_bytes: rounded_bytes,
+            inner: None,
+        };
+        self.count_allocation(size_bytes, rounded_bytes);
+        placement
+    }
+
+    /// The demand once a request holding `rounded_bytes` is placed: the most bytes ever allocated
+    /// at once, this request included.
+    fn demand_with(&self, rounded_bytes: u64) -> u64 {
+        self.demand_high_water
+            .max(self.stats.allocated_bytes.current + rounded_bytes)
+    }
+
     /// The most bytes the pool may hold, cache included, once a request holding `rounded_bytes`
     /// is placed: its demand (the most bytes ever allocated at once, this request included) plus
     /// `1 / cache_headroom_divisor` of it.
     fn cache_ceiling(&self, rounded_bytes: u64) -> u64 {
-        let demand = self
-            .demand_high_water
-            .max(self.stats.allocated_bytes.current + rounded_bytes);
+        let demand = self.demand_with(rounded_bytes);
         demand + demand / self.config.cache_headroom_divisor.max(1)
     }
 
@@ -1109,16 +1399,16 @@ impl<S: SegmentStorage> PoolCore<S> {
         requested_bytes: u64,
         segment_bytes: u64,
         fallback_bytes: u64,
-        dedicated: bool,
+        kind: Kind,
         reserved_before: u64,
     ) -> Result<usize, PolicyError> {
-        match self.try_create(segment_bytes, dedicated) {
+        match self.try_create(segment_bytes, kind) {
             Ok(slot) => Ok(slot),
             Err(first_error) => {
                 if !self.config.is_naive() {
                     self.release_empty(|_| true);
                 }
-                self.try_create(fallback_bytes, dedicated)
+                self.try_create(fallback_bytes, kind)
                     .map_err(|device_error| {
                         let error = device_error.or(first_error);
                         // No segment was created on this path: reserved only went down.
@@ -1130,7 +1420,8 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// `Err(None)`: over budget; `Err(Some(reason))`: the storage refused.
-    fn try_create(&mut self, size_bytes: u64, dedicated: bool) -> Result<usize, Option<String>> {
+    fn try_create(&mut self, size_bytes: u64, kind: Kind) -> Result<usize, Option<String>> {
+        let dedicated = matches!(kind, Kind::Dedicated | Kind::Ranges { mid: false });
         if let Some(budget) = self.config.budget_bytes {
             if self.stats.reserved_bytes.current + size_bytes > budget {
                 return Err(None);
@@ -1140,7 +1431,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             .storage
             .create_segment(size_bytes, dedicated)
             .map_err(|e| Some(e.reason))?;
-        let allocator = if dedicated {
+        let allocator = if kind != Kind::Packed {
             None
         } else {
             Some(
@@ -1160,6 +1451,10 @@ impl<S: SegmentStorage> PoolCore<S> {
             size_bytes,
             allocator,
             dedicated_in_use: false,
+            large: match kind {
+                Kind::Ranges { mid } => Some(Ranges::new(size_bytes, mid)),
+                _ => None,
+            },
             last_used: self.clock,
             live: BTreeMap::new(),
         };
@@ -1177,6 +1472,9 @@ impl<S: SegmentStorage> PoolCore<S> {
                 self.segments.len() - 1
             }
         };
+        if let Kind::Ranges { mid } = kind {
+            self.ranges_free[usize::from(mid)].add_segment(slot, size_bytes);
+        }
         Ok(slot)
     }
 
@@ -1225,7 +1523,15 @@ impl<S: SegmentStorage> PoolCore<S> {
                 segment.live.remove(&allocation.offset());
                 allocator.free(allocation);
             }
-            (None, None) => segment.dedicated_in_use = false,
+            (None, None) => match segment.large.as_mut() {
+                Some(ranges) => self.ranges_free[usize::from(ranges.is_mid())].give(
+                    placement.slot,
+                    ranges,
+                    placement.offset_bytes,
+                    placement.allocated_bytes,
+                ),
+                None => segment.dedicated_in_use = false,
+            },
             _ => panic!(
                 "wgpu_pool::policy: placement and segment {:?} disagree on being dedicated",
                 placement.segment
@@ -1237,6 +1543,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.stats.allocated_bytes.sub(placement.allocated_bytes);
         self.stats.allocations.sub(1);
         if segment.allocator.is_none()
+            && segment.is_empty()
             && (self.config.dedicated_reuse_divisor == 0 || self.config.is_naive())
         {
             self.destroy_slot(placement.slot);
@@ -1267,6 +1574,9 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     fn destroy_slot(&mut self, slot: usize) -> u64 {
         let segment = self.segments[slot].take().expect("slot holds a segment");
+        if let Some(ranges) = &segment.large {
+            self.ranges_free[usize::from(ranges.is_mid())].remove_segment(slot, ranges);
+        }
         self.vacant_slots.insert(slot);
         self.stats.reserved_bytes.sub(segment.size_bytes);
         self.stats.segments.sub(1);
@@ -1305,10 +1615,31 @@ impl<S: SegmentStorage> PoolCore<S> {
             return None;
         }
         if self.takes_dedicated(size_bytes) {
+            if self.shares_large() {
+                let rounded = self.large_rounded(size_bytes);
+                return self.place_large_existing(size_bytes, rounded);
+            }
             let slot = self.cached_dedicated(size_bytes)?;
             return Some(self.place_dedicated(slot, size_bytes));
         }
-        self.place_in_existing(size_bytes)
+        self.place_packed_or_mid_existing(size_bytes)
+    }
+
+    /// Places a packed or mid-sized request where the pool has room now, in the order
+    /// [`PoolCore::allocate`] tries: the request's own class first, then the other's free space.
+    fn place_packed_or_mid_existing(&mut self, size_bytes: u64) -> Option<Placement> {
+        if self.config.is_naive() {
+            return None;
+        }
+        let mid = self.config.mid_above_bytes > 0;
+        let rounded = self.rounded_size(size_bytes);
+        if self.takes_mid(size_bytes) {
+            self.place_mid_existing(size_bytes, rounded)
+                .or_else(|| self.place_in_existing(size_bytes))
+        } else {
+            self.place_in_existing(size_bytes)
+                .or_else(|| mid.then(|| self.place_mid_existing(size_bytes, rounded))?)
+        }
     }
 
     /// What a compaction within `limits` would move to make room for `size_bytes` in the segments

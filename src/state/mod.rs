@@ -91,8 +91,8 @@ pub struct SegmentState {
     pub id: SegmentId,
     /// Its size, in bytes.
     pub size_bytes: u64,
-    /// True for a segment made for one large request (and for every buffer of the naive
-    /// baseline).
+    /// True for a segment not packed by a buddy allocator: a dedicated one, or one of free
+    /// ranges shared by large or mid-sized requests (and every buffer of the naive baseline).
     pub dedicated: bool,
     /// Allocations, pending frees and free blocks, in address order, tiling `[0, size_bytes)`.
     pub spans: Vec<Span>,
@@ -246,7 +246,8 @@ pub struct SegmentInfo {
     pub id: SegmentId,
     /// Its size, in bytes.
     pub size_bytes: u64,
-    /// True for a segment made for one large request.
+    /// True for a segment not packed by a buddy allocator (a dedicated one, or one of free
+    /// ranges shared by large or mid-sized requests).
     pub dedicated: bool,
     /// Its buddy statistics.
     pub stats: buddy::Stats,
