@@ -270,13 +270,10 @@ const BINS: usize = 64 << LENGTH_BITS;
 /// bin's.
 #[inline(always)]
 fn length_bin(units: u64) -> u32 {
-    if units < u64::from(GROUP_BINS) {
-        units as u32
-    } else {
-        let exponent = 63 - units.leading_zeros();
-        let mantissa = (units >> (exponent - LENGTH_BITS)) as u32 & (GROUP_BINS - 1);
-        (exponent - LENGTH_BITS + 1) << LENGTH_BITS | mantissa
-    }
+    // Below `GROUP_BINS` the shift is 0 and the bin is `units`; above, `units >> shift` is the
+    // leading one and the next `LENGTH_BITS` bits, which carries the group into the bin.
+    let shift = (63 - (units | 1).leading_zeros()).max(LENGTH_BITS) - LENGTH_BITS;
+    (shift << LENGTH_BITS) + (units >> shift) as u32
 }
 
 /// The shortest length in bin `bin`.
@@ -687,16 +684,26 @@ impl BuddyAllocator {
             found.start
         };
         let end = start + units;
-        let mut before = Tally::default();
-        before.add(found.pieces());
-        let mut after = Tally::default();
-        if found.start < start {
-            after.add(Pieces::of(found.start, start));
-        }
-        if end < found.end {
-            after.add(Pieces::of(end, found.end));
-        }
-        self.free_counts.add(&Delta::between(&after, &before));
+        let pieces = found.pieces();
+        // When the part taken lies on one side of the run's most aligned point, the blocks on the
+        // other side stay, and the side cut becomes the blocks of its new length's binary digits.
+        let delta = if !small && end <= pieces.split {
+            Delta::replace(pieces.rising, pieces.split - end)
+        } else if small && pieces.split <= start {
+            Delta::replace(pieces.falling, start - pieces.split)
+        } else {
+            let mut before = Tally::default();
+            before.add(pieces);
+            let mut after = Tally::default();
+            if found.start < start {
+                after.add(Pieces::of(found.start, start));
+            }
+            if end < found.end {
+                after.add(Pieces::of(end, found.end));
+            }
+            Delta::between(&after, &before)
+        };
+        self.free_counts.add(&delta);
         let region = self.split_run(run, found, start, end);
         self.record(size_bytes, units, region, start)
     }

@@ -108,6 +108,16 @@ impl Delta {
         Self { bits }
     }
 
+    /// One block less of every order set in `old`, one more of every order set in `new`.
+    #[inline]
+    pub(crate) fn replace(old: u64, new: u64) -> Self {
+        // +1 is 0001 and -1 is 1111 in four bits.
+        let removed = old & !new;
+        Self {
+            bits: [old ^ new, removed, removed, removed],
+        }
+    }
+
     /// One block of `order` less, and one more block of every order set in `tail` (below `order`).
     #[inline]
     pub(crate) fn split(order: u32, tail: u64) -> Self {
