@@ -357,9 +357,9 @@ pub struct BuddyAllocator {
     /// The free runs are listed by bin: by length under exact fit ([`length_bin`]), by the order
     /// of their largest block under power-of-two rounding (bin `order << LENGTH_BITS`).
     /// `heads[b]`: the free run listed first in bin `b` (in the order the runs were listed).
-    heads: Box<[u32; BINS]>,
+    heads: [u32; BINS],
     /// `tails[b]`: the free run listed last in bin `b`.
-    tails: Box<[u32; BINS]>,
+    tails: [u32; BINS],
     /// Bit `g` is set when a bin of group `g` (bins `g << LENGTH_BITS ..`) lists a run.
     groups: u64,
     /// Bit `m` of `bins[g]` is set when bin `g << LENGTH_BITS | m` lists a run.
@@ -424,8 +424,8 @@ impl BuddyAllocator {
                 list_next: NIL,
             }],
             spare: NIL,
-            heads: Box::new([NIL; BINS]),
-            tails: Box::new([NIL; BINS]),
+            heads: [NIL; BINS],
+            tails: [NIL; BINS],
             groups: 0,
             bins: [0; 64],
             free_counts: Counts::new(),
@@ -578,7 +578,7 @@ impl BuddyAllocator {
                 // The first bin past the one of `whole_units - 1`: every run there is long enough.
                 let bin = self.first_bin_from(length_bin(whole_units - 1) + 1)?;
                 let run = self.heads[bin as usize % BINS];
-                let (offset_bytes, owner) = self.take_run(run, whole_units, size_bytes);
+                let (offset_bytes, owner) = self.take_run(run, bin, whole_units, size_bytes);
                 Some((offset_bytes, owner, whole_units))
             }
             Rounding::PowerOfTwo => {
@@ -609,7 +609,7 @@ impl BuddyAllocator {
         let order = self.order_for(size_bytes);
         let units = self.units_for(size_bytes);
         if let Some(run) = self.find_short_run(units) {
-            let (offset_bytes, owner) = self.take_run(run, units, size_bytes);
+            let (offset_bytes, owner) = self.take_run(run, length_bin(units), units, size_bytes);
             return Ok(Allocation {
                 offset_bytes,
                 requested_bytes,
@@ -654,7 +654,7 @@ impl BuddyAllocator {
         let pieces = found.pieces();
         let block_order = order + (pieces.orders() >> order).trailing_zeros();
         let start = pieces.block_start(block_order);
-        let region = self.split_run(run, found, start, start + units);
+        let region = self.split_run(run, found, class << LENGTH_BITS, start, start + units);
         // The blocks before and after the one taken stay as they are (a run's decomposition is
         // greedy from its start); the block leaves, and its tail comes back as the blocks of the
         // binary digits of its length.
@@ -671,13 +671,13 @@ impl BuddyAllocator {
     /// Not inlined: [`Self::allocate`] stays small enough to be inlined where it is called, so that
     /// the handle is built in registers there instead of being copied out of a returned value.
     #[inline(never)]
-    fn take_run(&mut self, run: u32, units: u64, size_bytes: u64) -> (u64, u64) {
+    fn take_run(&mut self, run: u32, bin: u32, units: u64, size_bytes: u64) -> (u64, u64) {
         let found = self.regions[run as usize];
         debug_assert!(units <= found.end - found.start);
         // `units < allocated_units / allocation_count`, without the division (and false when
         // nothing is allocated).
-        let small = u128::from(units) * u128::from(self.allocation_count)
-            < u128::from(self.allocated_units);
+        // (A product that saturates is above any count of units.)
+        let small = units.saturating_mul(self.allocation_count) < self.allocated_units;
         let start = if small {
             found.end - units
         } else {
@@ -704,7 +704,7 @@ impl BuddyAllocator {
             Delta::between(&after, &before)
         };
         self.free_counts.add(&delta);
-        let region = self.split_run(run, found, start, end);
+        let region = self.split_run(run, found, bin, start, end);
         self.record(size_bytes, units, region, start)
     }
 
@@ -727,11 +727,11 @@ impl BuddyAllocator {
         None
     }
 
-    /// Splits the free run `run` (read as `found`) into the held region
+    /// Splits the free run `run` (read as `found`, listed in bin `bin`) into the held region
     /// `[start, end)` and the free runs before and after it, if any. Returns the held region. The
     /// free counts are the caller's.
     #[inline(always)]
-    fn split_run(&mut self, run: u32, found: Region, start: u64, end: u64) -> u32 {
+    fn split_run(&mut self, run: u32, found: Region, bin: u32, start: u64, end: u64) -> u32 {
         let Region {
             start: run_start,
             end: run_end,
@@ -769,7 +769,7 @@ impl BuddyAllocator {
             run
         };
         let mut links = self.links();
-        links.unlink(run, list_prev, list_next);
+        links.unlink_from(bin, list_prev, list_next);
         if has_after {
             links.regions[after as usize].prev = held;
             if run_next != NIL {
@@ -1090,7 +1090,13 @@ impl Links<'_> {
     /// given its neighbours there.
     #[inline(always)]
     fn unlink(&mut self, run: u32, list_prev: u32, list_next: u32) {
-        let bin = self.bin_of(run) as usize % BINS;
+        self.unlink_from(self.bin_of(run), list_prev, list_next);
+    }
+
+    /// Takes a free run out of the list of bin `bin`, its bin, given its neighbours there.
+    #[inline(always)]
+    fn unlink_from(&mut self, bin: u32, list_prev: u32, list_next: u32) {
+        let bin = bin as usize % BINS;
         if list_prev == NIL {
             self.heads[bin] = list_next;
         } else {
