@@ -38,7 +38,7 @@
 //! address order; the handle holds its region's index, so `free` finds its neighbours without a
 //! search. Free runs are also listed in bins, each list in the order its runs were listed, with a
 //! two-level bitmap of the bins that list a run. Under exact fit the bin is the run's length as a
-//! float with a [`LENGTH_BITS`]-bit mantissa (16 bins per power of two, exact below 32 units), as
+//! float with a 4-bit mantissa (16 bins per power of two, exact below 32 units), as
 //! in TLSF allocators; under power-of-two rounding it is the order of the run's largest block.
 //!
 //! # Placement
