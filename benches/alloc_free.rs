@@ -24,15 +24,22 @@
 //!   rule, and the same random stream, for every allocator; failures are counted). Everything left
 //!   is freed (untimed) at the end of each iteration.
 //!
+//! Untimed check: the churn failures of each allocator summed over [`CHECK_SEEDS`] more seeded
+//! churn sequences (drawn like `churn`'s, without the batch) at 70% and at 80% occupancy. One
+//! sequence's failure count is one sample of a chaotic process: the first failure changes which
+//! blocks are live at every later step, so a change of placement anywhere moves it a lot (for the
+//! exact-fit core, taking "at least the mean size" or "above the mean size" as large moved the
+//! `churn` count from 42 to 151 while the sums over many seeds barely changed).
+//!
 //! Criterion reports per-pair rates (`Throughput::Elements` is the number of allocate+free pairs:
 //! [`BATCH`] for `lifo` and `random`, [`CHURN_STEPS`] for `churn`). The allocators are built once,
-//! outside timing (the buddy allocator's bitmaps take ~8 MiB for 2^24 units), and every iteration
+//! outside timing, and every iteration
 //! leaves them as it found them: after each benchmark the whole capacity must be allocatable again
 //! at offset 0. Before anything is timed, each allocator is also checked once for overlapping or
 //! out-of-range blocks on these sequences.
 //!
 //! After the criterion run (`cargo bench --bench alloc_free`) a markdown summary of the median
-//! ns per pair over all timed batches is printed, with the churn failure counts.
+//! ns per pair over all timed batches is printed, with the churn failure counts and the check.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -64,6 +71,11 @@ const BATCH: usize = 512;
 const CHURN_STEPS: usize = 10_000;
 /// Live requested bytes after the `churn` pre-fill, as a share of the capacity.
 const CHURN_OCCUPANCY: f64 = 0.70;
+/// Untimed check: churn failures summed over this many more seeded sequences, at each of
+/// [`CHECK_OCCUPANCIES`]. One sequence's failure count swings widely with any change of
+/// placement (the first failure changes every later step), so the sum is what compares placements.
+const CHECK_SEEDS: u64 = 16;
+const CHECK_OCCUPANCIES: [f64; 2] = [0.70, 0.80];
 const SEED: u64 = 0x5eed_a110_c0de;
 
 const ALLOCATORS: [&str; 4] = [
@@ -215,18 +227,7 @@ impl Workload {
         let lifo_order: Vec<usize> = (0..BATCH).rev().collect();
         let mut random_order: Vec<usize> = (0..BATCH).collect();
         random_order.shuffle(&mut rng);
-
-        let target = (CAPACITY_BYTES as f64 * CHURN_OCCUPANCY) as u64;
-        let mut prefill_sizes = Vec::new();
-        let mut prefill_bytes = 0u64;
-        while prefill_bytes < target {
-            let size = random_size(&mut rng);
-            prefill_bytes += size;
-            prefill_sizes.push(size);
-        }
-        let churn_sizes = (0..CHURN_STEPS).map(|_| random_size(&mut rng)).collect();
-        let churn_victims = (0..CHURN_STEPS).map(|_| rng.gen()).collect();
-        let churn_retries = (0..CHURN_STEPS).map(|_| rng.gen()).collect();
+        let workload = Self::churn_only(&mut rng, CHURN_OCCUPANCY);
 
         // Every allocator must hold the whole batch at once, even rounded to powers of two (without
         // frees a power-of-two buddy allocator fails only when less than the rounded size is free).
@@ -243,6 +244,27 @@ impl Workload {
             batch_sizes,
             lifo_order,
             random_order,
+            ..workload
+        }
+    }
+
+    /// The churn part only (no batch), drawn from `rng`, pre-filled to `occupancy`.
+    fn churn_only(rng: &mut StdRng, occupancy: f64) -> Self {
+        let target = (CAPACITY_BYTES as f64 * occupancy) as u64;
+        let mut prefill_sizes = Vec::new();
+        let mut prefill_bytes = 0u64;
+        while prefill_bytes < target {
+            let size = random_size(rng);
+            prefill_bytes += size;
+            prefill_sizes.push(size);
+        }
+        let churn_sizes = (0..CHURN_STEPS).map(|_| random_size(rng)).collect();
+        let churn_victims = (0..CHURN_STEPS).map(|_| rng.gen()).collect();
+        let churn_retries = (0..CHURN_STEPS).map(|_| rng.gen()).collect();
+        Self {
+            batch_sizes: Vec::new(),
+            lifo_order: Vec::new(),
+            random_order: Vec::new(),
             prefill_sizes,
             churn_sizes,
             churn_victims,
@@ -394,6 +416,31 @@ fn validate<A: OffsetAllocator>(name: &str, allocator: &mut A, workload: &Worklo
     failures
 }
 
+/// Churn failures summed over [`CHECK_SEEDS`] more sequences (seeds `SEED + 1 ..`), per
+/// occupancy of [`CHECK_OCCUPANCIES`]: the untimed check. The allocator is left pristine.
+fn check_failures<A: OffsetAllocator>(name: &str, allocator: &mut A) -> Vec<u64> {
+    let mut live = Vec::new();
+    CHECK_OCCUPANCIES
+        .iter()
+        .map(|&occupancy| {
+            (1..=CHECK_SEEDS)
+                .map(|seed| {
+                    let mut rng = StdRng::seed_from_u64(SEED + seed);
+                    let workload = Workload::churn_only(&mut rng, occupancy);
+                    churn_prefill(allocator, &workload, &mut live);
+                    let (failures, _) = churn_steps(allocator, &workload, &mut live);
+                    churn_drain(allocator, &mut live);
+                    assert_pristine(name, allocator);
+                    failures
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// [`check_failures`] by allocator.
+static CHECK_FAILURES: Mutex<BTreeMap<String, Vec<u64>>> = Mutex::new(BTreeMap::new());
+
 /// ns per pair of every timed batch, keyed by `(allocator, sequence)`.
 static NS_PER_PAIR: Mutex<BTreeMap<(String, String), Vec<f64>>> = Mutex::new(BTreeMap::new());
 /// Failed allocations per churn iteration, by allocator (the same in every iteration).
@@ -422,6 +469,11 @@ fn bench_allocator<A: OffsetAllocator>(
         .lock()
         .unwrap()
         .insert(name.to_string(), expected_failures);
+    let checked = check_failures(name, allocator);
+    CHECK_FAILURES
+        .lock()
+        .unwrap()
+        .insert(name.to_string(), checked);
 
     let mut slots: Vec<Option<A::Handle>> = Vec::with_capacity(BATCH);
     for (sequence, free_order) in [
@@ -544,6 +596,26 @@ fn print_summary() {
             })
             .collect();
         println!("| {label} | {} | {} | {} |", row[0], row[1], row[2]);
+    }
+    println!();
+    let checked = CHECK_FAILURES.lock().unwrap();
+    let header: Vec<String> = CHECK_OCCUPANCIES
+        .iter()
+        .map(|o| {
+            format!(
+                "churn failures, {CHECK_SEEDS} more seeds, {:.0}%",
+                o * 100.0
+            )
+        })
+        .collect();
+    println!("| allocator | {} |", header.join(" | "));
+    println!("|---|{}", "---:|".repeat(CHECK_OCCUPANCIES.len()));
+    for name in ALLOCATORS {
+        let row: Vec<String> = checked.get(name).map_or_else(
+            || vec!["-".to_string(); CHECK_OCCUPANCIES.len()],
+            |sums| sums.iter().map(u64::to_string).collect(),
+        );
+        println!("| {name} | {} |", row.join(" | "));
     }
     println!();
     println!(

@@ -108,6 +108,16 @@ impl Delta {
         Self { bits }
     }
 
+    /// One block less of every order set in `old`, one more of every order set in `new`.
+    #[inline]
+    pub(crate) fn replace(old: u64, new: u64) -> Self {
+        // +1 is 0001 and -1 is 1111 in four bits.
+        let removed = old & !new;
+        Self {
+            bits: [old ^ new, removed, removed, removed],
+        }
+    }
+
     /// One block of `order` less, and one more block of every order set in `tail` (below `order`).
     #[inline]
     pub(crate) fn split(order: u32, tail: u64) -> Self {
@@ -134,6 +144,8 @@ const LOW_BITS: usize = 4;
 pub(crate) struct Counts {
     low: [u64; LOW_BITS],
     high: [u64; 64],
+    /// Bit `k` is set when `high[k]` is not zero.
+    high_orders: u64,
 }
 
 impl Counts {
@@ -142,6 +154,7 @@ impl Counts {
         Self {
             low: [0; LOW_BITS],
             high: [0; 64],
+            high_orders: 0,
         }
     }
 
@@ -167,7 +180,16 @@ impl Counts {
             let step = 1 | 0u64.wrapping_sub(sign >> order & 1);
             let high = &mut self.high[order as usize];
             *high = high.wrapping_add(step);
+            self.high_orders = self.high_orders & !(1 << order) | u64::from(*high != 0) << order;
         }
+    }
+
+    /// Bit `k` is set when the count of order `k` is not zero.
+    #[inline]
+    pub(crate) fn orders(&self) -> u64 {
+        self.low
+            .iter()
+            .fold(self.high_orders, |orders, plane| orders | plane)
     }
 
     /// The count of `order`.
@@ -188,6 +210,8 @@ impl Counts {
             *plane = *plane & !(1 << order) | (count >> j & 1) << order;
         }
         self.high[order as usize] = count >> LOW_BITS;
+        self.high_orders =
+            self.high_orders & !(1 << order) | u64::from(count >> LOW_BITS != 0) << order;
     }
 }
 

@@ -92,66 +92,60 @@ fn power_of_two_rounds_up() {
 }
 
 #[test]
-fn lowest_address_of_the_smallest_order_is_used() {
-    let mut allocator = exact(KIB, 4); // 16 KiB
-    let a = allocator.allocate(KIB).unwrap(); // [0,1)
-    let b = allocator.allocate(KIB).unwrap(); // [1,2)
-    let c = allocator.allocate(2 * KIB).unwrap(); // [2,4)
-    let d = allocator.allocate(4 * KIB).unwrap(); // [4,8)
+fn large_requests_take_the_start_of_a_run_and_small_ones_its_end() {
+    let mut allocator = exact(KIB, 4); // 16 units
+                                       // Nothing is live: 8 units count as at least the mean, and take the start.
+    let a = allocator.allocate(8 * KIB).unwrap();
+    // Below the mean live size (8, then 4.5, then 4.33): from the end of [8, 16).
+    let b = allocator.allocate(KIB).unwrap();
+    let c = allocator.allocate(4 * KIB).unwrap();
+    let d = allocator.allocate(2 * KIB).unwrap();
     assert_eq!(
         [a.offset(), b.offset(), c.offset(), d.offset()],
-        [0, KIB, 2 * KIB, 4 * KIB]
+        [0, 15 * KIB, 11 * KIB, 9 * KIB]
     );
+    assert_eq!(allocator.free_blocks(), vec![(8 * KIB, KIB)]);
+    // The mean is now 7 / 3 units: 4 units are above it and take the start of the run [0, 9).
     allocator.free(a);
-    allocator.free(c);
-    // Free now: [0,1) order 0, [2,4) order 1, [8,16) order 3. A 1 KiB request takes [0,1).
-    assert_eq!(allocator.fit_order(KIB), Some(0));
-    let e = allocator.allocate(KIB).unwrap();
+    let e = allocator.allocate(4 * KIB).unwrap();
     assert_eq!(e.offset(), 0);
-    // A 3 KiB request needs order 2: only [8,16) has it; it takes [8,11) and frees [11,12), [12,16).
-    let f = allocator.allocate(3 * KIB).unwrap();
-    assert_eq!(f.offset(), 8 * KIB);
     assert_eq!(
         allocator.free_blocks(),
-        vec![(2 * KIB, 2 * KIB), (11 * KIB, KIB), (12 * KIB, 4 * KIB)]
+        vec![(4 * KIB, 4 * KIB), (8 * KIB, KIB)]
     );
-    for allocation in [b, d, e, f] {
+    for allocation in [b, c, d, e] {
         allocator.free(allocation);
     }
     assert_fully_coalesced(allocator);
 }
 
 #[test]
-fn a_request_straddles_two_blocks_that_are_not_buddies() {
-    // 16 units of 1 KiB. Fill everything with 4-unit blocks, then free [4,8) and [8,12): they are
-    // free blocks of order 2 but not buddies, so no 8-unit block is free. A 6-unit request still
-    // fits across them at 4.
+fn a_request_straddles_buddy_blocks() {
+    // 16 units of 1 KiB filled with 4-unit blocks, each at least the mean and so at the start of
+    // the free run. Free [4, 8) and [8, 12): free blocks of order 2 that are not buddies, so no
+    // 8-unit block is free, but the run [4, 12) holds a 6-unit request.
     let mut allocator = exact(KIB, 4);
     let mut blocks: Vec<_> = (0..4)
         .map(|_| allocator.allocate(4 * KIB).unwrap())
         .collect();
-    let third = blocks.remove(2);
-    let second = blocks.remove(1);
-    allocator.free(second);
-    allocator.free(third);
+    let offsets: Vec<u64> = blocks.iter().map(|b| b.offset() / KIB).collect();
+    assert_eq!(offsets, [0, 4, 8, 12]);
+    let at_8 = blocks.remove(2);
+    let at_4 = blocks.remove(1);
+    allocator.free(at_4);
+    allocator.free(at_8);
     assert_eq!(
         allocator.free_blocks(),
         vec![(4 * KIB, 4 * KIB), (8 * KIB, 4 * KIB)]
     );
-    assert_eq!(allocator.fit_order(6 * KIB), None);
+    assert_eq!(allocator.stats().largest_free_bytes, 4 * KIB);
+    // The run holds 8 units: order 3 in `fit_order`'s terms.
+    assert_eq!(allocator.fit_order(6 * KIB), Some(3));
     let straddling = allocator.allocate(6 * KIB).unwrap();
     assert_eq!(straddling.offset(), 4 * KIB);
     assert_eq!(allocator.free_blocks(), vec![(10 * KIB, 2 * KIB)]);
     allocator.check_invariants().unwrap();
-    // The run before a block works too: free [12,16) and [10,12) remains; a 5-unit request takes
-    // [11,16)? No: the candidate is the 4-unit block at 12 and the unit before it, at 11.
-    let last = blocks.pop().unwrap();
-    allocator.free(last);
-    let before = allocator.allocate(5 * KIB).unwrap();
-    assert_eq!(before.offset(), 11 * KIB);
-    assert_eq!(allocator.free_blocks(), vec![(10 * KIB, KIB)]);
     allocator.free(straddling);
-    allocator.free(before);
     for block in blocks {
         allocator.free(block);
     }
@@ -170,9 +164,10 @@ fn any_multiple_of_min_block_is_a_capacity() {
     );
     assert_eq!(allocator.stats().largest_free_bytes, 32 * KIB);
     let a = allocator.allocate(8 * KIB).unwrap();
-    assert_eq!(a.offset(), 32 * KIB); // the smallest sufficient block
+    assert_eq!(a.offset(), 0); // the start of the only run
+                               // 32 units, across the boundary of the two roots.
     let b = allocator.allocate(32 * KIB).unwrap();
-    assert_eq!(b.offset(), 0);
+    assert_eq!(b.offset(), 8 * KIB);
     assert!(matches!(
         allocator.allocate(1),
         Err(AllocError::OutOfSpace { .. })
@@ -344,6 +339,21 @@ fn longest_free_run(model: &Model, capacity: u64, align: u64) -> u64 {
         .unwrap_or(0)
 }
 
+/// The lengths of the maximal free runs between live allocations, in bytes.
+fn free_gaps(model: &Model, capacity: u64) -> Vec<u64> {
+    let mut live: Vec<(u64, u64)> = model.live.iter().map(|l| (l.0, l.0 + l.1)).collect();
+    live.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut position = 0;
+    for (start, end) in live.into_iter().chain([(capacity, capacity)]) {
+        if start > position {
+            gaps.push(start - position);
+        }
+        position = position.max(end);
+    }
+    gaps
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Allocate(u64),
@@ -419,6 +429,17 @@ fn run_against_model(
                                     < needed_block_bytes
                             );
                         }
+                        if rounding == Rounding::Exact {
+                            // No free run is long enough for the bins that are searched whole, and
+                            // when the request's own bin lists few runs, none is long enough at all.
+                            let units = size.div_ceil(min_block);
+                            let gaps = free_gaps(&model, allocator.capacity());
+                            let longest = gaps.iter().max().copied().unwrap_or(0) / min_block;
+                            prop_assert!(longest < bin_floor(length_bin(units - 1) + 1));
+                            if gaps.len() <= STRADDLE_CANDIDATES {
+                                prop_assert!(longest < units, "{longest} units free in a run");
+                            }
+                        }
                         prop_assert_eq!(allocator.stats(), before);
                     }
                     Err(other) => prop_assert!(false, "unexpected error {other}"),
@@ -492,74 +513,90 @@ proptest! {
     }
 }
 
-#[test]
-fn the_tightest_run_is_used_first_listed_first() {
-    // 32 units of 1 KiB, filled with runs of 2, 2, 4, 4, 4 and 16 units, in address order.
-    let mut allocator = exact(KIB, 5);
-    let held: Vec<Allocation> = [2, 2, 4, 4, 4, 16]
-        .iter()
-        .map(|&units| allocator.allocate(units * KIB).unwrap())
+/// Fills an exact allocator of `units` units of 1 KiB with 1-unit allocations (each at least the
+/// mean, so at the start of the free run: in address order), then frees the units in `free`, in
+/// that order. Returns the allocations still held.
+fn fenced(units: u64, free: impl IntoIterator<Item = u64>) -> (BuddyAllocator, Vec<Allocation>) {
+    let mut allocator = BuddyAllocator::with_capacity(KIB, units * KIB, Rounding::Exact).unwrap();
+    let mut held: Vec<Option<Allocation>> = (0..units)
+        .map(|_| Some(allocator.allocate(KIB).unwrap()))
         .collect();
-    let offsets: Vec<u64> = held.iter().map(|a| a.offset() / KIB).collect();
-    assert_eq!(offsets, [0, 2, 4, 8, 12, 16]);
-    let mut held: Vec<Option<Allocation>> = held.into_iter().map(Some).collect();
-    // Free [2, 4), [4, 8) and [12, 16): the runs [2, 8) (blocks 2 at 2 and 4 at 4) and [12, 16)
-    // (4 at 12), both of class 2 (their largest block has 4 units), listed in that order.
-    for index in [1, 2, 4] {
-        allocator.free(held[index].take().unwrap());
+    assert!(held
+        .iter()
+        .enumerate()
+        .all(|(unit, a)| a.as_ref().unwrap().offset() == unit as u64 * KIB));
+    for unit in free {
+        allocator.free(held[unit as usize].take().unwrap());
     }
-    assert_eq!(
-        allocator.free_blocks(),
-        vec![(2 * KIB, 2 * KIB), (4 * KIB, 4 * KIB), (12 * KIB, 4 * KIB)]
-    );
-    assert_eq!(allocator.fit_order(2 * KIB), Some(1));
-    // 2 units: the first run of class 2, at its smallest block of at least 2 units.
+    (allocator, held.into_iter().flatten().collect())
+}
+
+#[test]
+fn the_shortest_sufficient_run_is_used() {
+    // Free runs [1, 7) (6 units, listed first) and [9, 12) (3 units).
+    let (mut allocator, held) = fenced(16, (1..7).chain(9..12));
+    // 3 units: every run of 3 units or more would do; the 3-unit run is the tightest.
+    assert_eq!(allocator.fit_order(3 * KIB), Some(1));
+    let three = allocator.allocate(3 * KIB).unwrap();
+    assert_eq!(three.offset(), 9 * KIB);
+    // 2 units, above the mean live size: the start of the only run left.
     let two = allocator.allocate(2 * KIB).unwrap();
-    assert_eq!(two.offset(), 2 * KIB);
-    // [4, 8) is listed again, after [12, 16): a 4-unit request takes the first listed, at 12, not
-    // the lowest address (4).
-    let four = allocator.allocate(4 * KIB).unwrap();
-    assert_eq!(four.offset(), 12 * KIB);
+    assert_eq!(two.offset(), KIB);
+    // 1 unit, below the mean (12 units in 9 allocations): the end of [3, 7).
+    let one = allocator.allocate(KIB).unwrap();
+    assert_eq!(one.offset(), 6 * KIB);
     allocator.check_invariants().unwrap();
-    for allocation in held.into_iter().flatten().chain([two, four]) {
+    for allocation in held.into_iter().chain([three, two, one]) {
         allocator.free(allocation);
     }
     assert_fully_coalesced(allocator);
 }
 
 #[test]
-fn a_straddling_request_may_use_a_run_of_a_quarter_of_its_order() {
-    // 16 units. Hold [0, 1), [6, 7) and [8, 16): the free runs are [1, 6) (blocks 1 at 1, 2 at 2,
-    // 2 at 4: largest of order 1) and [7, 8). A 5-unit request (order 3) finds no block of 4 units
-    // or more, but the run [1, 6) of class 1 holds it.
-    let mut allocator = exact(KIB, 4);
-    let all = allocator.allocate(16 * KIB).unwrap();
-    allocator.free(all);
-    let first = allocator.allocate(KIB).unwrap();
-    let mut rest: Vec<Allocation> = (1..16).map(|_| allocator.allocate(KIB).unwrap()).collect();
-    assert_eq!(first.offset(), 0);
-    // Free units 1..=5 and 7.
-    let mut kept = Vec::new();
-    for allocation in rest.drain(..) {
-        let unit = allocation.offset() / KIB;
-        if (1..=5).contains(&unit) || unit == 7 {
-            allocator.free(allocation);
-        } else {
-            kept.push(allocation);
-        }
-    }
-    assert_eq!(allocator.stats().largest_free_bytes, 2 * KIB);
-    assert_eq!(allocator.fit_order(5 * KIB), None);
-    let five = allocator.allocate(5 * KIB).unwrap();
-    assert_eq!(five.offset(), KIB);
-    assert_eq!(allocator.free_blocks(), vec![(7 * KIB, KIB)]);
-    allocator.check_invariants().unwrap();
-    allocator.free(five);
-    allocator.free(first);
-    for allocation in kept {
+fn a_run_of_the_requests_own_length_bin_is_searched() {
+    // Lengths of 32 units and more share bins 2 units wide. Free runs [1, 33) (32 units, listed
+    // first) and [40, 73) (33 units), both in the bin of 32 and 33: no bin of runs that are all
+    // long enough for 33 units lists a run, but the second run of its own bin fits.
+    assert_eq!(length_bin(32), length_bin(33));
+    assert_ne!(length_bin(33), length_bin(34));
+    let (mut allocator, held) = fenced(128, (1..33).chain(40..73));
+    assert_eq!(allocator.fit_order(33 * KIB), None);
+    let fits = allocator.allocate(33 * KIB).unwrap();
+    assert_eq!(fits.offset(), 40 * KIB);
+    assert_eq!(allocator.free_blocks(), {
+        let mut run = Vec::new();
+        for_each_piece(1, 33, 7, |start, order| {
+            run.push((start * KIB, KIB << order))
+        });
+        run
+    });
+    // 33 units no longer fit anywhere.
+    assert!(matches!(
+        allocator.allocate(33 * KIB),
+        Err(AllocError::OutOfSpace { .. })
+    ));
+    for allocation in held.into_iter().chain([fits]) {
         allocator.free(allocation);
     }
-    assert_fully_coalesced(allocator);
+    allocator.check_invariants().unwrap();
+    assert_eq!(allocator.stats().free_bytes, 128 * KIB);
+}
+
+#[test]
+fn length_bins_grow_with_the_length() {
+    let mut previous = 0;
+    for units in 1..1u64 << 12 {
+        let bin = length_bin(units);
+        assert!(bin == previous || bin == previous + 1, "{units}: {bin}");
+        assert!(bin_floor(bin) <= units && units < bin_floor(bin + 1));
+        previous = bin;
+    }
+    for exponent in 12..34 {
+        let units = 1u64 << exponent;
+        assert_eq!(bin_floor(length_bin(units)), units);
+        assert_eq!(length_bin(units - 1) + 1, length_bin(units));
+        assert!((length_bin(units) as usize) < BINS);
+    }
 }
 
 #[test]
