@@ -1185,7 +1185,8 @@ impl<S: SegmentStorage> PoolCore<S> {
         if let Some((_, slot)) = best {
             return self.place_in_slot(slot, size_bytes);
         }
-        // No aligned block anywhere: a run straddling two blocks may still fit (exact fit only).
+        // No run certain to fit anywhere: a run of the request's own length bin may still fit
+        // (exact fit only).
         (0..self.segments.len()).find_map(|slot| self.place_in_slot(slot, size_bytes))
     }
 
