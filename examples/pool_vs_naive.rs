@@ -659,10 +659,23 @@ fn weights_bytes(layers: &[(Tensor, Tensor)]) -> u64 {
 
 /// `Σ p_i · (i mod 7 + 1)` over one answer.
 fn answer_checksum(answer: &[f32]) -> f64 {
-    answer
-        .iter()
+    // Sums of the elements of each residue mod 7, 28 independent sums at a time (index i adds to
+    // sum i mod 28, whose residue mod 7 is i's), then weighted: no division and no single chain
+    // of additions per element. A `%` per element and one running sum took 430-550 µs per 256K
+    // elements on the dev machine (this: 70), where `serve.py` takes one vectorised dot product.
+    let mut sums = [0.0f64; 28];
+    let mut chunks = answer.chunks_exact(28);
+    for chunk in &mut chunks {
+        for (sum, &p) in sums.iter_mut().zip(chunk) {
+            *sum += f64::from(p);
+        }
+    }
+    for (sum, &p) in sums.iter_mut().zip(chunks.remainder()) {
+        *sum += f64::from(p);
+    }
+    sums.iter()
         .enumerate()
-        .map(|(i, p)| f64::from(*p) * ((i % 7) as f64 + 1.0))
+        .map(|(i, sum)| sum * ((i % 7) as f64 + 1.0))
         .sum()
 }
 
