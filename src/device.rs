@@ -267,6 +267,17 @@ pub(crate) fn read_mapped(
     buffer: &wgpu::Buffer,
     size: u64,
 ) -> Result<Vec<u8>, String> {
+    read_mapped_with(device, buffer, size, <[u8]>::to_vec)
+}
+
+/// [`read_mapped`], handing the mapped bytes to `read` (which copies what it needs out of
+/// them, into its own types: one copy rather than two) before unmapping.
+pub(crate) fn read_mapped_with<R>(
+    device: &wgpu::Device,
+    buffer: &wgpu::Buffer,
+    size: u64,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<R, String> {
     let (sender, receiver) = std::sync::mpsc::channel();
     buffer.map_async(wgpu::MapMode::Read, 0..size, move |result| {
         sender.send(result).ok();
@@ -289,7 +300,7 @@ pub(crate) fn read_mapped(
             .poll(wgpu::PollType::Poll)
             .map_err(|e| e.to_string())?;
     };
-    copy_mapped(buffer, size, mapped)
+    read_from_mapped(buffer, size, mapped, read)
 }
 
 /// Copies out the first `size` bytes of `buffer` once its map callback said `mapped`, and unmaps.
@@ -298,17 +309,29 @@ fn copy_mapped(
     size: u64,
     mapped: Option<Result<(), wgpu::BufferAsyncError>>,
 ) -> Result<Vec<u8>, String> {
+    read_from_mapped(buffer, size, mapped, <[u8]>::to_vec)
+}
+
+/// Hands the first `size` bytes of `buffer` to `read` once its map callback said `mapped`, and
+/// unmaps.
+fn read_from_mapped<R>(
+    buffer: &wgpu::Buffer,
+    size: u64,
+    mapped: Option<Result<(), wgpu::BufferAsyncError>>,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<R, String> {
     match mapped {
         Some(Ok(())) => {}
         Some(Err(error)) => return Err(error.to_string()),
         None => return Err("the map callback was dropped".into()),
     }
-    let bytes = buffer
-        .get_mapped_range(0..size)
-        .map_err(|e| e.to_string())?
-        .to_vec();
+    let result = read(
+        &buffer
+            .get_mapped_range(0..size)
+            .map_err(|e| e.to_string())?,
+    );
     buffer.unmap();
-    Ok(bytes)
+    Ok(result)
 }
 
 /// The error an error scope caught, if any. Native: waits for the scope's answer. In a browser

@@ -914,23 +914,26 @@ impl Plan {
     /// Nothing is submitted on a refused input.
     pub fn run(&mut self, inputs: &[Feed<'_>]) -> Result<Vec<Vec<f32>>, ComputeError> {
         self.replay(inputs, None)?;
-        let bytes = crate::device::read_mapped(
+        let outputs = &self.outputs;
+        // Straight from the mapped read-back buffer into the outputs' vectors.
+        crate::device::read_mapped_with(
             &self.context.gpu().device,
             &self.read_back,
             self.output_bytes,
+            |bytes| {
+                let mut start = 0usize;
+                outputs
+                    .iter()
+                    .map(|slot| {
+                        let values =
+                            crate::pool::to_elements(&bytes[start..start + slot.len * 4], slot.len);
+                        start += slot.bytes as usize;
+                        values
+                    })
+                    .collect()
+            },
         )
-        .map_err(ComputeError::Wait)?;
-        let mut start = 0usize;
-        Ok(self
-            .outputs
-            .iter()
-            .map(|slot| {
-                let values =
-                    crate::pool::to_elements(&bytes[start..start + slot.len * 4], slot.len);
-                start += slot.bytes as usize;
-                values
-            })
-            .collect())
+        .map_err(ComputeError::Wait)
     }
 
     /// Replays the forward on `inputs` and copies the outputs into `outputs` (tensors of the
