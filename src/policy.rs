@@ -1053,6 +1053,19 @@ impl<S: SegmentStorage> PoolCore<S> {
             .budget_bytes
             .is_some_and(|budget| with_roomy > budget);
         let segment_bytes = if over_budget { packed } else { roomy };
+        self.grow_ranges(size_bytes, rounded, segment_bytes, true)
+    }
+
+    /// Grows the pool by a segment of free ranges (mid-sized or large) of `segment_bytes` and
+    /// places the request at its start: refused over the budget, after giving back what the
+    /// cache must.
+    fn grow_ranges(
+        &mut self,
+        size_bytes: u64,
+        rounded: u64,
+        segment_bytes: u64,
+        mid: bool,
+    ) -> Result<Placement, PolicyError> {
         self.refuse_over_budget(size_bytes, rounded)?;
         let reserved_before = self.stats.reserved_bytes.current;
         self.release_for_growth(rounded, segment_bytes);
@@ -1060,7 +1073,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             size_bytes,
             segment_bytes,
             rounded,
-            Kind::Ranges { mid: true },
+            Kind::Ranges { mid },
             reserved_before,
         )?;
         Ok(self.place_large(slot, 0, size_bytes, rounded))
@@ -1301,18 +1314,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         if let Some(placement) = self.place_large_existing(size_bytes, rounded) {
             return Ok(placement);
         }
-        self.refuse_over_budget(size_bytes, rounded)?;
-        let reserved_before = self.stats.reserved_bytes.current;
-        let segment_bytes = rounded;
-        self.release_for_growth(rounded, segment_bytes);
-        let slot = self.grow(
-            size_bytes,
-            segment_bytes,
-            rounded,
-            Kind::Ranges { mid: false },
-            reserved_before,
-        )?;
-        Ok(self.place_large(slot, 0, size_bytes, rounded))
+        self.grow_ranges(size_bytes, rounded, rounded, false)
     }
 
     /// The bytes a large request holds: rounded up to `min_block_bytes` (never past the largest
