@@ -442,7 +442,8 @@ pub struct MatmulOptions {
     /// on the device, and the fastest serves the class from then on, in every context of the
     /// process on the same device (adapter, driver, backend) with the same options
     /// ([`crate::compute::ops::matmul`]). By default ([`Autotune::Gpu`]) on every adapter but a
-    /// software one; the first matmul of each class then costs tens of milliseconds. Ignored where
+    /// software one; the first matmul of each class then runs each of its few dozen candidates
+    /// eleven times (one warm-up, five rounds of two) before it runs itself. Ignored where
     /// `tiles` or `split_k` is forced, for the narrow kernel, and where the automatic plan is
     /// the large tile without a split.
     pub autotune: Autotune,
