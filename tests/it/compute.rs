@@ -2035,7 +2035,15 @@ fn autotuned_matmuls_agree_with_the_twin_and_keep_their_choice() {
     // Past the narrow kernel's rows; deep K (split candidates), odd sizes (scalar, edges).
     for shape in [(24, 1024, 36), (33, 65, 20), (64, 512, 128)] {
         let (m, k, n) = shape;
+        // Tuning runs in a pool of its own: the context's pool gains no segment from it.
+        let before = context.pool().stats();
         let first = context.matmul_plan(m, n, k).unwrap();
+        let after = context.pool().stats();
+        assert_eq!(
+            (after.create_segment_calls, after.reserved_bytes.current),
+            (before.create_segment_calls, before.reserved_bytes.current),
+            "{shape:?}"
+        );
         check_matmul(
             &context,
             "autotuned",

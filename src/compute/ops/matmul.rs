@@ -26,8 +26,9 @@
 //! of a shape class (M rounded up to a power of two, N, K) that the tiled kernel serves, and
 //! whose automatic plan is not the large tile unsplit, times candidate plans instead — the
 //! automatic one, and the large, small, thin, 64×128×16, 64×128×16/4×8 and 128×64×16 tiles the
-//! device takes, each with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` — in a context
-//! of its own on the same pool, with operands of the class's size: the candidates take turns for
+//! device takes, each with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` — in a pool and
+//! context of their own (given back after, so tuning leaves the context's pool as it was; a tuner
+//! that cannot run leaves the rules' plan), with operands of the class's size: the candidates take turns for
 //! five rounds and each keeps its fastest (GPU timestamps where the adapter has them), so that a
 //! clock that moves while it tunes moves every candidate's figure alike. The fastest serves the
 //! class from then on, in every context of the process on the same device with the same
@@ -116,6 +117,7 @@ use crate::compute::vocab::{
     element_count, kernel_u32, tensor_bytes, ComputeError, KernelKey, MatmulParams, NarrowParams,
     ParamsBlock, ReduceParams, Source, Variant,
 };
+use crate::pool::{Pool, PoolOptions};
 
 pub use crate::compute::vocab::{Activation, Autotune, MatmulOptions, MatmulTiles};
 
@@ -354,7 +356,7 @@ impl Context {
 
     /// The fastest `(tiles, splits)` for `[m, k] · [k, n]`: the automatic plan and the large,
     /// small, thin and three medium tiles the device takes, each with 1, 2, 4, 8 and 16 splits (at
-    /// least `min_split_depth` of K each), timed on the device in a context of their own. Where
+    /// least `min_split_depth` of K each), timed on the device (`fastest`). Where
     /// the automatic plan is the large tile without a split (the grid fills the GPU), that plan,
     /// untimed.
     ///
@@ -397,9 +399,28 @@ impl Context {
                 }
             }
         }
+        // A tuner that cannot run (no memory for the class's operands and partials, say) leaves
+        // the rules' plan: tuning never fails a product that would run without it.
+        let fastest = self.fastest(m, n, k, candidates).unwrap_or(None);
+        Ok(fastest.unwrap_or((automatic.tiles, automatic.splits)))
+    }
+
+    /// The fastest of `candidates` for `[m, k] · [k, n]` (`None` when the device takes none of
+    /// them), timed in a pool and context of their own, given back before it returns: tuning
+    /// leaves the context's pool as it was (no segment created or cached for the tuner's operands
+    /// and partials).
+    fn fastest(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        candidates: Vec<(MatmulTiles, u32)>,
+    ) -> Result<Option<(MatmulTiles, u32)>, ComputeError> {
+        let options = &self.options().matmul;
         let timestamps = TimestampSupport::of(&self.gpu().device) != TimestampSupport::None;
+        let pool = Pool::new(self.gpu(), PoolOptions::default())?;
         let tuner = Context::new(
-            self.pool(),
+            &pool,
             ContextOptions {
                 shader_checks: self.options().shader_checks,
                 matmul: MatmulOptions {
@@ -445,12 +466,11 @@ impl Context {
                 *best = best.min(seconds);
             }
         }
-        let choice = plans
+        Ok(plans
             .iter()
             .zip(&fastest)
             .min_by(|x, y| x.1.total_cmp(y.1))
-            .map(|(plan, _)| (plan.tiles, plan.splits));
-        Ok(choice.unwrap_or((automatic.tiles, automatic.splits)))
+            .map(|(plan, _)| (plan.tiles, plan.splits)))
     }
 
     /// The plan of the narrow kernel, where it applies: few rows, K and N multiples of 4, tiles
