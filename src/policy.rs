@@ -1007,16 +1007,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         let segment_bytes = self.packed_segment_bytes(rounded);
         // When the budget or the device refuses, the fallback is a segment of exactly the rounded
         // request.
-        self.refuse_over_budget(size_bytes, rounded)?;
-        let reserved_before = self.stats.reserved_bytes.current;
-        self.release_for_growth(rounded, segment_bytes);
-        let slot = self.grow(
-            size_bytes,
-            segment_bytes,
-            rounded,
-            Kind::Packed,
-            reserved_before,
-        )?;
+        let slot = self.grow_for(size_bytes, rounded, segment_bytes, Kind::Packed)?;
         Ok(self
             .place_in_slot(slot, size_bytes)
             .expect("a new segment sized for the request has room for it"))
@@ -1057,8 +1048,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// Grows the pool by a segment of free ranges (mid-sized or large) of `segment_bytes` and
-    /// places the request at its start: refused over the budget, after giving back what the
-    /// cache must.
+    /// places the request at its start.
     fn grow_ranges(
         &mut self,
         size_bytes: u64,
@@ -1066,17 +1056,23 @@ impl<S: SegmentStorage> PoolCore<S> {
         segment_bytes: u64,
         mid: bool,
     ) -> Result<Placement, PolicyError> {
+        let slot = self.grow_for(size_bytes, rounded, segment_bytes, Kind::Ranges { mid })?;
+        Ok(self.place_large(slot, 0, size_bytes, rounded))
+    }
+
+    /// A new segment of `kind` and `segment_bytes` for a request (`rounded` the fallback size):
+    /// refused over the budget, after giving back what the cache must. Returns its slot.
+    fn grow_for(
+        &mut self,
+        size_bytes: u64,
+        rounded: u64,
+        segment_bytes: u64,
+        kind: Kind,
+    ) -> Result<usize, PolicyError> {
         self.refuse_over_budget(size_bytes, rounded)?;
         let reserved_before = self.stats.reserved_bytes.current;
         self.release_for_growth(rounded, segment_bytes);
-        let slot = self.grow(
-            size_bytes,
-            segment_bytes,
-            rounded,
-            Kind::Ranges { mid },
-            reserved_before,
-        )?;
-        Ok(self.place_large(slot, 0, size_bytes, rounded))
+        self.grow(size_bytes, segment_bytes, rounded, kind, reserved_before)
     }
 
     fn place_mid_existing(&mut self, size_bytes: u64, rounded_bytes: u64) -> Option<Placement> {
