@@ -362,7 +362,8 @@ pub enum Autotune {
     /// Never: the rules of [`crate::compute::ops::matmul`] choose.
     Off,
     /// On every adapter that is not a software one ([`wgpu::DeviceType::Cpu`], where timing the
-    /// candidates costs seconds and says nothing about a GPU). The default.
+    /// candidates costs seconds and says nothing about a GPU), and not in a browser (where
+    /// nothing may wait for the GPU, so nothing can be timed). The default.
     #[default]
     Gpu,
     /// On every adapter, software ones included.
@@ -374,7 +375,7 @@ impl Autotune {
     pub fn applies_to(self, device_type: wgpu::DeviceType) -> bool {
         match self {
             Self::Off => false,
-            Self::Gpu => device_type != wgpu::DeviceType::Cpu,
+            Self::Gpu => device_type != wgpu::DeviceType::Cpu && !cfg!(target_arch = "wasm32"),
             Self::Always => true,
         }
     }
