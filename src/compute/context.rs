@@ -26,13 +26,14 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{
-    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak,
+    Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak,
 };
 
 use super::kernels::Kernels;
 use super::timing::{KernelTiming, Timer, TimestampSupport};
 use super::vocab::{
-    ComputeError, KernelKey, MatmulOptions, ParamsBlock, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    ComputeError, KernelKey, MatmulOptions, ParamsBlock, TunedChoices, MAX_STORAGE_BINDINGS,
+    PARAMS_BYTES,
 };
 use crate::device::Gpu;
 use crate::policy::{CompactionEstimate, CompactionLimits, OutOfMemory};
@@ -418,6 +419,10 @@ pub(crate) struct Shared {
     /// Bumped whenever a compaction moved tensors: plans that bind tensors make their bind groups
     /// again when it changed.
     moved: AtomicU64,
+    /// The matmul autotuner's choices for this device and these options, found in the
+    /// process-wide registry at the first tuned matmul (so a matmul looks up its shape class
+    /// alone).
+    pub(crate) tuned: OnceLock<Arc<TunedChoices>>,
     state: Mutex<State>,
 }
 
@@ -549,6 +554,7 @@ impl Context {
                 capturing: AtomicU64::new(0),
                 registry: Mutex::new(HashMap::new()),
                 moved: AtomicU64::new(0),
+                tuned: OnceLock::new(),
                 state: Mutex::new(state),
             }),
         })

@@ -356,6 +356,14 @@ impl MatmulTiles {
     }
 }
 
+/// The autotuner's choices `(tiles, splits)` for one device and one set of matmul options, by
+/// shape class `(M rounded up to a power of two, N, K)`: shared by every context of the process
+/// with that device and those options.
+pub(crate) type TunedChoices = std::sync::Mutex<Choices>;
+
+/// The `(tiles, splits)` chosen for each shape class `(M rounded up to a power of two, N, K)`.
+pub(crate) type Choices = std::collections::HashMap<(usize, usize, usize), (MatmulTiles, u32)>;
+
 /// When matmuls choose their tile and split-K by measurement ([`MatmulOptions::autotune`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Autotune {

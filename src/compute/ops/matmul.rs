@@ -114,10 +114,12 @@ use crate::compute::context::{Context, ContextOptions, Dispatch};
 use crate::compute::tensor::Tensor;
 use crate::compute::timing::TimestampSupport;
 use crate::compute::vocab::{
-    element_count, kernel_u32, tensor_bytes, ComputeError, KernelKey, MatmulParams, NarrowParams,
-    ParamsBlock, ReduceParams, Source, Variant,
+    element_count, kernel_u32, tensor_bytes, Choices, ComputeError, KernelKey, MatmulParams,
+    NarrowParams, ParamsBlock, ReduceParams, Source, TunedChoices, Variant,
 };
 use crate::pool::{Pool, PoolOptions};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub use crate::compute::vocab::{Activation, Autotune, MatmulOptions, MatmulTiles};
 
@@ -139,14 +141,22 @@ const NARROW_SPLIT_BELOW: u64 = 4;
 /// Rounds in which the autotuner's candidates take turns (each keeps its fastest).
 const TUNING_ROUNDS: usize = 5;
 
-/// The autotuner's choices `(tiles, splits)`, by device and options and by shape class `(M
-/// rounded up to a power of two, N, K)`.
-type Tuned = std::collections::HashMap<(String, (usize, usize, usize)), (MatmulTiles, u32)>;
-
-fn tuned() -> std::sync::MutexGuard<'static, Tuned> {
-    static TUNED: std::sync::OnceLock<std::sync::Mutex<Tuned>> = std::sync::OnceLock::new();
-    TUNED
+/// The autotuner's choices of the process, by device (adapter, driver, backend) and matmul
+/// options.
+fn registry(key: String) -> Arc<TunedChoices> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<TunedChoices>>>> = OnceLock::new();
+    REGISTRY
         .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .entry(key)
+        .or_default()
+        .clone()
+}
+
+/// Locks one device's and options' choices.
+fn lock(choices: &TunedChoices) -> MutexGuard<'_, Choices> {
+    choices
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -329,21 +339,22 @@ impl Context {
         }
         let class = (m.checked_next_power_of_two().unwrap_or(m), n, k);
         // Choices hold for a device (adapter, driver, backend) and these options, in the whole
-        // process: every context of the device shares them.
-        let info = &self.gpu().info;
-        let key = (
-            format!(
+        // process: every context of the device shares them. The context finds its device's
+        // choices once, so that a matmul looks up its class alone.
+        let choices = self.shared.tuned.get_or_init(|| {
+            let info = &self.gpu().info;
+            registry(format!(
                 "{} / {} {} / {:?} / {options:?}",
                 info.name, info.driver, info.driver_info, info.backend
-            ),
-            class,
-        );
-        let known = tuned().get(&key).copied();
+            ))
+        });
+        let known = lock(choices).get(&class).copied();
         let (tiles, splits) = match known {
             Some(choice) => choice,
             None => {
+                // Not locked while it tunes: the tuner's own products look up nothing here.
                 let choice = self.autotune(class)?;
-                tuned().insert(key, choice);
+                lock(choices).insert(class, choice);
                 choice
             }
         };
