@@ -54,11 +54,12 @@
 //!   for the OOM count). When the storage refuses, the empty segments given back while trying stay
 //!   given back, and the error says how many bytes that was ([`OutOfMemory::released_bytes`]).
 //! - **Compaction**, when the caller asks for it: [`PoolCore::compaction_plan`] moves live
-//!   allocations (at most the request's size by default) out of one aligned block of a packed
-//!   segment into free blocks of the other packed segments, so that a request fits without a new
-//!   segment; the caller copies the bytes and applies the plan ([`PoolCore::apply_moves`]). The
-//!   pool does not compact on its own; the replay's `pool_compact` does before every growth (on
-//!   the nine traces below it found nothing to move with this policy).
+//!   allocations (at most the request's size by default) out of one range of a segment of the
+//!   request's class (an aligned block of a packed segment; a range of the request's size of a
+//!   mid-sized or large one) into free space of the other segments of that class, so that a
+//!   request fits without a new segment; the caller copies the bytes and applies the plan
+//!   ([`PoolCore::apply_moves`]). The pool does not compact on its own; the replay's
+//!   `pool_compact` does before every growth.
 //!
 //! # The naive mode
 //!
@@ -140,7 +141,9 @@ mod compact;
 mod large;
 
 pub use compact::CompactionLimits;
-use compact::{cheapest_window, FreeBlocks, Live, Window};
+use compact::{
+    cheapest_range_window, cheapest_window, range_after_moves, FreeBlocks, Live, Window,
+};
 use large::{FreeIndex, Ranges};
 
 /// What a segment's memory comes from: GPU buffers in the pool, nothing but bookkeeping in the
@@ -592,19 +595,26 @@ pub struct Segment<M> {
     large: Option<Ranges>,
     /// The pool's clock when the segment was created or last had an allocation freed.
     last_used: u64,
-    /// The live allocations of a packed segment (and destinations a compaction plan holds), by
-    /// offset: what compaction moves.
+    /// The live allocations of a packed segment or one of free ranges (and destinations a
+    /// compaction plan holds), by offset: what compaction moves.
     live: BTreeMap<u64, Live>,
 }
 
 impl<M> Segment<M> {
-    /// The ranges held in a packed segment as `(offset, allocated bytes)`, in address order: its
-    /// live allocations, and the destinations of a compaction plan not yet applied or cancelled.
-    /// Empty for a dedicated segment.
+    /// The ranges held in a packed segment or one of free ranges as `(offset, allocated bytes)`,
+    /// in address order: its live allocations, and the destinations of a compaction plan not yet
+    /// applied or cancelled. Empty for a dedicated segment.
     pub fn live_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.live
             .iter()
             .map(|(&offset, live)| (offset, live.allocated_bytes))
+    }
+
+    /// True for a segment of one request's own (the naive mode's, or a large request's when large
+    /// requests do not share): neither buddy-packed nor of free ranges. Compaction never moves
+    /// its allocation.
+    pub fn is_dedicated(&self) -> bool {
+        self.allocator.is_none() && self.large.is_none()
     }
 
     /// True when no allocation lives in this segment.
@@ -697,7 +707,8 @@ impl Placement {
     }
 
     /// True when the allocation is not in a buddy-packed segment: in a dedicated segment, or in
-    /// a segment of free ranges (the large or the mid-sized class). Compaction never moves it.
+    /// a segment of free ranges (the large or the mid-sized class). Compaction moves allocations
+    /// of packed segments and of segments of free ranges, never of dedicated ones.
     pub fn is_dedicated(&self) -> bool {
         self.inner.is_none()
     }
@@ -734,9 +745,10 @@ pub struct Move {
 pub struct CompactionEstimate {
     /// The segment the request would fit in.
     pub segment: SegmentId,
-    /// The offset of the aligned block emptied for it, in bytes.
+    /// The offset of the range emptied for it, in bytes.
     pub window_offset: u64,
-    /// The size of that block, in bytes: the request rounded up to a power of two.
+    /// The size of that range, in bytes: for a packed request, an aligned block of the request
+    /// rounded up to a power of two; for a mid-sized or large one, the request after rounding.
     pub window_bytes: u64,
     /// The allocations moved out of it.
     pub moves: usize,
@@ -757,8 +769,9 @@ pub struct CompactionPlan {
     estimate: CompactionEstimate,
     slot: usize,
     moves: Vec<Move>,
-    /// The destinations, one per move, in the same order.
-    reserved: Vec<buddy::Allocation>,
+    /// The destinations, one per move, in the same order: the buddy allocation of a packed one,
+    /// `None` for a range of a segment of free ranges (the move names it).
+    reserved: Vec<Option<buddy::Allocation>>,
 }
 
 impl CompactionPlan {
@@ -789,10 +802,9 @@ impl CompactionPlan {
 
     /// True when the plan moves `placement`.
     pub fn moves_placement(&self, placement: &Placement) -> bool {
-        !placement.is_dedicated()
-            && self.moves.iter().any(|m| {
-                m.from_segment == placement.segment && m.from_offset == placement.offset_bytes
-            })
+        self.moves
+            .iter()
+            .any(|m| m.from_segment == placement.segment && m.from_offset == placement.offset_bytes)
     }
 }
 
@@ -811,6 +823,14 @@ pub enum CompactionError {
 
 /// How many candidate blocks [`PoolCore::compaction_plan`] examines, cheapest first.
 pub const COMPACTION_CANDIDATES: usize = 8;
+
+/// What compaction makes room for: a free aligned block of a packed segment, or a free range of
+/// a segment of the mid-sized or large class.
+#[derive(Debug, Clone, Copy)]
+enum CompactionTarget {
+    Packed { block_bytes: u64 },
+    Ranges { mid: bool, bytes: u64 },
+}
 
 /// What a new segment is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1324,24 +1344,35 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// Places a large request in the tightest free range of the large segments that leaves its
     /// segment at least `large_fill_eighths / 8` full, if there is one.
     fn place_large_existing(&mut self, size_bytes: u64, rounded_bytes: u64) -> Option<Placement> {
-        let eighths = self.config.large_fill_eighths;
-        let segments = &self.segments;
-        let usable = self.config.dedicated_above_bytes;
-        let remainder_divisor = self.config.large_remainder_divisor;
         let (slot, offset) = self.ranges_free[0].best_fit(rounded_bytes, |length, slot| {
-            let segment = segments[slot]
+            let segment = self.segments[slot]
                 .as_ref()
                 .expect("a listed range's segment is held");
             let used = segment.large.as_ref().map_or(0, Ranges::allocated_bytes);
-            let rest = length - rounded_bytes;
-            let rest_ok = remainder_divisor == 0
-                || rest > usable
-                || rest <= rounded_bytes / remainder_divisor;
-            rest_ok
-                && (used + rounded_bytes).saturating_mul(8)
-                    >= segment.size_bytes.saturating_mul(eighths)
+            self.large_range_ok(length, used, rounded_bytes, segment.size_bytes)
         })?;
         Some(self.place_large(slot, offset, size_bytes, rounded_bytes))
+    }
+
+    /// Whether a free range of `length` bytes in a large segment of `segment_bytes` holding
+    /// `used` bytes may serve a large request holding `rounded_bytes`: the segment is then at
+    /// least `large_fill_eighths / 8` full, and the range's rest is either usable by another large
+    /// request or at most `1 / large_remainder_divisor` of the request.
+    fn large_range_ok(
+        &self,
+        length: u64,
+        used: u64,
+        rounded_bytes: u64,
+        segment_bytes: u64,
+    ) -> bool {
+        let rest = length - rounded_bytes;
+        let divisor = self.config.large_remainder_divisor;
+        let rest_ok = divisor == 0
+            || rest > self.config.dedicated_above_bytes
+            || rest <= rounded_bytes / divisor;
+        rest_ok
+            && (used + rounded_bytes).saturating_mul(8)
+                >= segment_bytes.saturating_mul(self.config.large_fill_eighths)
     }
 
     fn place_large(
@@ -1354,6 +1385,13 @@ impl<S: SegmentStorage> PoolCore<S> {
         let segment = self.segments[slot].as_mut().expect("slot holds a segment");
         let ranges = segment.large.as_mut().expect("a large segment");
         self.ranges_free[usize::from(ranges.is_mid())].take(slot, ranges, offset, rounded_bytes);
+        segment.live.insert(
+            offset,
+            Live {
+                allocated_bytes: rounded_bytes,
+                requested_bytes: size_bytes,
+            },
+        );
         let placement = Placement {
             segment: segment.id,
             slot,
@@ -1523,12 +1561,15 @@ impl<S: SegmentStorage> PoolCore<S> {
                 allocator.free(allocation);
             }
             (None, None) => match segment.large.as_mut() {
-                Some(ranges) => self.ranges_free[usize::from(ranges.is_mid())].give(
-                    placement.slot,
-                    ranges,
-                    placement.offset_bytes,
-                    placement.allocated_bytes,
-                ),
+                Some(ranges) => {
+                    segment.live.remove(&placement.offset_bytes);
+                    self.ranges_free[usize::from(ranges.is_mid())].give(
+                        placement.slot,
+                        ranges,
+                        placement.offset_bytes,
+                        placement.allocated_bytes,
+                    );
+                }
                 None => segment.dedicated_in_use = false,
             },
             _ => panic!(
@@ -1596,15 +1637,24 @@ impl<S: SegmentStorage> PoolCore<S> {
 /// coalescing is complete, so the block lies within one of the free run's canonical blocks). In
 /// every packed segment, among the aligned blocks of `B` that hold some free space (at most two per
 /// gap between live allocations), the one whose overlapping live allocations are the fewest bytes
-/// is a candidate; an allocation that straddles the block's edge is moved whole. Candidates are
-/// taken cheapest first (bytes, then allocations, then slot), at most [`COMPACTION_CANDIDATES`];
-/// the first whose allocations fit, largest first, into the free blocks of the *other* packed
-/// segments (a model of the buddy core's exact fit) is reserved there for real. Destinations are
-/// never in the segment made room in, so they never overlap the block, a source or a live
-/// allocation. The bound: a plan moves at most `max_moved_factor` times the request's rounded size
-/// (1 by default: never more bytes than the request) in at most `max_moves` allocations. Dedicated
-/// requests and the naive mode are never compacted for. The cost: O(live allocations) per
-/// candidate, only when a request would otherwise grow the pool.
+/// is a candidate; an allocation that straddles the block's edge is moved whole. A mid-sized or
+/// large request needs a free range of its rounded size in a segment of its class: in each, among
+/// the ranges that start where a free gap starts or end where one ends (or lie at an edge), the
+/// cheapest is a candidate; for a large request, only where the class's own rules (fill and
+/// remainder, [`PolicyConfig::large_fill_eighths`]) would then take the range the moves free, so
+/// that the request lands there. Candidates are taken cheapest first (bytes, then allocations,
+/// then slot), at most [`COMPACTION_CANDIDATES`]; the first whose allocations fit, largest first,
+/// into the free space of the *other* segments of the class (packed: a model of the buddy core's
+/// exact fit; free ranges: best fit, exactly as the reservation takes them) is reserved there for
+/// real. A destination in an empty segment of free ranges is taken only where growing would not
+/// have given that segment back (within the cache's ceiling with a new segment of the request) or
+/// where it is no larger than the request: compacting never holds more than growing would.
+/// Destinations are never in the segment made room in, so they never overlap the window, a source
+/// or a live allocation. The bound: a plan moves at most `max_moved_factor` times the request's
+/// rounded size (1 by default: never more bytes than the request) in at most `max_moves`
+/// allocations. Requests of dedicated segments and the naive mode are never compacted for. The
+/// cost: O(live allocations of the class) per candidate, only when a request would otherwise grow
+/// the pool.
 impl<S: SegmentStorage> PoolCore<S> {
     /// Places a request only where the pool has room now (a free range of a packed segment, or a
     /// cached dedicated segment): never creates or gives back a segment. `None` when it would have
@@ -1671,9 +1721,9 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// Plans moves that make room for a request of `size_bytes` in the segments held, and
-    /// reserves their destinations (see the algorithm above). `None` when no block of any packed
-    /// segment can be emptied within `limits`, or for a request compaction cannot serve (0 bytes,
-    /// too large, dedicated, naive mode). A plan with no moves means a free block already holds the
+    /// reserves their destinations (see the algorithm above). `None` when no window of any segment
+    /// of the request's class can be emptied within `limits`, or for a request compaction cannot
+    /// serve (0 bytes, too large, dedicated, naive mode). A plan with no moves means a free block already holds the
     /// request. Apply it with [`PoolCore::apply_moves`] once the bytes are copied, or cancel it
     /// with [`PoolCore::cancel_compaction`]; until then, allocate nothing else.
     pub fn compaction_plan(
@@ -1732,9 +1782,8 @@ impl<S: SegmentStorage> PoolCore<S> {
             if wanted.is_empty() {
                 break;
             }
-            if placement.is_dedicated() {
-                continue;
-            }
+            // A plan's sources are in packed segments or segments of free ranges, never in a
+            // dedicated one: `(segment, offset)` names one placement.
             if let Some(index) = wanted.remove(&(placement.segment, placement.offset_bytes)) {
                 matched[index] = Some(placement);
             }
@@ -1756,10 +1805,6 @@ impl<S: SegmentStorage> PoolCore<S> {
                 "wgpu_pool::policy: the placement at offset {} of segment {:?} is not the allocation the plan moves",
                 m.from_offset, m.from_segment
             );
-            let source = placement
-                .inner
-                .replace(destination)
-                .expect("a moved placement is packed");
             placement.segment = m.to_segment;
             placement.slot = m.to_slot;
             placement.offset_bytes = m.to_offset;
@@ -1767,11 +1812,35 @@ impl<S: SegmentStorage> PoolCore<S> {
                 .as_mut()
                 .expect("the plan's source segment is held");
             segment.live.remove(&m.from_offset);
-            segment
-                .allocator
-                .as_mut()
-                .expect("a source segment is packed")
-                .free(source);
+            match destination {
+                Some(destination) => {
+                    let source = placement
+                        .inner
+                        .replace(destination)
+                        .expect("a moved placement is packed");
+                    segment
+                        .allocator
+                        .as_mut()
+                        .expect("a source segment is packed")
+                        .free(source);
+                }
+                None => {
+                    assert!(
+                        placement.inner.is_none(),
+                        "wgpu_pool::policy: a packed placement in a plan's move between ranges"
+                    );
+                    let ranges = segment
+                        .large
+                        .as_mut()
+                        .expect("a source segment of free ranges");
+                    self.ranges_free[usize::from(ranges.is_mid())].give(
+                        m.from_slot,
+                        ranges,
+                        m.from_offset,
+                        m.bytes,
+                    );
+                }
+            }
         }
         Ok(estimate.moved_bytes)
     }
@@ -1781,11 +1850,11 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.release_reserved(&plan.moves, plan.reserved);
     }
 
-    /// Plans moves that empty the packed segment `id`: every live allocation in it, each
-    /// `movable(segment, offset)`, moved into free blocks of the other packed segments (as
-    /// [`PoolCore::compaction_plan`] places them), at most `limits.max_moves` of them. `None` when
-    /// the slot holds no packed segment, one of its allocations is not movable, there are too
-    /// many, or they do not fit elsewhere. An empty segment gives a plan with no moves. Apply it
+    /// Plans moves that empty the segment `id` (packed, or of free ranges): every live allocation
+    /// in it, each `movable(segment, offset)`, moved into free space of the other segments of its
+    /// kind (as [`PoolCore::compaction_plan`] places them), at most `limits.max_moves` of them.
+    /// `None` when the slot holds a dedicated segment or none, one of its allocations is not
+    /// movable, there are too many, or they do not fit elsewhere. An empty segment gives a plan with no moves. Apply it
     /// with [`PoolCore::apply_moves`]; the emptied segment can then be given back
     /// ([`PoolCore::release_if_empty`]).
     pub fn evacuation_plan(
@@ -1796,7 +1865,9 @@ impl<S: SegmentStorage> PoolCore<S> {
     ) -> Option<CompactionPlan> {
         let slot = self.slot_of(id)?;
         let segment = self.segments[slot].as_ref()?;
-        segment.allocator.as_ref()?;
+        if segment.is_dedicated() {
+            return None;
+        }
         if segment.live.len() > limits.max_moves
             || segment
                 .live
@@ -1825,7 +1896,8 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.release_empty(|segment| segment.id == id)
     }
 
-    /// Bytes of the live allocations in the packed segment `id` (0 for none, or a dedicated one).
+    /// Bytes of the live allocations in the packed segment or segment of free ranges `id` (0 for
+    /// none, or a dedicated one).
     pub fn live_bytes(&self, id: SegmentId) -> u64 {
         self.slot_of(id)
             .and_then(|slot| self.segments[slot].as_ref())
@@ -1849,17 +1921,30 @@ impl<S: SegmentStorage> PoolCore<S> {
                     .min(self.config.max_segment_bytes)
     }
 
-    /// The aligned block a packed request of `size_bytes` needs free, in bytes, or `None` for a
-    /// request compaction cannot serve.
-    fn compaction_block(&self, size_bytes: u64) -> Option<u64> {
+    /// What a request of `size_bytes` needs free, or `None` for a request compaction cannot serve.
+    fn compaction_target(&self, size_bytes: u64) -> Option<CompactionTarget> {
         if size_bytes == 0
             || size_bytes > self.config.max_allocation_bytes
-            || self.takes_dedicated(size_bytes)
+            || self.config.is_naive()
         {
             return None;
         }
+        if self.takes_dedicated(size_bytes) {
+            return self.shares_large().then(|| CompactionTarget::Ranges {
+                mid: false,
+                bytes: self.large_rounded(size_bytes),
+            });
+        }
+        if self.takes_mid(size_bytes) {
+            return Some(CompactionTarget::Ranges {
+                mid: true,
+                bytes: self.rounded_size(size_bytes),
+            });
+        }
         let units = size_bytes.div_ceil(self.config.min_block_bytes).max(1);
-        Some(units.next_power_of_two() * self.config.min_block_bytes)
+        Some(CompactionTarget::Packed {
+            block_bytes: units.next_power_of_two() * self.config.min_block_bytes,
+        })
     }
 
     /// The cheapest block of each packed segment that can be emptied within `limits`, cheapest
@@ -1870,7 +1955,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         limits: CompactionLimits,
         movable: &dyn Fn(SegmentId, u64) -> bool,
     ) -> Vec<(Window, usize)> {
-        let Some(block_bytes) = self.compaction_block(size_bytes) else {
+        let Some(target) = self.compaction_target(size_bytes) else {
             return Vec::new();
         };
         if limits.max_moved_factor == 0 {
@@ -1884,16 +1969,43 @@ impl<S: SegmentStorage> PoolCore<S> {
             .iter()
             .enumerate()
             .filter_map(|(slot, segment)| {
-                let segment = segment.as_ref().filter(|s| s.allocator.is_some())?;
+                let segment = segment.as_ref()?;
                 let id = segment.id;
-                let window = cheapest_window(
-                    &segment.live,
-                    segment.size_bytes,
-                    block_bytes,
-                    max_moved,
-                    limits.max_moves,
-                    &|offset| movable(id, offset),
-                )?;
+                let movable = |offset| movable(id, offset);
+                let window = match target {
+                    CompactionTarget::Packed { block_bytes } => {
+                        segment.allocator.as_ref()?;
+                        cheapest_window(
+                            &segment.live,
+                            segment.size_bytes,
+                            block_bytes,
+                            max_moved,
+                            limits.max_moves,
+                            &movable,
+                        )?
+                    }
+                    CompactionTarget::Ranges { mid, bytes } => {
+                        let ranges = segment.large.as_ref().filter(|r| r.is_mid() == mid)?;
+                        // The request is placed by the class's own rule once the window is free:
+                        // a large one only where that rule takes the range the window frees.
+                        let accept = |window: &Window| {
+                            mid || {
+                                let (_, length) =
+                                    range_after_moves(&segment.live, segment.size_bytes, window);
+                                let used = ranges.allocated_bytes() - window.moved_bytes;
+                                self.large_range_ok(length, used, bytes, segment.size_bytes)
+                            }
+                        };
+                        cheapest_range_window(
+                            &segment.live,
+                            segment.size_bytes,
+                            bytes,
+                            (max_moved, limits.max_moves),
+                            &movable,
+                            &accept,
+                        )?
+                    }
+                };
                 Some((window, slot))
             })
             .collect();
@@ -1919,6 +2031,19 @@ impl<S: SegmentStorage> PoolCore<S> {
         sources.sort_by_key(|(offset, live)| (std::cmp::Reverse(live.allocated_bytes), *offset));
         if sources.is_empty() {
             return Some(Vec::new());
+        }
+        if let Some(ranges) = &segment.large {
+            // Best fit over the free ranges of the class's other segments, as `reserve_range`
+            // takes them: the model is exact.
+            let mut model = self.ranges_free[usize::from(ranges.is_mid())]
+                .without(|other| other == slot || !self.destination_ok(other, window.bytes));
+            return sources
+                .into_iter()
+                .map(|(offset, live)| {
+                    let (to_slot, _) = model.take_best_fit(live.allocated_bytes)?;
+                    Some((offset, live, to_slot))
+                })
+                .collect();
         }
         let mut models: Vec<(usize, FreeBlocks)> = self
             .segments
@@ -1971,12 +2096,24 @@ impl<S: SegmentStorage> PoolCore<S> {
         let estimate = self.estimate_of(slot, window);
         let mut moves = Vec::with_capacity(destinations.len());
         let mut reserved = Vec::with_capacity(destinations.len());
+        let ranges_class = self.segments[slot]
+            .as_ref()
+            .and_then(|s| s.large.as_ref())
+            .map(Ranges::is_mid);
         for (offset, live, predicted) in destinations {
-            let allocation = self.reserve_in(predicted, live).or_else(|| {
-                let fallback = self.tightest_other(slot, live.requested_bytes)?;
-                self.reserve_in(fallback, live)
-            });
-            let Some((to_slot, allocation)) = allocation else {
+            let destination = match ranges_class {
+                Some(mid) => self
+                    .reserve_range(mid, slot, window.bytes, live)
+                    .map(|(to_slot, to_offset)| (to_slot, to_offset, None)),
+                None => self
+                    .reserve_in(predicted, live)
+                    .or_else(|| {
+                        let fallback = self.tightest_other(slot, live.requested_bytes)?;
+                        self.reserve_in(fallback, live)
+                    })
+                    .map(|(to_slot, allocation)| (to_slot, allocation.offset(), Some(allocation))),
+            };
+            let Some((to_slot, to_offset, allocation)) = destination else {
                 self.release_reserved(&moves, reserved);
                 return None;
             };
@@ -1986,7 +2123,7 @@ impl<S: SegmentStorage> PoolCore<S> {
                 from_offset: offset,
                 to_segment: self.segments[to_slot].as_ref().expect("held").id,
                 to_slot,
-                to_offset: allocation.offset(),
+                to_offset,
                 bytes: live.allocated_bytes,
                 requested_bytes: live.requested_bytes,
             });
@@ -1999,6 +2136,43 @@ impl<S: SegmentStorage> PoolCore<S> {
             moves,
             reserved,
         })
+    }
+
+    /// Whether a compaction that makes room for `request_bytes` may move an allocation into the
+    /// segment of free ranges in `slot`: one that holds allocations, or an empty one that growing
+    /// would not have given back (within the cache's ceiling with a new segment of the request)
+    /// or that is no larger than the request. So compacting never holds more than growing would.
+    fn destination_ok(&self, slot: usize, request_bytes: u64) -> bool {
+        let Some(segment) = self.segments[slot].as_ref() else {
+            return false;
+        };
+        !segment.is_empty()
+            || segment.size_bytes <= request_bytes
+            || (self.config.cache_headroom_divisor > 0
+                && self.stats.reserved_bytes.current + request_bytes
+                    <= self.cache_ceiling(request_bytes))
+    }
+
+    /// Reserves a destination for an allocation like `live` in the tightest free range of the
+    /// mid-sized (`mid`) or large class outside the segment in `excluded`, where
+    /// [`PoolCore::destination_ok`] allows it for a request of `request_bytes`: `(slot, offset)`.
+    fn reserve_range(
+        &mut self,
+        mid: bool,
+        excluded: usize,
+        request_bytes: u64,
+        live: Live,
+    ) -> Option<(usize, u64)> {
+        let (slot, offset) = self.ranges_free[usize::from(mid)]
+            .best_fit(live.allocated_bytes, |_, slot| {
+                slot != excluded && self.destination_ok(slot, request_bytes)
+            })?;
+        let index = &mut self.ranges_free[usize::from(mid)];
+        let segment = self.segments[slot].as_mut()?;
+        let ranges = segment.large.as_mut()?;
+        index.take(slot, ranges, offset, live.allocated_bytes);
+        segment.live.insert(offset, live);
+        Some((slot, offset))
     }
 
     /// Reserves a destination for an allocation like `live` in `slot`.
@@ -2027,17 +2201,31 @@ impl<S: SegmentStorage> PoolCore<S> {
             .map(|(_, slot)| slot)
     }
 
-    fn release_reserved(&mut self, moves: &[Move], reserved: Vec<buddy::Allocation>) {
+    fn release_reserved(&mut self, moves: &[Move], reserved: Vec<Option<buddy::Allocation>>) {
         for (m, allocation) in moves.iter().zip(reserved) {
             let segment = self.segments[m.to_slot]
                 .as_mut()
                 .expect("a reserved destination's segment is held");
             segment.live.remove(&m.to_offset);
-            segment
-                .allocator
-                .as_mut()
-                .expect("a destination segment is packed")
-                .free(allocation);
+            match allocation {
+                Some(allocation) => segment
+                    .allocator
+                    .as_mut()
+                    .expect("a destination segment is packed")
+                    .free(allocation),
+                None => {
+                    let ranges = segment
+                        .large
+                        .as_mut()
+                        .expect("a destination segment of free ranges");
+                    self.ranges_free[usize::from(ranges.is_mid())].give(
+                        m.to_slot,
+                        ranges,
+                        m.to_offset,
+                        m.bytes,
+                    );
+                }
+            }
         }
     }
 }

@@ -110,6 +110,70 @@ pub(crate) fn cheapest_window(
     best
 }
 
+/// The range of `bytes` in a segment of free ranges (mid-sized or large class) of `capacity_bytes`
+/// whose overlapping live allocations are the fewest bytes (then the fewest allocations, then the
+/// lowest offset), among those `accept` takes, if one can be emptied by moving at most `max_moved`
+/// bytes in at most `max_moves` allocations, all of them `movable` (asked by offset). The ranges
+/// examined start at a free gap's start or end at its end (at most two per gap), or start at the
+/// segment's start or end at its end: each holds some free space, or lies at an edge.
+pub(crate) fn cheapest_range_window(
+    live: &BTreeMap<u64, Live>,
+    capacity_bytes: u64,
+    bytes: u64,
+    bounds: (u64, usize),
+    movable: &dyn Fn(u64) -> bool,
+    accept: &dyn Fn(&Window) -> bool,
+) -> Option<Window> {
+    let (max_moved, max_moves) = bounds;
+    if bytes == 0 || bytes > capacity_bytes {
+        return None;
+    }
+    let last_start = capacity_bytes - bytes;
+    let mut starts: Vec<u64> = free_gaps(live, capacity_bytes)
+        .flat_map(|(start, end)| [start.min(last_start), end.saturating_sub(bytes)])
+        .chain([0, last_start])
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let mut best: Option<Window> = None;
+    for start in starts {
+        let bound = best
+            .as_ref()
+            .map_or(max_moved, |b| b.moved_bytes.min(max_moved));
+        let Some(window) = window_cost(live, start, start + bytes, bound, max_moves, movable)
+        else {
+            continue;
+        };
+        let better = best.as_ref().is_none_or(|b| {
+            (window.moved_bytes, window.sources.len()) < (b.moved_bytes, b.sources.len())
+        });
+        if better && accept(&window) {
+            best = Some(window);
+        }
+    }
+    best
+}
+
+/// The free range a segment of `capacity_bytes` would hold around `window` once the window's
+/// allocations (its `sources`) moved away, as `(offset, length)`.
+pub(crate) fn range_after_moves(
+    live: &BTreeMap<u64, Live>,
+    capacity_bytes: u64,
+    window: &Window,
+) -> (u64, u64) {
+    let moved = |offset: &u64| window.sources.binary_search(offset).is_ok();
+    let start = live
+        .range(..window.offset)
+        .rev()
+        .find(|(offset, _)| !moved(offset))
+        .map_or(0, |(&offset, l)| offset + l.allocated_bytes);
+    let end = live
+        .range(window.offset + window.bytes..)
+        .find(|(offset, _)| !moved(offset))
+        .map_or(capacity_bytes, |(&offset, _)| offset);
+    (start, end - start)
+}
+
 /// The free gaps `[start, end)` between the live allocations of a segment of `capacity_bytes`,
 /// in address order.
 fn free_gaps(

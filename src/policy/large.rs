@@ -158,6 +158,31 @@ impl FreeIndex {
         self.ranges.insert((length, slot, start));
     }
 
+    /// A copy of the index without the ranges of the segments whose slot is `excluded`: a model
+    /// for planning.
+    pub(crate) fn without(&self, excluded: impl Fn(usize) -> bool) -> Self {
+        Self {
+            ranges: self
+                .ranges
+                .iter()
+                .copied()
+                .filter(|r| !excluded(r.1))
+                .collect(),
+        }
+    }
+
+    /// Takes `bytes` from the start of the tightest free range (as [`FreeIndex::take`] would,
+    /// on the model alone): `(slot, offset)`.
+    pub(crate) fn take_best_fit(&mut self, bytes: u64) -> Option<(usize, u64)> {
+        let range = *self.ranges.range((bytes, 0, 0)..).next()?;
+        self.ranges.remove(&range);
+        let (length, slot, offset) = range;
+        if length > bytes {
+            self.ranges.insert((length - bytes, slot, offset + bytes));
+        }
+        Some((slot, offset))
+    }
+
     /// The number of free ranges listed.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -533,6 +533,29 @@ fn compaction_config() -> PolicyConfig {
     }
 }
 
+/// `compaction_config` (0), with requests above 4 KiB mid-sized (1), or large under the default
+/// rules (2) or sharing every range (3).
+fn ranges_compaction_config(class: u8) -> PolicyConfig {
+    let packed = compaction_config();
+    match class {
+        0 => packed,
+        1 => PolicyConfig {
+            mid_above_bytes: 4 << 10,
+            ..packed
+        },
+        // Empty large segments stay cached within the default headroom, for later requests to
+        // share.
+        _ => PolicyConfig {
+            dedicated_above_bytes: 4 << 10,
+            large_fill_eighths: if class == 2 { 6 } else { 1 },
+            large_remainder_divisor: if class == 2 { 4 } else { 0 },
+            dedicated_reuse_divisor: 8,
+            cache_headroom_divisor: 32,
+            ..packed
+        },
+    }
+}
+
 /// Four 16 KiB allocations in each of two segments, with the first and third of each freed: 64 KiB
 /// free in blocks of 16 KiB, none of 32 KiB.
 fn two_holed_segments(pool: &mut PoolCore<SimulatedStorage>) -> Vec<Placement> {
@@ -729,12 +752,14 @@ proptest::proptest! {
 
     /// After a plan is applied every live allocation is there exactly once, with its size, in a
     /// range no other holds; the moves' destinations overlapped nothing live; the bound held; and
-    /// the request fits without growing.
+    /// the request fits without growing. In packed segments, in segments of free ranges of the
+    /// mid-sized class, and of the large class with its default rules and sharing every range.
     #[test]
     fn applied_compaction_plans_keep_every_allocation_and_make_room(
+        class in 0u8..4,
         ops in proptest::collection::vec((1u64..12 << 10, 0u8..4, 1u64..40 << 10, 1u64..3), 1..300),
     ) {
-        let mut pool = pool(compaction_config());
+        let mut pool = pool(ranges_compaction_config(class));
         // (tag, placement); sizes by tag.
         let mut live: Vec<(usize, Placement)> = Vec::new();
         let mut sizes: Vec<u64> = Vec::new();
@@ -742,6 +767,8 @@ proptest::proptest! {
         for (size, action, request, factor) in ops {
             match action {
                 0 | 1 => {
+                    // Some large segments of several requests' size, for the large classes.
+                    let size = if class >= 2 && action == 1 { 4 * size } else { size };
                     let placement = pool.allocate(size).unwrap();
                     sizes.push(placement.allocated_size());
                     live.push((sizes.len() - 1, placement));
@@ -751,6 +778,9 @@ proptest::proptest! {
                     pool.free(placement);
                 }
                 _ => {
+                    // Large segments are of their first request's size: requests of the sizes
+                    // allocated find windows in them.
+                    let request = if class >= 2 { (4 << 10) + request % (20 << 10) } else { request };
                     let limits = CompactionLimits { max_moved_factor: factor, max_moves: 64 };
                     let before = pool.stats();
                     let Some(plan) = pool.compaction_plan(request, limits) else { continue };

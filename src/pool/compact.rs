@@ -67,9 +67,10 @@ pub(super) fn compact_for(
     Ok(outcome)
 }
 
-/// Empties packed segments by moving their allocations (all among `allocations`, at most
-/// `limits.max_moves` per segment) into the free blocks of the others, least occupied segment
-/// first, and gives each emptied segment back; until no further segment can be emptied.
+/// Empties packed segments and segments of free ranges by moving their allocations (all among
+/// `allocations`, at most `limits.max_moves` per segment) into the free space of the others of
+/// their kind, least occupied segment first, and gives each emptied segment back; until no
+/// further segment can be emptied.
 pub(super) fn compact_segments(
     shared: &Shared,
     allocations: &mut [&mut Allocation],
@@ -83,7 +84,7 @@ pub(super) fn compact_segments(
         let mut candidates: Vec<(u64, SegmentId)> = guard
             .core
             .segments()
-            .filter(|segment| segment.allocator.is_some() && !segment.is_empty())
+            .filter(|segment| !segment.is_dedicated() && !segment.is_empty())
             .map(|segment| (guard.core.live_bytes(segment.id), segment.id))
             .collect();
         candidates.sort_unstable();

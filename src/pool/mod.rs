@@ -319,9 +319,9 @@ impl Pool {
         compact::compact_for(&self.shared, size_bytes, allocations, limits)
     }
 
-    /// Empties packed segments by moving their allocations — all of them among `allocations`,
-    /// at most `limits.max_moves` per segment — into free blocks of the other segments (least
-    /// occupied first, [`PoolCore::evacuation_plan`]), and gives each emptied segment back, until
+    /// Empties packed segments and segments of free ranges by moving their allocations — all of
+    /// them among `allocations`, at most `limits.max_moves` per segment — into free space of the
+    /// other segments of their kind (least occupied first, [`PoolCore::evacuation_plan`]), and gives each emptied segment back, until
     /// no further one can be emptied. Moved handles are re-pointed, with the same rules as
     /// [`Pool::compact_for`].
     pub fn compact_segments(

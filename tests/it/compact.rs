@@ -326,3 +326,111 @@ fn plans_that_bind_moved_tensors_give_the_same_answers() {
     let y = ctx.matmul(&x, &w).expect("matmul");
     assert_eq!(ctx.add_bias(&y, &b).expect("bias").to_vec().unwrap(), eager);
 }
+
+/// Tensors of a quarter segment in the mid-sized or the large class (segments of free ranges,
+/// not buddy-packed): a pool under a budget of two segments, whose classes are scaled so that
+/// 16 KiB is a mid-sized request (above 8 KiB) or a large one (large requests sharing any range).
+fn ranges_pool(gpu: &Gpu, large: bool) -> Pool {
+    let limits = gpu.device.limits();
+    let base = PolicyConfig {
+        min_segment_bytes: SEGMENT,
+        max_segment_bytes: SEGMENT,
+        growth_divisor: 0,
+        budget_bytes: Some(2 * SEGMENT),
+        ..PolicyConfig::for_limits(
+            u64::from(limits.min_storage_buffer_offset_alignment),
+            limits.max_buffer_size,
+        )
+    };
+    let policy = if large {
+        PolicyConfig {
+            mid_above_bytes: 0,
+            dedicated_above_bytes: 8 << 10,
+            large_fill_eighths: 1,
+            large_remainder_divisor: 0,
+            ..base
+        }
+    } else {
+        PolicyConfig {
+            mid_above_bytes: 8 << 10,
+            dedicated_above_bytes: SEGMENT,
+            ..base
+        }
+    };
+    Pool::new(
+        gpu,
+        PoolOptions {
+            policy: Some(policy),
+            ..PoolOptions::default()
+        },
+    )
+    .expect("pool")
+}
+
+#[test]
+fn compaction_moves_tensors_of_the_mid_sized_and_large_classes() {
+    for large in [false, true] {
+        let class = if large { "large" } else { "mid-sized" };
+        let pool = ranges_pool(gpu(), large);
+        let ctx = context(&pool, false);
+        let mut tensors = Vec::new();
+        for segment in 0..2 {
+            if large {
+                // A large segment is made of its first request's size: a tensor of a whole
+                // segment, dropped, leaves it empty for four quarters.
+                drop(ctx.empty(&[4 * QUARTER]).expect("a segment's worth"));
+            }
+            tensors.extend((0..4).map(|i| canary_tensor(&ctx, 4 * segment + i)));
+        }
+        assert_eq!(pool.stats().segments.current, 2, "{class}");
+        let mut kept: Vec<_> = tensors
+            .into_iter()
+            .filter(|(_, t)| !matches!(place(t).1, 0 | 0x8000))
+            .collect();
+        assert_eq!(kept.len(), 4, "{class}");
+        // 64 KiB free in ranges of 16 KiB, and the budget refuses a third segment.
+        let message = out_of_memory(ctx.empty(&[2 * QUARTER]));
+        assert!(
+            message.contains("compacting (moving 0.02 MiB in 1 allocation"),
+            "{class}: {message}"
+        );
+        let before: Vec<_> = kept.iter().map(|(_, t)| place(t)).collect();
+        let outcome = ctx.compact_for(2 * QUARTER as u64 * 4).expect("compact");
+        assert_eq!(
+            (outcome.moves, outcome.moved_bytes),
+            (1, 16 << 10),
+            "{class}"
+        );
+        let after: Vec<_> = kept.iter().map(|(_, t)| place(t)).collect();
+        assert_eq!(
+            before.iter().zip(&after).filter(|(b, a)| b != a).count(),
+            1,
+            "{class}: one tensor moved: {before:?} -> {after:?}"
+        );
+        let big = ctx.empty(&[2 * QUARTER]).expect("the request fits now");
+        assert_eq!(
+            pool.stats().segments.current,
+            2,
+            "{class}: no segment added"
+        );
+        ctx.write(&big, &canary(99, 2 * QUARTER)).expect("write");
+        check_canaries(class, &kept);
+        assert_eq!(big.to_vec().expect("read"), canary(99, 2 * QUARTER));
+        // The moved tensor is usable by kernels at its new place.
+        let sum = ctx.add(&kept[0].1, &kept[3].1).expect("add");
+        let want: Vec<f32> = canary(kept[0].0, QUARTER)
+            .iter()
+            .zip(canary(kept[3].0, QUARTER))
+            .map(|(a, b)| a + b)
+            .collect();
+        assert_eq!(sum.to_vec().expect("read"), want, "{class}");
+        // With the big tensor and the sum gone, compact() empties one segment into the other
+        // and gives it back.
+        drop((big, sum));
+        let outcome = ctx.compact().expect("compact");
+        assert_eq!(outcome.segments_released, 1, "{class}: {outcome:?}");
+        assert_eq!(pool.stats().segments.current, 1, "{class}");
+        check_canaries(class, &kept);
+        kept.clear();
+    }
+}
