@@ -57,6 +57,10 @@ impl HistoryOptions {
 }
 
 /// What an [`Event`] records.
+///
+/// A compaction's move (the pool's `compact_for` and `compact_segments`) is recorded in these
+/// words, as PyTorch's trace has none for it: `FreeRequested` and `FreeCompleted` at the old
+/// place, then `Alloc` at the new one, at the same time and with the same label and op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {

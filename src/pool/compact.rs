@@ -8,12 +8,13 @@
 //! not yet submitted that binds a moved allocation must not exist: the caller submits it first
 //! (the compute context flushes its batch).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::allocation::Allocation;
-use super::live::record_segment_events;
+use super::live::{allocation_event, record_segment_events};
 use super::options::PoolError;
 use super::shared::{Shared, State};
+use crate::history::EventKind;
 use crate::policy::{CompactionEstimate, CompactionLimits, CompactionPlan, SegmentId};
 
 /// What a compaction did ([`super::Pool::compact_for`], [`super::Pool::compact_segments`]).
@@ -178,8 +179,32 @@ fn carry_out(
     shared.gpu.queue.submit([encoder.finish()]);
     outcome.submissions += 1;
     // Only now are the sources freed: any later use of them is ordered after the copies.
-    let State { core, live, .. } = state;
+    let State {
+        core,
+        live,
+        history,
+        ..
+    } = state;
+    // History speaks PyTorch's vocabulary, which has no move: a moved allocation is freed at its
+    // old place and allocated at its new one, at the same time, with its label and op.
+    let time_us = history.as_ref().map(|_| shared.now_us());
+    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+        for entry in live.iter().filter(|e| plan.moves_placement(&e.placement)) {
+            history.record(allocation_event(EventKind::FreeRequested, time_us, entry));
+            history.record(allocation_event(EventKind::FreeCompleted, time_us, entry));
+        }
+    }
     let moved = core.apply_moves(plan, live.iter_mut().map(|entry| &mut entry.placement))?;
+    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+        let destinations: HashSet<(SegmentId, u64)> =
+            moves.iter().map(|m| (m.to_segment, m.to_offset)).collect();
+        for entry in live
+            .iter()
+            .filter(|e| destinations.contains(&(e.placement.segment(), e.placement.offset())))
+        {
+            history.record(allocation_event(EventKind::Alloc, time_us, entry));
+        }
+    }
     for (m, to) in moves.iter().zip(targets) {
         if let Some(&handle) = index.get(&(m.from_segment, m.from_offset)) {
             allocations[handle].relocate(to, m.to_segment, m.to_offset);

@@ -58,7 +58,8 @@
 //! [`Pool::compact_segments`] move only the allocations handed in (`&mut`, so that their handles
 //! can be re-pointed): the compute context hands in its tensors. The copies are submitted on the
 //! queue before the policy frees the old ranges, so their reuse is ordered after the copies;
-//! work that uses a moved allocation must be submitted before the call.
+//! work that uses a moved allocation must be submitted before the call. The history records a
+//! move as a free at the old place and an allocation at the new one.
 //!
 //! # History and reports
 //!

@@ -11,7 +11,9 @@
 use std::collections::BTreeMap;
 
 use wgpu_pool::compute::{ComputeError, Context, ContextOptions, Feed, Tensor};
+use wgpu_pool::history::{EventKind, HistoryOptions};
 use wgpu_pool::policy::{PolicyConfig, SegmentId};
+use wgpu_pool::state::SpanKind;
 use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 
 use crate::gpu::gpu;
@@ -361,10 +363,44 @@ fn ranges_pool(gpu: &Gpu, large: bool) -> Pool {
         gpu,
         PoolOptions {
             policy: Some(policy),
+            history: Some(HistoryOptions::default()),
             ..PoolOptions::default()
         },
     )
     .expect("pool")
+}
+
+/// Replays the pool's history (allocations and completed frees, by segment and offset) and
+/// checks it ends at the allocations the pool holds: a move must show as a free at the old place
+/// and an allocation at the new one.
+fn check_history_follows_moves(what: &str, pool: &Pool) {
+    let (state, history) = pool.state_and_history();
+    let history = history.expect("history is on");
+    assert_eq!(history.dropped_events(), 0, "{what}");
+    let mut live = std::collections::BTreeSet::new();
+    for event in history.events() {
+        let place = (event.segment, event.offset_bytes);
+        match event.kind {
+            EventKind::Alloc => assert!(live.insert(place), "{what}: {event:?} over a live one"),
+            EventKind::FreeCompleted => assert!(live.remove(&place), "{what}: {event:?} of none"),
+            _ => {}
+        }
+    }
+    let held: std::collections::BTreeSet<_> = state
+        .segments
+        .iter()
+        .flat_map(|segment| {
+            segment
+                .spans
+                .iter()
+                .filter(|span| span.kind != SpanKind::Free)
+                .map(move |span| (Some(segment.id), span.offset_bytes))
+        })
+        .collect();
+    assert_eq!(
+        live, held,
+        "{what}: the history ends at the pool's allocations"
+    );
 }
 
 #[test]
@@ -407,6 +443,7 @@ fn compaction_moves_tensors_of_the_mid_sized_and_large_classes() {
             1,
             "{class}: one tensor moved: {before:?} -> {after:?}"
         );
+        check_history_follows_moves(class, &pool);
         let big = ctx.empty(&[2 * QUARTER]).expect("the request fits now");
         assert_eq!(
             pool.stats().segments.current,
@@ -431,6 +468,7 @@ fn compaction_moves_tensors_of_the_mid_sized_and_large_classes() {
         assert_eq!(outcome.segments_released, 1, "{class}: {outcome:?}");
         assert_eq!(pool.stats().segments.current, 1, "{class}");
         check_canaries(class, &kept);
+        check_history_follows_moves(class, &pool);
         kept.clear();
     }
 }
