@@ -117,4 +117,6 @@ pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
 pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
-pub use vocab::{Activation, Autotune, ComputeError, MatmulOptions, MatmulTiles, ShaderChecks};
+pub use vocab::{
+    Activation, Autotune, ComputeError, DType, MatmulOptions, MatmulTiles, ShaderChecks,
+};
