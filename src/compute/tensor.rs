@@ -28,14 +28,13 @@ pub struct Tensor {
     pub(crate) storage: Arc<Storage>,
     shape: Vec<usize>,
     len: usize,
-    dtype: DType,
 }
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tensor")
             .field("shape", &self.shape)
-            .field("dtype", &self.dtype)
+            .field("dtype", &self.dtype())
             .field("allocation", &self.storage.allocation().as_deref())
             .finish()
     }
@@ -59,13 +58,13 @@ impl Tensor {
 
     /// What the elements are stored as.
     pub fn dtype(&self) -> DType {
-        self.dtype
+        self.storage.dtype
     }
 
     /// Bytes of data: `len · dtype.size_bytes()` (the allocation may be up to 14 bytes larger:
     /// it is rounded up to 16).
     pub fn size_bytes(&self) -> u64 {
-        self.len as u64 * self.dtype.size_bytes()
+        self.len as u64 * self.dtype().size_bytes()
     }
 
     /// The pool allocation holding the data, borrowed: the guard derefs to the
@@ -302,7 +301,7 @@ impl Context {
             self.flush()?;
         }
         self.pool()
-            .write(&allocation, 0, &encode_elements(data, tensor.dtype))?;
+            .write(&allocation, 0, &encode_elements(data, tensor.dtype()))?;
         Ok(())
     }
 
@@ -314,7 +313,7 @@ impl Context {
             .try_allocation()
             .ok_or(ComputeError::Symbolic { op: "read" })?;
         let bytes = self.read_allocation(&allocation)?;
-        Ok(decode_elements(&bytes, tensor.len(), tensor.dtype))
+        Ok(decode_elements(&bytes, tensor.len(), tensor.dtype()))
     }
 
     /// [`Context::read`] as a future that does not block the thread, for async code and the read
@@ -333,7 +332,7 @@ impl Context {
             .read_range_async(&range.buffer, range.offset, range.binding_size, range.size)
             .await?;
         drop(range);
-        Ok(decode_elements(&bytes, tensor.len(), tensor.dtype))
+        Ok(decode_elements(&bytes, tensor.len(), tensor.dtype()))
     }
 
     /// Refuses a tensor of another context.
@@ -360,10 +359,15 @@ impl Context {
     ) -> Result<Tensor, ComputeError> {
         match self.capture_id() {
             Some(capture) => Ok(Tensor {
-                storage: Storage::new(&self.shared, None, Some(capture), tensor_bytes(len, dtype)),
+                storage: Storage::new(
+                    &self.shared,
+                    None,
+                    Some(capture),
+                    tensor_bytes(len, dtype),
+                    dtype,
+                ),
                 shape,
                 len,
-                dtype,
             }),
             None => self.allocate_memory(label, shape, len, dtype),
         }
@@ -387,10 +391,9 @@ impl Context {
             result => result?,
         };
         Ok(Tensor {
-            storage: Storage::new(&self.shared, Some(allocation), None, bytes),
+            storage: Storage::new(&self.shared, Some(allocation), None, bytes, dtype),
             shape,
             len,
-            dtype,
         })
     }
 }
