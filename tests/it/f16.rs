@@ -18,22 +18,14 @@ use wgpu_pool::compute::{
     cpu, Activation, BinaryOp, ComputeError, Context, ContextOptions, DType, Epilogue, Feed,
     MatmulOptions, UnaryOp,
 };
-use wgpu_pool::{Gpu, Pool, PoolOptions};
+use wgpu_pool::Gpu;
 
+use crate::compute::{assert_close, check_matmul_of, context_with, random, storage_tolerance, U};
 use crate::gpu::gpu;
 
-/// The unit roundoff of f32.
-const U: f64 = 1.0 / (1u64 << 24) as f64;
-
-/// One f16 ulp of `value`, plus the smallest normal f16: how far apart the kernel's and the
-/// twin's roundings of one f32 value may land (a device may flush f16 subnormals to zero).
+/// One f16 ulp of `value` and the smallest normal f16 (see `compute::storage_tolerance`).
 fn f16_ulp(value: f32) -> f64 {
-    f64::from(value).abs() / 1024.0 + 1.0 / (1u64 << 14) as f64
-}
-
-fn context_with(gpu: &Gpu, options: ContextOptions) -> Context {
-    let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
-    Context::new(&pool, options).expect("context")
+    storage_tolerance(DType::F16, value)
 }
 
 /// A context on the shared device when it has `SHADER_F16`. Without it, checks that an f16
@@ -82,23 +74,6 @@ fn assert_refused(context: &Context) {
         .unwrap_err()
         .to_string();
     assert!(message.contains("SHADER_F16"), "{message}");
-}
-
-fn random(rng: &mut StdRng, len: usize, low: f32, high: f32) -> Vec<f32> {
-    (0..len).map(|_| rng.gen_range(low..high)).collect()
-}
-
-/// Asserts `|gpu[i] − cpu[i]| ≤ tolerance(i)` for every element, naming the first one that is not.
-fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], tolerance: impl Fn(usize) -> f64) {
-    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths differ");
-    for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
-        let error = (f64::from(g) - f64::from(c)).abs();
-        let allowed = tolerance(i);
-        assert!(
-            error <= allowed,
-            "{what}: element {i}: gpu {g} cpu {c}: error {error:e} > tolerance {allowed:e}"
-        );
-    }
 }
 
 fn f16(values: &[f32]) -> Vec<f32> {
@@ -242,22 +217,20 @@ fn f16_element_wise_ops_casts_and_rows_match_their_twins() {
             let b_values = if op == BinaryOp::Div { &divisors } else { &y };
             let out = context.binary(op, &tx, b).unwrap();
             assert_eq!(out.dtype(), DType::F16);
-            let expected = f16(&cpu::binary(op, &x, b_values));
-            assert_close(
-                &format!("f16 {} of {len}", op.name()),
-                &out.to_vec().unwrap(),
-                &expected,
-                |i| f16_ulp(expected[i]) + 6.0 * U * f64::from(expected[i]).abs(),
-            );
             let scalar = 1.75;
-            let out = context.binary_scalar(op, &tx, scalar).unwrap();
-            let expected = f16(&cpu::binary_scalar(op, &x, scalar));
-            assert_close(
-                &format!("f16 {} scalar of {len}", op.name()),
-                &out.to_vec().unwrap(),
-                &expected,
-                |i| f16_ulp(expected[i]) + 6.0 * U * f64::from(expected[i]).abs(),
-            );
+            let scalar_out = context.binary_scalar(op, &tx, scalar).unwrap();
+            for (form, out, expected) in [
+                ("", out, cpu::binary(op, &x, b_values)),
+                (" scalar", scalar_out, cpu::binary_scalar(op, &x, scalar)),
+            ] {
+                let expected = f16(&expected);
+                assert_close(
+                    &format!("f16 {}{form} of {len}", op.name()),
+                    &out.to_vec().unwrap(),
+                    &expected,
+                    |i| f16_ulp(expected[i]) + 6.0 * U * f64::from(expected[i]).abs(),
+                );
+            }
         }
         // Casts: to f32 exactly, back to f16 as uploaded.
         let wide = context.cast(&tx, DType::F32).unwrap();
@@ -310,63 +283,6 @@ fn f16_element_wise_ops_casts_and_rows_match_their_twins() {
             |i| f16_ulp(expected[i]) + 1e-5 * f64::from(expected[i]).abs() + 1e-7,
         );
     }
-}
-
-/// Multiplies f16 operands on the GPU and checks against the twin: the f32 bound of
-/// `compute.rs` (2K·u·Σ|a·b| + 2u·|c|, plus 1e−5·|c| + 1e−6 with GELU) on the f16 inputs, and an
-/// f16 ulp of the result.
-fn check_f16_matmul(
-    context: &Context,
-    what: &str,
-    (m, k, n): (usize, usize, usize),
-    epilogue: bool,
-    rng: &mut StdRng,
-) {
-    let a = f16(&random(rng, m * k, -1.0, 1.0));
-    let b = f16(&random(rng, k * n, -1.0, 1.0));
-    let bias = f16(&random(rng, n, -1.0, 1.0));
-    let ta = context.tensor_with(&a, &[m, k], DType::F16).unwrap();
-    let tb = context.tensor_with(&b, &[k, n], DType::F16).unwrap();
-    let tbias = context.tensor_with(&bias, &[n], DType::F16).unwrap();
-    let activation = if epilogue {
-        Activation::Gelu
-    } else {
-        Activation::None
-    };
-    let c = context
-        .matmul_with(
-            &ta,
-            &tb,
-            Epilogue {
-                bias: epilogue.then_some(&tbias),
-                activation,
-            },
-        )
-        .unwrap();
-    assert_eq!((c.shape(), c.dtype()), (&[m, n][..], DType::F16));
-    let expected = f16(&cpu::matmul_with(
-        &a,
-        &b,
-        m,
-        k,
-        n,
-        epilogue.then_some(&bias[..]),
-        activation,
-    ));
-    let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
-    assert_close(
-        &format!("{what} {m}x{k}·{k}x{n} epilogue {epilogue}"),
-        &c.to_vec().unwrap(),
-        &expected,
-        |i| {
-            let c = f64::from(expected[i]).abs();
-            let mut bound = 2.0 * k as f64 * U * f64::from(magnitude[i]) + 2.0 * U * c;
-            if epilogue {
-                bound += 1e-5 * c + 1e-6;
-            }
-            bound + f16_ulp(expected[i])
-        },
-    );
 }
 
 #[test]
@@ -432,12 +348,17 @@ fn f16_matmul_matches_its_twin_on_every_path() {
                 (narrow, split),
                 "{name} {m}x{k}x{n}: {plan:?}"
             );
-            for epilogue in [false, true] {
-                check_f16_matmul(
+            // Without an epilogue, and with a bias and GELU fused.
+            for (bias, activation) in [(false, Activation::None), (true, Activation::Gelu)] {
+                let what = format!("f16 {name}");
+                let shape = (m, k, n);
+                check_matmul_of(
                     context,
-                    &format!("f16 {name}"),
-                    (m, k, n),
-                    epilogue,
+                    &what,
+                    shape,
+                    bias,
+                    activation,
+                    DType::F16,
                     &mut rng,
                 );
             }
