@@ -161,6 +161,29 @@ fn f16_tensors_round_on_upload_and_read_back_exactly() {
         context.write(&tensor, &negated).unwrap();
         assert_eq!(tensor.to_vec().unwrap(), f16(&negated));
     }
+    // A copy keeps every bit: the smallest subnormal, a NaN and infinities too (read back
+    // through f32, which holds every f16 exactly, NaN as NaN).
+    let special = [
+        6e-8,
+        -6e-8,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        1.5,
+    ];
+    let tensor = context.tensor_with(&special, &[7], DType::F16).unwrap();
+    for copy in [
+        context.copy(&tensor).unwrap(),
+        context.cast(&tensor, DType::F16).unwrap(),
+    ] {
+        let values = copy.to_vec().unwrap();
+        assert_eq!(copy.dtype(), DType::F16);
+        let bits = |values: &[f32]| -> Vec<u32> { values.iter().map(|v| v.to_bits()).collect() };
+        assert_eq!(bits(&values), bits(&tensor.to_vec().unwrap()));
+        assert_eq!(values[0], 2f32.powi(-24));
+        assert!(values[2].is_nan());
+    }
     let zeros = context.zeros_with(&[2, 3], DType::F16).unwrap();
     assert_eq!(zeros.to_vec().unwrap(), vec![0.0; 6]);
     let empty = context.empty_with(&[7], DType::F16).unwrap();

@@ -115,8 +115,8 @@ impl Context {
         self.elementwise(op.name(), key, &[x], x.shape(), 0, 0.0)
     }
 
-    /// `x` with its elements stored as `dtype`: a new tensor (a copy where `x` already is
-    /// `dtype`). To f16 each value is rounded to the nearest f16 (ties to even; beyond ±65,504
+    /// `x` with its elements stored as `dtype`: a new tensor (a copy of every bit where `x`
+    /// already is `dtype`). To f16 each value is rounded to the nearest f16 (ties to even; beyond ±65,504
     /// it becomes ±∞); to f32 exactly. [`ComputeError::ShaderF16Unavailable`] for f16 on a
     /// device without [`wgpu::Features::SHADER_F16`].
     pub fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor, ComputeError> {
@@ -236,7 +236,7 @@ impl Context {
 
     /// Records one element-wise kernel over `shape`, writing a new tensor. The kernel loads
     /// and stores the inputs' element type (which must be one), unless `key` names other types
-    /// already (a cast).
+    /// already (a cast); a copy within one type copies the bytes.
     fn elementwise(
         &self,
         op: &'static str,
@@ -247,16 +247,24 @@ impl Context {
         scalar: f32,
     ) -> Result<Tensor, ComputeError> {
         let dtype = common_dtype(op, inputs)?;
-        let key = if key.types == ElementTypes::F32 {
-            key.typed(ElementTypes::same(dtype))
+        let types = if key.types == ElementTypes::F32 {
+            ElementTypes::same(dtype)
         } else {
-            key
+            key.types
         };
         let len = inputs[0].len();
-        let len_vec4 = len.div_ceil(4) as u64;
+        // A copy within one type moves bits: the f32 copy kernel over the bytes, so that f16 NaN
+        // payloads and subnormals survive (a trip through f32 may quiet the one and flush the
+        // other). Other kernels take one vec4 of their elements per invocation.
+        let (key, len_vec4) = if key.entry == UnaryOp::Copy.entry() && types.input == types.output {
+            let bytes = len as u64 * dtype.size_bytes();
+            (key.typed(ElementTypes::F32), bytes.div_ceil(16))
+        } else {
+            (key.typed(types), len.div_ceil(4) as u64)
+        };
         let (workgroups, grid_x) = grid_1d(self, op, len_vec4.div_ceil(WORKGROUP_SIZE))?;
         self.before_op()?;
-        let output = self.allocate(op, shape.to_vec(), len, key.types.output)?;
+        let output = self.allocate(op, shape.to_vec(), len, types.output)?;
         let mut bindings: Vec<_> = inputs.iter().map(|t| &t.storage).collect();
         bindings.push(&output.storage);
         self.record(Dispatch {
