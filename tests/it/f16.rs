@@ -330,9 +330,11 @@ fn f16_matmul_matches_its_twin_on_every_path() {
     };
     let split_tiled = context_with(gpu(), split_tiled);
     let split_narrow = context_with(gpu(), split_narrow);
+    // Without wgpu's bounds checks (as benchmarks run): the f16 kernels mask their edges too.
+    let unchecked = context_with(gpu(), ContextOptions::unchecked());
     // (context, name, shapes (M, K, N), what the plan must be: narrow, split)
     type Case<'a> = (&'a Context, &'a str, Vec<(usize, usize, usize)>, bool, bool);
-    let cases: [Case<'_>; 4] = [
+    let cases: [Case<'_>; 6] = [
         // The tiled kernel: scalar (K or N not a multiple of 4) and vec4 with edges.
         (
             &context,
@@ -361,6 +363,20 @@ fn f16_matmul_matches_its_twin_on_every_path() {
             vec![(3, 96, 20), (7, 132, 12)],
             true,
             true,
+        ),
+        (
+            &unchecked,
+            "tiled unchecked",
+            vec![(33, 65, 17), (20, 44, 36)],
+            false,
+            false,
+        ),
+        (
+            &unchecked,
+            "narrow unchecked",
+            vec![(5, 132, 36)],
+            true,
+            false,
         ),
     ];
     for (context, name, shapes, narrow, split) in cases {
