@@ -7,6 +7,7 @@
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
 //!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
 //!     [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
+//!     [--dtype f32|f16]
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -50,15 +51,22 @@
 //!   listed values (those not listed automatic), after its automatic plan. Without them,
 //!   `--large` measures lanes 1 to 64 with the rest automatic. The kernel column reads
 //!   `narrow xL` (L lanes), with `sgS` where subgroups of S add slices by shuffles.
+//! - `--dtype f16` measures the matmuls and the element-wise ops on f16 tensors (f32 arithmetic;
+//!   the device needs `SHADER_F16`): the operands are the f16 roundings of the same random values,
+//!   the twin computes on them and rounds to f16, and the checks allow an f16 ulp more (2⁻¹⁰ of
+//!   the magnitude; element-wise errors over results of at least the smallest normal f16, 2⁻¹⁴,
+//!   since a device may flush subnormals); GB/s counts 2-byte elements. The chain of dependent products and the op
+//!   overhead stay f32.
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
-//!   TF32 off) and prints its time beside ours for each shape with an automatic plan, and the ratio
+//!   TF32 off; with `--dtype f16`, the JSON of `matmul.py --dtype half`, which must match) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
 //!   `torch_chain_step_us`. Run both in one session of the GPU: its clocks vary between sessions.
 //! - In one process, large products measured one after another can slow down for the rest of
 //!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
 //!   tiles in separate processes, or early in one.
 //!
-//! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "matmul": [{"m",
+//! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "dtype" ("f32" or
+//! "f16"), "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
 //! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups", "torch_time_us",
 //! "ratio"}],
@@ -76,7 +84,7 @@ use anyhow::{bail, Context as _};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use wgpu_pool::compute::{
-    cpu, Autotune, BinaryOp, Context, ContextOptions, Feed, MatmulOptions, MatmulTiles,
+    cpu, Autotune, BinaryOp, Context, ContextOptions, DType, Feed, MatmulOptions, MatmulTiles,
     ShaderChecks, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
@@ -111,6 +119,8 @@ struct Args {
     /// `MatmulOptions::autotune`: the library's default (tuned on a GPU), `--autotune` (also on a
     /// software GPU) or `--no-autotune` (the rules alone).
     autotune: Autotune,
+    /// What the matmuls' and element-wise ops' tensors hold (`--dtype`).
+    dtype: DType,
 }
 
 impl Args {
@@ -151,6 +161,7 @@ fn parse_args() -> anyhow::Result<Args> {
         narrow_splits: Vec::new(),
         narrow_subgroups: Vec::new(),
         autotune: Autotune::default(),
+        dtype: DType::F32,
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -190,6 +201,13 @@ fn parse_args() -> anyhow::Result<Args> {
                     "off" => false,
                     _ => bail!("--narrow-subgroups takes on or off, not {choice:?}"),
                 });
+            }
+            "--dtype" => {
+                let dtype = iter.next().context("--dtype needs f32 or f16")?;
+                args.dtype = DType::ALL
+                    .into_iter()
+                    .find(|candidate| candidate.name() == dtype)
+                    .with_context(|| format!("--dtype takes f32 or f16, not {dtype:?}"))?;
             }
             "--checked" => args.checks = ShaderChecks::Checked,
             "--autotune" => args.autotune = Autotune::Always,
@@ -242,7 +260,7 @@ fn parse_args() -> anyhow::Result<Args> {
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
                      [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
                      [--serving] [--torch FILE] [--split N]... [--narrow-lanes L]... \
-                     [--narrow-splits S]... [--narrow-subgroups on|off]..."
+                     [--narrow-splits S]... [--narrow-subgroups on|off]... [--dtype f32|f16]"
                 );
                 std::process::exit(0);
             }
@@ -272,6 +290,8 @@ const SERVING: [(usize, usize, usize); 10] = [
 
 /// PyTorch's figures from `benches/torch/matmul.py --json`.
 struct Torch {
+    /// PyTorch's name of the operands' type: `float32` (files without one) or `float16`.
+    dtype: String,
     /// Time per product by shape, in µs (the median).
     products: std::collections::HashMap<(usize, usize, usize), f64>,
     chain_step_us: Option<f64>,
@@ -300,6 +320,7 @@ impl Torch {
             products.insert((dim("m")?, dim("n")?, dim("k")?), time_us);
         }
         Ok(Self {
+            dtype: json["dtype"].as_str().unwrap_or("float32").to_string(),
             products,
             chain_step_us: json["chain_step_us"].as_f64(),
         })
@@ -385,6 +406,8 @@ struct Bench {
     checks: ShaderChecks,
     support: TimestampSupport,
     matmul: MatmulOptions,
+    /// What the measured tensors hold.
+    dtype: DType,
 }
 
 impl Bench {
@@ -447,6 +470,15 @@ impl Bench {
     }
 }
 
+/// How far a result stored as `dtype` may be from its twin's rounding, relative to it: an f16
+/// ulp (a conversion to f16 may round either way), nothing for f32.
+fn f16_ulp_relative(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 0.0,
+        DType::F16 => 1.0 / 1024.0,
+    }
+}
+
 fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
 }
@@ -493,16 +525,18 @@ fn bench_matmul(
         ..bench.matmul.clone()
     })?;
     let plan = context.matmul_plan(m, n, k)?;
-    let a_values = random(rng, m * k);
-    let b_values = random(rng, k * n);
-    let a = context.tensor(&a_values, &[m, k])?;
-    let b = context.tensor(&b_values, &[k, n])?;
+    // The values the tensors hold (rounded to f16 for f16), which the twin computes on.
+    let a_values = cpu::rounded(&random(rng, m * k), bench.dtype);
+    let b_values = cpu::rounded(&random(rng, k * n), bench.dtype);
+    let a = context.tensor_with(&a_values, &[m, k], bench.dtype)?;
+    let b = context.tensor_with(&b_values, &[k, n], bench.dtype)?;
     let time_us = bench.time_us(&context, &|| Ok(context.matmul(&a, &b)?))?;
     let c = context.matmul(&a, &b)?.to_vec()?;
     let full = (m * n * k) as u64 <= 1 << 28;
     let mut max_rel_err = 0.0f64;
     let mut ok = true;
-    let bound = 2.0 * k as f64 / f64::from(1u32 << 24);
+    // An f16 result may also be an f16 ulp from the twin's (2⁻¹⁰ of it, at most of the magnitude).
+    let bound = 2.0 * k as f64 / f64::from(1u32 << 24) + f16_ulp_relative(bench.dtype);
     for row in sample(m, full) {
         for col in sample(n, full) {
             let (expected, magnitude) = cpu::matmul_element(&a_values, &b_values, k, n, row, col);
@@ -546,12 +580,13 @@ impl Elementwise {
         }
     }
 
-    /// Bytes read and written per element.
-    fn bytes_per_element(self) -> f64 {
-        match self {
-            Self::Binary(_) => 12.0,
-            Self::Unary(_) => 8.0,
-        }
+    /// Bytes read and written per element of `dtype`.
+    fn bytes_per_element(self, dtype: DType) -> f64 {
+        let accesses = match self {
+            Self::Binary(_) => 3.0,
+            Self::Unary(_) => 2.0,
+        };
+        accesses * dtype.size_bytes() as f64
     }
 }
 
@@ -570,10 +605,10 @@ fn bench_elementwise(
     rng: &mut StdRng,
 ) -> anyhow::Result<ElementwiseResult> {
     let context = bench.context(MatmulOptions::default())?;
-    let a_values = random(rng, n);
-    let b_values = random(rng, n);
-    let a = context.tensor(&a_values, &[n])?;
-    let b = context.tensor(&b_values, &[n])?;
+    let a_values = cpu::rounded(&random(rng, n), bench.dtype);
+    let b_values = cpu::rounded(&random(rng, n), bench.dtype);
+    let a = context.tensor_with(&a_values, &[n], bench.dtype)?;
+    let b = context.tensor_with(&b_values, &[n], bench.dtype)?;
     let run = || -> anyhow::Result<Tensor> {
         Ok(match op {
             Elementwise::Binary(op) => context.binary(op, &a, &b)?,
@@ -582,20 +617,29 @@ fn bench_elementwise(
     };
     let time_us = bench.time_us(&context, &run)?;
     let values = run()?.to_vec()?;
-    let expected = match op {
-        Elementwise::Binary(op) => cpu::binary(op, &a_values, &b_values),
-        Elementwise::Unary(op) => cpu::unary(op, &a_values),
+    let expected = cpu::rounded(
+        &match op {
+            Elementwise::Binary(op) => cpu::binary(op, &a_values, &b_values),
+            Elementwise::Unary(op) => cpu::unary(op, &a_values),
+        },
+        bench.dtype,
+    );
+    // Over normal results only in f16: a device may flush f16 subnormals to zero.
+    let smallest = match bench.dtype {
+        DType::F32 => 0.0,
+        DType::F16 => 1.0 / f32::from(1u16 << 14),
     };
     let max_rel_err = values
         .iter()
         .zip(&expected)
+        .filter(|(_, c)| c.abs() >= smallest)
         .map(|(&g, &c)| (f64::from(g) - f64::from(c)).abs() / f64::from(c.abs()).max(1e-30))
         .fold(0.0, f64::max);
     Ok(ElementwiseResult {
         op: op.name(),
         n,
         time_us,
-        gbs: op.bytes_per_element() * n as f64 / (time_us * 1e3),
+        gbs: op.bytes_per_element(bench.dtype) * n as f64 / (time_us * 1e3),
         max_rel_err,
     })
 }
@@ -934,6 +978,7 @@ fn main() -> anyhow::Result<()> {
             autotune: args.autotune,
             ..MatmulOptions::default()
         },
+        dtype: args.dtype,
     };
     let timing = match support {
         TimestampSupport::InsidePasses => "GPU timestamps inside passes",
@@ -942,11 +987,30 @@ fn main() -> anyhow::Result<()> {
     };
     println!("adapter: {gpu}");
     println!(
-        "timing: {timing}, median of {RUNS}; kernels: {:?}",
-        args.checks
+        "timing: {timing}, median of {RUNS}; kernels: {:?}; tensors: {}",
+        args.checks, args.dtype
     );
     let mut rng = StdRng::seed_from_u64(42);
     let torch = args.torch.as_deref().map(Torch::read).transpose()?;
+    if let Some(torch) = &torch {
+        let wanted = match args.dtype {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+        };
+        if torch.dtype != wanted {
+            bail!(
+                "--torch holds PyTorch's {} products, but these are {}: run \
+                 benches/torch/matmul.py --dtype {}",
+                torch.dtype,
+                args.dtype,
+                if args.dtype == DType::F16 {
+                    "half"
+                } else {
+                    "float"
+                }
+            );
+        }
+    }
 
     println!();
     println!(
@@ -1138,12 +1202,13 @@ fn main() -> anyhow::Result<()> {
                 "{:<8} {:>10} {:>11.1} {:>9.1} {:>11.2e}",
                 r.op, r.n, r.time_us, r.gbs, r.max_rel_err
             );
-            // Exact for add and relu; GELU's exp is the driver's.
+            // Exact for add and relu; GELU's exp is the driver's; f16 stores may round to either
+            // neighbour.
             let tolerance = if matches!(op, Elementwise::Unary(UnaryOp::Gelu)) {
                 1e-5
             } else {
                 0.0
-            };
+            } + f16_ulp_relative(args.dtype);
             if r.max_rel_err > tolerance {
                 println!("  FAIL: {} differs from its CPU twin", r.op);
                 failures += 1;
@@ -1200,6 +1265,7 @@ fn main() -> anyhow::Result<()> {
             "backend": format!("{:?}", gpu.info.backend),
             "timing": timing,
             "shader_checks": format!("{:?}", args.checks),
+            "dtype": args.dtype.name(),
             "matmul": matmuls,
             "elementwise": elementwise,
             "op_overhead_us": overhead.as_ref().map(|o| o.record_us),

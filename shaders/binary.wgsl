@@ -1,19 +1,32 @@
 // Element-wise kernels of two inputs: y = a ∘ b (same shapes), and the row-broadcast bias add
 // y[r, c] = a[r, c] + b[c]. One vec4 per invocation, workgroups of 256, a 2-D grid past 65,535
-// workgroups. Tails: see unary.wgsl. Every storage binding is read_write (pool rule).
+// workgroups. Tails and the element types `Input` and `Output`: see unary.wgsl. Every storage
+// binding is read_write (pool rule).
 // CPU twins: src/compute/cpu.rs, same names.
 
 // `ElementwiseParams`: shaders/common.wgsl.
 @group(0) @binding(0) var<uniform> params: ElementwiseParams;
-@group(0) @binding(1) var<storage, read_write> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> b: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> a: array<vec4<Input>>;
+@group(0) @binding(2) var<storage, read_write> b: array<vec4<Input>>;
+@group(0) @binding(3) var<storage, read_write> y: array<vec4<Output>>;
+
+fn load_a(i: u32) -> vec4<f32> {
+    return vec4<f32>(a[i]);
+}
+
+fn load_b(i: u32) -> vec4<f32> {
+    return vec4<f32>(b[i]);
+}
+
+fn store(i: u32, v: vec4<f32>) {
+    y[i] = vec4<Output>(v);
+}
 
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = a[i] + b[i];
+        store(i, load_a(i) + load_b(i));
     }
 }
 
@@ -21,7 +34,7 @@ fn add(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_in
 fn sub(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = a[i] - b[i];
+        store(i, load_a(i) - load_b(i));
     }
 }
 
@@ -29,7 +42,7 @@ fn sub(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_in
 fn mul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = a[i] * b[i];
+        store(i, load_a(i) * load_b(i));
     }
 }
 
@@ -37,7 +50,7 @@ fn mul(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_in
 fn div(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = a[i] / b[i];
+        store(i, load_a(i) / load_b(i));
     }
 }
 
@@ -45,7 +58,7 @@ fn div(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_in
 fn maximum(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = max(a[i], b[i]);
+        store(i, max(load_a(i), load_b(i)));
     }
 }
 
@@ -59,14 +72,14 @@ fn add_bias(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocati
     let cols = params.cols;
     if (cols % 4u == 0u) {
         // A vec4 never straddles two rows: one vec4 of the bias.
-        y[i] = a[i] + b[(i % (cols / 4u))];
+        store(i, load_a(i) + load_b(i % (cols / 4u)));
         return;
     }
     // A vec4 may straddle rows: the bias element of each lane.
     var bias = vec4<f32>(0.0);
     for (var lane = 0u; lane < 4u; lane++) {
         let col = (4u * i + lane) % cols;
-        bias[lane] = b[col / 4u][col % 4u];
+        bias[lane] = f32(b[col / 4u][col % 4u]);
     }
-    y[i] = a[i] + bias;
+    store(i, load_a(i) + bias);
 }

@@ -1,4 +1,5 @@
-// C[M, N] = A[M, K] · B[K, N], f32, row-major, any sizes; with an optional fused epilogue
+// C[M, N] = A[M, K] · B[K, N], row-major, any sizes, stored as f32 or f16 (`Input`, `Output`:
+// see matmul_vec4.wgsl), computed in f32; with an optional fused epilogue
 // C = act(A·B + bias[N]). CPU twin: `matmul` in src/compute/cpu.rs.
 //
 // The host puts these constants before this file (src/compute/kernels.rs, from `MatmulTiles`):

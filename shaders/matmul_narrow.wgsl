@@ -52,11 +52,13 @@ struct NarrowParams {
 }
 
 @group(0) @binding(0) var<uniform> params: NarrowParams;
-@group(0) @binding(1) var<storage, read_write> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> b: array<vec4<f32>>;
+// `Input` (A, B, the bias) and `Output` (C; f32 partial products with SPLIT) are f32 or f16,
+// written by the host; loads convert to f32 and the products accumulate in f32.
+@group(0) @binding(1) var<storage, read_write> a: array<vec4<Input>>;
+@group(0) @binding(2) var<storage, read_write> b: array<vec4<Input>>;
 // C, or with SPLIT the partial products P[splits, M, N].
-@group(0) @binding(3) var<storage, read_write> c: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> bias: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c: array<vec4<Output>>;
+@group(0) @binding(4) var<storage, read_write> bias: array<vec4<Input>>;
 
 const SLICES: u32 = 256u / LANES;
 // Slices left for workgroup memory, and the vec4s each row takes there.
@@ -97,12 +99,12 @@ fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, z: u32) {
             }
             let row = first + r;
             if (SPLIT) {
-                c[(z * ROWS + row) * n4 + col] = v;
+                c[(z * ROWS + row) * n4 + col] = vec4<Output>(v);
             } else {
                 if (BIAS) {
-                    v += bias[col];
+                    v += vec4<f32>(bias[col]);
                 }
-                c[row * n4 + col] = activate4(v, ACT);
+                c[row * n4 + col] = vec4<Output>(activate4(v, ACT));
             }
         }
     }

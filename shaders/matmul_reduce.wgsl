@@ -3,7 +3,9 @@
 // 256, a 2-D grid past 65,535 workgroups. Part of the CPU twin `matmul` in src/compute/cpu.rs.
 //
 // The host puts the constants BIAS (bool) and ACT (0 none, 1 relu, 2 gelu) before this file.
-// Every storage binding is read_write (pool rule).
+// The partial products are f32 whatever the operands; `Input` (the bias) and `Output` (C) are
+// what the matmul's tensors hold (f32 or f16, written by the host). Every storage binding is
+// read_write (pool rule).
 
 // The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
 struct ReduceParams {
@@ -16,8 +18,8 @@ struct ReduceParams {
 
 @group(0) @binding(0) var<uniform> params: ReduceParams;
 @group(0) @binding(1) var<storage, read_write> partial: array<f32>;
-@group(0) @binding(2) var<storage, read_write> bias: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+@group(0) @binding(2) var<storage, read_write> bias: array<Input>;
+@group(0) @binding(3) var<storage, read_write> c: array<Output>;
 
 @compute @workgroup_size(256)
 fn matmul_reduce(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
@@ -30,7 +32,7 @@ fn matmul_reduce(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_inv
         sum += partial[s * params.len + i];
     }
     if (BIAS) {
-        sum += bias[i % params.n];
+        sum += f32(bias[i % params.n]);
     }
-    c[i] = activate4(vec4<f32>(sum), ACT).x;
+    c[i] = Output(activate4(vec4<f32>(sum), ACT).x);
 }

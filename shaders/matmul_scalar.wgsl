@@ -6,46 +6,48 @@
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 
-@group(0) @binding(1) var<storage, read_write> a: array<f32>;
-@group(0) @binding(2) var<storage, read_write> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c: array<f32>;
-@group(0) @binding(4) var<storage, read_write> bias: array<f32>;
+// `Input` (A, B, the bias) and `Output` (C, or the f32 partial products of a split) are f32 or
+// f16, written by the host: the accessors convert to and from the kernel's f32.
+@group(0) @binding(1) var<storage, read_write> a: array<Input>;
+@group(0) @binding(2) var<storage, read_write> b: array<Input>;
+@group(0) @binding(3) var<storage, read_write> c: array<Output>;
+@group(0) @binding(4) var<storage, read_write> bias: array<Input>;
 
 fn a_at(e: u32) -> f32 {
-    return a[e];
+    return f32(a[e]);
 }
 
 fn b_at(e: u32) -> f32 {
-    return b[e];
+    return f32(b[e]);
 }
 
 fn bias_at(e: u32) -> f32 {
-    return bias[e];
+    return f32(bias[e]);
 }
 
 fn store_c_at(e: u32, x: f32) {
-    c[e] = x;
+    c[e] = Output(x);
 }
 
 fn a_vec4(i: u32) -> vec4<f32> {
     let e = 4u * i;
-    return vec4<f32>(a[e], a[e + 1u], a[e + 2u], a[e + 3u]);
+    return vec4<f32>(f32(a[e]), f32(a[e + 1u]), f32(a[e + 2u]), f32(a[e + 3u]));
 }
 
 fn b_vec4(i: u32) -> vec4<f32> {
     let e = 4u * i;
-    return vec4<f32>(b[e], b[e + 1u], b[e + 2u], b[e + 3u]);
+    return vec4<f32>(f32(b[e]), f32(b[e + 1u]), f32(b[e + 2u]), f32(b[e + 3u]));
 }
 
 fn bias_vec4(i: u32) -> vec4<f32> {
     let e = 4u * i;
-    return vec4<f32>(bias[e], bias[e + 1u], bias[e + 2u], bias[e + 3u]);
+    return vec4<f32>(f32(bias[e]), f32(bias[e + 1u]), f32(bias[e + 2u]), f32(bias[e + 3u]));
 }
 
 fn store_c_vec4(i: u32, v: vec4<f32>) {
     let e = 4u * i;
-    c[e] = v.x;
-    c[e + 1u] = v.y;
-    c[e + 2u] = v.z;
-    c[e + 3u] = v.w;
+    c[e] = Output(v.x);
+    c[e + 1u] = Output(v.y);
+    c[e + 2u] = Output(v.z);
+    c[e + 3u] = Output(v.w);
 }

@@ -3,7 +3,8 @@
 // One workgroup of 256 invocations per row (a 2-D grid past 65,535 rows); each invocation walks
 // the row with a stride of 256, then a tree reduction in workgroup memory.
 // CPU twins: `sum` and `softmax` in src/compute/cpu.rs.
-// Every storage binding is read_write (pool rule).
+// `Input`, `Output` (f32 or f16, written by the host): what x and y hold; sums and the softmax are
+// computed in f32. Every storage binding is read_write (pool rule).
 
 // The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
 struct RowsParams {
@@ -14,8 +15,8 @@ struct RowsParams {
 }
 
 @group(0) @binding(0) var<uniform> params: RowsParams;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read_write> x: array<Input>;
+@group(0) @binding(2) var<storage, read_write> y: array<Output>;
 
 var<workgroup> scratch: array<f32, 256>;
 
@@ -58,11 +59,11 @@ fn sum(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_in
     let base = row * params.cols;
     var partial = 0.0;
     for (var col = local; col < params.cols; col += 256u) {
-        partial += x[base + col];
+        partial += f32(x[base + col]);
     }
     let total = workgroup_sum(partial, local);
     if (local == 0u) {
-        y[row] = total;
+        y[row] = Output(total);
     }
 }
 
@@ -76,15 +77,15 @@ fn softmax(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocatio
     // -f32::MAX rather than -inf: WGSL has no infinity literal.
     var partial_max = -3.4028234663852886e38;
     for (var col = local; col < params.cols; col += 256u) {
-        partial_max = max(partial_max, x[base + col]);
+        partial_max = max(partial_max, f32(x[base + col]));
     }
     let row_max = workgroup_max(partial_max, local);
     var partial_sum = 0.0;
     for (var col = local; col < params.cols; col += 256u) {
-        partial_sum += exp(x[base + col] - row_max);
+        partial_sum += exp(f32(x[base + col]) - row_max);
     }
     let denominator = workgroup_sum(partial_sum, local);
     for (var col = local; col < params.cols; col += 256u) {
-        y[base + col] = exp(x[base + col] - row_max) / denominator;
+        y[base + col] = Output(exp(f32(x[base + col]) - row_max) / denominator);
     }
 }

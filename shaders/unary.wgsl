@@ -3,19 +3,30 @@
 //
 // Tensors are allocated rounded up to 16 bytes, so the last vec4 is always in bounds; its lanes
 // past the logical length hold whatever the memory held and produce values nobody reads.
+// `Input` and `Output` (f32 or f16, written by the host before this file): what x and y hold;
+// the arithmetic is f32 (`load` converts, `store` rounds once). A cast is `copy` from one type
+// to the other.
 // Every storage binding is read_write: input and output may share one pool segment buffer.
 // CPU twins: src/compute/cpu.rs, same names.
 
 // `ElementwiseParams`: shaders/common.wgsl.
 @group(0) @binding(0) var<uniform> params: ElementwiseParams;
-@group(0) @binding(1) var<storage, read_write> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> x: array<vec4<Input>>;
+@group(0) @binding(2) var<storage, read_write> y: array<vec4<Output>>;
+
+fn load(i: u32) -> vec4<f32> {
+    return vec4<f32>(x[i]);
+}
+
+fn store(i: u32, v: vec4<f32>) {
+    y[i] = vec4<Output>(v);
+}
 
 @compute @workgroup_size(256)
 fn relu(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = relu4(x[i]);
+        store(i, relu4(load(i)));
     }
 }
 
@@ -23,7 +34,7 @@ fn relu(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_i
 fn gelu(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = gelu4(x[i]);
+        store(i, gelu4(load(i)));
     }
 }
 
@@ -31,7 +42,7 @@ fn gelu(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_i
 fn exp_kernel(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = exp(x[i]);
+        store(i, exp(load(i)));
     }
 }
 
@@ -39,7 +50,7 @@ fn exp_kernel(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoca
 fn neg(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = -x[i];
+        store(i, -load(i));
     }
 }
 
@@ -47,7 +58,7 @@ fn neg(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_in
 fn sqrt_kernel(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = sqrt(x[i]);
+        store(i, sqrt(load(i)));
     }
 }
 
@@ -55,7 +66,7 @@ fn sqrt_kernel(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoc
 fn copy(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = x[i];
+        store(i, load(i));
     }
 }
 
@@ -63,7 +74,7 @@ fn copy(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_i
 fn add_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = x[i] + params.scalar;
+        store(i, load(i) + params.scalar);
     }
 }
 
@@ -71,7 +82,7 @@ fn add_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoca
 fn sub_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = x[i] - params.scalar;
+        store(i, load(i) - params.scalar);
     }
 }
 
@@ -79,7 +90,7 @@ fn sub_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoca
 fn mul_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = x[i] * params.scalar;
+        store(i, load(i) * params.scalar);
     }
 }
 
@@ -87,7 +98,7 @@ fn mul_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoca
 fn div_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = x[i] / params.scalar;
+        store(i, load(i) / params.scalar);
     }
 }
 
@@ -95,6 +106,6 @@ fn div_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoca
 fn maximum_scalar(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let i = linear_index(workgroup, local, params.grid_x, 256u);
     if (i < params.len_vec4) {
-        y[i] = max(x[i], vec4<f32>(params.scalar));
+        store(i, max(load(i), vec4<f32>(params.scalar)));
     }
 }

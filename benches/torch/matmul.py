@@ -2,6 +2,11 @@
 
     python3 benches/torch/matmul.py --serving --json torch.json
     python3 benches/torch/matmul.py --shape 8x1024x1024 --shape 4096x4096x4096 --json torch.json
+    python3 benches/torch/matmul.py --serving --dtype half --json torch_half.json
+
+`--dtype half` measures fp16 products (operands and results in `torch.half`; cuBLAS accumulates
+in fp32 and uses the tensor cores, as a user of `half` gets), the figures `bench_kernels --dtype
+f16 --torch torch_half.json` compares its f16 kernels with.
 
 Then `bench_kernels --serving --torch torch.json` prints PyTorch's time beside each of its own and
 the ratio. Time per product: CUDA events around each of `--runs` products recorded back to back
@@ -10,8 +15,8 @@ the ratio. Time per product: CUDA events around each of `--runs` products record
 8x1024x1024 adds to a chain whose result is copied to the host (chains of 1 and of 65, medians of
 `--chains` each), the figure `bench_kernels` reports as `matmul_chain_step_us`.
 
-The JSON: {"device", "torch", "tf32", "matmul": [{"m", "n", "k", "time_us", "mean_us",
-"gflops"}], "chain_step_us", "chain_single_us"}.
+The JSON: {"device", "torch", "tf32", "dtype" ("float32" or "float16"), "matmul": [{"m", "n",
+"k", "time_us", "mean_us", "gflops"}], "chain_step_us", "chain_single_us"}.
 """
 
 import argparse
@@ -43,10 +48,14 @@ def parse_shape(text):
     return tuple(int(p) for p in parts)
 
 
-def time_product(m, n, k, runs, warmup):
+# `--dtype` names and the torch types they select.
+DTYPES = {"float": torch.float32, "half": torch.float16}
+
+
+def time_product(m, n, k, runs, warmup, dtype):
     generator = torch.Generator(device="cuda").manual_seed(42)
-    a = torch.rand((m, k), device="cuda", generator=generator) * 2 - 1
-    b = torch.rand((k, n), device="cuda", generator=generator) * 2 - 1
+    a = (torch.rand((m, k), device="cuda", generator=generator) * 2 - 1).to(dtype)
+    b = (torch.rand((k, n), device="cuda", generator=generator) * 2 - 1).to(dtype)
     for _ in range(warmup):
         a @ b
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
@@ -82,28 +91,33 @@ def main():
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--chains", type=int, default=101)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float", help="operands' type (default float)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("matmul.py: no CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    dtype = DTYPES[args.dtype]
+    dtype_name = str(dtype).removeprefix("torch.")
 
     shapes = list(args.shape)
     if args.serving or not shapes:
         shapes = SERVING + [s for s in shapes if s not in SERVING]
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, fp32, TF32 off")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, {dtype_name}, TF32 off")
     print(f"{'M':>6} {'N':>6} {'K':>6} {'median (µs)':>12} {'mean (µs)':>10} {'GFLOP/s':>10}")
     results = []
     for m, n, k in shapes:
-        median, mean = time_product(m, n, k, args.runs, args.warmup)
+        median, mean = time_product(m, n, k, args.runs, args.warmup, dtype)
         gflops = 2 * m * n * k / (median * 1e3)
         print(f"{m:>6} {n:>6} {k:>6} {median:>12.1f} {mean:>10.1f} {gflops:>10.1f}")
         results.append({"m": m, "n": n, "k": k, "time_us": median, "mean_us": mean, "gflops": gflops})
 
     generator = torch.Generator(device="cuda").manual_seed(7)
-    x0 = torch.rand((8, 1024), device="cuda", generator=generator) * 2 - 1
+    x0 = (torch.rand((8, 1024), device="cuda", generator=generator) * 2 - 1).to(dtype)
     # Scaled so that values stay finite along the chain.
-    w = (torch.rand((1024, 1024), device="cuda", generator=generator) * 2 - 1) / 32
+    w = ((torch.rand((1024, 1024), device="cuda", generator=generator) * 2 - 1) / 32).to(dtype)
     single = chain_us(1, args.chains, x0, w)
     long = chain_us(65, args.chains, x0, w)
     step = (long - single) / 64
@@ -116,6 +130,7 @@ def main():
                     "device": torch.cuda.get_device_name(),
                     "torch": torch.__version__,
                     "tf32": False,
+                    "dtype": dtype_name,
                     "matmul": results,
                     "chain_single_us": single,
                     "chain_step_us": step,

@@ -32,7 +32,7 @@ use std::sync::{
 use super::kernels::Kernels;
 use super::timing::{KernelTiming, Timer, TimestampSupport};
 use super::vocab::{
-    ComputeError, KernelKey, MatmulOptions, ParamsBlock, TunedChoices, MAX_STORAGE_BINDINGS,
+    ComputeError, DType, KernelKey, MatmulOptions, ParamsBlock, TunedChoices, MAX_STORAGE_BINDINGS,
     PARAMS_BYTES,
 };
 use crate::device::Gpu;
@@ -137,17 +137,21 @@ pub(crate) struct Storage {
     pub(crate) capture: Option<u64>,
     /// Bytes the tensor's allocation takes (or will take, in a plan's arena).
     pub(crate) bytes: u64,
+    /// What its elements are stored as (shared by the clones and reshapes of a tensor).
+    pub(crate) dtype: DType,
     pub(crate) shared: Arc<Shared>,
 }
 
 impl Storage {
-    /// A tensor's storage: with memory, registered with the context (so that compaction can
-    /// find and move it); without, a symbolic tensor of `capture`.
+    /// A tensor's storage of `bytes` holding `dtype` elements: with memory, registered with the
+    /// context (so that compaction can find and move it); without, a symbolic tensor of
+    /// `capture`.
     pub(crate) fn new(
         shared: &Arc<Shared>,
         allocation: Option<Allocation>,
         capture: Option<u64>,
         bytes: u64,
+        dtype: DType,
     ) -> Arc<Self> {
         let registered = allocation.is_some();
         Arc::new_cyclic(|weak: &Weak<Storage>| {
@@ -161,6 +165,7 @@ impl Storage {
                 pins: AtomicUsize::new(0),
                 capture,
                 bytes,
+                dtype,
                 shared: shared.clone(),
             }
         })

@@ -5,9 +5,27 @@
 //! `gelu` in f64, rounded once). Accumulating twins (`matmul`, `sum`, `softmax`) accumulate in
 //! f64, so they are the reference the kernels' f32 accumulation is measured against.
 //! Keep in sync with `shaders/`.
+//!
+//! On f16 tensors the kernels load f16, compute in f32 and round once as they store: their twin
+//! is the f32 twin on the f16 values ([`rounded`] inputs, as uploaded), its result [`rounded`]
+//! to f16. The twin and the kernel may then round to neighbouring f16s: compare within an f16
+//! ulp (2⁻¹⁰ of the magnitude) on top of the f32 tolerance.
 
 use super::ops::elementwise::{BinaryOp, UnaryOp};
-use super::vocab::Activation;
+use super::vocab::{Activation, DType};
+
+/// `values` rounded to the nearest value of `dtype` (ties to even; beyond ±65,504 to ±∞ for
+/// f16), as an upload to a tensor of `dtype` and an f16 kernel's stores round them; unchanged
+/// for f32.
+pub fn rounded(values: &[f32], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => values.to_vec(),
+        DType::F16 => values
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect(),
+    }
+}
 
 /// `max(x, 0)`.
 pub fn relu(x: &[f32]) -> Vec<f32> {

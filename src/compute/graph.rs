@@ -69,8 +69,8 @@ use super::context::{custom_group, Context, ParamsRing, Step, Storage};
 use super::ops::grid_1d;
 use super::tensor::Tensor;
 use super::vocab::{
-    element_count, kernel_u32, Activation, ComputeError, ElementwiseParams, KernelKey, ParamsBlock,
-    Source, Variant, PARAMS_BYTES,
+    decode_elements, element_count, encode_elements, kernel_u32, Activation, ComputeError, DType,
+    ElementwiseParams, KernelKey, ParamsBlock, Source, Variant, PARAMS_BYTES,
 };
 use crate::plan::{greedy_by_size, plan, Buffer, PlanOptions};
 use crate::pool::{AllocOptions, Allocation, Pool};
@@ -140,11 +140,22 @@ impl Context {
 }
 
 impl Capture {
-    /// A symbolic input of `shape`: the plan's input number `self.inputs().len()`, written by
-    /// each replay.
+    /// A symbolic f32 input of `shape`: the plan's input number `self.inputs().len()`, written
+    /// by each replay.
     pub fn input(&mut self, shape: &[usize]) -> Result<Tensor, ComputeError> {
+        self.input_with(shape, DType::F32)
+    }
+
+    /// [`Capture::input`] with elements stored as `dtype`: a replay rounds the values of a
+    /// [`Feed::Data`] to it, and takes a [`Feed::Tensor`] of that type only.
+    /// [`ComputeError::ShaderF16Unavailable`] for f16 on a device without
+    /// [`wgpu::Features::SHADER_F16`].
+    pub fn input_with(&mut self, shape: &[usize], dtype: DType) -> Result<Tensor, ComputeError> {
         let len = element_count("input", shape)?;
-        let tensor = self.context.allocate("plan input", shape.to_vec(), len)?;
+        self.context.check_dtype("input", dtype)?;
+        let tensor = self
+            .context
+            .allocate("plan input", shape.to_vec(), len, dtype)?;
         self.inputs.push(tensor.clone());
         Ok(tensor)
     }
@@ -393,6 +404,7 @@ struct Slot {
     bytes: u64,
     shape: Vec<usize>,
     len: usize,
+    dtype: DType,
     /// The copy kernel's parameters (offset in the plan's uniform buffer) and grid, for a
     /// tensor fed in or taken out that lies in the arena's own buffer (a buffer cannot be
     /// copied into itself).
@@ -661,6 +673,7 @@ impl<'a> Planner<'a> {
                 bytes,
                 shape: tensor.shape().to_vec(),
                 len: tensor.len(),
+                dtype: tensor.dtype(),
                 copy: (0, [0; 3]),
             }
         };
@@ -907,8 +920,8 @@ impl Plan {
         self.bind_groups_created
     }
 
-    /// Replays the forward on `inputs` and reads the outputs back: one submission (after the
-    /// context's open batch), then waits for it. Errors: [`ComputeError::Capture`] when the
+    /// Replays the forward on `inputs` and reads the outputs back as f32 values (f16 outputs
+    /// widened exactly): one submission (after the context's open batch), then waits for it. Errors: [`ComputeError::Capture`] when the
     /// inputs are not one per input, [`ComputeError::DataLength`] or
     /// [`ComputeError::ShapeMismatch`] for an input of the wrong size, and the errors of a read.
     /// Nothing is submitted on a refused input.
@@ -925,8 +938,7 @@ impl Plan {
                 outputs
                     .iter()
                     .map(|slot| {
-                        let values =
-                            crate::pool::to_elements(&bytes[start..start + slot.len * 4], slot.len);
+                        let values = decode_elements(&bytes[start..], slot.len, slot.dtype);
                         start += slot.bytes as usize;
                         values
                     })
@@ -937,8 +949,9 @@ impl Plan {
     }
 
     /// Replays the forward on `inputs` and copies the outputs into `outputs` (tensors of the
-    /// context with the outputs' lengths), without waiting: read them when needed. Errors as
-    /// [`Plan::run`], and [`ComputeError::ShapeMismatch`] for an output tensor of another length.
+    /// context with the outputs' lengths and element types), without waiting: read them when
+    /// needed. Errors as [`Plan::run`], [`ComputeError::ShapeMismatch`] for an output tensor of
+    /// another length and [`ComputeError::DTypeMismatch`] for one of another element type.
     pub fn run_into(
         &mut self,
         inputs: &[Feed<'_>],
@@ -974,6 +987,13 @@ impl Plan {
                 left: tensor.shape().to_vec(),
                 right: slot.shape.clone(),
                 expected: "as many elements as the plan's tensor",
+            });
+        }
+        if tensor.dtype() != slot.dtype {
+            return Err(ComputeError::DTypeMismatch {
+                op,
+                left: slot.dtype,
+                right: tensor.dtype(),
             });
         }
         Ok(())
@@ -1294,7 +1314,7 @@ impl Plan {
             for (feed, slot) in feeds.iter().zip(&self.inputs) {
                 if let Feed::Data(data) = feed {
                     let (buffer, offset, _) = slot_range(slot);
-                    queue.write_buffer(&buffer, offset, bytemuck::cast_slice(data));
+                    queue.write_buffer(&buffer, offset, &encode_elements(data, slot.dtype));
                 }
             }
             Ok(())

@@ -5,16 +5,21 @@
 //!
 //! Every file of `shaders/` is plain WGSL, used as it is. A kernel's module is, in this order:
 //!
-//! 1. **generated**: the variant's constants, WGSL `const` declarations ([`constants`]): the
+//! 1. **generated**: the element types ([`element_types`]): `enable f16;` where the variant
+//!    loads or stores f16, and the aliases `Input` (what A, B, the bias and the element-wise
+//!    inputs hold) and `Output` (what the kernel stores), each `f32` or `f16`; kernels convert
+//!    every element they load to f32 and round once when they store, so the f32 variant's
+//!    conversions are no-ops;
+//! 2. **generated**: the variant's constants, WGSL `const` declarations ([`constants`]): the
 //!    tile sizes, which edges to mask and the fused epilogue of the tiled matmul, the rows,
 //!    lanes, subgroup size, split and epilogue of the narrow one, the epilogue of the split-K
 //!    reduction (none for the other kernels), so that each variant is compiled with its branches
 //!    resolved;
-//! 2. `shaders/common.wgsl` (activations, grid indexing, the element-wise parameters);
-//! 3. for the tiled matmul, its storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`)
+//! 3. `shaders/common.wgsl` (activations, grid indexing, the element-wise parameters);
+//! 4. for the tiled matmul, its storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`)
 //!    or as elements (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4);
-//! 4. the kernel's file, `shaders/<source>.wgsl`;
-//! 5. **generated**, for the tiled matmul: its entry point `matmul` ([`matmul_entry`]),
+//! 5. the kernel's file, `shaders/<source>.wgsl`;
+//! 6. **generated**, for the tiled matmul: its entry point `matmul` ([`matmul_entry`]),
 //!    whose `BK` steps of K and whose `TM × TN` outputs per invocation are unrolled here into
 //!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics);
 //!    for the narrow matmul: its entry point `matmul_narrow` ([`narrow_entry`]), its rows (one
@@ -25,7 +30,8 @@
 //! has the member names, offsets, types and size of its Rust twin in `vocab.rs`, and translate
 //! each kind of kernel to SPIR-V with and without bounds checks.
 //!
-//! Modules are cached by `(source, variant)`, pipelines by `(source, entry point, variant)`.
+//! Modules are cached by `(source, variant, element types)`, pipelines by `(source, entry point,
+//! variant, element types)`.
 //!
 //! Layouts: binding 0 is the op's parameters (a uniform with a dynamic offset into the context's
 //! ring), bindings 1.. are the storage ranges, all `read_write`. There is one layout per number of
@@ -35,8 +41,8 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 
 use super::vocab::{
-    ComputeError, KernelKey, MatmulOptions, MatmulTiles, ShaderChecks, Source, Variant,
-    MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    ComputeError, ElementTypes, KernelKey, MatmulOptions, MatmulTiles, ShaderChecks, Source,
+    Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -53,9 +59,11 @@ fn source_text(source: Source) -> &'static str {
     }
 }
 
-/// The WGSL module of `source` in `variant` (see the module docs for its parts).
-pub(crate) fn module_source(source: Source, variant: &Variant) -> String {
-    let mut text = constants(variant);
+/// The WGSL module of `source` in `variant`, loading and storing `types` (see the module docs
+/// for its parts).
+pub(crate) fn module_source(source: Source, variant: &Variant, types: ElementTypes) -> String {
+    let mut text = element_types(types);
+    text.push_str(&constants(variant));
     text.push_str(COMMON);
     if let Variant::Matmul { vec4, .. } = *variant {
         text.push_str(if vec4 {
@@ -80,6 +88,20 @@ pub(crate) fn module_source(source: Source, variant: &Variant) -> String {
     {
         text.push_str(&narrow_entry(rows, lanes, subgroup));
     }
+    text
+}
+
+/// The WGSL element types of a module: `enable f16;` (a directive, so first in the module) where
+/// it loads or stores f16, then the aliases `Input` and `Output`.
+fn element_types(types: ElementTypes) -> String {
+    let mut text = String::new();
+    if types.uses_f16() {
+        text.push_str("enable f16;\n");
+    }
+    text.push_str(&format!(
+        "alias Input = {};\nalias Output = {};\n",
+        types.input, types.output
+    ));
     text
 }
 
@@ -329,7 +351,7 @@ fn narrow_entry(rows: u32, lanes: u32, subgroup: u32) -> String {
         let mut code = format!("            let row{step} = (kk{offset}) * 4u * n4 + col;\n");
         for e in 0..4 {
             code.push_str(&format!(
-                "            let b{step}_{e} = b[row{step} + {e}u * n4];\n"
+                "            let b{step}_{e} = vec4<f32>(b[row{step} + {e}u * n4]);\n"
             ));
         }
         code
@@ -338,7 +360,7 @@ fn narrow_entry(rows: u32, lanes: u32, subgroup: u32) -> String {
         let mut code = String::new();
         for r in 0..rows {
             code.push_str(&format!(
-                "            let a{step}_{r} = a[{r}u * k4 + kk{offset}];\n"
+                "            let a{step}_{r} = vec4<f32>(a[{r}u * k4 + kk{offset}]);\n"
             ));
             for (e, component) in ["x", "y", "z", "w"].iter().enumerate() {
                 code.push_str(&format!(
@@ -457,7 +479,7 @@ pub(crate) struct Layouts {
 pub(crate) struct Kernels {
     device: wgpu::Device,
     checks: ShaderChecks,
-    modules: HashMap<(Source, Variant), wgpu::ShaderModule>,
+    modules: HashMap<(Source, Variant, ElementTypes), wgpu::ShaderModule>,
     pipelines: HashMap<KernelKey, wgpu::ComputePipeline>,
     layouts: Vec<Layouts>,
     /// Pipelines created so far.
@@ -502,10 +524,11 @@ impl Kernels {
         let device = self.device.clone();
         let label = key.label();
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = match self.modules.get(&(key.source, key.variant)) {
+        let module_key = (key.source, key.variant, key.types);
+        let module = match self.modules.get(&module_key) {
             Some(module) => module.clone(),
             None => {
-                let source = module_source(key.source, &key.variant);
+                let source = module_source(key.source, &key.variant, key.types);
                 let descriptor = wgpu::ShaderModuleDescriptor {
                     label: Some(&label),
                     source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -524,8 +547,7 @@ impl Kernels {
                         )
                     },
                 };
-                self.modules
-                    .insert((key.source, key.variant), module.clone());
+                self.modules.insert(module_key, module.clone());
                 module
             }
         };
@@ -549,7 +571,7 @@ impl Kernels {
             None => Ok(pipeline),
             Some(error) => {
                 // A module that failed to compile would fail again: forget it.
-                self.modules.remove(&(key.source, key.variant));
+                self.modules.remove(&module_key);
                 Err(ComputeError::Kernel {
                     kernel: label,
                     message: error.to_string(),
@@ -605,7 +627,7 @@ mod tests {
 
     use super::*;
     use crate::compute::vocab::{
-        Activation, ElementwiseParams, MatmulParams, NarrowParams, ReduceParams, RowsParams,
+        Activation, DType, ElementwiseParams, MatmulParams, NarrowParams, ReduceParams, RowsParams,
     };
 
     /// The subgroup sizes of the narrow matmul's variants (0: none).
@@ -640,7 +662,9 @@ mod tests {
     /// every tile of [`MatmulTiles::ALL`] and of the defaults; the other tiles the kernel takes
     /// (which only a forced [`MatmulOptions::tiles`] runs) with one epilogue, and the order of
     /// block tiles (`group_rows`, the value of one constant) with one tile.
-    fn every_module() -> Vec<(Source, Variant)> {
+    ///
+    /// Each in f32, and those of [`f16_types`] in f16.
+    fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         let mut modules = vec![
             (Source::Unary, Variant::Plain),
             (Source::Binary, Variant::Plain),
@@ -736,7 +760,60 @@ mod tests {
         for (bias, activation) in epilogues() {
             modules.push((Source::MatmulReduce, Variant::Reduce { bias, activation }));
         }
+        let f16_modules: Vec<_> = modules
+            .iter()
+            .flat_map(|&(source, variant)| {
+                f16_types(source, &variant)
+                    .into_iter()
+                    .map(move |types| (source, variant, types))
+            })
+            .collect();
         modules
+            .into_iter()
+            .map(|(source, variant)| (source, variant, ElementTypes::F32))
+            .chain(f16_modules)
+            .collect()
+    }
+
+    /// The f16 element types an op asks for with `variant` of `source`: f16 in and out; f16 in
+    /// and f32 out for the matmul kernels that write partial products (and the cast to f32),
+    /// f32 in and f16 out for the cast to f16. The tiled matmul's with the tiles of
+    /// [`MatmulTiles::ALL`] and the default order of block tiles only (the types do not touch
+    /// the tile code).
+    fn f16_types(source: Source, variant: &Variant) -> Vec<ElementTypes> {
+        let f16 = ElementTypes::same(DType::F16);
+        let partials = ElementTypes {
+            input: DType::F16,
+            output: DType::F32,
+        };
+        match *variant {
+            Variant::Plain if source == Source::Unary => vec![
+                f16,
+                partials,
+                ElementTypes {
+                    input: DType::F32,
+                    output: DType::F16,
+                },
+            ],
+            Variant::Plain | Variant::Reduce { .. } => vec![f16],
+            Variant::Matmul {
+                tiles,
+                group_rows,
+                bias,
+                activation,
+                ..
+            } if MatmulTiles::ALL.contains(&tiles)
+                && group_rows == MatmulOptions::default().group_rows =>
+            {
+                if !bias && activation == Activation::None {
+                    vec![f16, partials]
+                } else {
+                    vec![f16]
+                }
+            }
+            Variant::Matmul { .. } => vec![],
+            Variant::Narrow { split, .. } => vec![if split { partials } else { f16 }],
+        }
     }
 
     /// A parameter struct as the test compares it: its name, `(member, offset, type)` in order,
@@ -804,10 +881,13 @@ mod tests {
     fn validate(text: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
         let module =
             naga::front::wgsl::parse_str(text).map_err(|error| error.emit_to_string(text))?;
-        // Subgroup operations are a capability (the device's SUBGROUP feature).
+        // Subgroup operations and f16 are capabilities (the device's SUBGROUP and SHADER_F16
+        // features).
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::default() | naga::valid::Capabilities::SUBGROUP,
+            naga::valid::Capabilities::default()
+                | naga::valid::Capabilities::SUBGROUP
+                | naga::valid::Capabilities::SHADER_FLOAT16,
         )
         .validate(&module)
         .map_err(|error| error.emit_to_string(text))?;
@@ -887,14 +967,18 @@ mod tests {
                 .map(|chunk| {
                     scope.spawn(move || {
                         let mut failures = Vec::new();
-                        for (source, variant) in chunk {
-                            let text = module_source(*source, variant);
+                        for (source, variant, types) in chunk {
+                            let text = module_source(*source, variant, *types);
                             let checked = validate(&text).and_then(|(module, _)| {
                                 let layout = params_layout(*source);
                                 check_bindings(&module, &layout, source.storage_bindings())
                             });
                             if let Err(error) = checked {
-                                failures.push(format!("{source:?}{}: {error}", variant.label()));
+                                failures.push(format!(
+                                    "{source:?}{}{}: {error}",
+                                    variant.label(),
+                                    types.label()
+                                ));
                             }
                         }
                         failures
@@ -954,7 +1038,7 @@ mod tests {
         // forms, the narrow one with every number of rows: the code the checks act on.
         let modules = every_module()
             .into_iter()
-            .filter(|(_, variant)| match *variant {
+            .filter(|(_, variant, _)| match *variant {
                 Variant::Matmul {
                     tiles,
                     group_rows,
@@ -980,13 +1064,17 @@ mod tests {
                 }
                 Variant::Plain | Variant::Reduce { .. } => true,
             });
-        for (source, variant) in modules {
-            let text = module_source(source, &variant);
+        for (source, variant, types) in modules {
+            let text = module_source(source, &variant, types);
             let (module, info) = validate(&text).unwrap_or_else(|error| panic!("{error}"));
             for checks in [ShaderChecks::Checked, ShaderChecks::Unchecked] {
                 let options = spirv_options(checks);
                 if let Err(error) = naga::back::spv::write_vec(&module, &info, &options, None) {
-                    panic!("{source:?}{} {checks:?}: {error}", variant.label());
+                    panic!(
+                        "{source:?}{}{} {checks:?}: {error}",
+                        variant.label(),
+                        types.label()
+                    );
                 }
             }
         }
@@ -1005,7 +1093,7 @@ mod tests {
                 linear_grid: false,
             };
             // The code, without comments.
-            let text: String = module_source(Source::Matmul, &variant)
+            let text: String = module_source(Source::Matmul, &variant, ElementTypes::F32)
                 .lines()
                 .map(|line| line.split("//").next().unwrap_or_default())
                 .collect::<Vec<_>>()
@@ -1039,7 +1127,7 @@ mod tests {
                     bias: true,
                     activation: Activation::Gelu,
                 };
-                let text = module_source(Source::MatmulNarrow, &variant);
+                let text = module_source(Source::MatmulNarrow, &variant, ElementTypes::F32);
                 if std::env::var_os("PRINT_NARROW").is_some() && rows == 5 {
                     println!("{text}");
                 }

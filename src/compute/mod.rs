@@ -34,6 +34,18 @@
 //! row-wise `sum` and `softmax`. (The WGSL entry points of `exp` and `sqrt` are `exp_kernel` and
 //! `sqrt_kernel`: WGSL's built-ins have those names.)
 //!
+//! # Element types
+//!
+//! A tensor holds f32 or, where the device has [`wgpu::Features::SHADER_F16`], f16 elements
+//! ([`DType`]; [`Context::tensor_with`], [`Context::zeros_with`], [`Context::empty_with`],
+//! [`Context::cast`]). The host always reads and writes f32 values: uploads to an f16 tensor are
+//! rounded to nearest even, read-backs widened exactly. Every kernel above takes f16 operands:
+//! it loads f16, computes and accumulates in f32 (a matmul split along K keeps f32 partial
+//! products), and rounds once to f16 as it stores its output, which has its operands' type.
+//! Operands of different types are [`ComputeError::DTypeMismatch`]; an f16 tensor on a device
+//! without the feature is [`ComputeError::ShaderF16Unavailable`]. The matmul's autotuner
+//! measures f32 products and its choices serve f16 products of the same shapes too.
+//!
 //! # Rules the kernels keep
 //!
 //! - **Every storage binding is `var<storage, read_write>`**: inputs and outputs may share one
@@ -88,9 +100,9 @@
 //! Each module uses only those listed before it:
 //!
 //! - `vocab` (private; its public items are re-exported here): the words the others share —
-//!   [`ComputeError`], [`ShaderChecks`], [`Activation`], [`MatmulTiles`], [`MatmulOptions`],
-//!   which kernel runs and what a dispatch binds, one `#[repr(C)]` parameter struct per kernel,
-//!   size helpers;
+//!   [`ComputeError`], [`DType`], [`ShaderChecks`], [`Activation`], [`MatmulTiles`],
+//!   [`MatmulOptions`], which kernel runs and what it loads and stores, what a dispatch binds,
+//!   one `#[repr(C)]` parameter struct per kernel, size helpers, f16 conversions on the host;
 //! - `kernels` (private): the WGSL of each kernel variant (`shaders/` plus the constants and the
 //!   unrolled matmul entry point written on the host), pipelines and layouts;
 //! - [`timing`]: GPU timestamps per dispatch;
@@ -117,4 +129,6 @@ pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
 pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
-pub use vocab::{Activation, Autotune, ComputeError, MatmulOptions, MatmulTiles, ShaderChecks};
+pub use vocab::{
+    Activation, Autotune, ComputeError, DType, MatmulOptions, MatmulTiles, ShaderChecks,
+};

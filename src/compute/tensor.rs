@@ -4,13 +4,18 @@
 use std::sync::Arc;
 
 use super::context::{Context, Storage, TensorAllocation};
-use super::vocab::{element_count, tensor_bytes, ComputeError};
+use super::vocab::{
+    decode_elements, element_count, encode_elements, tensor_bytes, ComputeError, DType,
+};
 use crate::pool::{AllocOptions, PoolError};
 
-/// An f32 tensor, row-major, whose storage is a pool [`Allocation`](crate::Allocation) of its context's pool.
+/// A tensor of f32 or f16 elements ([`Tensor::dtype`]), row-major, whose storage is a pool
+/// [`Allocation`](crate::Allocation) of its context's pool.
 ///
-/// The allocation is `4 · len` bytes rounded up to 16 (kernels read and write whole vec4s; the
-/// lanes past `len` hold unspecified values). Clones share the data (as PyTorch's tensors share
+/// The allocation is `len · dtype.size_bytes()` bytes rounded up to 16 (kernels read and write
+/// whole vec4s; the lanes past `len` hold unspecified values). Whatever the element type, the
+/// host reads and writes f32 values: an f16 tensor's are rounded on upload and widened (exactly)
+/// on read-back. Clones share the data (as PyTorch's tensors share
 /// a storage): the range goes back to the pool when the last clone (or the last
 /// [`Plan`](super::graph::Plan) that binds it) is dropped, reusable after the submission that
 /// carries the last op recorded on it.
@@ -29,6 +34,7 @@ impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tensor")
             .field("shape", &self.shape)
+            .field("dtype", &self.dtype())
             .field("allocation", &self.storage.allocation().as_deref())
             .finish()
     }
@@ -50,9 +56,15 @@ impl Tensor {
         self.len == 0
     }
 
-    /// Bytes of data: `4 · len` (the allocation may be up to 12 bytes larger).
+    /// What the elements are stored as.
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype
+    }
+
+    /// Bytes of data: `len · dtype.size_bytes()` (the allocation may be up to 14 bytes larger:
+    /// it is rounded up to 16).
     pub fn size_bytes(&self) -> u64 {
-        self.len as u64 * 4
+        self.len as u64 * self.dtype().size_bytes()
     }
 
     /// The pool allocation holding the data, borrowed: the guard derefs to the
@@ -118,7 +130,7 @@ impl Tensor {
         }
     }
 
-    /// Reads the tensor back (see [`Context::read`]).
+    /// Reads the tensor back as f32 values (see [`Context::read`]).
     pub fn to_vec(&self) -> Result<Vec<f32>, ComputeError> {
         Context {
             shared: self.storage.shared.clone(),
@@ -184,10 +196,24 @@ impl From<ReshapeError> for ComputeError {
 }
 
 impl Context {
-    /// Uploads `data` as a tensor of `shape` (row-major). The upload lands before any op recorded
-    /// on it.
+    /// Uploads `data` as an f32 tensor of `shape` (row-major). The upload lands before any op
+    /// recorded on it.
     pub fn tensor(&self, data: &[f32], shape: &[usize]) -> Result<Tensor, ComputeError> {
+        self.tensor_with(data, shape, DType::F32)
+    }
+
+    /// Uploads `data` as a tensor of `shape` whose elements are stored as `dtype`: for
+    /// [`DType::F16`] each value is rounded to the nearest f16 (ties to even; beyond ±65,504 it
+    /// becomes ±∞). [`ComputeError::ShaderF16Unavailable`] for f16 on a device without
+    /// [`wgpu::Features::SHADER_F16`].
+    pub fn tensor_with(
+        &self,
+        data: &[f32],
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor, ComputeError> {
         let len = element_count("tensor", shape)?;
+        self.check_dtype("tensor", dtype)?;
         if data.len() != len {
             return Err(ComputeError::DataLength {
                 shape: shape.to_vec(),
@@ -196,33 +222,69 @@ impl Context {
             });
         }
         // Real memory even while capturing: data made in a forward is a constant of its plan.
-        let tensor = self.allocate_memory("tensor", shape.to_vec(), len)?;
+        let tensor = self.allocate_memory("tensor", shape.to_vec(), len, dtype)?;
         self.pool()
-            .write(&tensor.allocation(), 0, bytemuck::cast_slice(data))?;
+            .write(&tensor.allocation(), 0, &encode_elements(data, dtype))?;
         Ok(tensor)
     }
 
-    /// A tensor of `shape` filled with zeros. The clear is recorded into the open batch (on the
-    /// GPU, no upload), before any op recorded on the tensor; it counts as a pending dispatch, so
-    /// that [`Context::write`] submits it before its upload lands.
+    /// An f32 tensor of `shape` filled with zeros. The clear is recorded into the open batch (on
+    /// the GPU, no upload), before any op recorded on the tensor; it counts as a pending
+    /// dispatch, so that [`Context::write`] submits it before its upload lands.
     pub fn zeros(&self, shape: &[usize]) -> Result<Tensor, ComputeError> {
+        self.zeros_with(shape, DType::F32)
+    }
+
+    /// [`Context::zeros`] with elements stored as `dtype` (zero bits are 0.0 in either type).
+    pub fn zeros_with(&self, shape: &[usize], dtype: DType) -> Result<Tensor, ComputeError> {
         let len = element_count("zeros", shape)?;
+        self.check_dtype("zeros", dtype)?;
         self.before_op()?;
-        let tensor = self.allocate("zeros", shape.to_vec(), len)?;
+        let tensor = self.allocate("zeros", shape.to_vec(), len, dtype)?;
         self.record_clear(&tensor.storage)?;
         Ok(tensor)
     }
 
-    /// A tensor of `shape` whose contents are unspecified (like `torch.empty`: whatever the
+    /// An f32 tensor of `shape` whose contents are unspecified (like `torch.empty`: whatever the
     /// range held before), for outputs that are written whole before they are read.
     pub fn empty(&self, shape: &[usize]) -> Result<Tensor, ComputeError> {
-        let len = element_count("empty", shape)?;
-        self.before_op()?;
-        self.allocate("empty", shape.to_vec(), len)
+        self.empty_with(shape, DType::F32)
     }
 
-    /// Overwrites `tensor` with `data`. Submits the open batch first (an upload lands at the start
-    /// of the next submission, so ops recorded earlier would otherwise read the new data).
+    /// [`Context::empty`] with elements stored as `dtype`.
+    pub fn empty_with(&self, shape: &[usize], dtype: DType) -> Result<Tensor, ComputeError> {
+        let len = element_count("empty", shape)?;
+        self.check_dtype("empty", dtype)?;
+        self.before_op()?;
+        self.allocate("empty", shape.to_vec(), len, dtype)
+    }
+
+    /// Whether this context's device stores tensors of `dtype`: f32 always, f16 where the
+    /// device was opened with [`wgpu::Features::SHADER_F16`] ([`request_gpu`](crate::request_gpu)
+    /// asks for it where the adapter offers it).
+    pub fn supports(&self, dtype: DType) -> bool {
+        match dtype {
+            DType::F32 => true,
+            DType::F16 => self
+                .gpu()
+                .device
+                .features()
+                .contains(wgpu::Features::SHADER_F16),
+        }
+    }
+
+    /// Refuses `dtype` where the device cannot store it ([`Context::supports`]).
+    pub(crate) fn check_dtype(&self, op: &'static str, dtype: DType) -> Result<(), ComputeError> {
+        if self.supports(dtype) {
+            Ok(())
+        } else {
+            Err(ComputeError::ShaderF16Unavailable { op })
+        }
+    }
+
+    /// Overwrites `tensor` with `data` (rounded to f16 for an f16 tensor). Submits the open batch
+    /// first (an upload lands at the start of the next submission, so ops recorded earlier would
+    /// otherwise read the new data).
     pub fn write(&self, tensor: &Tensor, data: &[f32]) -> Result<(), ComputeError> {
         self.check_owner("write", tensor)?;
         let allocation = tensor
@@ -239,17 +301,19 @@ impl Context {
             self.flush()?;
         }
         self.pool()
-            .write(&allocation, 0, bytemuck::cast_slice(data))?;
+            .write(&allocation, 0, &encode_elements(data, tensor.dtype()))?;
         Ok(())
     }
 
-    /// Reads `tensor` back: submits the open batch (which computes it) and waits for it.
+    /// Reads `tensor` back as f32 values (an f16 tensor's widened exactly): submits the open
+    /// batch (which computes it) and waits for it.
     pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
         self.check_owner("read", tensor)?;
         let allocation = tensor
             .try_allocation()
             .ok_or(ComputeError::Symbolic { op: "read" })?;
-        Ok(floats(&self.read_allocation(&allocation)?, tensor.len()))
+        let bytes = self.read_allocation(&allocation)?;
+        Ok(decode_elements(&bytes, tensor.len(), tensor.dtype()))
     }
 
     /// [`Context::read`] as a future that does not block the thread, for async code and the read
@@ -268,7 +332,7 @@ impl Context {
             .read_range_async(&range.buffer, range.offset, range.binding_size, range.size)
             .await?;
         drop(range);
-        Ok(floats(&bytes, tensor.len()))
+        Ok(decode_elements(&bytes, tensor.len(), tensor.dtype()))
     }
 
     /// Refuses a tensor of another context.
@@ -284,32 +348,41 @@ impl Context {
         }
     }
 
-    /// A new tensor of `len` elements for an op's output: memory from the pool (`len` rounded
-    /// up to 16 bytes), or, while the context captures, a symbolic tensor of the capture.
+    /// A new tensor of `len` elements of `dtype` for an op's output: memory from the pool (its
+    /// bytes rounded up to 16), or, while the context captures, a symbolic tensor of the capture.
     pub(crate) fn allocate(
         &self,
         label: &'static str,
         shape: Vec<usize>,
         len: usize,
+        dtype: DType,
     ) -> Result<Tensor, ComputeError> {
         match self.capture_id() {
             Some(capture) => Ok(Tensor {
-                storage: Storage::new(&self.shared, None, Some(capture), tensor_bytes(len)),
+                storage: Storage::new(
+                    &self.shared,
+                    None,
+                    Some(capture),
+                    tensor_bytes(len, dtype),
+                    dtype,
+                ),
                 shape,
                 len,
             }),
-            None => self.allocate_memory(label, shape, len),
+            None => self.allocate_memory(label, shape, len, dtype),
         }
     }
 
-    /// A new tensor of `len` elements whose memory comes from the pool, capturing or not.
+    /// A new tensor of `len` elements of `dtype` whose memory comes from the pool, capturing or
+    /// not.
     pub(crate) fn allocate_memory(
         &self,
         label: &'static str,
         shape: Vec<usize>,
         len: usize,
+        dtype: DType,
     ) -> Result<Tensor, ComputeError> {
-        let bytes = tensor_bytes(len);
+        let bytes = tensor_bytes(len, dtype);
         let allocation = match self
             .pool()
             .allocate_with(bytes, AllocOptions::labeled(label))
@@ -318,14 +391,9 @@ impl Context {
             result => result?,
         };
         Ok(Tensor {
-            storage: Storage::new(&self.shared, Some(allocation), None, bytes),
+            storage: Storage::new(&self.shared, Some(allocation), None, bytes, dtype),
             shape,
             len,
         })
     }
-}
-
-/// The `len` f32s of a tensor read back (its allocation is rounded up past them).
-fn floats(bytes: &[u8], len: usize) -> Vec<f32> {
-    crate::pool::to_elements(&bytes[..len * 4], len)
 }

@@ -16,7 +16,7 @@
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{
-    cpu, Activation, Autotune, BinaryOp, ComputeError, Context, ContextOptions, Epilogue,
+    cpu, Activation, Autotune, BinaryOp, ComputeError, Context, ContextOptions, DType, Epilogue,
     MatmulOptions, MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
@@ -24,12 +24,12 @@ use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 use crate::gpu::{both, gpu};
 
 /// The unit roundoff of f32.
-const U: f64 = 1.0 / (1u64 << 24) as f64;
+pub(crate) const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// The odd lengths of the issue.
 const LENGTHS: [usize; 5] = [1, 3, 17, 129, 257];
 
-fn context_with(gpu: &Gpu, options: ContextOptions) -> Context {
+pub(crate) fn context_with(gpu: &Gpu, options: ContextOptions) -> Context {
     let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
     Context::new(&pool, options).expect("context")
 }
@@ -38,12 +38,12 @@ fn context(gpu: &Gpu) -> Context {
     context_with(gpu, ContextOptions::default())
 }
 
-fn random(rng: &mut StdRng, len: usize, low: f32, high: f32) -> Vec<f32> {
+pub(crate) fn random(rng: &mut StdRng, len: usize, low: f32, high: f32) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(low..high)).collect()
 }
 
 /// Asserts `|gpu[i] − cpu[i]| ≤ tolerance(i)` for every element, naming the first one that is not.
-fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], tolerance: impl Fn(usize) -> f64) {
+pub(crate) fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], tolerance: impl Fn(usize) -> f64) {
     assert_eq!(gpu.len(), cpu.len(), "{what}: lengths differ");
     let mut worst = 0.0f64;
     for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
@@ -341,17 +341,42 @@ const MATMUL_SHAPES: [(usize, usize, usize); 11] = [
 fn check_matmul(
     context: &Context,
     what: &str,
-    (m, k, n): (usize, usize, usize),
+    shape: (usize, usize, usize),
     bias: bool,
     activation: Activation,
     rng: &mut StdRng,
 ) {
-    let a = random(rng, m * k, -1.0, 1.0);
-    let b = random(rng, k * n, -1.0, 1.0);
-    let bias_values = random(rng, n, -1.0, 1.0);
-    let ta = context.tensor(&a, &[m, k]).unwrap();
-    let tb = context.tensor(&b, &[k, n]).unwrap();
-    let tbias = context.tensor(&bias_values, &[n]).unwrap();
+    check_matmul_of(context, what, shape, bias, activation, DType::F32, rng);
+}
+
+/// How far a result stored as `dtype` may be from its twin's rounding of the same f32 value: 0
+/// for f32; for f16 an ulp (WGSL lets a conversion to f16 round to either neighbour) and the
+/// smallest normal f16 (a device may flush f16 subnormals to zero): 2⁻¹⁰·|value| + 2⁻¹⁴.
+pub(crate) fn storage_tolerance(dtype: DType, value: f32) -> f64 {
+    match dtype {
+        DType::F32 => 0.0,
+        DType::F16 => f64::from(value).abs() / 1024.0 + 1.0 / f64::from(1u32 << 14),
+    }
+}
+
+/// [`check_matmul`] on tensors of `dtype`: the operands are the `dtype` roundings of random
+/// values, the twin computes on them and its result is rounded to `dtype`; the tolerance gains
+/// [`storage_tolerance`].
+pub(crate) fn check_matmul_of(
+    context: &Context,
+    what: &str,
+    (m, k, n): (usize, usize, usize),
+    bias: bool,
+    activation: Activation,
+    dtype: DType,
+    rng: &mut StdRng,
+) {
+    let a = cpu::rounded(&random(rng, m * k, -1.0, 1.0), dtype);
+    let b = cpu::rounded(&random(rng, k * n, -1.0, 1.0), dtype);
+    let bias_values = cpu::rounded(&random(rng, n, -1.0, 1.0), dtype);
+    let ta = context.tensor_with(&a, &[m, k], dtype).unwrap();
+    let tb = context.tensor_with(&b, &[k, n], dtype).unwrap();
+    let tbias = context.tensor_with(&bias_values, &[n], dtype).unwrap();
     let c = context
         .matmul_with(
             &ta,
@@ -362,16 +387,19 @@ fn check_matmul(
             },
         )
         .unwrap();
-    assert_eq!(c.shape(), [m, n]);
+    assert_eq!((c.shape(), c.dtype()), (&[m, n][..], dtype));
     let gpu_values = c.to_vec().unwrap();
-    let expected = cpu::matmul_with(
-        &a,
-        &b,
-        m,
-        k,
-        n,
-        bias.then_some(&bias_values[..]),
-        activation,
+    let expected = cpu::rounded(
+        &cpu::matmul_with(
+            &a,
+            &b,
+            m,
+            k,
+            n,
+            bias.then_some(&bias_values[..]),
+            activation,
+        ),
+        dtype,
     );
     let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
     let gelu = activation == Activation::Gelu;
@@ -385,7 +413,7 @@ fn check_matmul(
             if gelu {
                 bound += 1e-5 * c + 1e-6;
             }
-            bound
+            bound + storage_tolerance(dtype, expected[i])
         },
     );
 }

@@ -4,6 +4,7 @@
 mod compact;
 mod compute;
 mod examples;
+mod f16;
 mod gpu;
 mod graph;
 mod layering;

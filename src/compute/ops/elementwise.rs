@@ -1,12 +1,15 @@
-//! Element-wise ops on f32: unary, binary, binary with a scalar, and the row-broadcast bias add.
-//! Kernels: `shaders/unary.wgsl` and `shaders/binary.wgsl` (one vec4 per invocation, workgroups
-//! of 256, a 2-D grid past the x limit). CPU twins: [`crate::compute::cpu`].
+//! Element-wise ops: unary, binary, binary with a scalar, the row-broadcast bias add, and the
+//! cast between element types. Kernels: `shaders/unary.wgsl` and `shaders/binary.wgsl` (one vec4
+//! per invocation, workgroups of 256, a 2-D grid past the x limit). On f16 tensors each kernel
+//! loads f16, computes in f32 and rounds once to f16 as it stores; operands of different element
+//! types are [`ComputeError::DTypeMismatch`]. CPU twins: [`crate::compute::cpu`].
 
-use super::grid_1d;
+use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{
-    kernel_u32, ComputeError, ElementwiseParams, KernelKey, ParamsBlock, Source,
+    kernel_u32, ComputeError, DType, ElementTypes, ElementwiseParams, KernelKey, ParamsBlock,
+    Source,
 };
 
 /// Invocations per workgroup of the element-wise kernels.
@@ -112,6 +115,21 @@ impl Context {
         self.elementwise(op.name(), key, &[x], x.shape(), 0, 0.0)
     }
 
+    /// `x` with its elements stored as `dtype`: a new tensor (a copy of every bit where `x`
+    /// already is `dtype`). To f16 each value is rounded to the nearest f16 (ties to even; beyond ±65,504
+    /// it becomes ±∞); to f32 exactly. [`ComputeError::ShaderF16Unavailable`] for f16 on a
+    /// device without [`wgpu::Features::SHADER_F16`].
+    pub fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor, ComputeError> {
+        const OP: &str = "cast";
+        self.check_owner(OP, x)?;
+        self.check_dtype(OP, dtype)?;
+        let key = KernelKey::plain(Source::Unary, UnaryOp::Copy.entry()).typed(ElementTypes {
+            input: x.dtype(),
+            output: dtype,
+        });
+        self.elementwise(OP, key, &[x], x.shape(), 0, 0.0)
+    }
+
     /// `max(x, 0)`, element-wise.
     pub fn relu(&self, x: &Tensor) -> Result<Tensor, ComputeError> {
         self.unary(UnaryOp::Relu, x)
@@ -142,7 +160,7 @@ impl Context {
         self.unary(UnaryOp::Sqrt, x)
     }
 
-    /// `y = a op b`, element-wise; `a` and `b` must have the same shape.
+    /// `y = a op b`, element-wise; `a` and `b` must have the same shape and element type.
     pub fn binary(&self, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
         self.check_owner(op.name(), a)?;
         self.check_owner(op.name(), b)?;
@@ -196,7 +214,8 @@ impl Context {
         self.elementwise(name, key, &[x], x.shape(), 0, scalar)
     }
 
-    /// `y[r, c] = x[r, c] + bias[c]`: `bias` has one dimension, the length of `x`'s last.
+    /// `y[r, c] = x[r, c] + bias[c]`: `bias` has one dimension, the length of `x`'s last, and
+    /// `x`'s element type.
     pub fn add_bias(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor, ComputeError> {
         const OP: &str = "add_bias";
         self.check_owner(OP, x)?;
@@ -215,7 +234,9 @@ impl Context {
         self.elementwise(OP, key, &[x, bias], x.shape(), cols, 0.0)
     }
 
-    /// Records one element-wise kernel over `shape`, writing a new tensor.
+    /// Records one element-wise kernel over `shape`, writing a new tensor. The kernel loads
+    /// and stores the inputs' element type (which must be one), unless `key` names other types
+    /// already (a cast); a copy within one type copies the bytes.
     fn elementwise(
         &self,
         op: &'static str,
@@ -225,11 +246,25 @@ impl Context {
         cols: u32,
         scalar: f32,
     ) -> Result<Tensor, ComputeError> {
+        let dtype = common_dtype(op, inputs)?;
+        let types = if key.types == ElementTypes::F32 {
+            ElementTypes::same(dtype)
+        } else {
+            key.types
+        };
         let len = inputs[0].len();
-        let len_vec4 = len.div_ceil(4) as u64;
+        // A copy within one type moves bits: the f32 copy kernel over the bytes, so that f16 NaN
+        // payloads and subnormals survive (a trip through f32 may quiet the one and flush the
+        // other). Other kernels take one vec4 of their elements per invocation.
+        let (key, len_vec4) = if key.entry == UnaryOp::Copy.entry() && types.input == types.output {
+            let bytes = len as u64 * dtype.size_bytes();
+            (key.typed(ElementTypes::F32), bytes.div_ceil(16))
+        } else {
+            (key.typed(types), len.div_ceil(4) as u64)
+        };
         let (workgroups, grid_x) = grid_1d(self, op, len_vec4.div_ceil(WORKGROUP_SIZE))?;
         self.before_op()?;
-        let output = self.allocate(op, shape.to_vec(), len)?;
+        let output = self.allocate(op, shape.to_vec(), len, types.output)?;
         let mut bindings: Vec<_> = inputs.iter().map(|t| &t.storage).collect();
         bindings.push(&output.storage);
         self.record(Dispatch {

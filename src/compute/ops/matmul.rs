@@ -109,13 +109,13 @@
 //! split-K 5). cuBLAS without TF32 reaches about 51. Tried and dropped: an XOR-swizzled and a
 //! padded A tile in workgroup memory (no gain), global loads two tiles ahead (slower).
 
-use super::grid_1d;
+use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, ContextOptions, Dispatch};
 use crate::compute::tensor::Tensor;
 use crate::compute::timing::TimestampSupport;
 use crate::compute::vocab::{
-    element_count, kernel_u32, tensor_bytes, Choices, ComputeError, KernelKey, MatmulParams,
-    NarrowParams, ParamsBlock, ReduceParams, Source, TunedChoices, Variant,
+    element_count, kernel_u32, tensor_bytes, Choices, ComputeError, DType, ElementTypes, KernelKey,
+    MatmulParams, NarrowParams, ParamsBlock, ReduceParams, Source, TunedChoices, Variant,
 };
 use crate::pool::{Pool, PoolOptions};
 use std::collections::HashMap;
@@ -583,6 +583,10 @@ impl Context {
     }
 
     /// `C = act(A · B + bias)`, the epilogue fused into the matmul's stores.
+    ///
+    /// A, B and the bias share one element type, which C takes
+    /// ([`ComputeError::DTypeMismatch`] otherwise). On f16 the kernels load f16, accumulate in
+    /// f32 (split-K partial products too) and round once to f16 as they store C.
     pub fn matmul_with(
         &self,
         a: &Tensor,
@@ -608,6 +612,10 @@ impl Context {
                 expected: "A's columns equal to B's rows",
             });
         }
+        match epilogue.bias {
+            Some(bias) => common_dtype(OP, &[a, b, bias])?,
+            None => common_dtype(OP, &[a, b])?,
+        };
         if let Some(bias) = epilogue.bias {
             self.check_owner(OP, bias)?;
             if bias.shape() != [n] {
@@ -644,6 +652,13 @@ impl Context {
         let len = element_count(OP, &[m, n])?;
         let has_bias = epilogue.bias.is_some();
         let split = plan.splits > 1;
+        // The operands' element type; the product kernel writes f32 partial products where it
+        // splits K (the reduction rounds once, as it stores C).
+        let dtype = a.dtype();
+        let types = ElementTypes {
+            input: dtype,
+            output: if split { DType::F32 } else { dtype },
+        };
         let (kernel, matmul_params) = if plan.narrow_lanes > 0 {
             let kernel = KernelKey {
                 source: Source::MatmulNarrow,
@@ -661,6 +676,7 @@ impl Context {
                         epilogue.activation
                     },
                 },
+                types,
             };
             let params = NarrowParams {
                 n4: kernel_u32(OP, "N / 4", n / 4)?,
@@ -690,6 +706,7 @@ impl Context {
                     // The grid is not [tiles along N, tiles along M]: rows of linear ids.
                     linear_grid: plan.workgroups[..2] != [tiles_n, tiles_m],
                 },
+                types,
             };
             let params = MatmulParams {
                 m: kernel_u32(OP, "M", m)?,
@@ -716,7 +733,7 @@ impl Context {
         };
         if !split {
             self.before_op()?;
-            let c = self.allocate(OP, vec![m, n], len)?;
+            let c = self.allocate(OP, vec![m, n], len, dtype)?;
             record_product(&c, epilogue.bias.unwrap_or(a))?;
             return Ok(c);
         }
@@ -728,35 +745,38 @@ impl Context {
                 bias: has_bias,
                 activation: epilogue.activation,
             },
+            types: ElementTypes::same(dtype),
         };
         self.prepare(&reduce)?;
         let (reduce_workgroups, grid_x) = grid_1d(self, OP, (len as u64).div_ceil(256))?;
         let splits = plan.splits as usize;
         let partial_len = element_count(OP, &[splits, m, n])?;
-        if tensor_bytes(partial_len) > self.limits().max_storage_buffer_binding_size {
+        // f32 partial products whatever the operands.
+        if tensor_bytes(partial_len, DType::F32) > self.limits().max_storage_buffer_binding_size {
             return Err(ComputeError::ExceedsLimit {
                 op: OP,
                 what: "bytes of split-K partial products",
-                value: tensor_bytes(partial_len),
+                value: tensor_bytes(partial_len, DType::F32),
                 limit_name: "max_storage_buffer_binding_size",
                 limit: self.limits().max_storage_buffer_binding_size,
             });
         }
         self.before_op()?;
-        let c = self.allocate(OP, vec![m, n], len)?;
+        let c = self.allocate(OP, vec![m, n], len, dtype)?;
         // Outside a capture the partials are scratch, given back once the reduction is
         // recorded: their size is rounded up to a power of two (where one binding holds it), so
         // that products whose sizes vary (a server's batches, the tuner's splits) reuse a few
         // sizes of pool segments rather than asking for a new size each time. A plan lays
         // them out exactly.
         let scratch_len = partial_len.checked_next_power_of_two().filter(|&rounded| {
-            tensor_bytes(rounded) <= self.limits().max_storage_buffer_binding_size
+            tensor_bytes(rounded, DType::F32) <= self.limits().max_storage_buffer_binding_size
         });
+        const PARTIAL: &str = "matmul split-K partial";
         let partial = match scratch_len {
             Some(rounded) if self.capture_id().is_none() => {
-                self.allocate("matmul split-K partial", vec![rounded], rounded)?
+                self.allocate(PARTIAL, vec![rounded], rounded, DType::F32)?
             }
-            _ => self.allocate("matmul split-K partial", vec![splits, m, n], partial_len)?,
+            _ => self.allocate(PARTIAL, vec![splits, m, n], partial_len, DType::F32)?,
         };
         record_product(&partial, a)?;
         let bias = epilogue.bias.unwrap_or(&partial);

@@ -7,7 +7,22 @@ pub mod matmul;
 pub mod rows;
 
 use super::context::Context;
-use super::vocab::{kernel_u32, ComputeError};
+use super::tensor::Tensor;
+use super::vocab::{kernel_u32, ComputeError, DType};
+
+/// The element type all of an op's `operands` share, or [`ComputeError::DTypeMismatch`] naming
+/// the first and the first that differs from it.
+pub(crate) fn common_dtype(op: &'static str, operands: &[&Tensor]) -> Result<DType, ComputeError> {
+    let left = operands[0].dtype();
+    match operands.iter().find(|tensor| tensor.dtype() != left) {
+        None => Ok(left),
+        Some(other) => Err(ComputeError::DTypeMismatch {
+            op,
+            left,
+            right: other.dtype(),
+        }),
+    }
+}
 
 /// The grid of `workgroups` workgroups of a 1-D kernel: `[x, 1, 1]`, or `[x, y, 1]` with
 /// `x · y ≥ workgroups` when more than the x dimension holds (kernels recover the linear index

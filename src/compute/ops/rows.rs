@@ -1,11 +1,14 @@
 //! Row-wise reductions over the last dimension: `sum` and numerically stable `softmax`.
 //! Kernels: `shaders/rows.wgsl` (a workgroup of 256 per row, a 2-D grid past the x limit).
-//! CPU twins: [`crate::compute::cpu::sum`] and [`crate::compute::cpu::softmax`].
+//! On f16 tensors the kernels load f16, sum and exponentiate in f32, and round once to f16 as
+//! they store. CPU twins: [`crate::compute::cpu::sum`] and [`crate::compute::cpu::softmax`].
 
 use super::grid_1d;
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{kernel_u32, ComputeError, KernelKey, ParamsBlock, RowsParams, Source};
+use crate::compute::vocab::{
+    kernel_u32, ComputeError, ElementTypes, KernelKey, ParamsBlock, RowsParams, Source,
+};
 
 impl Context {
     /// The sum over the last dimension: `[.., cols]` → `[..]` (`[cols]` → `[1]`).
@@ -35,7 +38,7 @@ impl Context {
         let (workgroups, grid_x) = grid_1d(self, op, rows as u64)?;
         let len = shape.iter().product();
         self.before_op()?;
-        let output = self.allocate(op, shape, len)?;
+        let output = self.allocate(op, shape, len, x.dtype())?;
         let params = RowsParams {
             rows: kernel_u32(op, "rows", rows)?,
             cols: kernel_u32(op, "columns", cols)?,
@@ -43,7 +46,7 @@ impl Context {
             pad: 0,
         };
         self.record(Dispatch {
-            kernel: KernelKey::plain(Source::Rows, op),
+            kernel: KernelKey::plain(Source::Rows, op).typed(ElementTypes::same(x.dtype())),
             params: ParamsBlock::new(&params),
             bindings: &[&x.storage, &output.storage],
             workgroups,
