@@ -28,9 +28,10 @@
 //! automatic one, and the large, small, thin, 64×128×16, 64×128×16/4×8 and 128×64×16 tiles the
 //! device takes, each with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` — in a pool and
 //! context of their own (given back after, so tuning leaves the context's pool as it was; a tuner
-//! that cannot run leaves the rules' plan), with operands of the class's size: the candidates take turns for
-//! five rounds and each keeps its fastest (GPU timestamps where the adapter has them), so that a
-//! clock that moves while it tunes moves every candidate's figure alike. The fastest serves the
+//! that cannot run leaves the rules' plan), with operands of the class's size: for five rounds
+//! each candidate is timed right after the automatic plan (GPU timestamps where the adapter has
+//! them) and scores the median of its time over the automatic plan's, so that a clock that moves
+//! while it tunes does not decide (a pair, timed back to back, sees one clock). The fastest serves the
 //! class from then on, in every context of the process on the same device with the same
 //! options. The narrow kernel is not tuned.
 //!
@@ -138,8 +139,40 @@ const NARROW_MIN_SPLIT_STEPS: u64 = 8;
 /// per invocation in flight), and a split costs a second dispatch.
 const NARROW_SPLIT_BELOW: u64 = 4;
 
-/// Rounds in which the autotuner's candidates take turns (each keeps its fastest).
+/// Rounds in which the autotuner times each candidate right after the automatic plan.
 const TUNING_ROUNDS: usize = 5;
+
+/// The index of the fastest candidate, from `pairs[i]`: per round, the reference's time (the
+/// candidate at index 0, which `pairs[0]` need not hold) and candidate `i`'s, taken back to back.
+/// Each candidate scores the median of its ratios over the rounds (the reference 1); the lowest
+/// score wins, ties to the lower index; a candidate without pairs does not compete. `None` when
+/// there is no candidate.
+fn fastest_by_paired_ratios(pairs: &[Vec<(f64, f64)>]) -> Option<usize> {
+    let score = |index: usize| -> Option<f64> {
+        if index == 0 {
+            return Some(1.0);
+        }
+        let mut ratios: Vec<f64> = pairs[index]
+            .iter()
+            .filter(|(reference, time)| *reference > 0.0 && time.is_finite())
+            .map(|(reference, time)| time / reference)
+            .collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let middle = ratios.len() / 2;
+        Some(if ratios.len() % 2 == 1 {
+            ratios[middle]
+        } else {
+            (ratios[middle - 1] + ratios[middle]) / 2.0
+        })
+    };
+    (0..pairs.len())
+        .filter_map(|index| Some((index, score(index)?)))
+        .min_by(|x, y| x.1.total_cmp(&y.1).then(x.0.cmp(&y.0)))
+        .map(|(index, _)| index)
+}
 
 /// The autotuner's choices of the process, by device (adapter, driver, backend) and matmul
 /// options.
@@ -371,12 +404,15 @@ impl Context {
     /// the automatic plan is the large tile without a split (the grid fills the GPU), that plan,
     /// untimed.
     ///
-    /// Timing: each candidate is compiled and run once, then the candidates take turns for
-    /// [`TUNING_ROUNDS`] rounds of two products each, and each keeps its fastest round: GPU time
-    /// from timestamps where the adapter has them (the product and its reduction), else the wall
-    /// clock around the round. Turns and minimums, because a GPU's clock can move while it tunes
-    /// (under Vulkan the H200's fell from 1,980 to 345 MHz and back within one tuning run):
-    /// timing candidates one after another compared clocks, not plans.
+    /// Timing: each candidate is compiled and run once; then, for [`TUNING_ROUNDS`] rounds, each
+    /// candidate is timed right after the automatic plan (two products each: GPU time from
+    /// timestamps where the adapter has them, the product and its reduction, else the wall clock),
+    /// in an order that rotates from round to round, and scores the median over the rounds of its
+    /// time over the automatic plan's just before it ([`fastest_by_paired_ratios`]). Pairs,
+    /// because a GPU's clock can move while it tunes (under Vulkan the H200's fell from 1,980 to
+    /// 345 MHz and back within one tuning run, and dipped to 1.4 GHz for two seconds in
+    /// another): times taken a second apart compare clocks, times taken back to back compare
+    /// plans.
     fn autotune(
         &self,
         (m, n, k): (usize, usize, usize),
@@ -459,29 +495,33 @@ impl Context {
         }
         tuner.sync()?;
         drop(tuner.take_kernel_timings());
-        let mut fastest = vec![f64::INFINITY; plans.len()];
-        for _ in 0..TUNING_ROUNDS {
-            for (plan, best) in plans.iter().zip(&mut fastest) {
-                let started = std::time::Instant::now();
-                for _ in 0..2 {
-                    drop(tuner.matmul_planned(&a, &b, Epilogue::default(), *plan)?);
+        let time = |plan: MatmulPlan| -> Result<f64, ComputeError> {
+            let started = std::time::Instant::now();
+            for _ in 0..2 {
+                drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
+            }
+            tuner.sync()?;
+            let wall = started.elapsed().as_secs_f64();
+            let gpu: f64 = tuner
+                .take_kernel_timings()
+                .iter()
+                .map(|timing| timing.gpu_ns * 1e-9)
+                .sum();
+            Ok(if timestamps && gpu > 0.0 { gpu } else { wall })
+        };
+        // pairs[i]: (the first plan's time, plan i's time) per round, back to back.
+        let mut pairs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); plans.len()];
+        if plans.len() > 1 {
+            for round in 0..TUNING_ROUNDS {
+                let others = plans.len() - 1;
+                for turn in 0..others {
+                    let index = 1 + (turn + round) % others;
+                    let reference = time(plans[0])?;
+                    pairs[index].push((reference, time(plans[index])?));
                 }
-                tuner.sync()?;
-                let wall = started.elapsed().as_secs_f64();
-                let gpu: f64 = tuner
-                    .take_kernel_timings()
-                    .iter()
-                    .map(|timing| timing.gpu_ns * 1e-9)
-                    .sum();
-                let seconds = if timestamps && gpu > 0.0 { gpu } else { wall };
-                *best = best.min(seconds);
             }
         }
-        Ok(plans
-            .iter()
-            .zip(&fastest)
-            .min_by(|x, y| x.1.total_cmp(y.1))
-            .map(|(plan, _)| (plan.tiles, plan.splits)))
+        Ok(fastest_by_paired_ratios(&pairs).map(|index| (plans[index].tiles, plans[index].splits)))
     }
 
     /// The plan of the narrow kernel, where it applies: few rows, K and N multiples of 4, tiles
@@ -795,5 +835,62 @@ impl Context {
         // Dropped here: reusable after the submission that carries the reduction.
         drop(partial);
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fastest_by_paired_ratios;
+
+    /// A GPU whose clock falls while candidates are timed: times are work / clock. Candidate 1
+    /// does 0.8 of the reference's work but is timed after the fall; candidate 2 does 1.1 of it
+    /// and is timed in the first round, before the fall. Fastest times alone pick 2; ratios to
+    /// the reference timed just before pick 1.
+    #[test]
+    fn paired_ratios_compare_plans_not_clocks() {
+        let clock = |round: usize| if round == 0 { 2.0 } else { 1.0 };
+        let (reference, one, two) = (1.0, 0.8, 1.1);
+        let pairs = vec![
+            Vec::new(),
+            (0..5)
+                .map(|r| (reference / clock(r + 1), one / clock(r + 1)))
+                .collect(),
+            (0..5)
+                .map(|r| (reference / clock(r), two / clock(r)))
+                .collect(),
+        ];
+        let fastest_alone = pairs
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(i, p)| (i, p.iter().map(|x| x.1).fold(f64::INFINITY, f64::min)))
+            .min_by(|x, y| x.1.total_cmp(&y.1))
+            .unwrap()
+            .0;
+        assert_eq!(fastest_alone, 2, "the old rule is fooled");
+        assert_eq!(fastest_by_paired_ratios(&pairs), Some(1));
+    }
+
+    #[test]
+    fn the_reference_wins_unless_beaten_and_outliers_do_not_decide() {
+        // Candidate 1 is 5% slower in four rounds and "3x faster" in one (a hiccup of the
+        // reference): the median keeps it slower.
+        let pairs = vec![
+            Vec::new(),
+            vec![
+                (1.0, 1.05),
+                (1.0, 1.05),
+                (3.0, 1.0),
+                (1.0, 1.05),
+                (1.0, 1.05),
+            ],
+        ];
+        assert_eq!(fastest_by_paired_ratios(&pairs), Some(0));
+        // A candidate never timed does not compete; nothing to choose from is None.
+        assert_eq!(fastest_by_paired_ratios(&[Vec::new(), Vec::new()]), Some(0));
+        assert_eq!(fastest_by_paired_ratios(&[]), None);
+        // Equal scores go to the lower index.
+        let tie = vec![Vec::new(), vec![(1.0, 0.9)], vec![(2.0, 1.8)]];
+        assert_eq!(fastest_by_paired_ratios(&tie), Some(1));
     }
 }
