@@ -541,7 +541,7 @@ pub struct MatmulOptions {
     pub narrow_max_rows: u32,
     /// vec4 columns of C per workgroup of the narrow kernel: a power of two from 1 to 256
     /// (`None`: on a GPU the largest up to 64 that still gives `min_workgroups / 2` workgroups
-    /// along N, at least 4, and no more than N needs; on a software GPU 64, or what N needs).
+    /// along N, at least 2, and no more than N needs; on a software GPU 64, or what N needs).
     pub narrow_lanes: Option<u32>,
     /// Splits of K over workgroups of the narrow kernel, whose partial products the split-K
     /// reduction then adds (`Some(1)`: never; `None`: on a GPU, when the workgroups along N are

@@ -54,15 +54,16 @@
 //! the epilogue.
 //!
 //! The automatic plan ([`MatmulOptions::narrow_lanes`], [`MatmulOptions::narrow_splits`]): on a
-//! GPU the widest workgroups (up to 64 vec4 columns, at least 4: 64 contiguous bytes of each row
-//! of B) that still give `min_workgroups / 2` workgroups along N. K is split only where even 4
-//! lanes give fewer than a quarter of those (N below 528 on the H200: a split costs a second
-//! dispatch, and 33 or more workgroups with sixteen loads in flight per invocation keep HBM
-//! busy), for about `min_workgroups / 2` workgroups in all (at most `max_splits`), as long as each
-//! invocation keeps at least 8 vec4 rows of K per split. So 8×1024×1024 and 1×1024×1024 run one
-//! dispatch of 64 workgroups (4 lanes, 64 slices, four steps of K each), 4×1024×4096 of 64 too
-//! (sixteen steps each), 1×4096×4096 and 8×4096×4096 of 256 (sixteen steps each); 3×16384×64
-//! splits K 8 ways over 4 workgroups along N. On a software GPU: 64 lanes, no split.
+//! GPU the widest workgroups (up to 64 vec4 columns, at least 2: 32 contiguous bytes of each row
+//! of B) that still give `min_workgroups / 2` workgroups along N. K is split only where the lanes
+//! chosen give fewer than a quarter of those (N below 264 on the H200: a split costs a second
+//! dispatch, and 33 or more workgroups with many loads in flight per invocation keep HBM busy),
+//! for about `min_workgroups / 2` workgroups in all (at most `max_splits`), as long as each
+//! invocation keeps at least 8 vec4 rows of K per split. So (M × K × N) 8×1024×1024 and
+//! 1×1024×1024 run one dispatch of 128 workgroups (2 lanes, 128 slices, two steps of K each),
+//! 4×1024×4096, 1×4096×4096 and 8×4096×4096 of 256 (4 lanes, 64 slices; four and sixteen steps
+//! each); 3×16384×64 splits K 4 ways over 8 workgroups along N. On a software GPU: 64 lanes, no
+//! split.
 //!
 //! Measured on the H200 before this design (one dispatch, 2 to 64 lanes, two steps of K per
 //! invocation at 8×1024×1024 followed by a 7-level tree over 128 slices, eight rows in two
@@ -127,8 +128,10 @@ pub use crate::compute::vocab::{Activation, Autotune, MatmulOptions, MatmulTiles
 /// The most lanes the narrow kernel's automatic choice takes.
 const NARROW_AUTO_MAX_LANES: u64 = 64;
 
-/// The fewest lanes the narrow kernel's automatic choice takes on a GPU (where N has them).
-const NARROW_AUTO_MIN_LANES: u64 = 4;
+/// The fewest lanes the narrow kernel's automatic choice takes on a GPU (where N has them): two
+/// vec4s, 32 contiguous bytes of a row of B (one DRAM sector). On the H200, 8 × 1024 × 1024 took
+/// 10.3 µs with 2 lanes (128 workgroups), 12.2-12.7 with 4 (64), 11.2 with 1.
+const NARROW_AUTO_MIN_LANES: u64 = 2;
 
 /// The automatic split of the narrow kernel leaves each invocation at least this many vec4 rows
 /// of K per split.
@@ -551,7 +554,7 @@ impl Context {
             None if software => NARROW_AUTO_MAX_LANES.min(needed),
             None => {
                 // Coalescing wants wide rows of B per workgroup, filling the GPU many
-                // workgroups: the widest that still gives `wanted` of them, at least 4 vec4s (64
+                // workgroups: the widest that still gives `wanted` of them, at least 2 vec4s (32
                 // contiguous bytes of each row of B).
                 let mut lanes = NARROW_AUTO_MAX_LANES.min(needed);
                 while lanes > NARROW_AUTO_MIN_LANES && n4.div_ceil(lanes) < wanted {
