@@ -131,20 +131,29 @@ impl Delta {
 
 /// The low bits of each count, held bit-sliced in [`Counts`]: four, the fewest that hold a
 /// [`Delta`], so that a count wraps at most once per update. Each plane fewer is a few word
-/// operations less on every allocate and free, for a carry into `high` whenever a count crosses a
-/// multiple of 16; on the benchmark four planes were faster than eight (or six) on `lifo` and
-/// `random`, and about as fast on `churn`.
+/// operations less on every allocate and free, for a carry into `high` when a count leaves the
+/// range of the low bits; on the benchmark four planes were faster than eight (or six) on `lifo`
+/// and `random`, and about as fast on `churn`.
 const LOW_BITS: usize = 4;
 
-/// One count per order (64 of them): the low [`LOW_BITS`] bits bit-sliced (bit `k` of `low[j]` is
-/// bit `j` of the count of order `k`) and the rest in `high[k]`. Adding a [`Delta`] to all 64
-/// counts is a fixed sequence of word operations, with no branch that depends on the data except
-/// for the counts that carry out of the low bits (crossing a multiple of 16).
+/// The step of `high` in [`Counts`]: half the range of the low bits, so that a count that has just
+/// carried or borrowed sits in the middle of that range.
+const HIGH_STEP: u64 = 1 << (LOW_BITS - 1);
+
+/// One count per order (64 of them): `count[k] = high[k] * HIGH_STEP + low[k]`, the low part (from
+/// 0 to 15) bit-sliced (bit `k` of `low[j]` is bit `j` of the low part of order `k`) and the high
+/// part in `high[k]`. Adding a [`Delta`] to all 64 counts is a fixed sequence of word operations,
+/// with no branch that depends on the data except for the counts whose low part leaves 0..=15.
+///
+/// A low part that carries past 15 (or borrows below 0) moves [`HIGH_STEP`] into (or out of) the
+/// high part, which leaves it in the middle of its range (8 to 14, or 0 to 7): a count that goes
+/// back and forth across a boundary carries once, not on every crossing (with `high` counting
+/// sixteens, a count moving between 15 and 16 carried on every update).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Counts {
     low: [u64; LOW_BITS],
     high: [u64; 64],
-    /// Bit `k` is set when `high[k]` is not zero.
+    /// Bit `k` is set when `high[k]` is not zero (then the count is at least [`HIGH_STEP`]).
     high_orders: u64,
 }
 
@@ -170,9 +179,15 @@ impl Counts {
             carry = (*plane & bit) | (carry & (*plane ^ bit));
             *plane = sum;
         }
-        // Where the carry out of the low bits differs from the sign, the low bits wrapped: up past
-        // 15 where the delta is positive, down past 0 where it is negative.
+        // Where the carry out of the low bits differs from the sign, the low part wrapped: up past
+        // 15 where the delta is positive (it is now 0 to 6: the top bit is clear), down past 0
+        // where it is negative (now 8 to 15: the top bit is set). Flipping the top bit moves
+        // `HIGH_STEP` between the parts.
         let mut wrapped = carry ^ sign;
+        if wrapped == 0 {
+            return;
+        }
+        self.low[LOW_BITS - 1] ^= wrapped;
         while wrapped != 0 {
             let order = wrapped.trailing_zeros();
             wrapped &= wrapped - 1;
@@ -200,18 +215,19 @@ impl Counts {
             .enumerate()
             .map(|(j, plane)| (plane >> order & 1) << j)
             .sum();
-        self.high[order as usize] << LOW_BITS | low
+        self.high[order as usize] * HIGH_STEP + low
     }
 
     /// Sets the count of `order` (for tests).
     #[cfg(test)]
     fn set(&mut self, order: u32, count: u64) {
+        // Any split with a low part of 0 to 15 is valid; this one keeps the low part below 8.
+        let (high, low) = (count / HIGH_STEP, count % HIGH_STEP);
         for (j, plane) in self.low.iter_mut().enumerate() {
-            *plane = *plane & !(1 << order) | (count >> j & 1) << order;
+            *plane = *plane & !(1 << order) | (low >> j & 1) << order;
         }
-        self.high[order as usize] = count >> LOW_BITS;
-        self.high_orders =
-            self.high_orders & !(1 << order) | u64::from(count >> LOW_BITS != 0) << order;
+        self.high[order as usize] = high;
+        self.high_orders = self.high_orders & !(1 << order) | u64::from(high != 0) << order;
     }
 }
 
