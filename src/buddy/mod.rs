@@ -691,25 +691,15 @@ impl BuddyAllocator {
             found.start
         };
         let end = start + units;
-        let pieces = found.pieces();
-        // When the part taken lies on one side of the run's most aligned point, the blocks on the
-        // other side stay, and the side cut becomes the blocks of its new length's binary digits.
-        let delta = if !small && end <= pieces.split {
-            Delta::replace(pieces.rising, pieces.split - end)
-        } else if small && pieces.split <= start {
-            Delta::replace(pieces.falling, start - pieces.split)
+        // The blocks of what is left of the run, on the side not taken (none when the request
+        // takes it whole), replace the run's: a fixed sequence of word operations, with no branch
+        // on where the cut falls.
+        let (left_start, left_end) = if small {
+            (found.start, start)
         } else {
-            let mut before = Tally::default();
-            before.add(pieces);
-            let mut after = Tally::default();
-            if found.start < start {
-                after.add(Pieces::of(found.start, start));
-            }
-            if end < found.end {
-                after.add(Pieces::of(end, found.end));
-            }
-            Delta::between(&after, &before)
+            (end, found.end)
         };
+        let delta = Delta::swap(Pieces::of(left_start, left_end), found.pieces());
         self.free_counts.add(&delta);
         let region = self.split_run::<true>(run, found, bin, start, end);
         self.record(size_bytes, units, region, start)
@@ -1188,45 +1178,51 @@ impl<const BY_LENGTH: bool> Links<'_, BY_LENGTH> {
             .regions
             .get(held.next as usize)
             .is_some_and(Region::is_free);
-        let mut parts = Tally::default();
         // The run after first: unlinking it may change the list links of the run before, which
         // are read after it.
-        let (end, next) = if after_free {
+        let (after_pieces, end, next) = if after_free {
             let after = self.regions[held.next as usize];
-            parts.add(after.pieces());
             self.unlink(held.next, after.list_prev, after.list_next);
-            (after.end, after.next)
+            (Some(after.pieces()), after.end, after.next)
         } else {
-            (held.end, held.next)
+            (None, held.end, held.next)
         };
         let keep = if before_free { held.prev } else { index };
         if next != NIL {
             self.regions[next as usize].prev = keep;
         }
-        let start = if before_free {
+        let (before_pieces, start) = if before_free {
             let before = self.regions[held.prev as usize];
-            let pieces = before.pieces();
-            parts.add(pieces);
             let bin = self.bin_of(held.prev);
             let region = &mut self.regions[held.prev as usize];
             region.end = end;
             region.next = next;
             self.relist(held.prev, bin, before.list_prev, before.list_next);
             self.spare(index);
-            before.start
+            (Some(before.pieces()), before.start)
         } else {
             let region = &mut self.regions[index as usize];
             region.end = end;
             region.next = next;
             self.list(index);
-            held.start
+            (None, held.start)
         };
         if after_free {
             self.spare(held.next);
         }
-        let mut merged = Tally::default();
-        merged.add(Pieces::of(start, end));
-        Delta::between(&merged, &parts)
+        let merged = Pieces::of(start, end);
+        match (before_pieces, after_pieces) {
+            (None, None) => Delta::add(merged),
+            (Some(part), None) | (None, Some(part)) => Delta::swap(merged, part),
+            (Some(before), Some(after)) => {
+                let mut parts = Tally::default();
+                parts.add(before);
+                parts.add(after);
+                let mut whole = Tally::default();
+                whole.add(merged);
+                Delta::between(&whole, &parts)
+            }
+        }
     }
 }
 

@@ -21,11 +21,13 @@ pub(crate) struct Pieces {
 }
 
 impl Pieces {
-    /// The blocks of `[start, end)`, which must not be empty.
+    /// The blocks of `[start, end)`: none when it is empty.
     #[inline]
     pub(crate) fn of(start: u64, end: u64) -> Self {
-        debug_assert!(start < end, "empty run [{start}, {end})");
-        let highest_difference = 63 - (start ^ end).leading_zeros();
+        debug_assert!(start <= end, "run [{start}, {end})");
+        // (The `| 1` leaves the highest bit of a difference alone, and makes an empty run's
+        // split its end.)
+        let highest_difference = 63 - (start ^ end | 1).leading_zeros();
         let split = end & (u64::MAX << highest_difference);
         Self {
             start,
@@ -108,13 +110,34 @@ impl Delta {
         Self { bits }
     }
 
-    /// One block less of every order set in `old`, one more of every order set in `new`.
+    /// One more block of every block of `pieces` (a run made free whole).
     #[inline]
-    pub(crate) fn replace(old: u64, new: u64) -> Self {
-        // +1 is 0001 and -1 is 1111 in four bits.
-        let removed = old & !new;
+    pub(crate) fn add(pieces: Pieces) -> Self {
+        // A count of 0, 1 or 2 blocks: its two bits.
+        let (rising, falling) = (pieces.rising, pieces.falling);
         Self {
-            bits: [old ^ new, removed, removed, removed],
+            bits: [rising ^ falling, rising & falling, 0, 0],
+        }
+    }
+
+    /// The blocks of the run `plus` in place of those of the run `minus`: `Delta::between` for one
+    /// run on each side, in fewer word operations.
+    #[inline]
+    pub(crate) fn swap(plus: Pieces, minus: Pieces) -> Self {
+        // Each side counts 0 to 2 blocks of an order, in two bits; their difference (-2 to 2)
+        // in four, by a two-bit subtraction whose borrow out is the sign.
+        let (plus_one, plus_two) = (plus.rising ^ plus.falling, plus.rising & plus.falling);
+        let (minus_one, minus_two) = (minus.rising ^ minus.falling, minus.rising & minus.falling);
+        let borrow_one = !plus_one & minus_one;
+        // (`minus_two` and `borrow_one` are never both set: two blocks leave no odd one.)
+        let sign = !plus_two & (minus_two | borrow_one);
+        Self {
+            bits: [
+                plus_one ^ minus_one,
+                plus_two ^ minus_two ^ borrow_one,
+                sign,
+                sign,
+            ],
         }
     }
 
@@ -279,6 +302,8 @@ mod tests {
         assert_eq!(closed_form(3, 13), vec![(3, 0), (4, 2), (8, 2), (12, 0)]);
         assert_eq!(pieces.block_start(0), 3);
         assert_eq!(Pieces::of(1, 2).top(), 0);
+        // An empty run has no blocks.
+        assert_eq!(Pieces::of(6, 6).orders(), 0);
     }
 
     proptest! {
@@ -327,6 +352,22 @@ mod tests {
             }
             let applied: Vec<i64> = (0..64).map(|k| applied.get(k) as i64).collect();
             prop_assert_eq!(applied, expected);
+        }
+
+        #[test]
+        fn swap_and_add_are_between(
+            plus in (0u64..1 << 40, 0u64..1 << 40),
+            minus in (0u64..1 << 40, 1u64..1 << 40),
+        ) {
+            // Empty runs (no blocks) included on the side added.
+            let plus = Pieces::of(plus.0, plus.0 + plus.1);
+            let minus = Pieces::of(minus.0, minus.0 + minus.1);
+            let (mut plus_tally, mut minus_tally) = (Tally::default(), Tally::default());
+            plus_tally.add(plus);
+            minus_tally.add(minus);
+            prop_assert_eq!(Delta::swap(plus, minus), Delta::between(&plus_tally, &minus_tally));
+            prop_assert_eq!(Delta::swap(minus, plus), Delta::between(&minus_tally, &plus_tally));
+            prop_assert_eq!(Delta::add(plus), Delta::between(&plus_tally, &Tally::default()));
         }
 
         #[test]
