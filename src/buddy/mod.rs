@@ -1163,8 +1163,9 @@ impl<const BY_LENGTH: bool> Links<'_, BY_LENGTH> {
 
     /// Frees the held region `index` and merges it with the free runs beside it: unlists them,
     /// links the merged run in address order (the first region is kept, the others become spare)
-    /// and lists it. Returns the change of the free counts: merging runs is coalescing buddies,
-    /// and the merged run's blocks replace those of its parts.
+    /// and lists it (a run before that keeps its bin as the last listed stays where it is, which
+    /// is the same order). Returns the change of the free counts: merging runs is coalescing
+    /// buddies, and the merged run's blocks replace those of its parts.
     #[inline(always)]
     fn merge(&mut self, index: u32) -> Delta {
         let held = self.regions[index as usize];
