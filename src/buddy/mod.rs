@@ -441,7 +441,10 @@ impl BuddyAllocator {
         allocator
             .free_counts
             .add(&Delta::between(&roots, &Tally::default()));
-        allocator.links().list(0);
+        match rounding {
+            Rounding::Exact => allocator.links::<true>().list(0),
+            Rounding::PowerOfTwo => allocator.links::<false>().list(0),
+        }
         Ok(allocator)
     }
 
@@ -657,7 +660,8 @@ impl BuddyAllocator {
         let pieces = found.pieces();
         let block_order = order + (pieces.orders() >> order).trailing_zeros();
         let start = pieces.block_start(block_order);
-        let region = self.split_run(run, found, class << LENGTH_BITS, start, start + units);
+        let region =
+            self.split_run::<false>(run, found, class << LENGTH_BITS, start, start + units);
         // The blocks before and after the one taken stay as they are (a run's decomposition is
         // greedy from its start); the block leaves, and its tail comes back as the blocks of the
         // binary digits of its length.
@@ -687,27 +691,17 @@ impl BuddyAllocator {
             found.start
         };
         let end = start + units;
-        let pieces = found.pieces();
-        // When the part taken lies on one side of the run's most aligned point, the blocks on the
-        // other side stay, and the side cut becomes the blocks of its new length's binary digits.
-        let delta = if !small && end <= pieces.split {
-            Delta::replace(pieces.rising, pieces.split - end)
-        } else if small && pieces.split <= start {
-            Delta::replace(pieces.falling, start - pieces.split)
+        // The blocks of what is left of the run, on the side not taken (none when the request
+        // takes it whole), replace the run's: a fixed sequence of word operations, with no branch
+        // on where the cut falls.
+        let (left_start, left_end) = if small {
+            (found.start, start)
         } else {
-            let mut before = Tally::default();
-            before.add(pieces);
-            let mut after = Tally::default();
-            if found.start < start {
-                after.add(Pieces::of(found.start, start));
-            }
-            if end < found.end {
-                after.add(Pieces::of(end, found.end));
-            }
-            Delta::between(&after, &before)
+            (end, found.end)
         };
+        let delta = Delta::swap(Pieces::of(left_start, left_end), found.pieces());
         self.free_counts.add(&delta);
-        let region = self.split_run(run, found, bin, start, end);
+        let region = self.split_run::<true>(run, found, bin, start, end);
         self.record(size_bytes, units, region, start)
     }
 
@@ -734,7 +728,14 @@ impl BuddyAllocator {
     /// `[start, end)` and the free runs before and after it, if any. Returns the held region. The
     /// free counts are the caller's.
     #[inline(always)]
-    fn split_run(&mut self, run: u32, found: Region, bin: u32, start: u64, end: u64) -> u32 {
+    fn split_run<const BY_LENGTH: bool>(
+        &mut self,
+        run: u32,
+        found: Region,
+        bin: u32,
+        start: u64,
+        end: u64,
+    ) -> u32 {
         let Region {
             start: run_start,
             end: run_end,
@@ -771,9 +772,9 @@ impl BuddyAllocator {
         } else {
             run
         };
-        let mut links = self.links();
-        links.unlink_from(bin, list_prev, list_next);
+        let mut links = self.links::<BY_LENGTH>();
         if has_after {
+            links.unlink_from(bin, list_prev, list_next);
             links.regions[after as usize].prev = held;
             if run_next != NIL {
                 links.regions[run_next as usize].prev = after;
@@ -782,12 +783,20 @@ impl BuddyAllocator {
         } else if run_next != NIL {
             links.regions[run_next as usize].prev = held;
         }
-        let region = &mut links.regions[run as usize];
         if has_before {
+            let region = &mut links.regions[run as usize];
             region.end = start;
             region.next = held;
-            links.list(run);
+            if has_after {
+                links.list(run);
+            } else {
+                links.relist(run, bin, list_prev, list_next);
+            }
         } else {
+            if !has_after {
+                links.unlink_from(bin, list_prev, list_next);
+            }
+            let region = &mut links.regions[run as usize];
             region.end = end;
             region.next = after;
             region.list_prev = HELD;
@@ -795,9 +804,11 @@ impl BuddyAllocator {
         held
     }
 
-    /// The address and bin links, borrowed apart from the rest of the allocator.
+    /// The address and bin links, borrowed apart from the rest of the allocator, with runs
+    /// listed by length (`BY_LENGTH`, exact fit) or by their largest block (power of two).
     #[inline(always)]
-    fn links(&mut self) -> Links<'_> {
+    fn links<const BY_LENGTH: bool>(&mut self) -> Links<'_, BY_LENGTH> {
+        debug_assert_eq!(BY_LENGTH, self.rounding == Rounding::Exact);
         Links {
             regions: &mut self.regions,
             heads: &mut self.heads,
@@ -805,7 +816,6 @@ impl BuddyAllocator {
             groups: &mut self.groups,
             bins: &mut self.bins,
             spare: &mut self.spare,
-            by_length: self.rounding == Rounding::Exact,
         }
     }
 
@@ -859,7 +869,12 @@ impl BuddyAllocator {
         self.allocated_units -= units;
         self.requested_bytes -= requested_bytes;
         self.allocation_count -= 1;
-        let delta = self.links().merge(index);
+        // One copy of the merge for each way of listing runs, so that no test of the rounding is
+        // left inside it.
+        let delta = match self.rounding {
+            Rounding::Exact => self.links::<true>().merge(index),
+            Rounding::PowerOfTwo => self.links::<false>().merge(index),
+        };
         self.free_counts.add(&delta);
     }
 
@@ -1047,24 +1062,24 @@ impl BuddyAllocator {
 }
 
 /// The regions with the bin lists and the spare list: what splitting and merging runs changes,
-/// borrowed apart from the counters so that the arena's address stays in a register.
-struct Links<'a> {
+/// borrowed apart from the counters so that the arena's address stays in a register. Runs are
+/// listed by length when `BY_LENGTH` (exact fit), else by the order of their largest block; the
+/// choice is a constant so that no test of it is left in the list operations.
+struct Links<'a, const BY_LENGTH: bool> {
     regions: &'a mut [Region],
     heads: &'a mut [u32; BINS],
     tails: &'a mut [u32; BINS],
     groups: &'a mut u64,
     bins: &'a mut [u64; 64],
     spare: &'a mut u32,
-    /// Runs are listed by length (exact fit) rather than by their largest block.
-    by_length: bool,
 }
 
-impl Links<'_> {
+impl<const BY_LENGTH: bool> Links<'_, BY_LENGTH> {
     /// The bin of the free run `run`.
     #[inline(always)]
     fn bin_of(&self, run: u32) -> u32 {
         let region = &self.regions[run as usize];
-        if self.by_length {
+        if BY_LENGTH {
             length_bin(region.end - region.start)
         } else {
             region.pieces().top() << LENGTH_BITS
@@ -1074,7 +1089,13 @@ impl Links<'_> {
     /// Lists the free run `run` last in the list of its bin.
     #[inline(always)]
     fn list(&mut self, run: u32) {
-        let bin = self.bin_of(run) as usize % BINS;
+        self.list_in(self.bin_of(run), run);
+    }
+
+    /// Lists the free run `run` last in the list of bin `bin`, its bin.
+    #[inline(always)]
+    fn list_in(&mut self, bin: u32, run: u32) {
+        let bin = bin as usize % BINS;
         let tail = self.tails[bin];
         let region = &mut self.regions[run as usize];
         region.list_prev = tail;
@@ -1087,6 +1108,20 @@ impl Links<'_> {
             self.regions[tail as usize].list_next = run;
         }
         self.tails[bin] = run;
+    }
+
+    /// Moves the free run `run`, which was listed in bin `bin` between `list_prev` and `list_next`
+    /// and has changed its length since, to the end of the list of its bin now: the same as
+    /// [`Self::unlink_from`] then [`Self::list`], but a run that stays in its bin as the last one
+    /// listed there (most bins list one run or none) is left where it is, untouched.
+    #[inline(always)]
+    fn relist(&mut self, run: u32, bin: u32, list_prev: u32, list_next: u32) {
+        let new_bin = self.bin_of(run);
+        if list_next == NIL && new_bin == bin {
+            return;
+        }
+        self.unlink_from(bin, list_prev, list_next);
+        self.list_in(new_bin, run);
     }
 
     /// Takes the free run `run`, not yet changed since it was listed, out of the list of its bin,
@@ -1128,8 +1163,9 @@ impl Links<'_> {
 
     /// Frees the held region `index` and merges it with the free runs beside it: unlists them,
     /// links the merged run in address order (the first region is kept, the others become spare)
-    /// and lists it. Returns the change of the free counts: merging runs is coalescing buddies,
-    /// and the merged run's blocks replace those of its parts.
+    /// and lists it (a run before that keeps its bin as the last listed stays where it is, which
+    /// is the same order). Returns the change of the free counts: merging runs is coalescing
+    /// buddies, and the merged run's blocks replace those of its parts.
     #[inline(always)]
     fn merge(&mut self, index: u32) -> Delta {
         let held = self.regions[index as usize];
@@ -1143,38 +1179,51 @@ impl Links<'_> {
             .regions
             .get(held.next as usize)
             .is_some_and(Region::is_free);
-        let mut parts = Tally::default();
-        let (keep, start) = if before_free {
-            let before = self.regions[held.prev as usize];
-            let pieces = before.pieces();
-            parts.add(pieces);
-            self.unlink(held.prev, before.list_prev, before.list_next);
-            self.spare(index);
-            (held.prev, before.start)
-        } else {
-            (index, held.start)
-        };
-        let (end, next) = if after_free {
-            // Read after the first unlink, which may have changed its list links.
+        // The run after first: unlinking it may change the list links of the run before, which
+        // are read after it.
+        let (after_pieces, end, next) = if after_free {
             let after = self.regions[held.next as usize];
-            let pieces = after.pieces();
-            parts.add(pieces);
             self.unlink(held.next, after.list_prev, after.list_next);
-            self.spare(held.next);
-            (after.end, after.next)
+            (Some(after.pieces()), after.end, after.next)
         } else {
-            (held.end, held.next)
+            (None, held.end, held.next)
         };
+        let keep = if before_free { held.prev } else { index };
         if next != NIL {
             self.regions[next as usize].prev = keep;
         }
-        let region = &mut self.regions[keep as usize];
-        region.end = end;
-        region.next = next;
-        self.list(keep);
-        let mut merged = Tally::default();
-        merged.add(Pieces::of(start, end));
-        Delta::between(&merged, &parts)
+        let (before_pieces, start) = if before_free {
+            let before = self.regions[held.prev as usize];
+            let bin = self.bin_of(held.prev);
+            let region = &mut self.regions[held.prev as usize];
+            region.end = end;
+            region.next = next;
+            self.relist(held.prev, bin, before.list_prev, before.list_next);
+            self.spare(index);
+            (Some(before.pieces()), before.start)
+        } else {
+            let region = &mut self.regions[index as usize];
+            region.end = end;
+            region.next = next;
+            self.list(index);
+            (None, held.start)
+        };
+        if after_free {
+            self.spare(held.next);
+        }
+        let merged = Pieces::of(start, end);
+        match (before_pieces, after_pieces) {
+            (None, None) => Delta::add(merged),
+            (Some(part), None) | (None, Some(part)) => Delta::swap(merged, part),
+            (Some(before), Some(after)) => {
+                let mut parts = Tally::default();
+                parts.add(before);
+                parts.add(after);
+                let mut whole = Tally::default();
+                whole.add(merged);
+                Delta::between(&whole, &parts)
+            }
+        }
     }
 }
 

@@ -21,11 +21,13 @@ pub(crate) struct Pieces {
 }
 
 impl Pieces {
-    /// The blocks of `[start, end)`, which must not be empty.
+    /// The blocks of `[start, end)`: none when it is empty.
     #[inline]
     pub(crate) fn of(start: u64, end: u64) -> Self {
-        debug_assert!(start < end, "empty run [{start}, {end})");
-        let highest_difference = 63 - (start ^ end).leading_zeros();
+        debug_assert!(start <= end, "run [{start}, {end})");
+        // (The `| 1` leaves the highest bit of a difference alone, and makes an empty run's
+        // split its end.)
+        let highest_difference = 63 - (start ^ end | 1).leading_zeros();
         let split = end & (u64::MAX << highest_difference);
         Self {
             start,
@@ -85,19 +87,26 @@ impl Tally {
     }
 }
 
-/// A change of every per-order count at once, from -8 to 7 each, bit-sliced in two's complement:
-/// bit `k` of `bits[j]` is bit `j` of the change at order `k`.
+/// A change of every per-order count at once, from -4 to 3 each, bit-sliced in two's complement:
+/// bit `k` of `bits[j]` is bit `j` of the change at order `k`. Every change the allocator makes
+/// fits: a cut replaces one run by at most one (-2 to 2), a free replaces at most two runs by one
+/// (-4 to 2).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Delta {
-    bits: [u64; 4],
+    bits: [u64; 3],
 }
 
 impl Delta {
-    /// `plus - minus`, order by order.
+    /// `plus - minus`, order by order; `plus` holds at most three blocks of an order, and the
+    /// difference must lie in -4..=3.
     #[inline]
     pub(crate) fn between(plus: &Tally, minus: &Tally) -> Self {
-        // plus + !minus + 1, in four bits.
-        let mut bits = [0u64; 4];
+        debug_assert!(
+            plus.bits[2] == 0,
+            "more than three blocks of an order added"
+        );
+        // plus + !minus + 1, in three bits.
+        let mut bits = [0u64; 3];
         let mut carry = u64::MAX;
         for (j, bit) in bits.iter_mut().enumerate() {
             let a = plus.bits.get(j).copied().unwrap_or(0);
@@ -108,13 +117,33 @@ impl Delta {
         Self { bits }
     }
 
-    /// One block less of every order set in `old`, one more of every order set in `new`.
+    /// One more block of every block of `pieces` (a run made free whole).
     #[inline]
-    pub(crate) fn replace(old: u64, new: u64) -> Self {
-        // +1 is 0001 and -1 is 1111 in four bits.
-        let removed = old & !new;
+    pub(crate) fn add(pieces: Pieces) -> Self {
+        // A count of 0, 1 or 2 blocks: its two bits.
+        let (rising, falling) = (pieces.rising, pieces.falling);
         Self {
-            bits: [old ^ new, removed, removed, removed],
+            bits: [rising ^ falling, rising & falling, 0],
+        }
+    }
+
+    /// The blocks of the run `plus` in place of those of the run `minus`: `Delta::between` for one
+    /// run on each side, in fewer word operations.
+    #[inline]
+    pub(crate) fn swap(plus: Pieces, minus: Pieces) -> Self {
+        // Each side counts 0 to 2 blocks of an order, in two bits; their difference (-2 to 2)
+        // in three, by a two-bit subtraction whose borrow out is the sign.
+        let (plus_one, plus_two) = (plus.rising ^ plus.falling, plus.rising & plus.falling);
+        let (minus_one, minus_two) = (minus.rising ^ minus.falling, minus.rising & minus.falling);
+        let borrow_one = !plus_one & minus_one;
+        // (`minus_two` and `borrow_one` are never both set: two blocks leave no odd one.)
+        let sign = !plus_two & (minus_two | borrow_one);
+        Self {
+            bits: [
+                plus_one ^ minus_one,
+                plus_two ^ minus_two ^ borrow_one,
+                sign,
+            ],
         }
     }
 
@@ -124,27 +153,36 @@ impl Delta {
         debug_assert!(tail >> order == 0);
         let taken = 1u64 << order;
         Self {
-            bits: [tail | taken, taken, taken, taken],
+            bits: [tail | taken, taken, taken],
         }
     }
 }
 
-/// The low bits of each count, held bit-sliced in [`Counts`]: four, the fewest that hold a
-/// [`Delta`], so that a count wraps at most once per update. Each plane fewer is a few word
-/// operations less on every allocate and free, for a carry into `high` whenever a count crosses a
-/// multiple of 16; on the benchmark four planes were faster than eight (or six) on `lifo` and
-/// `random`, and about as fast on `churn`.
+/// The low bits of each count, held bit-sliced in [`Counts`]: four, one more than a [`Delta`], so
+/// that a count wraps at most once per update and then lands in the middle of the low range. Each
+/// plane fewer is a few word operations less on every allocate and free, for more carries into
+/// `high`: on the benchmark (cachegrind) three planes took 1% fewer instructions than four on
+/// `churn` but had 19% more branch mispredictions, five 3% more instructions for 5% fewer.
 const LOW_BITS: usize = 4;
 
-/// One count per order (64 of them): the low [`LOW_BITS`] bits bit-sliced (bit `k` of `low[j]` is
-/// bit `j` of the count of order `k`) and the rest in `high[k]`. Adding a [`Delta`] to all 64
-/// counts is a fixed sequence of word operations, with no branch that depends on the data except
-/// for the counts that carry out of the low bits (crossing a multiple of 16).
+/// The step of `high` in [`Counts`]: half the range of the low bits, so that a count that has just
+/// carried or borrowed sits in the middle of that range.
+const HIGH_STEP: u64 = 1 << (LOW_BITS - 1);
+
+/// One count per order (64 of them): `count[k] = high[k] * HIGH_STEP + low[k]`, the low part (from
+/// 0 to 15) bit-sliced (bit `k` of `low[j]` is bit `j` of the low part of order `k`) and the high
+/// part in `high[k]`. Adding a [`Delta`] to all 64 counts is a fixed sequence of word operations,
+/// with no branch that depends on the data except for the counts whose low part leaves 0..=15.
+///
+/// A low part that carries past 15 (or borrows below 0) moves [`HIGH_STEP`] into (or out of) the
+/// high part, which leaves it in the middle of its range (8 to 10, or 4 to 7): a count that goes
+/// back and forth across a boundary carries once, not on every crossing (with `high` counting
+/// sixteens, a count moving between 15 and 16 carried on every update).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Counts {
     low: [u64; LOW_BITS],
     high: [u64; 64],
-    /// Bit `k` is set when `high[k]` is not zero.
+    /// Bit `k` is set when `high[k]` is not zero (then the count is at least [`HIGH_STEP`]).
     high_orders: u64,
 }
 
@@ -161,18 +199,24 @@ impl Counts {
     /// Adds `delta` to every count. No count may go below zero.
     #[inline]
     pub(crate) fn add(&mut self, delta: &Delta) {
-        let sign = delta.bits[3];
+        let sign = delta.bits[2];
         let mut carry = 0u64;
         for (j, plane) in self.low.iter_mut().enumerate() {
-            // Above its own four bits the delta is its sign, repeated.
-            let bit = if j < 4 { delta.bits[j] } else { sign };
+            // Above its own three bits the delta is its sign, repeated.
+            let bit = if j < 3 { delta.bits[j] } else { sign };
             let sum = *plane ^ bit ^ carry;
             carry = (*plane & bit) | (carry & (*plane ^ bit));
             *plane = sum;
         }
-        // Where the carry out of the low bits differs from the sign, the low bits wrapped: up past
-        // 15 where the delta is positive, down past 0 where it is negative.
+        // Where the carry out of the low bits differs from the sign, the low part wrapped: up past
+        // 15 where the delta is positive (it is now 0 to 2: the top bit is clear), down past 0
+        // where it is negative (now 12 to 15: the top bit is set). Flipping the top bit moves
+        // `HIGH_STEP` between the parts.
         let mut wrapped = carry ^ sign;
+        if wrapped == 0 {
+            return;
+        }
+        self.low[LOW_BITS - 1] ^= wrapped;
         while wrapped != 0 {
             let order = wrapped.trailing_zeros();
             wrapped &= wrapped - 1;
@@ -200,18 +244,19 @@ impl Counts {
             .enumerate()
             .map(|(j, plane)| (plane >> order & 1) << j)
             .sum();
-        self.high[order as usize] << LOW_BITS | low
+        self.high[order as usize] * HIGH_STEP + low
     }
 
     /// Sets the count of `order` (for tests).
     #[cfg(test)]
     fn set(&mut self, order: u32, count: u64) {
+        // Any split with a low part of 0 to 15 is valid; this one keeps the low part below 8.
+        let (high, low) = (count / HIGH_STEP, count % HIGH_STEP);
         for (j, plane) in self.low.iter_mut().enumerate() {
-            *plane = *plane & !(1 << order) | (count >> j & 1) << order;
+            *plane = *plane & !(1 << order) | (low >> j & 1) << order;
         }
-        self.high[order as usize] = count >> LOW_BITS;
-        self.high_orders =
-            self.high_orders & !(1 << order) | u64::from(count >> LOW_BITS != 0) << order;
+        self.high[order as usize] = high;
+        self.high_orders = self.high_orders & !(1 << order) | u64::from(high != 0) << order;
     }
 }
 
@@ -263,6 +308,8 @@ mod tests {
         assert_eq!(closed_form(3, 13), vec![(3, 0), (4, 2), (8, 2), (12, 0)]);
         assert_eq!(pieces.block_start(0), 3);
         assert_eq!(Pieces::of(1, 2).top(), 0);
+        // An empty run has no blocks.
+        assert_eq!(Pieces::of(6, 6).orders(), 0);
     }
 
     proptest! {
@@ -284,7 +331,8 @@ mod tests {
 
         #[test]
         fn deltas_change_the_counts(
-            runs in prop::collection::vec((0u64..1 << 20, 1u64..1 << 20), 4),
+            // One run added and two taken away: what a free that merges both neighbours does.
+            runs in prop::collection::vec((0u64..1 << 20, 1u64..1 << 20), 3),
             counts in prop::collection::vec(10u64..1 << 36, 64),
             split in (0u32..36, any::<u64>()),
         ) {
@@ -296,7 +344,7 @@ mod tests {
             let mut plus = Tally::default();
             let mut minus = Tally::default();
             for (i, &(start, len)) in runs.iter().enumerate() {
-                let (tally, sign) = if i < 2 { (&mut plus, 1) } else { (&mut minus, -1) };
+                let (tally, sign) = if i < 1 { (&mut plus, 1) } else { (&mut minus, -1) };
                 tally.add(Pieces::of(start, start + len));
                 for (_, order) in walked(start, start + len) {
                     expected[order as usize] += sign;
@@ -311,6 +359,22 @@ mod tests {
             }
             let applied: Vec<i64> = (0..64).map(|k| applied.get(k) as i64).collect();
             prop_assert_eq!(applied, expected);
+        }
+
+        #[test]
+        fn swap_and_add_are_between(
+            plus in (0u64..1 << 40, 0u64..1 << 40),
+            minus in (0u64..1 << 40, 1u64..1 << 40),
+        ) {
+            // Empty runs (no blocks) included on the side added.
+            let plus = Pieces::of(plus.0, plus.0 + plus.1);
+            let minus = Pieces::of(minus.0, minus.0 + minus.1);
+            let (mut plus_tally, mut minus_tally) = (Tally::default(), Tally::default());
+            plus_tally.add(plus);
+            minus_tally.add(minus);
+            prop_assert_eq!(Delta::swap(plus, minus), Delta::between(&plus_tally, &minus_tally));
+            prop_assert_eq!(Delta::swap(minus, plus), Delta::between(&minus_tally, &plus_tally));
+            prop_assert_eq!(Delta::add(plus), Delta::between(&plus_tally, &Tally::default()));
         }
 
         #[test]
