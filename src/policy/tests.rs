@@ -534,7 +534,8 @@ fn compaction_config() -> PolicyConfig {
 }
 
 /// `compaction_config` (0), with requests above 4 KiB mid-sized (1), or large under the default
-/// rules (2) or sharing every range (3).
+/// rules (2) or sharing every range (3), or both classes: mid-sized above 4 KiB, large above 8
+/// KiB sharing every range (4).
 fn ranges_compaction_config(class: u8) -> PolicyConfig {
     let packed = compaction_config();
     match class {
@@ -542,6 +543,11 @@ fn ranges_compaction_config(class: u8) -> PolicyConfig {
         1 => PolicyConfig {
             mid_above_bytes: 4 << 10,
             ..packed
+        },
+        4 => PolicyConfig {
+            mid_above_bytes: 4 << 10,
+            dedicated_above_bytes: 8 << 10,
+            ..ranges_compaction_config(3)
         },
         // Empty large segments stay cached within the default headroom, for later requests to
         // share.
@@ -756,7 +762,7 @@ proptest::proptest! {
     /// mid-sized class, and of the large class with its default rules and sharing every range.
     #[test]
     fn applied_compaction_plans_keep_every_allocation_and_make_room(
-        class in 0u8..4,
+        class in 0u8..5,
         ops in proptest::collection::vec((1u64..12 << 10, 0u8..4, 1u64..40 << 10, 1u64..3), 1..300),
     ) {
         let mut pool = pool(ranges_compaction_config(class));
@@ -788,6 +794,12 @@ proptest::proptest! {
                     proptest::prop_assert!(plan.moves().len() <= 64);
                     for (i, m) in plan.moves().iter().enumerate() {
                         proptest::prop_assert_ne!(m.to_slot, plan.slot());
+                        // Between segments of one kind: packed, mid-sized ranges or large ranges.
+                        let kind = |slot: usize| {
+                            let segment = pool.segment(slot).expect("a plan's segment is held");
+                            (segment.allocator.is_some(), segment.large.as_ref().map(Ranges::is_mid))
+                        };
+                        proptest::prop_assert_eq!(kind(m.to_slot), kind(m.from_slot));
                         let sources = live.iter().filter(|(_, p)| p.segment() == m.from_segment && p.offset() == m.from_offset).count();
                         proptest::prop_assert_eq!(sources, 1);
                         // The destination overlaps no live allocation and no other destination.
