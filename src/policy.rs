@@ -1808,37 +1808,20 @@ impl<S: SegmentStorage> PoolCore<S> {
             placement.segment = m.to_segment;
             placement.slot = m.to_slot;
             placement.offset_bytes = m.to_offset;
-            let segment = self.segments[m.from_slot]
-                .as_mut()
-                .expect("the plan's source segment is held");
-            segment.live.remove(&m.from_offset);
             match destination {
                 Some(destination) => {
                     let source = placement
                         .inner
                         .replace(destination)
                         .expect("a moved placement is packed");
-                    segment
-                        .allocator
-                        .as_mut()
-                        .expect("a source segment is packed")
-                        .free(source);
+                    self.free_packed(m.from_slot, source);
                 }
                 None => {
                     assert!(
                         placement.inner.is_none(),
                         "wgpu_pool::policy: a packed placement in a plan's move between ranges"
                     );
-                    let ranges = segment
-                        .large
-                        .as_mut()
-                        .expect("a source segment of free ranges");
-                    self.ranges_free[usize::from(ranges.is_mid())].give(
-                        m.from_slot,
-                        ranges,
-                        m.from_offset,
-                        m.bytes,
-                    );
+                    self.give_range(m.from_slot, m.from_offset, m.bytes);
                 }
             }
         }
@@ -2203,30 +2186,36 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     fn release_reserved(&mut self, moves: &[Move], reserved: Vec<Option<buddy::Allocation>>) {
         for (m, allocation) in moves.iter().zip(reserved) {
-            let segment = self.segments[m.to_slot]
-                .as_mut()
-                .expect("a reserved destination's segment is held");
-            segment.live.remove(&m.to_offset);
             match allocation {
-                Some(allocation) => segment
-                    .allocator
-                    .as_mut()
-                    .expect("a destination segment is packed")
-                    .free(allocation),
-                None => {
-                    let ranges = segment
-                        .large
-                        .as_mut()
-                        .expect("a destination segment of free ranges");
-                    self.ranges_free[usize::from(ranges.is_mid())].give(
-                        m.to_slot,
-                        ranges,
-                        m.to_offset,
-                        m.bytes,
-                    );
-                }
+                Some(allocation) => self.free_packed(m.to_slot, allocation),
+                None => self.give_range(m.to_slot, m.to_offset, m.bytes),
             }
         }
+    }
+
+    /// Frees `allocation` in the packed segment in `slot` and forgets its live entry (a moved
+    /// source, or a plan's reserved destination): no statistics change.
+    fn free_packed(&mut self, slot: usize, allocation: buddy::Allocation) {
+        let segment = self.segments[slot]
+            .as_mut()
+            .expect("a plan's segment is held");
+        segment.live.remove(&allocation.offset());
+        segment
+            .allocator
+            .as_mut()
+            .expect("a packed segment")
+            .free(allocation);
+    }
+
+    /// Gives back `bytes` at `offset` of the segment of free ranges in `slot` and forgets its
+    /// live entry (a moved source, or a plan's reserved destination): no statistics change.
+    fn give_range(&mut self, slot: usize, offset: u64, bytes: u64) {
+        let segment = self.segments[slot]
+            .as_mut()
+            .expect("a plan's segment is held");
+        segment.live.remove(&offset);
+        let ranges = segment.large.as_mut().expect("a segment of free ranges");
+        self.ranges_free[usize::from(ranges.is_mid())].give(slot, ranges, offset, bytes);
     }
 }
 
