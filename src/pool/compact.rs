@@ -11,10 +11,10 @@
 use std::collections::{HashMap, HashSet};
 
 use super::allocation::Allocation;
-use super::live::{allocation_event, record_segment_events};
+use super::live::{allocation_event, record_segment_events, LiveSlab};
 use super::options::PoolError;
 use super::shared::{Shared, State};
-use crate::history::EventKind;
+use crate::history::{EventKind, History};
 use crate::policy::{CompactionEstimate, CompactionLimits, CompactionPlan, SegmentId};
 
 /// What a compaction did ([`super::Pool::compact_for`], [`super::Pool::compact_segments`]).
@@ -188,23 +188,18 @@ fn carry_out(
     // History speaks PyTorch's vocabulary, which has no move: a moved allocation is freed at its
     // old place and allocated at its new one, at the same time, with its label and op.
     let time_us = history.as_ref().map(|_| shared.now_us());
-    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
-        for entry in live.iter().filter(|e| plan.moves_placement(&e.placement)) {
-            history.record(allocation_event(EventKind::FreeRequested, time_us, entry));
-            history.record(allocation_event(EventKind::FreeCompleted, time_us, entry));
-        }
-    }
+    let sources = moves.iter().map(|m| (m.from_segment, m.from_offset));
+    let freed = [EventKind::FreeRequested, EventKind::FreeCompleted];
+    record_at(history.as_mut(), time_us, live, sources, &freed);
     let moved = core.apply_moves(plan, live.iter_mut().map(|entry| &mut entry.placement))?;
-    if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
-        let destinations: HashSet<(SegmentId, u64)> =
-            moves.iter().map(|m| (m.to_segment, m.to_offset)).collect();
-        for entry in live
-            .iter()
-            .filter(|e| destinations.contains(&(e.placement.segment(), e.placement.offset())))
-        {
-            history.record(allocation_event(EventKind::Alloc, time_us, entry));
-        }
-    }
+    let destinations = moves.iter().map(|m| (m.to_segment, m.to_offset));
+    record_at(
+        history.as_mut(),
+        time_us,
+        live,
+        destinations,
+        &[EventKind::Alloc],
+    );
     for (m, to) in moves.iter().zip(targets) {
         if let Some(&handle) = index.get(&(m.from_segment, m.from_offset)) {
             allocations[handle].relocate(to, m.to_segment, m.to_offset);
@@ -213,4 +208,26 @@ fn carry_out(
     outcome.moves += moves.len();
     outcome.moved_bytes += moved;
     Ok(())
+}
+
+/// Records `kinds` (in order) for each live allocation at one of `places`, when history is on.
+fn record_at(
+    history: Option<&mut History>,
+    time_us: Option<u64>,
+    live: &LiveSlab,
+    places: impl Iterator<Item = (SegmentId, u64)>,
+    kinds: &[EventKind],
+) {
+    let (Some(history), Some(time_us)) = (history, time_us) else {
+        return;
+    };
+    let places: HashSet<(SegmentId, u64)> = places.collect();
+    for entry in live
+        .iter()
+        .filter(|e| places.contains(&(e.placement.segment(), e.placement.offset())))
+    {
+        for &kind in kinds {
+            history.record(allocation_event(kind, time_us, entry));
+        }
+    }
 }
