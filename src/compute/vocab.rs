@@ -464,13 +464,18 @@ impl MatmulTiles {
     }
 }
 
-/// The autotuner's choices `(tiles, splits)` for one device and one set of matmul options, by
-/// shape class `(M rounded up to a power of two, N, K)`: shared by every context of the process
-/// with that device and those options.
+/// The autotuner's choices for one device and one set of matmul options: shared by every context
+/// of the process with that device and those options.
 pub(crate) type TunedChoices = std::sync::Mutex<Choices>;
 
-/// The `(tiles, splits)` chosen for each shape class `(M rounded up to a power of two, N, K)`.
-pub(crate) type Choices = std::collections::HashMap<(usize, usize, usize), (MatmulTiles, u32)>;
+/// The plans chosen by measurement, by shape class.
+#[derive(Debug, Default)]
+pub(crate) struct Choices {
+    /// The tiled kernel's `(tiles, splits)` by `(M rounded up to a power of two, N, K)`.
+    pub(crate) tiled: std::collections::HashMap<(usize, usize, usize), (MatmulTiles, u32)>,
+    /// The narrow kernel's `(lanes, splits)` by `(M, N, K)` (M is compiled into its variant).
+    pub(crate) narrow: std::collections::HashMap<(usize, usize, usize), (u32, u32)>,
+}
 
 /// When matmuls choose their tile and split-K by measurement ([`MatmulOptions::autotune`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -561,8 +566,9 @@ pub struct MatmulOptions {
     /// ([`crate::compute::ops::matmul`]). By default ([`Autotune::Gpu`]) on every adapter but a
     /// software one; the first matmul of each class then runs each of its few dozen candidates
     /// eleven times (one warm-up, five rounds of two) before it runs itself. Ignored where
-    /// `tiles` or `split_k` is forced, for the narrow kernel, and where the automatic plan is
-    /// the large tile without a split.
+    /// `tiles` or `split_k` is forced, and where the automatic plan is the large tile without a
+    /// split. The narrow kernel's lanes and splits are chosen the same way, for each shape (M,
+    /// N, K), unless `narrow_lanes` or `narrow_splits` is forced.
     pub autotune: Autotune,
 }
 

@@ -2098,3 +2098,70 @@ fn autotuned_matmuls_agree_with_the_twin_and_keep_their_choice() {
         assert!(first.narrow_lanes == 0);
     }
 }
+
+#[test]
+fn autotuned_narrow_matmuls_agree_with_the_twin_and_keep_their_choice() {
+    let options = ContextOptions {
+        matmul: MatmulOptions {
+            autotune: Autotune::Always,
+            ..MatmulOptions::default()
+        },
+        ..ContextOptions::default()
+    };
+    let context = context_with(gpu(), options.clone());
+    let mut rng = StdRng::seed_from_u64(78);
+    // Few rows (the narrow kernel), K deep enough for split candidates, N for several lanes.
+    for shape in [(1, 512, 256), (8, 256, 512), (5, 64, 96)] {
+        let (m, k, n) = shape;
+        // Tuning runs in a pool of its own: the context's pool gains no segment from it.
+        let before = context.pool().stats();
+        let first = context.matmul_plan(m, n, k).unwrap();
+        let after = context.pool().stats();
+        assert_eq!(
+            (after.create_segment_calls, after.reserved_bytes.current),
+            (before.create_segment_calls, before.reserved_bytes.current),
+            "{shape:?}"
+        );
+        assert!(
+            first.narrow_lanes.is_power_of_two() && first.narrow_lanes <= 128,
+            "{shape:?}: {first:?}"
+        );
+        // Products follow the choice, with the epilogue in the product or in the reduction.
+        check_matmul(
+            &context,
+            "autotuned narrow",
+            shape,
+            true,
+            Activation::Gelu,
+            &mut rng,
+        );
+        check_matmul(
+            &context,
+            "autotuned narrow",
+            shape,
+            false,
+            Activation::Relu,
+            &mut rng,
+        );
+        // The shape keeps its choice, in this context and in another of the same device and
+        // options.
+        assert_eq!(context.matmul_plan(m, n, k).unwrap(), first, "{shape:?}");
+        let other = context_with(gpu(), options.clone());
+        assert_eq!(other.matmul_plan(m, n, k).unwrap(), first, "{shape:?}");
+    }
+    // Forced lanes and splits are not tuned.
+    let forced = context_with(
+        gpu(),
+        ContextOptions {
+            matmul: MatmulOptions {
+                autotune: Autotune::Always,
+                narrow_lanes: Some(8),
+                narrow_splits: Some(2),
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        },
+    );
+    let plan = forced.matmul_plan(8, 256, 256).unwrap();
+    assert_eq!((plan.narrow_lanes, plan.splits), (8, 2));
+}

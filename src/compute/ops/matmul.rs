@@ -33,7 +33,9 @@
 //! them) and scores the median of its time over the automatic plan's, so that a clock that moves
 //! while it tunes does not decide (a pair, timed back to back, sees one clock). The fastest serves the
 //! class from then on, in every context of the process on the same device with the same
-//! options. The narrow kernel is not tuned.
+//! options. The narrow kernel is tuned the same way for each shape (M, N, K): its automatic plan
+//! and, for each power of two of lanes from 2 to 128 that N fills, no split and the splits of K
+//! that give from a quarter to twice `min_workgroups` workgroups.
 //!
 //! # Few rows
 //!
@@ -252,7 +254,7 @@ impl Context {
                 reason: "M, N and K of a matmul must not be 0",
             });
         }
-        let plan = match self.narrow_plan(m, n, k) {
+        let plan = match self.narrow_plan(m, n, k)? {
             Some(plan) => plan,
             None => match self.tuned_options(m, n, k)? {
                 Some(options) => self.tiled_plan_with(&options, m, n, k)?,
@@ -374,23 +376,14 @@ impl Context {
             return Ok(None);
         }
         let class = (m.checked_next_power_of_two().unwrap_or(m), n, k);
-        // Choices hold for a device (adapter, driver, backend) and these options, in the whole
-        // process: every context of the device shares them. The context finds its device's
-        // choices once, so that a matmul looks up its class alone.
-        let choices = self.shared.tuned.get_or_init(|| {
-            let info = &self.gpu().info;
-            registry(format!(
-                "{} / {} {} / {:?} / {options:?}",
-                info.name, info.driver, info.driver_info, info.backend
-            ))
-        });
-        let known = lock(choices).get(&class).copied();
+        let choices = self.tuned_choices();
+        let known = lock(choices).tiled.get(&class).copied();
         let (tiles, splits) = match known {
             Some(choice) => choice,
             None => {
                 // Not locked while it tunes: the tuner's own products look up nothing here.
                 let choice = self.autotune(class)?;
-                lock(choices).insert(class, choice);
+                lock(choices).tiled.insert(class, choice);
                 choice
             }
         };
@@ -399,6 +392,23 @@ impl Context {
             split_k: Some(splits),
             ..options.clone()
         }))
+    }
+
+    /// The autotuner's choices for this context's device (adapter, driver, backend) and matmul
+    /// options, in the whole process: every context of the device shares them. The context finds
+    /// them once, so that a matmul looks up its class alone.
+    fn tuned_choices(&self) -> &Arc<TunedChoices> {
+        self.shared.tuned.get_or_init(|| {
+            let info = &self.gpu().info;
+            registry(format!(
+                "{} / {} {} / {:?} / {:?}",
+                info.name,
+                info.driver,
+                info.driver_info,
+                info.backend,
+                self.options().matmul
+            ))
+        })
     }
 
     /// The fastest `(tiles, splits)` for `[m, k] · [k, n]`: the automatic plan and the large,
@@ -449,10 +459,71 @@ impl Context {
                 }
             }
         }
+        // The plans the device takes, the automatic one first.
+        let mut plans = vec![automatic];
+        for (tile, splits) in candidates.into_iter().skip(1) {
+            let forced = MatmulOptions {
+                tiles: Some(tile),
+                split_k: Some(splits),
+                ..options.clone()
+            };
+            if let Ok(plan) = self.tiled_plan_with(&forced, m, n, k) {
+                plans.push(plan);
+            }
+        }
         // A tuner that cannot run (no memory for the class's operands and partials, say) leaves
         // the rules' plan: tuning never fails a product that would run without it.
-        let fastest = self.fastest(m, n, k, candidates).unwrap_or(None);
-        Ok(fastest.unwrap_or((automatic.tiles, automatic.splits)))
+        let fastest = self.fastest(m, n, k, plans).unwrap_or(None);
+        Ok(fastest.map_or((automatic.tiles, automatic.splits), |plan| {
+            (plan.tiles, plan.splits)
+        }))
+    }
+
+    /// The fastest `(lanes, splits)` of the narrow kernel for `[m, k] · [k, n]`, whose automatic
+    /// plan is `automatic`: that plan and, for every power of two of lanes from 2 to 128 that N
+    /// fills, the splits of K (powers of two up to 64, each invocation keeping at least one vec4
+    /// row of K) that give from `min_workgroups / 4` to `2 · min_workgroups` workgroups (the
+    /// unsplit plan of each lanes too), timed as the tiled kernel's candidates are
+    /// ([`Context::fastest`]). On the H200, 8 × 4096 × 4096 took 49.5 µs with the automatic plan
+    /// (4 lanes, no split: 256 workgroups) and 43.7-45.3 µs with 32 to 128 lanes and 16 or 32
+    /// splits (256 to 512 workgroups), where 1 × 4096 × 4096 was fastest as planned
+    /// (MEASUREMENTS.md, 2026-12-02).
+    fn autotune_narrow(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        automatic: MatmulPlan,
+    ) -> Result<(u32, u32), ComputeError> {
+        let options = &self.options().matmul;
+        let (n4, k4) = ((n / 4) as u64, (k / 4) as u64);
+        let fill = u64::from(options.min_workgroups.max(4));
+        let (fewest, most) = (fill / 4, fill * 2);
+        let mut plans = vec![automatic];
+        let mut lanes = 2u64;
+        while lanes <= u64::from(MatmulOptions::NARROW_MAX_LANES / 2) && lanes / 2 < n4 {
+            let tiles = n4.div_ceil(lanes);
+            let slices = u64::from(MatmulOptions::NARROW_THREADS) / lanes;
+            let mut splits = 1u64;
+            while splits <= 64 && (splits == 1 || k4 / splits >= slices) {
+                let workgroups = tiles * splits;
+                if splits == 1 || (fewest..=most).contains(&workgroups) {
+                    let forced = MatmulOptions {
+                        narrow_lanes: u32::try_from(lanes).ok(),
+                        narrow_splits: u32::try_from(splits).ok(),
+                        ..options.clone()
+                    };
+                    if let Some(plan) = self.narrow_plan_with(&forced, m, n, k) {
+                        if !plans.contains(&plan) {
+                            plans.push(plan);
+                        }
+                    }
+                }
+                splits *= 2;
+            }
+            lanes *= 2;
+        }
+        let fastest = self.fastest(m, n, k, plans).unwrap_or(None);
+        let plan = fastest.unwrap_or(automatic);
+        Ok((plan.narrow_lanes, plan.splits))
     }
 
     /// The fastest of `candidates` for `[m, k] · [k, n]` (`None` when the device takes none of
@@ -464,8 +535,8 @@ impl Context {
         m: usize,
         n: usize,
         k: usize,
-        candidates: Vec<(MatmulTiles, u32)>,
-    ) -> Result<Option<(MatmulTiles, u32)>, ComputeError> {
+        candidates: Vec<MatmulPlan>,
+    ) -> Result<Option<MatmulPlan>, ComputeError> {
         let options = &self.options().matmul;
         let timestamps = TimestampSupport::of(&self.gpu().device) != TimestampSupport::None;
         let pool = Pool::new(self.gpu(), PoolOptions::default())?;
@@ -483,18 +554,10 @@ impl Context {
         )?;
         let a = tuner.zeros(&[m, k])?;
         let b = tuner.zeros(&[k, n])?;
-        // The plans the device takes; one product each compiles its variant and warms up.
-        let mut plans = Vec::with_capacity(candidates.len());
-        for (tile, splits) in candidates {
-            let forced = MatmulOptions {
-                tiles: Some(tile),
-                split_k: Some(splits),
-                ..options.clone()
-            };
-            if let Ok(plan) = tuner.tiled_plan_with(&forced, m, n, k) {
-                drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
-                plans.push(plan);
-            }
+        // One product each compiles its variant and warms up.
+        let plans = candidates;
+        for &plan in &plans {
+            drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
         }
         tuner.sync()?;
         drop(tuner.take_kernel_timings());
@@ -524,13 +587,60 @@ impl Context {
                 }
             }
         }
-        Ok(fastest_by_paired_ratios(&pairs).map(|index| (plans[index].tiles, plans[index].splits)))
+        Ok(fastest_by_paired_ratios(&pairs).map(|index| plans[index]))
     }
 
-    /// The plan of the narrow kernel, where it applies: few rows, K and N multiples of 4, tiles
-    /// not forced, K within the kernels' `u32` parameters and a grid the device takes.
-    fn narrow_plan(&self, m: usize, n: usize, k: usize) -> Option<MatmulPlan> {
+    /// The plan of the narrow kernel, where it applies (see [`Context::narrow_plan_with`]):
+    /// with [`MatmulOptions::autotune`], and neither `narrow_lanes` nor `narrow_splits` forced,
+    /// the lanes and splits measured fastest for this shape (measured now if the shape is new).
+    fn narrow_plan(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<MatmulPlan>, ComputeError> {
         let options = &self.options().matmul;
+        let Some(automatic) = self.narrow_plan_with(options, m, n, k) else {
+            return Ok(None);
+        };
+        if !options.autotune.applies_to(self.gpu().info.device_type)
+            || options.narrow_lanes.is_some()
+            || options.narrow_splits.is_some()
+        {
+            return Ok(Some(automatic));
+        }
+        let shape = (m, n, k);
+        let choices = self.tuned_choices();
+        let known = lock(choices).narrow.get(&shape).copied();
+        let (lanes, splits) = match known {
+            Some(choice) => choice,
+            None => {
+                // Not locked while it tunes: the tuner's own products look up nothing here.
+                let choice = self.autotune_narrow(shape, automatic)?;
+                lock(choices).narrow.insert(shape, choice);
+                choice
+            }
+        };
+        let chosen = MatmulOptions {
+            narrow_lanes: Some(lanes),
+            narrow_splits: Some(splits),
+            ..options.clone()
+        };
+        Ok(Some(
+            self.narrow_plan_with(&chosen, m, n, k).unwrap_or(automatic),
+        ))
+    }
+
+    /// The plan of the narrow kernel under `options`, where it applies: few rows, K and N
+    /// multiples of 4, tiles not forced, K within the kernels' `u32` parameters and a grid the
+    /// device takes.
+    fn narrow_plan_with(
+        &self,
+        options: &MatmulOptions,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Option<MatmulPlan> {
         let applies = options.tiles.is_none()
             && m >= 1
             && m as u64 <= u64::from(options.narrow_max_rows)
