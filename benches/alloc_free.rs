@@ -40,6 +40,19 @@
 //!
 //! After the criterion run (`cargo bench --bench alloc_free`) a markdown summary of the median
 //! ns per pair over all timed batches is printed, with the churn failure counts and the check.
+//!
+//! Then the paired comparison of `wgpu_pool_exact` with `offset_allocator`: criterion measures one
+//! allocator's sequences, then the next one's, tens of seconds apart, and a machine whose speed
+//! drifts by more than the difference (the development machine's did: one binary's ratio ranged
+//! 0.77-1.22 over criterion runs) decides the ratio. So the two are also timed chunk by chunk, in
+//! turns (the first of a pair alternating), [`PAIRED_CHUNKS`] chunks each after
+//! [`PAIRED_WARM_UP`] untimed ones: a chunk is [`PAIRED_BATCHES`] batches of `lifo` or `random`,
+//! or one `churn` iteration (its pre-fill and drain untimed). The ratio per sequence is the
+//! median over the chunks of exact's time over offset-allocator's in the same pair (with the
+//! quartiles). `cargo bench --bench alloc_free -- paired` runs only this comparison (no
+//! criterion benchmark matches `paired`); with `ALLOC_FREE_JSON=FILE` it also writes the ratios
+//! as JSON: `{"chunks", "sequences": [{"sequence", "median", "q1", "q3", "exact_ns_per_pair",
+//! "offset_ns_per_pair"}]}`.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -77,6 +90,12 @@ const CHURN_OCCUPANCY: f64 = 0.70;
 const CHECK_SEEDS: u64 = 16;
 const CHECK_OCCUPANCIES: [f64; 2] = [0.70, 0.80];
 const SEED: u64 = 0x5eed_a110_c0de;
+/// Paired comparison: timed chunks per allocator and sequence.
+const PAIRED_CHUNKS: usize = 301;
+/// Paired comparison: untimed chunks per allocator and sequence before them.
+const PAIRED_WARM_UP: usize = 3;
+/// Paired comparison: `lifo` or `random` batches per chunk.
+const PAIRED_BATCHES: usize = 40;
 
 const ALLOCATORS: [&str; 4] = [
     "wgpu_pool_exact",
@@ -645,13 +664,136 @@ fn alloc_free(c: &mut Criterion) {
     group.finish();
 }
 
+/// One timed chunk of `sequence` (see the module docs); returns the pairs it ran and the time.
+fn paired_chunk<A: OffsetAllocator>(
+    allocator: &mut A,
+    workload: &Workload,
+    sequence: &str,
+    slots: &mut Vec<Option<A::Handle>>,
+    live: &mut Vec<(A::Handle, u64)>,
+) -> (u64, Duration) {
+    match sequence {
+        "churn" => {
+            churn_prefill(allocator, workload, live);
+            let started = Instant::now();
+            black_box(churn_steps(allocator, workload, live));
+            let elapsed = started.elapsed();
+            churn_drain(allocator, live);
+            (CHURN_STEPS as u64, elapsed)
+        }
+        _ => {
+            let order = if sequence == "lifo" {
+                &workload.lifo_order
+            } else {
+                &workload.random_order
+            };
+            let started = Instant::now();
+            for _ in 0..PAIRED_BATCHES {
+                black_box(run_batch(allocator, &workload.batch_sizes, order, slots));
+            }
+            ((BATCH * PAIRED_BATCHES) as u64, started.elapsed())
+        }
+    }
+}
+
+/// The median and quartiles of `values` (not empty).
+fn quartiles(values: &mut [f64]) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.25), at(0.5), at(0.75))
+}
+
+/// The paired comparison of `wgpu_pool_exact` with `offset_allocator` (module docs): prints a
+/// markdown table, and writes JSON where `ALLOC_FREE_JSON` names a file.
+fn paired_comparison() {
+    let workload = Workload::generate();
+    let mut exact = new_wgpu_pool(Rounding::Exact);
+    let mut offset = new_offset_allocator();
+    validate(ALLOCATORS[0], &mut exact, &workload);
+    validate(ALLOCATORS[2], &mut offset, &workload);
+    let (mut exact_slots, mut exact_live) = (Vec::new(), Vec::new());
+    let (mut offset_slots, mut offset_live) = (Vec::new(), Vec::new());
+    println!();
+    println!(
+        "Paired: wgpu_pool_exact / offset_allocator, {PAIRED_CHUNKS} chunks each in turns \
+         (lifo/random: {PAIRED_BATCHES} batches per chunk; churn: one iteration)"
+    );
+    println!();
+    println!("| sequence | median ratio | quartiles | exact ns/pair | offset ns/pair |");
+    println!("|---|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for sequence in SEQUENCES {
+        let mut ratios = Vec::with_capacity(PAIRED_CHUNKS);
+        let (mut exact_ns, mut offset_ns) = (Vec::new(), Vec::new());
+        for chunk in 0..PAIRED_WARM_UP + PAIRED_CHUNKS {
+            let mut run_exact = || {
+                paired_chunk(
+                    &mut exact,
+                    &workload,
+                    sequence,
+                    &mut exact_slots,
+                    &mut exact_live,
+                )
+            };
+            let mut run_offset = || {
+                paired_chunk(
+                    &mut offset,
+                    &workload,
+                    sequence,
+                    &mut offset_slots,
+                    &mut offset_live,
+                )
+            };
+            // The first of a pair alternates, so that neither always runs on a warmer cache.
+            let (e, o) = if chunk % 2 == 0 {
+                let e = run_exact();
+                (e, run_offset())
+            } else {
+                let o = run_offset();
+                (run_exact(), o)
+            };
+            if chunk >= PAIRED_WARM_UP {
+                let per_pair =
+                    |(pairs, time): (u64, Duration)| time.as_nanos() as f64 / pairs as f64;
+                ratios.push(per_pair(e) / per_pair(o));
+                exact_ns.push(per_pair(e));
+                offset_ns.push(per_pair(o));
+            }
+        }
+        assert_pristine(ALLOCATORS[0], &mut exact);
+        assert_pristine(ALLOCATORS[2], &mut offset);
+        let (q1, median, q3) = quartiles(&mut ratios);
+        let exact_median = quartiles(&mut exact_ns).1;
+        let offset_median = quartiles(&mut offset_ns).1;
+        println!(
+            "| {sequence} | {median:.3} | {q1:.3}-{q3:.3} | {exact_median:.1} | {offset_median:.1} |"
+        );
+        rows.push(serde_json::json!({
+            "sequence": sequence,
+            "median": median,
+            "q1": q1,
+            "q3": q3,
+            "exact_ns_per_pair": exact_median,
+            "offset_ns_per_pair": offset_median,
+        }));
+    }
+    if let Some(path) = std::env::var_os("ALLOC_FREE_JSON") {
+        let json = serde_json::json!({ "chunks": PAIRED_CHUNKS, "sequences": rows });
+        let text = serde_json::to_string_pretty(&json).expect("plain JSON values");
+        if let Err(error) = std::fs::write(&path, text) {
+            eprintln!("could not write {}: {error}", path.to_string_lossy());
+        }
+    }
+}
+
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     alloc_free(&mut criterion);
     criterion.final_summary();
-    // Only a real measurement (`cargo bench`) gets the summary; `cargo test --benches` runs each
-    // benchmark once, unoptimised.
+    // Only a real measurement (`cargo bench`) gets the summary and the paired comparison;
+    // `cargo test --benches` runs each benchmark once, unoptimised.
     if std::env::args().any(|arg| arg == "--bench") {
         print_summary();
+        paired_comparison();
     }
 }
