@@ -7,7 +7,7 @@
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
 //!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
 //!     [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
-//!     [--dtype f32|f16]
+//!     [--dtype f32|f16] [--sustained SECS]
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -65,6 +65,16 @@
 //!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
 //!   tiles in separate processes, or early in one.
 //!
+//! - `--sustained SECS`: instead of the sections, each `--matmul` shape (4096³ without one) runs
+//!   back to back for SECS seconds (batches of about 20 ms of products, each recorded, submitted
+//!   and waited for), timed by the wall clock: TFLOP/s over the run, over its first and last whole
+//!   second and its slowest; the last product checked against the twin. With `--torch` (the JSON
+//!   of `matmul.py --sustained SECS`), PyTorch's figure and the ratio beside. The JSON: `{"adapter",
+//!   "backend", "dtype", "sustained": [{"m", "n", "k", "tiles", "seconds", "products", "tflops",
+//!   "windows_tflops", "max_rel_err", "torch_tflops", "ratio"}]}`. A GPU whose clock follows its
+//!   load (the H200 under Vulkan) shows here what a long job gets, where the short products of
+//!   the sections show its peak.
+//!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "dtype" ("f32" or
 //! "f16"), "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
@@ -121,6 +131,9 @@ struct Args {
     autotune: Autotune,
     /// What the matmuls' and element-wise ops' tensors hold (`--dtype`).
     dtype: DType,
+    /// `--sustained SECS`: back-to-back products of each shape for this long, instead of the
+    /// sections.
+    sustained: Option<f64>,
 }
 
 impl Args {
@@ -162,6 +175,7 @@ fn parse_args() -> anyhow::Result<Args> {
         narrow_subgroups: Vec::new(),
         autotune: Autotune::default(),
         dtype: DType::F32,
+        sustained: None,
     };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
@@ -208,6 +222,14 @@ fn parse_args() -> anyhow::Result<Args> {
                     .into_iter()
                     .find(|candidate| candidate.name() == dtype)
                     .with_context(|| format!("--dtype takes f32 or f16, not {dtype:?}"))?;
+            }
+            "--sustained" => {
+                let seconds = iter.next().context("--sustained needs seconds")?;
+                let seconds: f64 = seconds.parse().context("--sustained needs seconds")?;
+                if !(seconds.is_finite() && seconds > 0.0) {
+                    bail!("--sustained needs a positive number of seconds");
+                }
+                args.sustained = Some(seconds);
             }
             "--checked" => args.checks = ShaderChecks::Checked,
             "--autotune" => args.autotune = Autotune::Always,
@@ -295,6 +317,8 @@ struct Torch {
     /// Time per product by shape, in µs (the median).
     products: std::collections::HashMap<(usize, usize, usize), f64>,
     chain_step_us: Option<f64>,
+    /// TFLOP/s over `--sustained` runs by shape.
+    sustained: std::collections::HashMap<(usize, usize, usize), f64>,
 }
 
 impl Torch {
@@ -319,10 +343,20 @@ impl Torch {
                 .with_context(|| format!("{}: a product without \"time_us\"", path.display()))?;
             products.insert((dim("m")?, dim("n")?, dim("k")?), time_us);
         }
+        let mut sustained = std::collections::HashMap::new();
+        for entry in json["sustained"].as_array().into_iter().flatten() {
+            let dim = |name: &str| entry[name].as_u64().and_then(|v| usize::try_from(v).ok());
+            if let (Some(m), Some(n), Some(k), Some(tflops)) =
+                (dim("m"), dim("n"), dim("k"), entry["tflops"].as_f64())
+            {
+                sustained.insert((m, n, k), tflops);
+            }
+        }
         Ok(Self {
             dtype: json["dtype"].as_str().unwrap_or("float32").to_string(),
             products,
             chain_step_us: json["chain_step_us"].as_f64(),
+            sustained,
         })
     }
 }
@@ -961,6 +995,184 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
     })
 }
 
+/// One shape's `--sustained` run.
+struct Sustained {
+    m: usize,
+    n: usize,
+    k: usize,
+    seconds: f64,
+    products: u64,
+    /// Over the whole run.
+    tflops: f64,
+    /// Over each whole second of it.
+    windows_tflops: Vec<f64>,
+    /// The plan's kernel, as the matmul table names it.
+    kernel: String,
+    max_rel_err: f64,
+    ok: bool,
+}
+
+/// Back-to-back products of `[m, k] · [k, n]` for `seconds`: batches of about 20 ms of products
+/// recorded, submitted and waited for, one after another (the GPU idles only while the next batch
+/// is recorded), timed by the wall clock; TFLOP/s over the run and over each whole second. The
+/// last product is checked against the CPU twin (sampled rows and columns).
+fn sustained_matmul(
+    bench: &Bench,
+    (m, n, k): (usize, usize, usize),
+    seconds: f64,
+    rng: &mut StdRng,
+) -> anyhow::Result<Sustained> {
+    let context = bench.context(bench.matmul.clone())?;
+    let plan = context.matmul_plan(m, n, k)?;
+    let a_values = cpu::rounded(&random(rng, m * k), bench.dtype);
+    let b_values = cpu::rounded(&random(rng, k * n), bench.dtype);
+    let a = context.tensor_with(&a_values, &[m, k], bench.dtype)?;
+    let b = context.tensor_with(&b_values, &[k, n], bench.dtype)?;
+    // Compile, and find how many products take about 20 ms.
+    drop(context.matmul(&a, &b)?);
+    context.sync()?;
+    let started = Instant::now();
+    for _ in 0..4 {
+        drop(context.matmul(&a, &b)?);
+    }
+    context.sync()?;
+    let each = started.elapsed().as_secs_f64() / 4.0;
+    let batch = ((0.02 / each.max(1e-9)).ceil() as u64).clamp(1, 10_000);
+    let flops = 2.0 * (m * n * k) as f64;
+    let mut windows = Vec::new();
+    let (mut products, mut window_products) = (0u64, 0u64);
+    let started = Instant::now();
+    let mut window_start = 0.0;
+    loop {
+        for _ in 0..batch {
+            drop(context.matmul(&a, &b)?);
+        }
+        context.sync()?;
+        products += batch;
+        window_products += batch;
+        let now = started.elapsed().as_secs_f64();
+        if now - window_start >= 1.0 {
+            windows.push(window_products as f64 * flops / (now - window_start) / 1e12);
+            window_start = now;
+            window_products = 0;
+        }
+        if now >= seconds {
+            break;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let c = context.matmul(&a, &b)?.to_vec()?;
+    let mut max_rel_err = 0.0f64;
+    let bound = 2.0 * k as f64 / f64::from(1u32 << 24) + f16_ulp_relative(bench.dtype);
+    for row in sample(m, false) {
+        for col in sample(n, false) {
+            let (expected, magnitude) = cpu::matmul_element(&a_values, &b_values, k, n, row, col);
+            let error =
+                (f64::from(c[row * n + col]) - expected).abs() / magnitude.max(f64::MIN_POSITIVE);
+            max_rel_err = max_rel_err.max(error);
+        }
+    }
+    Ok(Sustained {
+        m,
+        n,
+        k,
+        seconds: elapsed,
+        products,
+        tflops: products as f64 * flops / elapsed / 1e12,
+        windows_tflops: windows,
+        kernel: if plan.narrow_lanes > 0 {
+            format!("narrow x{}", plan.narrow_lanes)
+        } else {
+            plan.tiles.to_string()
+        },
+        max_rel_err,
+        ok: max_rel_err <= bound,
+    })
+}
+
+/// `--sustained`: [`sustained_matmul`] for each `--matmul` shape (4096³ without one), a table,
+/// and the JSON.
+fn run_sustained(
+    args: &Args,
+    bench: &Bench,
+    seconds: f64,
+    torch: Option<&Torch>,
+) -> anyhow::Result<()> {
+    let shapes = if args.matmuls.is_empty() {
+        vec![(4096, 4096, 4096)]
+    } else {
+        args.matmuls.clone()
+    };
+    let mut rng = StdRng::seed_from_u64(42);
+    println!();
+    println!(
+        "{:>6} {:>6} {:>6}  {:<17} {:>9} {:>8} {:>8} {:>8} {:>8}  check{}",
+        "M",
+        "N",
+        "K",
+        "tiles",
+        "products",
+        "TFLOP/s",
+        "first s",
+        "last s",
+        "min s",
+        if torch.is_some() {
+            "  torch TFLOP/s  ours/torch"
+        } else {
+            ""
+        }
+    );
+    let mut rows = Vec::new();
+    let mut failures = 0;
+    for shape in shapes {
+        let r = sustained_matmul(bench, shape, seconds, &mut rng)
+            .with_context(|| format!("sustained matmul {}x{}x{}", shape.0, shape.1, shape.2))?;
+        let first = r.windows_tflops.first().copied().unwrap_or(r.tflops);
+        let last = r.windows_tflops.last().copied().unwrap_or(r.tflops);
+        let min = r.windows_tflops.iter().copied().fold(r.tflops, f64::min);
+        let theirs = torch.and_then(|t| t.sustained.get(&shape).copied());
+        println!(
+            "{:>6} {:>6} {:>6}  {:<17} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>8.2}  {:<5}{}",
+            r.m,
+            r.n,
+            r.k,
+            r.kernel,
+            r.products,
+            r.tflops,
+            first,
+            last,
+            min,
+            if r.ok { "ok" } else { "FAIL" },
+            theirs.map_or(String::new(), |t| format!(
+                " {t:>14.2} {:>11.2}",
+                r.tflops / t
+            ))
+        );
+        failures += usize::from(!r.ok);
+        rows.push(json!({
+            "m": r.m, "n": r.n, "k": r.k, "tiles": r.kernel, "seconds": r.seconds,
+            "products": r.products, "tflops": r.tflops, "windows_tflops": r.windows_tflops,
+            "max_rel_err": r.max_rel_err, "torch_tflops": theirs,
+            "ratio": theirs.map(|t| r.tflops / t),
+        }));
+    }
+    if let Some(path) = &args.json {
+        let report = json!({
+            "adapter": bench.gpu.info.name,
+            "backend": format!("{:?}", bench.gpu.info.backend),
+            "dtype": args.dtype.name(),
+            "sustained": rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    if failures > 0 {
+        bail!("{failures} results differ from their CPU twins");
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let gpu = request_gpu(LimitsChoice::Adapter)?;
@@ -1010,6 +1222,9 @@ fn main() -> anyhow::Result<()> {
                 }
             );
         }
+    }
+    if let Some(seconds) = args.sustained {
+        return run_sustained(&args, &bench, seconds, torch.as_ref());
     }
 
     println!();

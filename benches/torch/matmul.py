@@ -17,6 +17,15 @@ the ratio. Time per product: CUDA events around each of `--runs` products record
 
 The JSON: {"device", "torch", "tf32", "dtype" ("float32" or "float16"), "matmul": [{"m", "n",
 "k", "time_us", "mean_us", "gflops"}], "chain_step_us", "chain_single_us"}.
+
+    python3 benches/torch/matmul.py --sustained 10 --shape 4096x4096x4096 --json torch_sustained.json
+
+`--sustained SECS` measures instead each `--shape` (4096x4096x4096 without one) back to back for
+SECS seconds, as `bench_kernels --sustained SECS` does: batches of about 20 ms of products, each
+launched and synchronised, timed by the wall clock; TFLOP/s over the run and over each whole
+second. The JSON then holds "sustained": [{"m", "n", "k", "seconds", "products", "tflops",
+"windows_tflops"}] and an empty "matmul" list; `bench_kernels --sustained SECS --torch FILE`
+prints the ratio.
 """
 
 import argparse
@@ -69,6 +78,48 @@ def time_product(m, n, k, runs, warmup, dtype):
     return statistics.median(times_us), statistics.fmean(times_us)
 
 
+def sustained(m, n, k, seconds, dtype):
+    generator = torch.Generator(device="cuda").manual_seed(42)
+    a = (torch.rand((m, k), device="cuda", generator=generator) * 2 - 1).to(dtype)
+    b = (torch.rand((k, n), device="cuda", generator=generator) * 2 - 1).to(dtype)
+    a @ b
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(4):
+        a @ b
+    torch.cuda.synchronize()
+    each = (time.perf_counter() - started) / 4
+    batch = max(1, min(10_000, round(0.02 / max(each, 1e-9) + 0.5)))
+    flops = 2.0 * m * n * k
+    windows = []
+    products = window_products = 0
+    started = time.perf_counter()
+    window_start = 0.0
+    while True:
+        for _ in range(batch):
+            a @ b
+        torch.cuda.synchronize()
+        products += batch
+        window_products += batch
+        now = time.perf_counter() - started
+        if now - window_start >= 1.0:
+            windows.append(window_products * flops / (now - window_start) / 1e12)
+            window_start = now
+            window_products = 0
+        if now >= seconds:
+            break
+    elapsed = time.perf_counter() - started
+    return {
+        "m": m,
+        "n": n,
+        "k": k,
+        "seconds": elapsed,
+        "products": products,
+        "tflops": products * flops / elapsed / 1e12,
+        "windows_tflops": windows,
+    }
+
+
 def chain_us(length, repeats, x0, w):
     times = []
     for round_ in range(repeats + 5):
@@ -92,6 +143,9 @@ def main():
     parser.add_argument("--chains", type=int, default=101)
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument(
+        "--sustained", type=float, help="instead: each shape back to back for this many seconds"
+    )
+    parser.add_argument(
         "--dtype", choices=sorted(DTYPES), default="float", help="operands' type (default float)"
     )
     args = parser.parse_args()
@@ -103,6 +157,36 @@ def main():
     dtype_name = str(dtype).removeprefix("torch.")
 
     shapes = list(args.shape)
+    if args.sustained is not None:
+        if not args.sustained > 0:
+            raise SystemExit("matmul.py: --sustained needs a positive number of seconds")
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, {dtype_name}, TF32 off")
+        print(f"{'M':>6} {'N':>6} {'K':>6} {'products':>9} {'TFLOP/s':>8} {'first s':>8} {'last s':>8} {'min s':>8}")
+        rows = []
+        for m, n, k in shapes or [(4096, 4096, 4096)]:
+            row = sustained(m, n, k, args.sustained, dtype)
+            windows = row["windows_tflops"] or [row["tflops"]]
+            print(
+                f"{m:>6} {n:>6} {k:>6} {row['products']:>9} {row['tflops']:>8.2f} {windows[0]:>8.2f} "
+                f"{windows[-1]:>8.2f} {min(windows + [row['tflops']]):>8.2f}"
+            )
+            rows.append(row)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(
+                    {
+                        "device": torch.cuda.get_device_name(),
+                        "torch": torch.__version__,
+                        "tf32": False,
+                        "dtype": dtype_name,
+                        "matmul": [],
+                        "sustained": rows,
+                    },
+                    f,
+                    indent=1,
+                )
+            print(f"wrote {args.json}")
+        return
     if args.serving or not shapes:
         shapes = SERVING + [s for s in shapes if s not in SERVING]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, {dtype_name}, TF32 off")
