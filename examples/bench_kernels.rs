@@ -20,7 +20,8 @@
 //!   plans instead, `--autotune` tunes on a software GPU too.
 //! - Runs are recorded back to back into one batch after 100 ms of warm-up. Time is GPU time from
 //!   timestamps where the adapter has `TIMESTAMP_QUERY` (around each dispatch with
-//!   `TIMESTAMP_QUERY_INSIDE_PASSES`), the median over the runs; else the wall clock around
+//!   `TIMESTAMP_QUERY_INSIDE_PASSES`), from a run's first kernel's start to its last kernel's end
+//!   (so a split product counts the barrier before its reduction), the median over the runs; else the wall clock around
 //!   recording the batch, submitting it and waiting, divided by the runs.
 //! - GFLOP/s = 2·M·N·K / time. GB/s counts the bytes read and written (`add`: 12 per element).
 //! - Checks: matmuls up to 2^28 multiply-adds against the whole CPU product, larger ones on
@@ -66,8 +67,8 @@
 //!   tiles in separate processes, or early in one.
 //!
 //! - `--sustained SECS`: instead of the sections, each `--matmul` shape (4096³ without one) runs
-//!   back to back for SECS seconds (batches of about 20 ms of products, each recorded, submitted
-//!   and waited for), timed by the wall clock: TFLOP/s over the run, over its first and last whole
+//!   back to back for SECS seconds (batches of about 20 ms of products, each recorded while the
+//!   one before runs and submitted when it is done), timed by the wall clock: TFLOP/s over the run, over its first and last whole
 //!   second and its slowest; the last product checked against the twin. With `--torch` (the JSON
 //!   of `matmul.py --sustained SECS`), PyTorch's figure and the ratio beside. The JSON: `{"adapter",
 //!   "backend", "dtype", "sustained": [{"m", "n", "k", "tiles", "seconds", "products", "tflops",
@@ -94,8 +95,8 @@ use anyhow::{bail, Context as _};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use wgpu_pool::compute::{
-    cpu, Autotune, BinaryOp, Context, ContextOptions, DType, Feed, MatmulOptions, MatmulTiles,
-    ShaderChecks, Tensor, TimestampSupport, UnaryOp,
+    cpu, Autotune, BinaryOp, Context, ContextOptions, DType, Feed, KernelTiming, MatmulOptions,
+    MatmulTiles, ShaderChecks, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
 
@@ -459,7 +460,8 @@ impl Bench {
 
     /// The time of one run of `op` in microseconds. Runs are recorded back to back into one
     /// batch, as a workload would: with timestamps, the median over [`RUNS`] runs of the GPU time
-    /// of a run's kernels; without, the wall clock of the batch (record, submit, wait) divided by
+    /// from a run's first kernel's start to its last kernel's end (the barrier between a split
+    /// product and its reduction included); without, the wall clock of the batch (record, submit, wait) divided by
     /// the runs.
     fn time_us(
         &self,
@@ -497,7 +499,7 @@ impl Bench {
         );
         let mut runs: Vec<f64> = timings
             .chunks_exact(per_run)
-            .map(|run| run.iter().map(|t| t.gpu_ns).sum::<f64>() / 1e3)
+            .map(|run| KernelTiming::span_ns(run) / 1e3)
             .collect();
         runs.sort_by(f64::total_cmp);
         Ok(runs[RUNS / 2])
@@ -1012,10 +1014,10 @@ struct Sustained {
     ok: bool,
 }
 
-/// Back-to-back products of `[m, k] · [k, n]` for `seconds`: batches of about 20 ms of products
-/// recorded, submitted and waited for, one after another (the GPU idles only while the next batch
-/// is recorded), timed by the wall clock; TFLOP/s over the run and over each whole second. The
-/// last product is checked against the CPU twin (sampled rows and columns).
+/// Back-to-back products of `[m, k] · [k, n]` for `seconds`: batches of about 20 ms of products,
+/// each recorded while the one before runs and submitted as soon as that one is done (the GPU
+/// idles only for a submission), timed by the wall clock; TFLOP/s over the run and over each
+/// whole second. The last product is checked against the CPU twin (sampled rows and columns).
 fn sustained_matmul(
     bench: &Bench,
     (m, n, k): (usize, usize, usize),
@@ -1043,11 +1045,22 @@ fn sustained_matmul(
     let (mut products, mut window_products) = (0u64, 0u64);
     let started = Instant::now();
     let mut window_start = 0.0;
+    // The first batch; then each batch is recorded while the one before runs, and submitted as
+    // soon as that one is done.
+    for _ in 0..batch {
+        drop(context.matmul(&a, &b)?);
+    }
+    context.flush()?;
     loop {
         for _ in 0..batch {
             drop(context.matmul(&a, &b)?);
         }
-        context.sync()?;
+        bench
+            .gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
+        context.flush()?;
         products += batch;
         window_products += batch;
         let now = started.elapsed().as_secs_f64();
@@ -1060,6 +1073,8 @@ fn sustained_matmul(
             break;
         }
     }
+    context.sync()?;
+    products += batch;
     let elapsed = started.elapsed().as_secs_f64();
     let c = context.matmul(&a, &b)?.to_vec()?;
     let mut max_rel_err = 0.0f64;

@@ -43,6 +43,30 @@ pub struct KernelTiming {
     pub kernel: String,
     /// Time between the timestamps before and after the dispatch, in nanoseconds.
     pub gpu_ns: f64,
+    /// When the dispatch began: nanoseconds after the first timestamp of its batch (one
+    /// submission). With it, the span of several dispatches of a batch (from the first one's
+    /// start to the last one's `start_ns + gpu_ns`) counts the gaps between them too: the
+    /// barriers a GPU drains between dependent dispatches, which `gpu_ns` leaves out.
+    pub start_ns: f64,
+}
+
+impl KernelTiming {
+    /// The GPU time from the start of the first of `timings` to the end of the last (dispatches
+    /// of one batch), in nanoseconds: their own times and the gaps between them. 0 for none.
+    pub fn span_ns(timings: &[KernelTiming]) -> f64 {
+        if timings.is_empty() {
+            return 0.0;
+        }
+        let start = timings
+            .iter()
+            .map(|t| t.start_ns)
+            .fold(f64::INFINITY, f64::min);
+        let end = timings
+            .iter()
+            .map(|t| t.start_ns + t.gpu_ns)
+            .fold(f64::NEG_INFINITY, f64::max);
+        (end - start).max(0.0)
+    }
 }
 
 /// Timestamp pairs of one batch.
@@ -142,12 +166,14 @@ impl Timer {
             .chunks_exact(8)
             .map(bytemuck::pod_read_unaligned::<u64>)
             .collect();
+        let first = ticks.first().copied().unwrap_or(0);
         Ok(kernels
             .into_iter()
             .zip(ticks.chunks_exact(2))
             .map(|(kernel, pair)| KernelTiming {
                 kernel,
                 gpu_ns: pair[1].saturating_sub(pair[0]) as f64 * self.period_ns,
+                start_ns: pair[0].saturating_sub(first) as f64 * self.period_ns,
             })
             .collect())
     }

@@ -17,7 +17,7 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{
     cpu, Activation, Autotune, BinaryOp, ComputeError, Context, ContextOptions, DType, Epilogue,
-    MatmulOptions, MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
+    KernelTiming, MatmulOptions, MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 
@@ -1210,6 +1210,20 @@ fn profiling_times_every_kernel_with_gpu_timestamps() {
     assert!(timings
         .iter()
         .all(|t| t.gpu_ns.is_finite() && t.gpu_ns >= 0.0));
+    // One batch: starts from its first timestamp, in dispatch order (each dispatch depends on
+    // the one before); the span covers every dispatch.
+    assert_eq!(timings[0].start_ns, 0.0, "{timings:?}");
+    assert!(
+        timings
+            .windows(2)
+            .all(|pair| pair[1].start_ns >= pair[0].start_ns && pair[1].start_ns.is_finite()),
+        "{timings:?}"
+    );
+    let span = KernelTiming::span_ns(&timings);
+    let last = timings.last().unwrap();
+    assert_eq!(span, last.start_ns + last.gpu_ns, "{timings:?}");
+    assert!(timings.iter().all(|t| t.gpu_ns <= span), "{timings:?}");
+    assert_eq!(KernelTiming::span_ns(&[]), 0.0);
     assert!(context.take_kernel_timings().is_empty(), "taken");
 }
 

@@ -116,7 +116,7 @@
 use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, ContextOptions, Dispatch};
 use crate::compute::tensor::Tensor;
-use crate::compute::timing::TimestampSupport;
+use crate::compute::timing::{KernelTiming, TimestampSupport};
 use crate::compute::vocab::{
     element_count, kernel_u32, tensor_bytes, Choices, ComputeError, DType, ElementTypes, KernelKey,
     MatmulParams, NarrowParams, ParamsBlock, ReduceParams, Source, TunedChoices, Variant,
@@ -419,7 +419,8 @@ impl Context {
     ///
     /// Timing: each candidate is compiled and run once; then, for [`TUNING_ROUNDS`] rounds, each
     /// candidate is timed right after the automatic plan (two products each: GPU time from
-    /// timestamps where the adapter has them, the product and its reduction, else the wall clock),
+    /// timestamps where the adapter has them, from the first dispatch's start to the last one's
+    /// end, so that the barriers between a product's dispatches count, else the wall clock),
     /// in an order that rotates from round to round, and scores the median over the rounds of its
     /// time over the automatic plan's just before it ([`fastest_by_paired_ratios`]). Pairs,
     /// because a GPU's clock can move while it tunes (under Vulkan the H200's fell from 1,980 to
@@ -568,11 +569,9 @@ impl Context {
             }
             tuner.sync()?;
             let wall = started.elapsed().as_secs_f64();
-            let gpu: f64 = tuner
-                .take_kernel_timings()
-                .iter()
-                .map(|timing| timing.gpu_ns * 1e-9)
-                .sum();
+            // From the first dispatch's start to the last one's end: a plan of two dispatches (a
+            // split and its reduction) pays the barrier between them, as it does in a workload.
+            let gpu = KernelTiming::span_ns(&tuner.take_kernel_timings()) * 1e-9;
             Ok(if timestamps && gpu > 0.0 { gpu } else { wall })
         };
         // pairs[i]: (the first plan's time, plan i's time) per round, back to back.
