@@ -65,11 +65,17 @@
 //! - In one process, large products measured one after another can slow down for the rest of
 //!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
 //!   tiles in separate processes, or early in one.
-//!
+//! - Each matmul also gets a time per product **in a stream** (`stream (µs)`, JSON `stream_us`):
+//!   in a context without timestamps, as many products as take about 2 ms recorded back to back,
+//!   the wall clock from their submission until the GPU is done, divided by their number (the
+//!   median of five such batches). It counts what a workload pays between dispatches (the
+//!   barriers) and nothing of the timestamps, which slow short dispatches down on some drivers
+//!   (on the H200 under Vulkan by several µs each). `matmul.py` measures PyTorch's the same way
+//!   (CUDA events around the batch); `--torch` prints it and the ratio beside.
 //! - `--sustained SECS`: instead of the sections, each `--matmul` shape (4096³ without one) runs
 //!   back to back for SECS seconds (batches of about 20 ms of products, each recorded while the
-//!   one before runs and submitted when it is done), timed by the wall clock: TFLOP/s over the run, over its first and last whole
-//!   second and its slowest; the last product checked against the twin. With `--torch` (the JSON
+//!   one before runs and submitted when it is done; no timestamps), timed by the wall clock:
+//!   TFLOP/s over the run, over its first and last whole second and its slowest; the last product checked against the twin. With `--torch` (the JSON
 //!   of `matmul.py --sustained SECS`), PyTorch's figure and the ratio beside. The JSON: `{"adapter",
 //!   "backend", "dtype", "sustained": [{"m", "n", "k", "tiles", "seconds", "products", "tflops",
 //!   "windows_tflops", "max_rel_err", "torch_tflops", "ratio"}]}`. A GPU whose clock follows its
@@ -80,7 +86,7 @@
 //! "f16"), "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
 //! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups", "torch_time_us",
-//! "ratio"}],
+//! "ratio", "stream_us", "torch_stream_us", "stream_ratio"}],
 //! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us"}], "op_overhead_us",
 //! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us", "matmul_chain_single_us",
 //! "matmul_chain_step_us", "torch_chain_step_us"}`. A section not run has an
@@ -317,6 +323,8 @@ struct Torch {
     dtype: String,
     /// Time per product by shape, in µs (the median).
     products: std::collections::HashMap<(usize, usize, usize), f64>,
+    /// Time per product in a stream by shape, in µs (files with `stream_us`).
+    stream: std::collections::HashMap<(usize, usize, usize), f64>,
     chain_step_us: Option<f64>,
     /// TFLOP/s over `--sustained` runs by shape.
     sustained: std::collections::HashMap<(usize, usize, usize), f64>,
@@ -329,6 +337,7 @@ impl Torch {
         let json: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
         let mut products = std::collections::HashMap::new();
+        let mut stream = std::collections::HashMap::new();
         for entry in json["matmul"]
             .as_array()
             .with_context(|| format!("{}: no \"matmul\" list", path.display()))?
@@ -342,7 +351,11 @@ impl Torch {
             let time_us = entry["time_us"]
                 .as_f64()
                 .with_context(|| format!("{}: a product without \"time_us\"", path.display()))?;
-            products.insert((dim("m")?, dim("n")?, dim("k")?), time_us);
+            let shape = (dim("m")?, dim("n")?, dim("k")?);
+            products.insert(shape, time_us);
+            if let Some(stream_us) = entry["stream_us"].as_f64() {
+                stream.insert(shape, stream_us);
+            }
         }
         let mut sustained = std::collections::HashMap::new();
         for entry in json["sustained"].as_array().into_iter().flatten() {
@@ -356,6 +369,7 @@ impl Torch {
         Ok(Self {
             dtype: json["dtype"].as_str().unwrap_or("float32").to_string(),
             products,
+            stream,
             chain_step_us: json["chain_step_us"].as_f64(),
             sustained,
         })
@@ -458,6 +472,46 @@ impl Bench {
         )?)
     }
 
+    /// A context without timestamps, as a workload runs.
+    fn plain_context(&self, matmul: MatmulOptions) -> anyhow::Result<Context> {
+        Ok(Context::new(
+            &self.pool,
+            ContextOptions {
+                shader_checks: self.checks,
+                matmul,
+                ..ContextOptions::default()
+            },
+        )?)
+    }
+
+    /// The time of one run of `op` in a stream, in microseconds: as many runs as take about 2 ms
+    /// recorded back to back into one batch, the wall clock from its submission until the GPU is
+    /// done, divided by the runs; the median of five batches. `context` must not profile
+    /// (timestamps around every dispatch slow a stream of short dispatches down): every barrier
+    /// between dispatches counts, as in a workload, and no timestamp does.
+    fn stream_us(
+        &self,
+        context: &Context,
+        op: &dyn Fn() -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<f64> {
+        let batch = |runs: usize| -> anyhow::Result<f64> {
+            for _ in 0..runs {
+                drop(op()?);
+            }
+            let started = Instant::now();
+            context.sync()?;
+            Ok(started.elapsed().as_secs_f64())
+        };
+        batch(1)?;
+        let each = batch(4)? / 4.0;
+        let runs = ((2e-3 / each.max(1e-9)).ceil() as usize).clamp(4, 4096);
+        let mut times = (0..5)
+            .map(|_| Ok(batch(runs)? * 1e6 / runs as f64))
+            .collect::<anyhow::Result<Vec<f64>>>()?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[2])
+    }
+
     /// The time of one run of `op` in microseconds. Runs are recorded back to back into one
     /// batch, as a workload would: with timestamps, the median over [`RUNS`] runs of the GPU time
     /// from a run's first kernel's start to its last kernel's end (the barrier between a split
@@ -539,6 +593,8 @@ struct MatmulResult {
     kernel: String,
     splits: u32,
     time_us: f64,
+    /// Per product in a stream ([`Bench::stream_us`]).
+    stream_us: f64,
     gflops: f64,
     max_rel_err: f64,
     ok: bool,
@@ -567,6 +623,18 @@ fn bench_matmul(
     let a = context.tensor_with(&a_values, &[m, k], bench.dtype)?;
     let b = context.tensor_with(&b_values, &[k, n], bench.dtype)?;
     let time_us = bench.time_us(&context, &|| Ok(context.matmul(&a, &b)?))?;
+    // The same products in a stream, without timestamps (the same options: the same plan).
+    let plain = bench.plain_context(context.options().matmul.clone())?;
+    anyhow::ensure!(
+        plain.matmul_plan(m, n, k)? == plan,
+        "an unprofiled context chose another plan"
+    );
+    let (plain_a, plain_b) = (
+        plain.tensor_with(&a_values, &[m, k], bench.dtype)?,
+        plain.tensor_with(&b_values, &[k, n], bench.dtype)?,
+    );
+    let stream_us = bench.stream_us(&plain, &|| Ok(plain.matmul(&plain_a, &plain_b)?))?;
+    drop((plain_a, plain_b));
     let c = context.matmul(&a, &b)?.to_vec()?;
     let full = (m * n * k) as u64 <= 1 << 28;
     let mut max_rel_err = 0.0f64;
@@ -595,6 +663,7 @@ fn bench_matmul(
         },
         splits: plan.splits,
         time_us,
+        stream_us,
         gflops: 2.0 * (m * n * k) as f64 / (time_us * 1e3),
         max_rel_err,
         ok,
@@ -761,7 +830,8 @@ fn plan_chain_us(
 
 /// Chains of dependent 8x1024x1024 products `x = x · W` ([`chain_times_us`]): eager, then planned.
 fn matmul_chain_us(bench: &Bench) -> anyhow::Result<[f64; 4]> {
-    let context = bench.context(bench.matmul.clone())?;
+    // Wall-clock figures: no timestamps, as a workload runs.
+    let context = bench.plain_context(bench.matmul.clone())?;
     let mut rng = StdRng::seed_from_u64(7);
     let x_values = random(&mut rng, 8 * 1024);
     let x0 = context.tensor(&x_values, &[8, 1024])?;
@@ -1017,14 +1087,16 @@ struct Sustained {
 /// Back-to-back products of `[m, k] · [k, n]` for `seconds`: batches of about 20 ms of products,
 /// each recorded while the one before runs and submitted as soon as that one is done (the GPU
 /// idles only for a submission), timed by the wall clock; TFLOP/s over the run and over each
-/// whole second. The last product is checked against the CPU twin (sampled rows and columns).
+/// whole second; without timestamps (a profiled context brackets every dispatch with them). The
+/// last product is checked against the CPU twin (sampled rows and columns).
 fn sustained_matmul(
     bench: &Bench,
     (m, n, k): (usize, usize, usize),
     seconds: f64,
     rng: &mut StdRng,
 ) -> anyhow::Result<Sustained> {
-    let context = bench.context(bench.matmul.clone())?;
+    // Without timestamps, as a workload runs (wall clock only).
+    let context = bench.plain_context(bench.matmul.clone())?;
     let plan = context.matmul_plan(m, n, k)?;
     let a_values = cpu::rounded(&random(rng, m * k), bench.dtype);
     let b_values = cpu::rounded(&random(rng, k * n), bench.dtype);
@@ -1244,7 +1316,7 @@ fn main() -> anyhow::Result<()> {
 
     println!();
     println!(
-        "{:>6} {:>6} {:>6}  {:<17} {:>5} {:>11} {:>10} {:>11}  check{}",
+        "{:>6} {:>6} {:>6}  {:<17} {:>5} {:>11} {:>10} {:>11}  check{} {:>11}{}",
         "M",
         "N",
         "K",
@@ -1255,6 +1327,12 @@ fn main() -> anyhow::Result<()> {
         "max_rel_err",
         if torch.is_some() {
             "  torch (µs)  ours/torch"
+        } else {
+            ""
+        },
+        "stream (µs)",
+        if torch.is_some() {
+            "  torch stream  ours/torch"
         } else {
             ""
         }
@@ -1356,8 +1434,13 @@ fn main() -> anyhow::Result<()> {
             .filter(|_| automatic)
             .and_then(|t| t.products.get(&(r.m, r.n, r.k)).copied());
         let ratio = torch_us.map(|theirs| r.time_us / theirs);
+        let torch_stream_us = torch
+            .as_ref()
+            .filter(|_| automatic)
+            .and_then(|t| t.stream.get(&(r.m, r.n, r.k)).copied());
+        let stream_ratio = torch_stream_us.map(|theirs| r.stream_us / theirs);
         println!(
-            "{:>6} {:>6} {:>6}  {:<17} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {:<5}{}",
+            "{:>6} {:>6} {:>6}  {:<17} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {:<5}{} {:>11.1}{}",
             r.m,
             r.n,
             r.k,
@@ -1369,6 +1452,12 @@ fn main() -> anyhow::Result<()> {
             if r.ok { "ok" } else { "FAIL" },
             match (torch_us, ratio) {
                 (Some(theirs), Some(ratio)) => format!(" {theirs:>11.1} {ratio:>11.2}"),
+                _ if torch.is_some() => format!(" {:>11} {:>11}", "", ""),
+                _ => String::new(),
+            },
+            r.stream_us,
+            match (torch_stream_us, stream_ratio) {
+                (Some(theirs), Some(ratio)) => format!(" {theirs:>13.1} {ratio:>11.2}"),
                 _ => String::new(),
             }
         );
@@ -1379,7 +1468,8 @@ fn main() -> anyhow::Result<()> {
             "forced_tiles": case.tiles.is_some(), "forced_narrow_lanes": case.narrow_lanes,
             "forced_narrow_splits": case.narrow_splits,
             "forced_narrow_subgroups": case.narrow_subgroups,
-            "torch_time_us": torch_us, "ratio": ratio,
+            "torch_time_us": torch_us, "ratio": ratio, "stream_us": r.stream_us,
+            "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,
         }));
     }
     let matmul_chain = if args.serving && args.runs("matmul") {

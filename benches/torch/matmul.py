@@ -15,8 +15,12 @@ the ratio. Time per product: CUDA events around each of `--runs` products record
 8x1024x1024 adds to a chain whose result is copied to the host (chains of 1 and of 65, medians of
 `--chains` each), the figure `bench_kernels` reports as `matmul_chain_step_us`.
 
+`stream_us`: the time per product in a stream, as `bench_kernels` measures its own: as many
+products as take about 2 ms back to back between two CUDA events, divided by their number, the
+median of five.
+
 The JSON: {"device", "torch", "tf32", "dtype" ("float32" or "float16"), "matmul": [{"m", "n",
-"k", "time_us", "mean_us", "gflops"}], "chain_step_us", "chain_single_us"}.
+"k", "time_us", "mean_us", "gflops", "stream_us"}], "chain_step_us", "chain_single_us"}.
 
     python3 benches/torch/matmul.py --sustained 10 --shape 4096x4096x4096 --json torch_sustained.json
 
@@ -75,7 +79,19 @@ def time_product(m, n, k, runs, warmup, dtype):
         end.record()
     torch.cuda.synchronize()
     times_us = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    return statistics.median(times_us), statistics.fmean(times_us)
+    # In a stream: as many products as take about 2 ms between two events, five times.
+    each_us = statistics.median(times_us)
+    count = max(4, min(4096, round(2000 / max(each_us, 1e-3) + 0.5)))
+    stream = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(count):
+            a @ b
+        end.record()
+        torch.cuda.synchronize()
+        stream.append(start.elapsed_time(end) * 1e3 / count)
+    return statistics.median(times_us), statistics.fmean(times_us), statistics.median(stream)
 
 
 def sustained(m, n, k, seconds, dtype):
@@ -190,13 +206,15 @@ def main():
     if args.serving or not shapes:
         shapes = SERVING + [s for s in shapes if s not in SERVING]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, {dtype_name}, TF32 off")
-    print(f"{'M':>6} {'N':>6} {'K':>6} {'median (µs)':>12} {'mean (µs)':>10} {'GFLOP/s':>10}")
+    print(f"{'M':>6} {'N':>6} {'K':>6} {'median (µs)':>12} {'mean (µs)':>10} {'GFLOP/s':>10} {'stream (µs)':>12}")
     results = []
     for m, n, k in shapes:
-        median, mean = time_product(m, n, k, args.runs, args.warmup, dtype)
+        median, mean, stream = time_product(m, n, k, args.runs, args.warmup, dtype)
         gflops = 2 * m * n * k / (median * 1e3)
-        print(f"{m:>6} {n:>6} {k:>6} {median:>12.1f} {mean:>10.1f} {gflops:>10.1f}")
-        results.append({"m": m, "n": n, "k": k, "time_us": median, "mean_us": mean, "gflops": gflops})
+        print(f"{m:>6} {n:>6} {k:>6} {median:>12.1f} {mean:>10.1f} {gflops:>10.1f} {stream:>12.1f}")
+        results.append(
+            {"m": m, "n": n, "k": k, "time_us": median, "mean_us": mean, "gflops": gflops, "stream_us": stream}
+        )
 
     generator = torch.Generator(device="cuda").manual_seed(7)
     x0 = (torch.rand((8, 1024), device="cuda", generator=generator) * 2 - 1).to(dtype)
