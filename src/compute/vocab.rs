@@ -565,8 +565,7 @@ pub struct MatmulOptions {
     /// process on the same device (adapter, driver, backend) with the same options
     /// ([`crate::compute::ops::matmul`]). By default ([`Autotune::Gpu`]) on every adapter but a
     /// software one; the first matmul of each class then runs each of its few dozen candidates
-    /// once and in five batches of about 0.5 ms (as the automatic plan takes) before it runs
-    /// itself. Ignored where
+    /// eleven times (one warm-up, five rounds of two) before it runs itself. Ignored where
     /// `tiles` or `split_k` is forced, and where the automatic plan is the large tile without a
     /// split. The narrow kernel's lanes and splits are chosen the same way, for each shape (M,
     /// N, K), unless `narrow_lanes` or `narrow_splits` is forced.

@@ -29,10 +29,8 @@
 //! device takes, each with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` — in a pool and
 //! context of their own (given back after, so tuning leaves the context's pool as it was; a tuner
 //! that cannot run leaves the rules' plan), with operands of the class's size: for five rounds
-//! each candidate is timed right after the automatic plan (a batch of products back to back, about
-//! 0.5 ms of the automatic plan's, by the wall clock from its submission until the GPU is done:
-//! the barriers between dispatches count, as they do in a workload; no timestamps, which slow
-//! short dispatches down) and scores the median of its time over the automatic plan's, so that a clock that moves
+//! each candidate is timed right after the automatic plan (GPU timestamps where the adapter has
+//! them) and scores the median of its time over the automatic plan's, so that a clock that moves
 //! while it tunes does not decide (a pair, timed back to back, sees one clock). The fastest serves the
 //! class from then on, in every context of the process on the same device with the same
 //! options. The narrow kernel is tuned the same way for each shape (M, N, K): its automatic plan
@@ -118,7 +116,7 @@
 use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, ContextOptions, Dispatch};
 use crate::compute::tensor::Tensor;
-
+use crate::compute::timing::{KernelTiming, TimestampSupport};
 use crate::compute::vocab::{
     element_count, kernel_u32, tensor_bytes, Choices, ComputeError, DType, ElementTypes, KernelKey,
     MatmulParams, NarrowParams, ParamsBlock, ReduceParams, Source, TunedChoices, Variant,
@@ -148,13 +146,6 @@ const NARROW_SPLIT_BELOW: u64 = 4;
 
 /// Rounds in which the autotuner times each candidate right after the automatic plan.
 const TUNING_ROUNDS: usize = 5;
-
-/// The GPU time of one autotuner sample, in seconds (products of the automatic plan): long
-/// enough that the submission and the wait (tens of µs) weigh little.
-const TUNING_BATCH_SECONDS: f64 = 0.5e-3;
-
-/// The most products in one autotuner sample.
-const TUNING_MAX_PRODUCTS: u32 = 256;
 
 /// The index of the fastest candidate, from `pairs[i]`: per round, the reference's time (the
 /// candidate at index 0, which `pairs[0]` need not hold) and candidate `i`'s, taken back to back.
@@ -427,10 +418,10 @@ impl Context {
     /// untimed.
     ///
     /// Timing: each candidate is compiled and run once; then, for [`TUNING_ROUNDS`] rounds, each
-    /// candidate is timed right after the automatic plan (a batch of as many products as take
-    /// the automatic plan about [`TUNING_BATCH_SECONDS`], at least 2 and at most
-    /// [`TUNING_MAX_PRODUCTS`], recorded back to back, then the wall clock from its submission
-    /// until the GPU is done), in an order that rotates from round to round, and scores the median over the rounds of its
+    /// candidate is timed right after the automatic plan (two products each: GPU time from
+    /// timestamps where the adapter has them, from the first dispatch's start to the last one's
+    /// end, so that the barriers between a product's dispatches count, else the wall clock),
+    /// in an order that rotates from round to round, and scores the median over the rounds of its
     /// time over the automatic plan's just before it ([`fastest_by_paired_ratios`]). Pairs,
     /// because a GPU's clock can move while it tunes (under Vulkan the H200's fell from 1,980 to
     /// 345 MHz and back within one tuning run, and dipped to 1.4 GHz for two seconds in
@@ -548,10 +539,12 @@ impl Context {
         candidates: Vec<MatmulPlan>,
     ) -> Result<Option<MatmulPlan>, ComputeError> {
         let options = &self.options().matmul;
+        // Timed by timestamps where the adapter has them: on the H200 a wall-clock tuner (batches
+        // of about 0.5 ms from submission to completion, no timestamps) chose plans up to 25%
+        // slower, its samples scattered by ±10% where timestamps agree within 1-2%
+        // (MEASUREMENTS.md, 2026-12-02, calls 23 and 24).
+        let timestamps = TimestampSupport::of(&self.gpu().device) != TimestampSupport::None;
         let pool = Pool::new(self.gpu(), PoolOptions::default())?;
-        // Not profiled: timestamps around every dispatch slow a stream of short dispatches down
-        // (on the H200, 8 × 4096 × 4096 products ran 7.4 TFLOP/s back to back without them and
-        // 4.3 with them) and would favour plans of fewer dispatches.
         let tuner = Context::new(
             &pool,
             ContextOptions {
@@ -560,7 +553,7 @@ impl Context {
                     autotune: Autotune::Off,
                     ..options.clone()
                 },
-                profile: false,
+                profile: timestamps,
                 ..ContextOptions::default()
             },
         )?;
@@ -572,22 +565,19 @@ impl Context {
             drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
         }
         tuner.sync()?;
-        // Each sample: `products` products of one plan recorded back to back, then the wall
-        // time from their submission until the GPU is done (the barriers between dispatches
-        // included, as a workload pays them); about TUNING_BATCH_SECONDS of the automatic plan.
-        let run = |plan: MatmulPlan, products: u32| -> Result<f64, ComputeError> {
-            for _ in 0..products {
+        drop(tuner.take_kernel_timings());
+        let time = |plan: MatmulPlan| -> Result<f64, ComputeError> {
+            let started = std::time::Instant::now();
+            for _ in 0..2 {
                 drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
             }
-            let started = std::time::Instant::now();
             tuner.sync()?;
-            Ok(started.elapsed().as_secs_f64())
+            let wall = started.elapsed().as_secs_f64();
+            // From the first dispatch's start to the last one's end: a plan of two dispatches (a
+            // split and its reduction) pays the barrier between them, as it does in a workload.
+            let gpu = KernelTiming::span_ns(&tuner.take_kernel_timings()) * 1e-9;
+            Ok(if timestamps && gpu > 0.0 { gpu } else { wall })
         };
-        let each = run(plans[0], 4)? / 4.0;
-        let products = (TUNING_BATCH_SECONDS / each.max(1e-9))
-            .ceil()
-            .clamp(2.0, f64::from(TUNING_MAX_PRODUCTS)) as u32;
-        let time = |plan: MatmulPlan| run(plan, products);
         // pairs[i]: (the first plan's time, plan i's time) per round, back to back.
         let mut pairs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); plans.len()];
         if plans.len() > 1 {
