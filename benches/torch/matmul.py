@@ -150,6 +150,25 @@ def chain_us(length, repeats, x0, w):
     return statistics.median(times)
 
 
+def write_json(path, dtype_name, **figures):
+    """Writes the device, the versions and `figures` to `path` (nothing without one)."""
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "tf32": False,
+                "dtype": dtype_name,
+                **figures,
+            },
+            f,
+            indent=1,
+        )
+    print(f"wrote {path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serving", action="store_true", help="the serving shapes (default)")
@@ -187,21 +206,7 @@ def main():
                 f"{windows[-1]:>8.2f} {min(windows + [row['tflops']]):>8.2f}"
             )
             rows.append(row)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(
-                    {
-                        "device": torch.cuda.get_device_name(),
-                        "torch": torch.__version__,
-                        "tf32": False,
-                        "dtype": dtype_name,
-                        "matmul": [],
-                        "sustained": rows,
-                    },
-                    f,
-                    indent=1,
-                )
-            print(f"wrote {args.json}")
+        write_json(args.json, dtype_name, matmul=[], sustained=rows)
         return
     if args.serving or not shapes:
         shapes = SERVING + [s for s in shapes if s not in SERVING]
@@ -225,22 +230,7 @@ def main():
     step = (long - single) / 64
     print(f"chain of 8x1024x1024 products read back: {single:.1f} µs for one, {step:.2f} µs per further product")
 
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "device": torch.cuda.get_device_name(),
-                    "torch": torch.__version__,
-                    "tf32": False,
-                    "dtype": dtype_name,
-                    "matmul": results,
-                    "chain_single_us": single,
-                    "chain_step_us": step,
-                },
-                f,
-                indent=1,
-            )
-        print(f"wrote {args.json}")
+    write_json(args.json, dtype_name, matmul=results, chain_single_us=single, chain_step_us=step)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{
     cpu, Activation, Autotune, BinaryOp, ComputeError, Context, ContextOptions, DType, Epilogue,
-    KernelTiming, MatmulOptions, MatmulTiles, ReshapeError, Tensor, TimestampSupport, UnaryOp,
+    KernelTiming, MatmulOptions, MatmulPlan, MatmulTiles, ReshapeError, Tensor, TimestampSupport,
+    UnaryOp,
 };
 use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 
@@ -2066,6 +2067,21 @@ fn tensors_read_back_without_blocking_the_thread() {
     assert_eq!(again, read);
 }
 
+/// The plan of `[m, k] · [k, n]` for `(m, k, n)`, tuned now: tuning runs in a pool of its own, so
+/// the context's pool gains no segment from it.
+fn tuned_plan(context: &Context, (m, k, n): (usize, usize, usize)) -> MatmulPlan {
+    let before = context.pool().stats();
+    let plan = context.matmul_plan(m, n, k).unwrap();
+    let after = context.pool().stats();
+    assert_eq!(
+        (after.create_segment_calls, after.reserved_bytes.current),
+        (before.create_segment_calls, before.reserved_bytes.current),
+        "{:?}",
+        (m, k, n)
+    );
+    plan
+}
+
 #[test]
 fn autotuned_matmuls_agree_with_the_twin_and_keep_their_choice() {
     let context = context_with(
@@ -2082,15 +2098,7 @@ fn autotuned_matmuls_agree_with_the_twin_and_keep_their_choice() {
     // Past the narrow kernel's rows; deep K (split candidates), odd sizes (scalar, edges).
     for shape in [(24, 1024, 36), (33, 65, 20), (64, 512, 128)] {
         let (m, k, n) = shape;
-        // Tuning runs in a pool of its own: the context's pool gains no segment from it.
-        let before = context.pool().stats();
-        let first = context.matmul_plan(m, n, k).unwrap();
-        let after = context.pool().stats();
-        assert_eq!(
-            (after.create_segment_calls, after.reserved_bytes.current),
-            (before.create_segment_calls, before.reserved_bytes.current),
-            "{shape:?}"
-        );
+        let first = tuned_plan(&context, shape);
         check_matmul(
             &context,
             "autotuned",
@@ -2127,15 +2135,7 @@ fn autotuned_narrow_matmuls_agree_with_the_twin_and_keep_their_choice() {
     // Few rows (the narrow kernel), K deep enough for split candidates, N for several lanes.
     for shape in [(1, 512, 256), (8, 256, 512), (5, 64, 96)] {
         let (m, k, n) = shape;
-        // Tuning runs in a pool of its own: the context's pool gains no segment from it.
-        let before = context.pool().stats();
-        let first = context.matmul_plan(m, n, k).unwrap();
-        let after = context.pool().stats();
-        assert_eq!(
-            (after.create_segment_calls, after.reserved_bytes.current),
-            (before.create_segment_calls, before.reserved_bytes.current),
-            "{shape:?}"
-        );
+        let first = tuned_plan(&context, shape);
         assert!(
             first.narrow_lanes.is_power_of_two() && first.narrow_lanes <= 128,
             "{shape:?}: {first:?}"
