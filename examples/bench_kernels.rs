@@ -164,7 +164,7 @@ impl Args {
     }
 }
 
-fn parse_args() -> anyhow::Result<Args> {
+fn parse_args(list: &[String]) -> anyhow::Result<Args> {
     let mut args = Args {
         json: None,
         large: false,
@@ -184,7 +184,7 @@ fn parse_args() -> anyhow::Result<Args> {
         dtype: DType::F32,
         sustained: None,
     };
-    let mut iter = std::env::args().skip(1);
+    let mut iter = list.iter().cloned();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
@@ -1261,9 +1261,14 @@ fn run_sustained(
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
-    let gpu = request_gpu(LimitsChoice::Adapter)?;
-    let pool = Pool::new(&gpu, PoolOptions::default())?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    run(&request_gpu(LimitsChoice::Adapter)?, &args)
+}
+
+/// The benchmark on `gpu` with these command-line arguments (without the program's name).
+pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
+    let args = parse_args(list)?;
+    let pool = Pool::new(gpu, PoolOptions::default())?;
     let support = TimestampSupport::of(&gpu.device);
     let bench = Bench {
         gpu: gpu.clone(),
@@ -1558,7 +1563,7 @@ fn main() -> anyhow::Result<()> {
              further dependent add adds {:.2} µs",
             overhead.plan_round_trip_us, overhead.plan_chain_step_us
         );
-        let phases = round_trip_phases(&gpu)?;
+        let phases = round_trip_phases(gpu)?;
         println!(
             "round trip on plain wgpu (medians): record {:.1} µs, submit {:.1}, wait {:.1} \
              blocking ({:.1} in all) or {:.1} spinning on poll ({:.1} in all), map copy {:.1}",

@@ -187,3 +187,145 @@ fn first_steps_example_doubles_every_value() {
     let expected: Vec<f32> = (0..1024).map(|i| 2.0 * i as f32).collect();
     assert_eq!(doubled, expected);
 }
+
+#[expect(dead_code, reason = "the example's main() is not called here")]
+#[path = "../../examples/bench_kernels.rs"]
+mod bench_kernels;
+
+/// A file of the temp directory for this test and process.
+fn temp_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("wgpu-pool-bk-{}-{name}", std::process::id()))
+}
+
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("the JSON is written");
+    std::fs::remove_file(path).ok();
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn bench_kernels_example_measures_checks_and_compares_with_pytorch() {
+    // PyTorch's figures as `matmul.py --json` writes them, for one of the two shapes.
+    let torch = temp_file("torch.json");
+    std::fs::write(
+        &torch,
+        r#"{"dtype": "float32", "matmul": [{"m": 8, "n": 64, "k": 64, "time_us": 2.0,
+            "stream_us": 4.0}], "chain_step_us": 3.0}"#,
+    )
+    .unwrap();
+    let out = temp_file("kernels.json");
+    bench_kernels::run(
+        gpu(),
+        &strings(&[
+            "--only",
+            "matmul",
+            "--matmul",
+            "8x64x64",
+            "--matmul",
+            "33x20x12",
+            "--torch",
+            torch.to_str().unwrap(),
+            "--json",
+            out.to_str().unwrap(),
+        ]),
+    )
+    .expect("every product agrees with its twin");
+    std::fs::remove_file(&torch).ok();
+    let json = read_json(&out);
+    let products = json["matmul"].as_array().expect("a matmul list");
+    assert_eq!(products.len(), 2, "{json}");
+    for product in products {
+        let time = product["time_us"].as_f64().unwrap();
+        let stream = product["stream_us"].as_f64().unwrap();
+        assert!(time > 0.0 && stream > 0.0, "{product}");
+        assert!(
+            product["max_rel_err"].as_f64().unwrap() <= 1e-5,
+            "{product}"
+        );
+        assert!(!product["tiles"].as_str().unwrap().is_empty(), "{product}");
+    }
+    // The ratios are ours over PyTorch's where PyTorch measured the shape, null elsewhere.
+    let (narrow, tiled) = (&products[0], &products[1]);
+    assert!(
+        narrow["tiles"].as_str().unwrap().starts_with("narrow"),
+        "{narrow}"
+    );
+    let ratio = narrow["ratio"].as_f64().unwrap();
+    assert!((ratio - narrow["time_us"].as_f64().unwrap() / 2.0).abs() < 1e-9);
+    let stream_ratio = narrow["stream_ratio"].as_f64().unwrap();
+    assert!((stream_ratio - narrow["stream_us"].as_f64().unwrap() / 4.0).abs() < 1e-9);
+    assert!(
+        tiled["ratio"].is_null() && tiled["stream_ratio"].is_null(),
+        "{tiled}"
+    );
+}
+
+#[test]
+fn bench_kernels_example_runs_sustained_products() {
+    let torch = temp_file("torch-sustained.json");
+    std::fs::write(
+        &torch,
+        r#"{"dtype": "float32", "matmul": [], "sustained": [{"m": 8, "n": 64, "k": 64,
+            "tflops": 0.5}]}"#,
+    )
+    .unwrap();
+    let out = temp_file("sustained.json");
+    bench_kernels::run(
+        gpu(),
+        &strings(&[
+            "--sustained",
+            "0.3",
+            "--matmul",
+            "8x64x64",
+            "--torch",
+            torch.to_str().unwrap(),
+            "--json",
+            out.to_str().unwrap(),
+        ]),
+    )
+    .expect("the last product agrees with its twin");
+    std::fs::remove_file(&torch).ok();
+    let json = read_json(&out);
+    let runs = json["sustained"].as_array().expect("a sustained list");
+    assert_eq!(runs.len(), 1, "{json}");
+    let run = &runs[0];
+    let products = run["products"].as_u64().unwrap();
+    let seconds = run["seconds"].as_f64().unwrap();
+    let tflops = run["tflops"].as_f64().unwrap();
+    assert!(products > 0 && seconds >= 0.3, "{run}");
+    let expected = products as f64 * 2.0 * 8.0 * 64.0 * 64.0 / seconds / 1e12;
+    assert!(
+        (tflops - expected).abs() <= 1e-9 * expected.max(1.0),
+        "{run}"
+    );
+    assert!(
+        (run["ratio"].as_f64().unwrap() - tflops / 0.5).abs() < 1e-9,
+        "{run}"
+    );
+}
+
+#[test]
+fn bench_kernels_example_refuses_bad_arguments_with_a_message() {
+    for (list, expected) in [
+        (vec!["--sustained", "-1"], "positive number of seconds"),
+        (vec!["--matmul", "8x64"], "not MxNxK"),
+        (vec!["--narrow-lanes", "3"], "power of two"),
+    ] {
+        let error = bench_kernels::run(gpu(), &strings(&list)).unwrap_err();
+        assert!(error.to_string().contains(expected), "{list:?}: {error:#}");
+    }
+    // PyTorch's half figures beside f32 products: refused, naming the script to run.
+    let torch = temp_file("torch-half.json");
+    std::fs::write(&torch, r#"{"dtype": "float16", "matmul": []}"#).unwrap();
+    let error = bench_kernels::run(
+        gpu(),
+        &strings(&["--only", "matmul", "--torch", torch.to_str().unwrap()]),
+    )
+    .unwrap_err();
+    std::fs::remove_file(&torch).ok();
+    assert!(error.to_string().contains("--dtype float"), "{error:#}");
+}
