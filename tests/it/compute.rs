@@ -758,7 +758,17 @@ fn narrow_matmul_adds_slices_by_subgroups_where_the_device_has_them() {
 
 #[test]
 fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
-    let context = context(gpu());
+    // The rules' plans: on a GPU the tuner would replace their lanes and splits by measured ones.
+    let context = context_with(
+        gpu(),
+        ContextOptions {
+            matmul: MatmulOptions {
+                autotune: Autotune::Off,
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        },
+    );
     let plan = |m, k, n| context.matmul_plan(m, n, k).unwrap();
     assert!(plan(8, 1024, 1024).narrow_lanes > 0);
     assert_eq!(plan(8, 1024, 1024).workgroups[1..], [1, 1]);
