@@ -179,6 +179,31 @@ fn fastest_by_paired_ratios(pairs: &[Vec<(f64, f64)>]) -> Option<usize> {
         .map(|(index, _)| index)
 }
 
+/// The narrow kernel's `(lanes, splits)` the autotuner times beside the automatic plan, for `n4`
+/// vec4 columns and `k4` vec4 rows of K: every power of two of lanes from 2 to 128 that N fills
+/// (no more than twice the columns), each unsplit and with the powers of two of splits up to 64
+/// that leave every invocation at least one vec4 row of K and give from a quarter to twice
+/// `min_workgroups` workgroups.
+fn narrow_candidates(n4: u64, k4: u64, min_workgroups: u32) -> Vec<(u32, u32)> {
+    let fill = u64::from(min_workgroups.max(4));
+    let (fewest, most) = (fill / 4, fill * 2);
+    let mut candidates = Vec::new();
+    let mut lanes = 2u32;
+    while lanes <= MatmulOptions::NARROW_MAX_LANES / 2 && u64::from(lanes / 2) < n4 {
+        let tiles = n4.div_ceil(u64::from(lanes));
+        let slices = u64::from(MatmulOptions::NARROW_THREADS / lanes);
+        let mut splits = 1u32;
+        while splits <= 64 && (splits == 1 || k4 / u64::from(splits) >= slices) {
+            if splits == 1 || (fewest..=most).contains(&(tiles * u64::from(splits))) {
+                candidates.push((lanes, splits));
+            }
+            splits *= 2;
+        }
+        lanes *= 2;
+    }
+    candidates
+}
+
 /// The autotuner's choices of the process, by device (adapter, driver, backend) and matmul
 /// options.
 fn registry(key: String) -> Arc<TunedChoices> {
@@ -495,32 +520,19 @@ impl Context {
         automatic: MatmulPlan,
     ) -> Result<(u32, u32), ComputeError> {
         let options = &self.options().matmul;
-        let (n4, k4) = ((n / 4) as u64, (k / 4) as u64);
-        let fill = u64::from(options.min_workgroups.max(4));
-        let (fewest, most) = (fill / 4, fill * 2);
         let mut plans = vec![automatic];
-        let mut lanes = 2u64;
-        while lanes <= u64::from(MatmulOptions::NARROW_MAX_LANES / 2) && lanes / 2 < n4 {
-            let tiles = n4.div_ceil(lanes);
-            let slices = u64::from(MatmulOptions::NARROW_THREADS) / lanes;
-            let mut splits = 1u64;
-            while splits <= 64 && (splits == 1 || k4 / splits >= slices) {
-                let workgroups = tiles * splits;
-                if splits == 1 || (fewest..=most).contains(&workgroups) {
-                    let forced = MatmulOptions {
-                        narrow_lanes: u32::try_from(lanes).ok(),
-                        narrow_splits: u32::try_from(splits).ok(),
-                        ..options.clone()
-                    };
-                    if let Some(plan) = self.narrow_plan_with(&forced, m, n, k) {
-                        if !plans.contains(&plan) {
-                            plans.push(plan);
-                        }
-                    }
+        let candidates = narrow_candidates((n / 4) as u64, (k / 4) as u64, options.min_workgroups);
+        for (lanes, splits) in candidates {
+            let forced = MatmulOptions {
+                narrow_lanes: Some(lanes),
+                narrow_splits: Some(splits),
+                ..options.clone()
+            };
+            if let Some(plan) = self.narrow_plan_with(&forced, m, n, k) {
+                if !plans.contains(&plan) {
+                    plans.push(plan);
                 }
-                splits *= 2;
             }
-            lanes *= 2;
         }
         let fastest = self.fastest(m, n, k, plans).unwrap_or(None);
         let plan = fastest.unwrap_or(automatic);
@@ -956,7 +968,44 @@ impl Context {
 
 #[cfg(test)]
 mod tests {
-    use super::fastest_by_paired_ratios;
+    use super::{fastest_by_paired_ratios, narrow_candidates};
+
+    #[test]
+    fn narrow_candidates_fill_the_gpu_without_empty_slices() {
+        // 1 × 4096 × 4096 with the H200's 264: the plans measured fastest at 8 rows are there.
+        let candidates = narrow_candidates(1024, 1024, 264);
+        for wanted in [
+            (2, 1),
+            (4, 1),
+            (16, 4),
+            (32, 8),
+            (32, 16),
+            (64, 16),
+            (128, 32),
+        ] {
+            assert!(candidates.contains(&wanted), "{wanted:?} in {candidates:?}");
+        }
+        for &(lanes, splits) in &candidates {
+            assert!(lanes.is_power_of_two() && (2..=128).contains(&lanes));
+            assert!(splits.is_power_of_two() && splits <= 64);
+            let workgroups = 1024u64.div_ceil(u64::from(lanes)) * u64::from(splits);
+            assert!(
+                splits == 1 || (66..=528).contains(&workgroups),
+                "{lanes} {splits}"
+            );
+            // Every invocation keeps at least one vec4 row of K per split.
+            assert!(
+                1024 / u64::from(splits) >= u64::from(256 / lanes),
+                "{lanes} {splits}"
+            );
+        }
+        // No lanes past what N fills: three vec4 columns take 2 and 4 lanes, one takes none.
+        let few: Vec<u32> = narrow_candidates(3, 16, 264).iter().map(|c| c.0).collect();
+        assert_eq!(few, [2, 4]);
+        assert!(narrow_candidates(1, 1024, 264).is_empty());
+        // Shallow K: no split leaves a slice without rows.
+        assert!(narrow_candidates(256, 16, 264).iter().all(|c| c.1 == 1));
+    }
 
     /// A GPU whose clock falls while candidates are timed: times are work / clock. Candidate 1
     /// does 0.8 of the reference's work but is timed after the fall; candidate 2 does 1.1 of it
