@@ -102,7 +102,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use wgpu_pool::compute::{
     cpu, Autotune, BinaryOp, Context, ContextOptions, DType, Feed, KernelTiming, MatmulOptions,
-    MatmulTiles, ShaderChecks, Tensor, TimestampSupport, UnaryOp,
+    MatmulPlan, MatmulTiles, ShaderChecks, Tensor, TimestampSupport, UnaryOp,
 };
 use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
 
@@ -585,6 +585,43 @@ fn sample(len: usize, full: bool) -> Vec<usize> {
     picks
 }
 
+/// The kernel of a plan as the tables name it: the tile, or `narrow xL` (L lanes) with `sgS`
+/// where subgroups of S add its slices.
+fn kernel_name(plan: &MatmulPlan) -> String {
+    match (plan.narrow_lanes, plan.narrow_subgroup) {
+        (0, _) => plan.tiles.to_string(),
+        (lanes, 0) => format!("narrow x{lanes}"),
+        (lanes, subgroup) => format!("narrow x{lanes} sg{subgroup}"),
+    }
+}
+
+/// The largest error of the product `c` of `[m, k] · [k, n]` against the CPU twin, relative to
+/// the magnitude of the terms, over sampled rows and columns (all of them with `full`), and
+/// whether it keeps the bound: about 2K·2⁻²⁴ for f32, and an f16 ulp more for f16 (a result may
+/// round to either neighbour).
+fn matmul_error(
+    bench: &Bench,
+    c: &[f32],
+    a_values: &[f32],
+    b_values: &[f32],
+    (m, n, k): (usize, usize, usize),
+    full: bool,
+) -> (f64, bool) {
+    let bound = 2.0 * k as f64 / f64::from(1u32 << 24) + f16_ulp_relative(bench.dtype);
+    let (mut max_rel_err, mut ok) = (0.0f64, true);
+    for row in sample(m, full) {
+        for col in sample(n, full) {
+            let (expected, magnitude) = cpu::matmul_element(a_values, b_values, k, n, row, col);
+            let error =
+                (f64::from(c[row * n + col]) - expected).abs() / magnitude.max(f64::MIN_POSITIVE);
+            max_rel_err = max_rel_err.max(error);
+            // Each error on its own: a NaN fails here, where `max` would pass over it.
+            ok &= error <= bound;
+        }
+    }
+    (max_rel_err, ok)
+}
+
 struct MatmulResult {
     m: usize,
     n: usize,
@@ -637,30 +674,12 @@ fn bench_matmul(
     drop((plain_a, plain_b));
     let c = context.matmul(&a, &b)?.to_vec()?;
     let full = (m * n * k) as u64 <= 1 << 28;
-    let mut max_rel_err = 0.0f64;
-    let mut ok = true;
-    // An f16 result may also be an f16 ulp from the twin's (2⁻¹⁰ of it, at most of the magnitude).
-    let bound = 2.0 * k as f64 / f64::from(1u32 << 24) + f16_ulp_relative(bench.dtype);
-    for row in sample(m, full) {
-        for col in sample(n, full) {
-            let (expected, magnitude) = cpu::matmul_element(&a_values, &b_values, k, n, row, col);
-            let error =
-                (f64::from(c[row * n + col]) - expected).abs() / magnitude.max(f64::MIN_POSITIVE);
-            max_rel_err = max_rel_err.max(error);
-            ok &= error <= bound;
-        }
-    }
+    let (max_rel_err, ok) = matmul_error(bench, &c, &a_values, &b_values, (m, n, k), full);
     Ok(MatmulResult {
         m,
         n,
         k,
-        kernel: if plan.narrow_lanes > 0 && plan.narrow_subgroup > 0 {
-            format!("narrow x{} sg{}", plan.narrow_lanes, plan.narrow_subgroup)
-        } else if plan.narrow_lanes > 0 {
-            format!("narrow x{}", plan.narrow_lanes)
-        } else {
-            plan.tiles.to_string()
-        },
+        kernel: kernel_name(&plan),
         splits: plan.splits,
         time_us,
         stream_us,
@@ -1149,16 +1168,7 @@ fn sustained_matmul(
     products += batch;
     let elapsed = started.elapsed().as_secs_f64();
     let c = context.matmul(&a, &b)?.to_vec()?;
-    let mut max_rel_err = 0.0f64;
-    let bound = 2.0 * k as f64 / f64::from(1u32 << 24) + f16_ulp_relative(bench.dtype);
-    for row in sample(m, false) {
-        for col in sample(n, false) {
-            let (expected, magnitude) = cpu::matmul_element(&a_values, &b_values, k, n, row, col);
-            let error =
-                (f64::from(c[row * n + col]) - expected).abs() / magnitude.max(f64::MIN_POSITIVE);
-            max_rel_err = max_rel_err.max(error);
-        }
-    }
+    let (max_rel_err, ok) = matmul_error(bench, &c, &a_values, &b_values, (m, n, k), false);
     Ok(Sustained {
         m,
         n,
@@ -1167,13 +1177,9 @@ fn sustained_matmul(
         products,
         tflops: products as f64 * flops / elapsed / 1e12,
         windows_tflops: windows,
-        kernel: if plan.narrow_lanes > 0 {
-            format!("narrow x{}", plan.narrow_lanes)
-        } else {
-            plan.tiles.to_string()
-        },
+        kernel: kernel_name(&plan),
         max_rel_err,
-        ok: max_rel_err <= bound,
+        ok,
     })
 }
 

@@ -39,6 +39,20 @@ fn context(gpu: &Gpu) -> Context {
     context_with(gpu, ContextOptions::default())
 }
 
+/// A context whose matmuls follow the rules' plans: on a GPU the default tunes them by measurement.
+fn rules_context(gpu: &Gpu) -> Context {
+    context_with(
+        gpu,
+        ContextOptions {
+            matmul: MatmulOptions {
+                autotune: Autotune::Off,
+                ..MatmulOptions::default()
+            },
+            ..ContextOptions::default()
+        },
+    )
+}
+
 pub(crate) fn random(rng: &mut StdRng, len: usize, low: f32, high: f32) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(low..high)).collect()
 }
@@ -759,16 +773,7 @@ fn narrow_matmul_adds_slices_by_subgroups_where_the_device_has_them() {
 #[test]
 fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
     // The rules' plans: on a GPU the tuner would replace their lanes and splits by measured ones.
-    let context = context_with(
-        gpu(),
-        ContextOptions {
-            matmul: MatmulOptions {
-                autotune: Autotune::Off,
-                ..MatmulOptions::default()
-            },
-            ..ContextOptions::default()
-        },
-    );
+    let context = rules_context(gpu());
     let plan = |m, k, n| context.matmul_plan(m, n, k).unwrap();
     assert!(plan(8, 1024, 1024).narrow_lanes > 0);
     assert_eq!(plan(8, 1024, 1024).workgroups[1..], [1, 1]);
@@ -882,16 +887,7 @@ fn plans_beyond_the_kernels_u32_parameters_are_typed_errors() {
 #[test]
 fn automatic_plans_use_small_tiles_and_split_k_where_the_large_tile_cannot_fill_the_gpu() {
     // The rules' plans: on a GPU the default tunes by measurement instead.
-    let context = context_with(
-        gpu(),
-        ContextOptions {
-            matmul: MatmulOptions {
-                autotune: Autotune::Off,
-                ..MatmulOptions::default()
-            },
-            ..ContextOptions::default()
-        },
-    );
+    let context = rules_context(gpu());
     let limits = context.limits().clone();
     let options = MatmulOptions::default();
     let Some(large_tile) = options.large_tile(&limits) else {

@@ -207,35 +207,34 @@ fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// `bench_kernels` with `args`, `--torch` a file holding `torch_json` (PyTorch's figures as
+/// `matmul.py --json` writes them) and `--json`: the JSON it wrote.
+fn bench_kernels_json(name: &str, torch_json: &str, args: &[&str]) -> serde_json::Value {
+    let (torch, out) = (
+        temp_file(&format!("{name}-torch.json")),
+        temp_file(&format!("{name}.json")),
+    );
+    std::fs::write(&torch, torch_json).unwrap();
+    let mut list = strings(args);
+    list.extend(strings(&["--torch", torch.to_str().unwrap()]));
+    list.extend(strings(&["--json", out.to_str().unwrap()]));
+    let result = bench_kernels::run(gpu(), &list);
+    std::fs::remove_file(&torch).ok();
+    result.expect("every product agrees with its twin");
+    read_json(&out)
+}
+
 #[test]
 fn bench_kernels_example_measures_checks_and_compares_with_pytorch() {
-    // PyTorch's figures as `matmul.py --json` writes them, for one of the two shapes.
-    let torch = temp_file("torch.json");
-    std::fs::write(
-        &torch,
+    // PyTorch's figures for one of the two shapes.
+    let json = bench_kernels_json(
+        "kernels",
         r#"{"dtype": "float32", "matmul": [{"m": 8, "n": 64, "k": 64, "time_us": 2.0,
             "stream_us": 4.0}], "chain_step_us": 3.0}"#,
-    )
-    .unwrap();
-    let out = temp_file("kernels.json");
-    bench_kernels::run(
-        gpu(),
-        &strings(&[
-            "--only",
-            "matmul",
-            "--matmul",
-            "8x64x64",
-            "--matmul",
-            "33x20x12",
-            "--torch",
-            torch.to_str().unwrap(),
-            "--json",
-            out.to_str().unwrap(),
-        ]),
-    )
-    .expect("every product agrees with its twin");
-    std::fs::remove_file(&torch).ok();
-    let json = read_json(&out);
+        &[
+            "--only", "matmul", "--matmul", "8x64x64", "--matmul", "33x20x12",
+        ],
+    );
     let products = json["matmul"].as_array().expect("a matmul list");
     assert_eq!(products.len(), 2, "{json}");
     for product in products {
@@ -266,30 +265,12 @@ fn bench_kernels_example_measures_checks_and_compares_with_pytorch() {
 
 #[test]
 fn bench_kernels_example_runs_sustained_products() {
-    let torch = temp_file("torch-sustained.json");
-    std::fs::write(
-        &torch,
+    let json = bench_kernels_json(
+        "sustained",
         r#"{"dtype": "float32", "matmul": [], "sustained": [{"m": 8, "n": 64, "k": 64,
             "tflops": 0.5}]}"#,
-    )
-    .unwrap();
-    let out = temp_file("sustained.json");
-    bench_kernels::run(
-        gpu(),
-        &strings(&[
-            "--sustained",
-            "0.3",
-            "--matmul",
-            "8x64x64",
-            "--torch",
-            torch.to_str().unwrap(),
-            "--json",
-            out.to_str().unwrap(),
-        ]),
-    )
-    .expect("the last product agrees with its twin");
-    std::fs::remove_file(&torch).ok();
-    let json = read_json(&out);
+        &["--sustained", "0.3", "--matmul", "8x64x64"],
+    );
     let runs = json["sustained"].as_array().expect("a sustained list");
     assert_eq!(runs.len(), 1, "{json}");
     let run = &runs[0];
