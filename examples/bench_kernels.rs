@@ -5,9 +5,10 @@
 //! cargo run --release --example bench_kernels -- [--json OUT] [--large] [--checked]
 //!     [--autotune|--no-autotune]
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
-//!     [--group-rows N] [--op add|relu|gelu]... [--serving] [--torch FILE] [--split N]...
-//!     [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
-//!     [--dtype f32|f16] [--sustained SECS]
+//!     [--group-rows N] [--op add|relu|gelu|sum]... [--n N]... [--serving] [--torch FILE]
+//!     [--split N]... [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
+//!     [--dtype f32|f16] [--sustained SECS] [--chain-shape RxW] [--chain-plan LxS]...
+//!     [--chain-runs N]
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -38,11 +39,21 @@
 //!   measures only these tiles of `MatmulTiles::ALL`, in this order, where `--large` measures
 //!   every tile (e.g. `--tile 128x128x8 --tile 128x128x8/16x8`); `--group-rows N` sets
 //!   `MatmulOptions::group_rows`; `--op` (repeatable) measures only these element-wise ops, in
-//!   this order.
+//!   this order; `--n N` (repeatable, a multiple of 4096) these sizes instead of the default ones.
+//! - The element-wise section also times `sum` over rows of 4096 (`Context::sum`): a pure read,
+//!   the floor of a product of one row, which reads its weights once. Each row also gets its time
+//!   in a stream (as the matmuls' below: `stream_us`, `stream_gbs`); with `--torch` (the JSON of
+//!   `matmul.py --elementwise`), PyTorch's beside it and the ratio.
 //! - `--serving` measures the shapes of a server's products ([`SERVING`]: batches of 1 to 512 rows
 //!   through 4096-wide layers, and 4096³) with the automatic plans, and the wall time that each
 //!   further dependent 8x1024x1024 product adds to a chain read back at its end
 //!   (`matmul_chain_step_us`). `--large` includes the serving shapes in its list.
+//! - `--chain-shape RxW`: the chain's products are `R × W × W` (8x1024 by default);
+//!   `--chain-plan LxS` (repeatable): the planned chain is also timed with the narrow kernel's
+//!   lanes and splits forced to L and S, each right after the automatic plan, in three rounds
+//!   (JSON `matmul_chain_plans`: `[{"lanes", "splits", "plan_step_us", "automatic_plan_step_us"}]`).
+//!   The chain runs with `--serving` or `--chain-plan`, in the matmul section; `--chain-runs N`
+//!   times N chains of each length (101 by default; the median counts).
 //! - `--split N` (repeatable): with `--large` and `--matmul`, every compared tile is measured with
 //!   each of these split-K counts (`MatmulOptions::split_k`) instead of the automatic one.
 //! - `--narrow-lanes L`, `--narrow-splits S`, `--narrow-subgroups on|off` (repeatable): each
@@ -80,16 +91,20 @@
 //!   "backend", "dtype", "sustained": [{"m", "n", "k", "tiles", "seconds", "products", "tflops",
 //!   "windows_tflops", "max_rel_err", "torch_tflops", "ratio"}]}`. A GPU whose clock follows its
 //!   load (the H200 under Vulkan) shows here what a long job gets, where the short products of
-//!   the sections show its peak.
+//!   the sections show its peak. With `--narrow-lanes` or `--narrow-splits`, each shape of at
+//!   most 8 rows also runs with every listed combination forced (rows marked `(forced)`; JSON
+//!   `forced`, and `splits` for every row).
 //!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "dtype" ("f32" or
 //! "f16"), "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
 //! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups", "torch_time_us",
 //! "ratio", "stream_us", "torch_stream_us", "stream_ratio"}],
-//! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us"}], "op_overhead_us",
+//! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us", "stream_us", "stream_gbs",
+//! "torch_stream_us", "stream_ratio"}], "op_overhead_us",
 //! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us", "matmul_chain_single_us",
-//! "matmul_chain_step_us", "torch_chain_step_us"}`. A section not run has an
+//! "matmul_chain_step_us", "matmul_plan_chain_single_us", "matmul_plan_chain_step_us",
+//! "matmul_chain_shape", "matmul_chain_plans", "torch_chain_step_us"}`. A section not run has an
 //! empty list or `null`.
 //!
 //! On a real GPU: `cargo run --release --example bench_kernels -- --large --json kernels.json`.
@@ -141,6 +156,15 @@ struct Args {
     /// `--sustained SECS`: back-to-back products of each shape for this long, instead of the
     /// sections.
     sustained: Option<f64>,
+    /// `--n N`: the element-wise sizes (empty: the defaults).
+    sizes: Vec<usize>,
+    /// `--chain-shape RxW`: the chain's rows and width (8 × 1024 by default).
+    chain_shape: (usize, usize),
+    /// `--chain-plan LxS`: narrow plans (lanes, splits) whose planned chains are timed beside
+    /// the automatic plan's.
+    chain_plans: Vec<(u32, u32)>,
+    /// `--chain-runs N`: chains of each length timed per matmul chain figure (101).
+    chain_runs: usize,
 }
 
 impl Args {
@@ -183,6 +207,10 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
         autotune: Autotune::default(),
         dtype: DType::F32,
         sustained: None,
+        sizes: Vec::new(),
+        chain_shape: (8, 1024),
+        chain_plans: Vec::new(),
+        chain_runs: 101,
     };
     let mut iter = list.iter().cloned();
     while let Some(arg) = iter.next() {
@@ -270,11 +298,54 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
                 args.group_rows = Some(rows.parse().context("--group-rows needs a number")?);
             }
             "--op" => {
-                let op = iter.next().context("--op needs add, relu or gelu")?;
-                if !["add", "relu", "gelu"].contains(&op.as_str()) {
-                    bail!("--op takes add, relu or gelu, not {op:?}");
+                let op = iter.next().context("--op needs add, relu, gelu or sum")?;
+                if !["add", "relu", "gelu", "sum"].contains(&op.as_str()) {
+                    bail!("--op takes add, relu, gelu or sum, not {op:?}");
                 }
                 args.ops.push(op);
+            }
+            "--n" => {
+                let n = iter.next().context("--n needs a number of elements")?;
+                let n: usize = n.parse().context("--n needs a number of elements")?;
+                if n == 0 || !n.is_multiple_of(SUM_COLS) {
+                    bail!("--n needs a positive multiple of {SUM_COLS} (the row of `sum`)");
+                }
+                args.sizes.push(n);
+            }
+            "--chain-shape" => {
+                let shape = iter.next().context("--chain-shape needs RxW")?;
+                let parsed: Option<Vec<usize>> =
+                    shape.split('x').map(|part| part.parse().ok()).collect();
+                match parsed.as_deref() {
+                    Some(&[rows, width]) if rows > 0 && width > 0 => {
+                        args.chain_shape = (rows, width)
+                    }
+                    _ => bail!("--chain-shape {shape:?}: not RxW (rows x width, not 0)"),
+                }
+            }
+            "--chain-runs" => {
+                let runs = iter.next().context("--chain-runs needs a number")?;
+                let runs: usize = runs.parse().context("--chain-runs needs a number")?;
+                if runs == 0 {
+                    bail!("--chain-runs needs a number of at least 1");
+                }
+                args.chain_runs = runs;
+            }
+            "--chain-plan" => {
+                let plan = iter.next().context("--chain-plan needs LxS")?;
+                let parsed: Option<Vec<u32>> =
+                    plan.split('x').map(|part| part.parse().ok()).collect();
+                match parsed.as_deref() {
+                    Some(&[lanes, splits])
+                        if lanes.is_power_of_two() && lanes <= 256 && splits >= 1 =>
+                    {
+                        args.chain_plans.push((lanes, splits))
+                    }
+                    _ => bail!(
+                        "--chain-plan {plan:?}: not LxS (lanes a power of two from 1 to 256, \
+                         splits at least 1)"
+                    ),
+                }
             }
             "--only" => {
                 let section = iter.next().context("--only needs a section")?;
@@ -287,9 +358,11 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
                 println!(
                     "bench_kernels [--json OUT] [--large] [--checked] [--autotune|--no-autotune] \
                      [--only matmul|elementwise|overhead] [--matmul MxNxK]... \
-                     [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] [--op add|relu|gelu]... \
-                     [--serving] [--torch FILE] [--split N]... [--narrow-lanes L]... \
-                     [--narrow-splits S]... [--narrow-subgroups on|off]... [--dtype f32|f16]"
+                     [--tile BMxBNxBK[/TMxTN]]... [--group-rows N] \
+                     [--op add|relu|gelu|sum]... [--n N]... [--serving] [--torch FILE] \
+                     [--split N]... [--narrow-lanes L]... [--narrow-splits S]... \
+                     [--narrow-subgroups on|off]... [--dtype f32|f16] [--sustained SECS] \
+                     [--chain-shape RxW] [--chain-plan LxS]... [--chain-runs N]"
                 );
                 std::process::exit(0);
             }
@@ -328,6 +401,9 @@ struct Torch {
     chain_step_us: Option<f64>,
     /// TFLOP/s over `--sustained` runs by shape.
     sustained: std::collections::HashMap<(usize, usize, usize), f64>,
+    /// Time per element-wise op in a stream by (op, elements), in µs (files of `matmul.py
+    /// --elementwise`).
+    elementwise: std::collections::HashMap<(String, usize), f64>,
 }
 
 impl Torch {
@@ -366,12 +442,22 @@ impl Torch {
                 sustained.insert((m, n, k), tflops);
             }
         }
+        let mut elementwise = std::collections::HashMap::new();
+        for entry in json["elementwise"].as_array().into_iter().flatten() {
+            let n = entry["n"].as_u64().and_then(|v| usize::try_from(v).ok());
+            if let (Some(op), Some(n), Some(stream_us)) =
+                (entry["op"].as_str(), n, entry["stream_us"].as_f64())
+            {
+                elementwise.insert((op.to_string(), n), stream_us);
+            }
+        }
         Ok(Self {
             dtype: json["dtype"].as_str().unwrap_or("float32").to_string(),
             products,
             stream,
             chain_step_us: json["chain_step_us"].as_f64(),
             sustained,
+            elementwise,
         })
     }
 }
@@ -457,6 +543,8 @@ struct Bench {
     matmul: MatmulOptions,
     /// What the measured tensors hold.
     dtype: DType,
+    /// Chains of each length timed for a matmul chain's figures (`--chain-runs`).
+    chain_runs: usize,
 }
 
 impl Bench {
@@ -689,11 +777,17 @@ fn bench_matmul(
     })
 }
 
-/// An element-wise op of the benchmark.
+/// The row length of the `sum` measured beside the element-wise ops (rows of 4096 columns: a
+/// read of the whole tensor, as a product of one row reads its weights).
+const SUM_COLS: usize = 4096;
+
+/// An element-wise op of the benchmark, or the row sum (`Context::sum` over rows of
+/// [`SUM_COLS`]): the pure read.
 #[derive(Clone, Copy)]
 enum Elementwise {
     Binary(BinaryOp),
     Unary(UnaryOp),
+    Sum,
 }
 
 impl Elementwise {
@@ -701,6 +795,7 @@ impl Elementwise {
         match self {
             Self::Binary(op) => op.name(),
             Self::Unary(op) => op.name(),
+            Self::Sum => "sum",
         }
     }
 
@@ -709,6 +804,7 @@ impl Elementwise {
         let accesses = match self {
             Self::Binary(_) => 3.0,
             Self::Unary(_) => 2.0,
+            Self::Sum => 1.0 + 1.0 / SUM_COLS as f64,
         };
         accesses * dtype.size_bytes() as f64
     }
@@ -719,6 +815,9 @@ struct ElementwiseResult {
     n: usize,
     time_us: f64,
     gbs: f64,
+    /// Per op in a stream ([`Bench::stream_us`]).
+    stream_us: f64,
+    stream_gbs: f64,
     max_rel_err: f64,
 }
 
@@ -728,23 +827,41 @@ fn bench_elementwise(
     n: usize,
     rng: &mut StdRng,
 ) -> anyhow::Result<ElementwiseResult> {
-    let context = bench.context(MatmulOptions::default())?;
     let a_values = cpu::rounded(&random(rng, n), bench.dtype);
     let b_values = cpu::rounded(&random(rng, n), bench.dtype);
-    let a = context.tensor_with(&a_values, &[n], bench.dtype)?;
-    let b = context.tensor_with(&b_values, &[n], bench.dtype)?;
-    let run = || -> anyhow::Result<Tensor> {
+    // The tensors of one context, and `op` on them.
+    let operands = |context: &Context| -> anyhow::Result<(Tensor, Tensor)> {
+        let shape = match op {
+            Elementwise::Sum => vec![n / SUM_COLS, SUM_COLS],
+            _ => vec![n],
+        };
+        Ok((
+            context.tensor_with(&a_values, &shape, bench.dtype)?,
+            context.tensor_with(&b_values, &shape, bench.dtype)?,
+        ))
+    };
+    let apply = |context: &Context, a: &Tensor, b: &Tensor| -> anyhow::Result<Tensor> {
         Ok(match op {
-            Elementwise::Binary(op) => context.binary(op, &a, &b)?,
-            Elementwise::Unary(op) => context.unary(op, &a)?,
+            Elementwise::Binary(op) => context.binary(op, a, b)?,
+            Elementwise::Unary(op) => context.unary(op, a)?,
+            Elementwise::Sum => context.sum(a)?,
         })
     };
+    let stream_us = {
+        let plain = bench.plain_context(MatmulOptions::default())?;
+        let (a, b) = operands(&plain)?;
+        bench.stream_us(&plain, &|| apply(&plain, &a, &b))?
+    };
+    let context = bench.context(MatmulOptions::default())?;
+    let (a, b) = operands(&context)?;
+    let run = || apply(&context, &a, &b);
     let time_us = bench.time_us(&context, &run)?;
     let values = run()?.to_vec()?;
     let expected = cpu::rounded(
         &match op {
             Elementwise::Binary(op) => cpu::binary(op, &a_values, &b_values),
             Elementwise::Unary(op) => cpu::unary(op, &a_values),
+            Elementwise::Sum => cpu::sum(&a_values, SUM_COLS),
         },
         bench.dtype,
     );
@@ -753,17 +870,30 @@ fn bench_elementwise(
         DType::F32 => 0.0,
         DType::F16 => 1.0 / f32::from(1u16 << 14),
     };
+    // A sum's error relative to the magnitude of its terms (Σ|x|; the sum itself may be near
+    // 0), as a matmul's.
+    let magnitudes: Vec<f64> = match op {
+        Elementwise::Sum => a_values
+            .chunks(SUM_COLS)
+            .map(|row| row.iter().map(|&x| f64::from(x.abs())).sum())
+            .collect(),
+        _ => expected.iter().map(|&c| f64::from(c.abs())).collect(),
+    };
     let max_rel_err = values
         .iter()
         .zip(&expected)
-        .filter(|(_, c)| c.abs() >= smallest)
-        .map(|(&g, &c)| (f64::from(g) - f64::from(c)).abs() / f64::from(c.abs()).max(1e-30))
+        .zip(&magnitudes)
+        .filter(|((_, c), _)| c.abs() >= smallest)
+        .map(|((&g, &c), &magnitude)| (f64::from(g) - f64::from(c)).abs() / magnitude.max(1e-30))
         .fold(0.0, f64::max);
+    let bytes = op.bytes_per_element(bench.dtype) * n as f64;
     Ok(ElementwiseResult {
         op: op.name(),
         n,
         time_us,
-        gbs: op.bytes_per_element(bench.dtype) * n as f64 / (time_us * 1e3),
+        gbs: bytes / (time_us * 1e3),
+        stream_us,
+        stream_gbs: bytes / (stream_us * 1e3),
         max_rel_err,
     })
 }
@@ -789,29 +919,32 @@ struct Overhead {
     plan_chain_step_us: f64,
 }
 
-/// Chains of dependent ops, each read back at its end: the median wall time (of 101, after 10
-/// warm-ups) of a chain of one op, and what each further op adds (chains of 1 and 65).
+/// Chains of dependent ops, each read back at its end: the median wall time (of `repeats`, after
+/// 10 warm-ups, or `repeats` where fewer) of a chain of one op, and what each further op adds
+/// (chains of 1 and 65).
 /// `chain(length)` records a chain of `length` ops and reads it back; `check` then checks the
 /// values (outside the time).
 fn chain_times_us(
+    repeats: usize,
     chain: &dyn Fn(usize) -> anyhow::Result<Vec<f32>>,
     check: &dyn Fn(usize, &[f32]) -> anyhow::Result<()>,
 ) -> anyhow::Result<(f64, f64)> {
     const STEPS: usize = 64;
-    const REPEATS: usize = 101;
+    let repeats = repeats.max(1);
+    let warmups = repeats.min(10);
     let median_us = |length: usize| -> anyhow::Result<f64> {
-        let mut times = Vec::with_capacity(REPEATS);
-        for round in 0..REPEATS + 10 {
+        let mut times = Vec::with_capacity(repeats);
+        for round in 0..repeats + warmups {
             let started = Instant::now();
             let values = chain(length)?;
             let elapsed = started.elapsed().as_secs_f64() * 1e6;
             check(length, &values)?;
-            if round >= 10 {
+            if round >= warmups {
                 times.push(elapsed);
             }
         }
         times.sort_by(f64::total_cmp);
-        Ok(times[REPEATS / 2])
+        Ok(times[repeats / 2])
     };
     let single = median_us(1)?;
     let long = median_us(1 + STEPS)?;
@@ -821,6 +954,7 @@ fn chain_times_us(
 /// [`chain_times_us`] for planned chains: each length captured once (`link` applied to the
 /// previous result, starting from the plan's input of `shape`), replayed with `input`.
 fn plan_chain_us(
+    repeats: usize,
     context: &Context,
     shape: &[usize],
     input: &[f32],
@@ -838,6 +972,7 @@ fn plan_chain_us(
     }
     let plans = std::cell::RefCell::new(plans);
     chain_times_us(
+        repeats,
         &|length| {
             let mut plans = plans.borrow_mut();
             let plan = plans.get_mut(&length).context("a plan per length")?;
@@ -847,19 +982,103 @@ fn plan_chain_us(
     )
 }
 
-/// Chains of dependent 8x1024x1024 products `x = x · W` ([`chain_times_us`]): eager, then planned.
-fn matmul_chain_us(bench: &Bench) -> anyhow::Result<[f64; 4]> {
+/// The operands of a chain of `rows × width` products: `x0` and `W` (scaled so that values stay
+/// finite along the chain).
+fn chain_operands((rows, width): (usize, usize)) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = StdRng::seed_from_u64(7);
+    let x_values = random(&mut rng, rows * width);
+    let scale = (width as f32).sqrt();
+    let w_values: Vec<f32> = random(&mut rng, width * width)
+        .into_iter()
+        .map(|v| v / scale)
+        .collect();
+    (x_values, w_values)
+}
+
+/// The planned chain of dependent `rows × width × width` products `x = x · W`
+/// ([`plan_chain_us`]) under `matmul`: the time of one and of each further product.
+fn matmul_plan_chain_us(
+    bench: &Bench,
+    shape: (usize, usize),
+    matmul: MatmulOptions,
+) -> anyhow::Result<(f64, f64)> {
+    let context = bench.plain_context(matmul)?;
+    let (rows, width) = shape;
+    let (x_values, w_values) = chain_operands(shape);
+    let w = context.tensor(&w_values, &[width, width])?;
+    plan_chain_us(
+        bench.chain_runs,
+        &context,
+        &[rows, width],
+        &x_values,
+        &|x| Ok(context.matmul(x, &w)?),
+        &|length, values| {
+            anyhow::ensure!(
+                values.iter().all(|v| v.is_finite()),
+                "chain of {length}: values not finite"
+            );
+            Ok(())
+        },
+    )
+}
+
+/// A forced narrow plan's planned chain steps beside the automatic plan's ([`chain_plan_steps`]).
+struct ChainPlanSteps {
+    lanes: u32,
+    splits: u32,
+    /// The automatic plan's step in each round, in µs.
+    automatic: Vec<f64>,
+    /// The forced plan's, right after.
+    forced: Vec<f64>,
+}
+
+/// The planned chain's step ([`matmul_plan_chain_us`]) with each forced narrow plan `(lanes,
+/// splits)` of `plans`, each timed right after the automatic plan's, in [`CHAIN_ROUNDS`] rounds.
+fn chain_plan_steps(
+    bench: &Bench,
+    shape: (usize, usize),
+    plans: &[(u32, u32)],
+) -> anyhow::Result<Vec<ChainPlanSteps>> {
+    let mut steps: Vec<ChainPlanSteps> = plans
+        .iter()
+        .map(|&(lanes, splits)| ChainPlanSteps {
+            lanes,
+            splits,
+            automatic: Vec::new(),
+            forced: Vec::new(),
+        })
+        .collect();
+    for _ in 0..CHAIN_ROUNDS {
+        for entry in &mut steps {
+            let (_, automatic) = matmul_plan_chain_us(bench, shape, bench.matmul.clone())?;
+            let forced = MatmulOptions {
+                narrow_lanes: Some(entry.lanes),
+                narrow_splits: Some(entry.splits),
+                ..bench.matmul.clone()
+            };
+            let (_, step) = matmul_plan_chain_us(bench, shape, forced)?;
+            entry.automatic.push(automatic);
+            entry.forced.push(step);
+        }
+    }
+    Ok(steps)
+}
+
+/// Chains of each length timed for the op overhead's round trips.
+const OVERHEAD_CHAINS: usize = 101;
+
+/// Rounds of [`chain_plan_steps`].
+const CHAIN_ROUNDS: usize = 3;
+
+/// Chains of dependent `rows × width × width` products `x = x · W` ([`chain_times_us`]): eager,
+/// then planned.
+fn matmul_chain_us(bench: &Bench, shape: (usize, usize)) -> anyhow::Result<[f64; 4]> {
     // Wall-clock figures: no timestamps, as a workload runs.
     let context = bench.plain_context(bench.matmul.clone())?;
-    let mut rng = StdRng::seed_from_u64(7);
-    let x_values = random(&mut rng, 8 * 1024);
-    let x0 = context.tensor(&x_values, &[8, 1024])?;
-    // Scaled so that values stay finite along the chain.
-    let w_values: Vec<f32> = random(&mut rng, 1024 * 1024)
-        .into_iter()
-        .map(|v| v / 32.0)
-        .collect();
-    let w = context.tensor(&w_values, &[1024, 1024])?;
+    let (rows, width) = shape;
+    let (x_values, w_values) = chain_operands(shape);
+    let x0 = context.tensor(&x_values, &[rows, width])?;
+    let w = context.tensor(&w_values, &[width, width])?;
     let finite = |length: usize, values: &[f32]| {
         anyhow::ensure!(
             values.iter().all(|v| v.is_finite()),
@@ -868,6 +1087,7 @@ fn matmul_chain_us(bench: &Bench) -> anyhow::Result<[f64; 4]> {
         Ok(())
     };
     let (single, step) = chain_times_us(
+        bench.chain_runs,
         &|length| {
             let mut x = context.matmul(&x0, &w)?;
             for _ in 1..length {
@@ -877,13 +1097,7 @@ fn matmul_chain_us(bench: &Bench) -> anyhow::Result<[f64; 4]> {
         },
         &finite,
     )?;
-    let (plan_single, plan_step) = plan_chain_us(
-        &context,
-        &[8, 1024],
-        &x_values,
-        &|x| Ok(context.matmul(x, &w)?),
-        &finite,
-    )?;
+    let (plan_single, plan_step) = matmul_plan_chain_us(bench, shape, bench.matmul.clone())?;
     Ok([single, step, plan_single, plan_step])
 }
 
@@ -1052,6 +1266,7 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
 
     // Chains of dependent tiny adds, each read back.
     let (single, step) = chain_times_us(
+        OVERHEAD_CHAINS,
         &|length| {
             let mut x = context.add(&a, &b)?;
             for _ in 1..length {
@@ -1065,6 +1280,7 @@ fn op_overhead_us(bench: &Bench) -> anyhow::Result<Overhead> {
         },
     )?;
     let (plan_single, plan_step) = plan_chain_us(
+        OVERHEAD_CHAINS,
         &context,
         &[256],
         &[1.0; 256],
@@ -1099,6 +1315,8 @@ struct Sustained {
     windows_tflops: Vec<f64>,
     /// The plan's kernel, as the matmul table names it.
     kernel: String,
+    /// Its splits along K.
+    splits: u32,
     max_rel_err: f64,
     ok: bool,
 }
@@ -1112,10 +1330,11 @@ fn sustained_matmul(
     bench: &Bench,
     (m, n, k): (usize, usize, usize),
     seconds: f64,
+    matmul: MatmulOptions,
     rng: &mut StdRng,
 ) -> anyhow::Result<Sustained> {
     // Without timestamps, as a workload runs (wall clock only).
-    let context = bench.plain_context(bench.matmul.clone())?;
+    let context = bench.plain_context(matmul)?;
     let plan = context.matmul_plan(m, n, k)?;
     let a_values = cpu::rounded(&random(rng, m * k), bench.dtype);
     let b_values = cpu::rounded(&random(rng, k * n), bench.dtype);
@@ -1178,6 +1397,7 @@ fn sustained_matmul(
         tflops: products as f64 * flops / elapsed / 1e12,
         windows_tflops: windows,
         kernel: kernel_name(&plan),
+        splits: plan.splits,
         max_rel_err,
         ok,
     })
@@ -1199,7 +1419,7 @@ fn run_sustained(
     let mut rng = StdRng::seed_from_u64(42);
     println!();
     println!(
-        "{:>6} {:>6} {:>6}  {:<17} {:>9} {:>8} {:>8} {:>8} {:>8}  check{}",
+        "{:>6} {:>6} {:>6}  {:<28} {:>9} {:>8} {:>8} {:>8} {:>8}  check{}",
         "M",
         "N",
         "K",
@@ -1217,19 +1437,57 @@ fn run_sustained(
     );
     let mut rows = Vec::new();
     let mut failures = 0;
-    for shape in shapes {
-        let r = sustained_matmul(bench, shape, seconds, &mut rng)
+    // The automatic plan of each shape, then for few rows each forced narrow plan.
+    let mut runs: Vec<((usize, usize, usize), MatmulOptions, bool)> = Vec::new();
+    for &shape in &shapes {
+        runs.push((shape, bench.matmul.clone(), false));
+        let forced = !args.narrow_lanes.is_empty() || !args.narrow_splits.is_empty();
+        if forced && shape.0 <= MatmulOptions::NARROW_MAX_ROWS as usize {
+            let lanes: Vec<Option<u32>> = if args.narrow_lanes.is_empty() {
+                vec![None]
+            } else {
+                args.narrow_lanes.iter().copied().map(Some).collect()
+            };
+            let splits: Vec<Option<u32>> = if args.narrow_splits.is_empty() {
+                vec![None]
+            } else {
+                args.narrow_splits.iter().copied().map(Some).collect()
+            };
+            for &narrow_lanes in &lanes {
+                for &narrow_splits in &splits {
+                    let options = MatmulOptions {
+                        narrow_lanes,
+                        narrow_splits,
+                        ..bench.matmul.clone()
+                    };
+                    runs.push((shape, options, true));
+                }
+            }
+        }
+    }
+    for (shape, options, forced) in runs {
+        let r = sustained_matmul(bench, shape, seconds, options, &mut rng)
             .with_context(|| format!("sustained matmul {}x{}x{}", shape.0, shape.1, shape.2))?;
         let first = r.windows_tflops.first().copied().unwrap_or(r.tflops);
         let last = r.windows_tflops.last().copied().unwrap_or(r.tflops);
         let min = r.windows_tflops.iter().copied().fold(r.tflops, f64::min);
         let theirs = torch.and_then(|t| t.sustained.get(&shape).copied());
+        let kernel = format!(
+            "{}{}{}",
+            r.kernel,
+            if r.splits > 1 {
+                format!(" /{}", r.splits)
+            } else {
+                String::new()
+            },
+            if forced { " (forced)" } else { "" }
+        );
         println!(
-            "{:>6} {:>6} {:>6}  {:<17} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>8.2}  {:<5}{}",
+            "{:>6} {:>6} {:>6}  {:<28} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>8.2}  {:<5}{}",
             r.m,
             r.n,
             r.k,
-            r.kernel,
+            kernel,
             r.products,
             r.tflops,
             first,
@@ -1243,7 +1501,8 @@ fn run_sustained(
         );
         failures += usize::from(!r.ok);
         rows.push(json!({
-            "m": r.m, "n": r.n, "k": r.k, "tiles": r.kernel, "seconds": r.seconds,
+            "m": r.m, "n": r.n, "k": r.k, "tiles": r.kernel, "splits": r.splits,
+            "forced": forced, "seconds": r.seconds,
             "products": r.products, "tflops": r.tflops, "windows_tflops": r.windows_tflops,
             "max_rel_err": r.max_rel_err, "torch_tflops": theirs,
             "ratio": theirs.map(|t| r.tflops / t),
@@ -1289,6 +1548,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             ..MatmulOptions::default()
         },
         dtype: args.dtype,
+        chain_runs: args.chain_runs,
     };
     let timing = match support {
         TimestampSupport::InsidePasses => "GPU timestamps inside passes",
@@ -1483,28 +1743,60 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,
         }));
     }
-    let matmul_chain = if args.serving && args.runs("matmul") {
-        let [single, step, plan_single, plan_step] = matmul_chain_us(&bench)?;
+    let chains = (args.serving || !args.chain_plans.is_empty()) && args.runs("matmul");
+    let (rows, width) = args.chain_shape;
+    let matmul_chain = if chains {
+        let [single, step, plan_single, plan_step] = matmul_chain_us(&bench, args.chain_shape)?;
         println!(
-            "chain of 8x1024x1024 products read back: {single:.1} µs for one, {step:.2} µs per \
-             further dependent product{}; planned: {plan_single:.1} µs for one, {plan_step:.2} µs \
-             per further product",
+            "chain of {rows}x{width}x{width} products read back: {single:.1} µs for one, \
+             {step:.2} µs per further dependent product{}; planned: {plan_single:.1} µs for one, \
+             {plan_step:.2} µs per further product",
             match torch.as_ref().and_then(|t| t.chain_step_us) {
-                Some(theirs) => format!(" (PyTorch: {theirs:.2} µs)"),
-                None => String::new(),
+                Some(theirs) if args.chain_shape == (8, 1024) => {
+                    format!(" (PyTorch: {theirs:.2} µs)")
+                }
+                _ => String::new(),
             }
         );
         Some((single, step, plan_single, plan_step))
     } else {
         None
     };
+    let mut chain_plans = Vec::new();
+    if chains && !args.chain_plans.is_empty() {
+        println!(
+            "planned chains, µs per further product, each forced narrow plan right after the \
+             automatic one ({CHAIN_ROUNDS} rounds):"
+        );
+        for ChainPlanSteps {
+            lanes,
+            splits,
+            automatic,
+            forced,
+        } in chain_plan_steps(&bench, args.chain_shape, &args.chain_plans)?
+        {
+            let list = |steps: &[f64]| {
+                steps
+                    .iter()
+                    .map(|step| format!("{step:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            println!(
+                "  {lanes:>3} lanes, {splits:>2} splits: {}  (automatic: {})",
+                list(&forced),
+                list(&automatic)
+            );
+            chain_plans.push(json!({
+                "lanes": lanes, "splits": splits, "plan_step_us": forced,
+                "automatic_plan_step_us": automatic,
+            }));
+        }
+    }
 
-    println!();
-    println!(
-        "{:<8} {:>10} {:>11} {:>9} {:>11}",
-        "op", "n", "time (µs)", "GB/s", "max_rel_err"
-    );
-    let sizes: &[usize] = if args.large {
+    let sizes: &[usize] = if !args.sizes.is_empty() {
+        &args.sizes
+    } else if args.large {
         &[1 << 20, 1 << 22, 1 << 24, 1 << 26]
     } else {
         &[1 << 20, 1 << 22, 1 << 24]
@@ -1513,6 +1805,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
         Elementwise::Binary(BinaryOp::Add),
         Elementwise::Unary(UnaryOp::Relu),
         Elementwise::Unary(UnaryOp::Gelu),
+        Elementwise::Sum,
     ];
     let ops: Vec<Elementwise> = if !args.runs("elementwise") {
         Vec::new()
@@ -1524,21 +1817,55 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             .filter_map(|name| all_ops.iter().copied().find(|op| op.name() == name))
             .collect()
     };
+    if !ops.is_empty() {
+        println!();
+        println!(
+            "{:<8} {:>10} {:>11} {:>9} {:>11} {:>11} {:>9}{}",
+            "op",
+            "n",
+            "time (µs)",
+            "GB/s",
+            "max_rel_err",
+            "stream (µs)",
+            "GB/s",
+            if torch.is_some() {
+                "  torch stream  ours/torch"
+            } else {
+                ""
+            }
+        );
+    }
     let mut elementwise = Vec::new();
     for op in ops {
         for &n in sizes {
             let r = bench_elementwise(&bench, op, n, &mut rng)
                 .with_context(|| format!("{} of {n}", op.name()))?;
+            let torch_stream_us = torch
+                .as_ref()
+                .and_then(|t| t.elementwise.get(&(r.op.to_string(), n)).copied());
+            let stream_ratio = torch_stream_us.map(|theirs| r.stream_us / theirs);
             println!(
-                "{:<8} {:>10} {:>11.1} {:>9.1} {:>11.2e}",
-                r.op, r.n, r.time_us, r.gbs, r.max_rel_err
+                "{:<8} {:>10} {:>11.1} {:>9.1} {:>11.2e} {:>11.1} {:>9.1}{}",
+                r.op,
+                r.n,
+                r.time_us,
+                r.gbs,
+                r.max_rel_err,
+                r.stream_us,
+                r.stream_gbs,
+                match (torch_stream_us, stream_ratio) {
+                    (Some(theirs), Some(ratio)) => format!("  {theirs:>12.1}  {ratio:>10.2}"),
+                    _ if torch.is_some() => format!("  {:>12}  {:>10}", "-", "-"),
+                    _ => String::new(),
+                }
             );
-            // Exact for add and relu; GELU's exp is the driver's; f16 stores may round to either
-            // neighbour.
-            let tolerance = if matches!(op, Elementwise::Unary(UnaryOp::Gelu)) {
-                1e-5
-            } else {
-                0.0
+            // Exact for add and relu; GELU's exp is the driver's; a sum's order of additions
+            // differs from the twin's (the f32 bound, relative to Σ|x|: 2⁻²⁴ per term); f16
+            // stores may round to either neighbour.
+            let tolerance = match op {
+                Elementwise::Unary(UnaryOp::Gelu) => 1e-5,
+                Elementwise::Sum => SUM_COLS as f64 / f64::from(1u32 << 24),
+                _ => 0.0,
             } + f16_ulp_relative(args.dtype);
             if r.max_rel_err > tolerance {
                 println!("  FAIL: {} differs from its CPU twin", r.op);
@@ -1546,7 +1873,8 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             }
             elementwise.push(json!({
                 "op": r.op, "n": r.n, "gbs": r.gbs, "max_rel_err": r.max_rel_err,
-                "time_us": r.time_us,
+                "time_us": r.time_us, "stream_us": r.stream_us, "stream_gbs": r.stream_gbs,
+                "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,
             }));
         }
     }
@@ -1610,6 +1938,8 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "matmul_chain_step_us": matmul_chain.map(|c| c.1),
             "matmul_plan_chain_single_us": matmul_chain.map(|c| c.2),
             "matmul_plan_chain_step_us": matmul_chain.map(|c| c.3),
+            "matmul_chain_shape": matmul_chain.map(|_| [rows, width]),
+            "matmul_chain_plans": chain_plans,
             "torch_chain_step_us": torch.as_ref().and_then(|t| t.chain_step_us),
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

@@ -22,6 +22,14 @@ median of five.
 The JSON: {"device", "torch", "tf32", "dtype" ("float32" or "float16"), "matmul": [{"m", "n",
 "k", "time_us", "mean_us", "gflops", "stream_us"}], "chain_step_us", "chain_single_us"}.
 
+    python3 benches/torch/matmul.py --serving --elementwise --json torch.json
+
+`--elementwise` also times the ops of `bench_kernels`' element-wise section on `--n` elements
+(1M, 4M, 16M and 64M without one): `add`, `relu`, `gelu` (tanh approximation) and `sum` over rows
+of 4096 (a pure read), each per op (events around each, median) and in a stream as above; the
+JSON gains "elementwise": [{"op", "n", "time_us", "stream_us", "gbs", "stream_gbs"}] (bytes read
+and written), which `bench_kernels --torch FILE` prints beside its own.
+
     python3 benches/torch/matmul.py --sustained 10 --shape 4096x4096x4096 --json torch_sustained.json
 
 `--sustained SECS` measures instead each `--shape` (4096x4096x4096 without one) back to back for
@@ -136,6 +144,45 @@ def sustained(m, n, k, seconds, dtype):
     }
 
 
+# The element-wise ops of `bench_kernels`, and the bytes each reads and writes per element.
+SUM_COLS = 4096
+ELEMENTWISE = {
+    "add": (lambda a, b: a + b, 3.0),
+    "relu": (lambda a, b: torch.relu(a), 2.0),
+    "gelu": (lambda a, b: torch.nn.functional.gelu(a, approximate="tanh"), 2.0),
+    "sum": (lambda a, b: a.view(-1, SUM_COLS).sum(dim=1), 1.0 + 1.0 / SUM_COLS),
+}
+
+
+def time_elementwise(name, n, runs, warmup, dtype):
+    """Per op (events around each, median) and in a stream (as `time_product`), in µs."""
+    op, _ = ELEMENTWISE[name]
+    generator = torch.Generator(device="cuda").manual_seed(42)
+    a = (torch.rand(n, device="cuda", generator=generator) * 2 - 1).to(dtype)
+    b = (torch.rand(n, device="cuda", generator=generator) * 2 - 1).to(dtype)
+    for _ in range(warmup):
+        op(a, b)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    for start, end in zip(starts, ends):
+        start.record()
+        op(a, b)
+        end.record()
+    torch.cuda.synchronize()
+    each_us = statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    count = max(4, min(4096, round(2000 / max(each_us, 1e-3) + 0.5)))
+    stream = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(count):
+            op(a, b)
+        end.record()
+        torch.cuda.synchronize()
+        stream.append(start.elapsed_time(end) * 1e3 / count)
+    return each_us, statistics.median(stream)
+
+
 def chain_us(length, repeats, x0, w):
     times = []
     for round_ in range(repeats + 5):
@@ -182,6 +229,12 @@ def main():
     )
     parser.add_argument(
         "--dtype", choices=sorted(DTYPES), default="float", help="operands' type (default float)"
+    )
+    parser.add_argument(
+        "--elementwise", action="store_true", help="also the element-wise ops and the row sum"
+    )
+    parser.add_argument(
+        "--n", type=int, action="append", default=[], help="element-wise sizes (multiples of 4096)"
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -230,7 +283,31 @@ def main():
     step = (long - single) / 64
     print(f"chain of 8x1024x1024 products read back: {single:.1f} µs for one, {step:.2f} µs per further product")
 
-    write_json(args.json, dtype_name, matmul=results, chain_single_us=single, chain_step_us=step)
+    elementwise = []
+    if args.elementwise:
+        sizes = args.n or [1 << 20, 1 << 22, 1 << 24, 1 << 26]
+        if any(n <= 0 or n % SUM_COLS for n in sizes):
+            raise SystemExit(f"matmul.py: --n needs positive multiples of {SUM_COLS}")
+        print(f"{'op':<8} {'n':>10} {'median (µs)':>12} {'GB/s':>9} {'stream (µs)':>12} {'GB/s':>9}")
+        size = torch.tensor([], dtype=dtype).element_size()
+        for name, (_, accesses) in ELEMENTWISE.items():
+            for n in sizes:
+                time_us, stream_us = time_elementwise(name, n, args.runs, args.warmup, dtype)
+                moved = accesses * size * n
+                gbs, stream_gbs = moved / (time_us * 1e3), moved / (stream_us * 1e3)
+                print(f"{name:<8} {n:>10} {time_us:>12.1f} {gbs:>9.1f} {stream_us:>12.1f} {stream_gbs:>9.1f}")
+                elementwise.append(
+                    {"op": name, "n": n, "time_us": time_us, "stream_us": stream_us, "gbs": gbs, "stream_gbs": stream_gbs}
+                )
+
+    write_json(
+        args.json,
+        dtype_name,
+        matmul=results,
+        chain_single_us=single,
+        chain_step_us=step,
+        elementwise=elementwise,
+    )
 
 
 if __name__ == "__main__":

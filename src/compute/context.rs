@@ -16,8 +16,14 @@
 //!   since the last submission (checked before an op allocates its output, so that it can reuse
 //!   their memory).
 //!
-//! Between submissions the pool cannot reuse what was dropped: a batch's memory peak is what it
-//! allocates, plus what was live when it began.
+//! An op's output takes the memory of a tensor of its size dropped earlier in the open batch (the
+//! most recently dropped), as PyTorch's allocator reuses a block freed on the same stream: the op's
+//! dispatch, recorded after every use of the dropped tensor, writes it first, and wgpu puts a
+//! barrier between them ([`Pool::reuse`]; [`Context::write`] submits the batch before its upload
+//! lands). Beyond that the pool cannot reuse what was dropped until the batch is submitted: a
+//! batch's memory peak is what was live when it began plus the outputs no dropped tensor of the
+//! same size could take. A stream of `add`s over 4M elements thus writes one range again and
+//! again (kept in the GPU's cache) instead of a new one per op.
 //!
 //! This module knows dispatches and allocations, not tensors: the context's methods that make,
 //! write and read tensors are in [`super::tensor`], its ops in [`super::ops`].
@@ -412,10 +418,11 @@ pub(crate) struct Shared {
     cache_bind_groups: bool,
     /// Bytes of tensors dropped since the last submission.
     pub(crate) freed_bytes: AtomicU64,
-    /// The allocations of tensors dropped since the last submission: the open batch may still
-    /// use them, so they go back to the pool only after the batch is submitted
-    /// ([`Pool::free_submitted`]), whoever else submits to the pool meanwhile.
-    deferred: Mutex<Vec<Allocation>>,
+    /// The allocations of tensors dropped since the last submission, by size in bytes: the open
+    /// batch may still use them, so they go back to the pool only after the batch is submitted
+    /// ([`Pool::free_submitted`]), whoever else submits to the pool meanwhile. Until then an op
+    /// of the batch may take one for its output ([`Shared::take_deferred`]).
+    deferred: Mutex<HashMap<u64, Vec<Allocation>>>,
     /// Set from the first op recorded into a batch until that batch is submitted: while it is
     /// clear, a dropped tensor's last use is submitted and its range is reusable at once.
     batch_open: AtomicBool,
@@ -443,6 +450,8 @@ impl Shared {
             self.deferred
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .entry(allocation.size())
+                .or_default()
                 .push(allocation);
         } else {
             self.pool.free_submitted([allocation]);
@@ -457,7 +466,37 @@ impl Shared {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         );
-        self.pool.free_submitted(deferred);
+        self.pool.free_submitted(deferred.into_values().flatten());
+    }
+
+    /// The allocation of `bytes` of a tensor dropped in the open batch most recently, handed to
+    /// an op's output labelled `label` ([`Pool::reuse`]); `None` when there is none. Sound because
+    /// the op records its dispatch, which writes the output first, into the same open batch after
+    /// every use of the dropped tensor (wgpu puts a barrier between them), and the output is
+    /// written from the host only through [`Context::write`], which submits the batch first.
+    pub(crate) fn take_deferred(&self, bytes: u64, label: &str) -> Option<Allocation> {
+        if !self.batch_open.load(Ordering::Acquire) {
+            return None;
+        }
+        let allocation = {
+            let mut deferred = self
+                .deferred
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let same_size = deferred.get_mut(&bytes)?;
+            let allocation = same_size.pop()?;
+            if same_size.is_empty() {
+                deferred.remove(&bytes);
+            }
+            allocation
+        };
+        // No longer dropped: it does not count towards `flush_when_freed_bytes_exceed`.
+        let _ = self
+            .freed_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |freed| {
+                Some(freed.saturating_sub(bytes))
+            });
+        Some(self.pool.reuse(allocation, label))
     }
 
     fn registry(&self) -> MutexGuard<'_, HashMap<usize, Weak<Storage>>> {
@@ -558,7 +597,7 @@ impl Context {
                 options,
                 limits,
                 freed_bytes: AtomicU64::new(0),
-                deferred: Mutex::new(Vec::new()),
+                deferred: Mutex::new(HashMap::new()),
                 batch_open: AtomicBool::new(false),
                 capturing: AtomicU64::new(0),
                 registry: Mutex::new(HashMap::new()),

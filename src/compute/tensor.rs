@@ -373,6 +373,30 @@ impl Context {
         }
     }
 
+    /// A new tensor of `len` elements of `dtype` for the output of an op that records its
+    /// dispatch, which writes the whole output, right after: as [`Context::allocate`], but taking
+    /// the memory of a tensor of the same size dropped in the open batch where there is one
+    /// (see the module documentation of [`super::context`]).
+    pub(crate) fn allocate_output(
+        &self,
+        label: &'static str,
+        shape: Vec<usize>,
+        len: usize,
+        dtype: DType,
+    ) -> Result<Tensor, ComputeError> {
+        if self.capture_id().is_none() {
+            let bytes = tensor_bytes(len, dtype);
+            if let Some(allocation) = self.shared.take_deferred(bytes, label) {
+                return Ok(Tensor {
+                    storage: Storage::new(&self.shared, Some(allocation), None, bytes, dtype),
+                    shape,
+                    len,
+                });
+            }
+        }
+        self.allocate(label, shape, len, dtype)
+    }
+
     /// A new tensor of `len` elements of `dtype` whose memory comes from the pool, capturing or
     /// not.
     pub(crate) fn allocate_memory(

@@ -73,6 +73,11 @@ impl Allocation {
         self.offset_bytes = offset_bytes;
     }
 
+    /// Names the allocation's new owner ([`super::Pool::reuse`]).
+    pub(super) fn set_label(&mut self, label: Label) {
+        self.label = label;
+    }
+
     /// Declares the allocation's last use submitted: dropping it frees the range at once.
     pub(super) fn set_last_use_submitted(&mut self) {
         self.last_use_submitted = true;

@@ -239,6 +239,29 @@ impl Pool {
         Ok(allocation)
     }
 
+    /// Hands `allocation`'s range to a new owner at once, labelled `label` (with the op in scope),
+    /// instead of dropping it and waiting for a submission: reuse ordered by the command stream,
+    /// as PyTorch's caching allocator reuses a block freed on the same CUDA stream. The history
+    /// records the old owner's free and the new owner's allocation at the same place; the
+    /// policy's counters see one allocation throughout (the range never left the pool). An
+    /// allocation of another pool comes back unchanged.
+    ///
+    /// Sound only where every use of the new owner is ordered after every use of the old one on
+    /// the GPU: both recorded into one command stream in that order (the compute context's open
+    /// batch, whose dispatches wgpu separates by barriers), the new owner first written by a
+    /// command recorded after the old owner's last use, and no [`Pool::write`] into it (which
+    /// lands at the start of the next submission, before those commands) until that stream is
+    /// submitted. The compute context reuses this way the tensors dropped in its open batch for
+    /// its ops' outputs.
+    pub(crate) fn reuse(&self, mut allocation: Allocation, label: &str) -> Allocation {
+        if allocation.is_of(&self.shared) {
+            let label = Label::new(label);
+            self.shared.hand_over(allocation.live_slot(), &label);
+            allocation.set_label(label);
+        }
+        allocation
+    }
+
     /// Submits `command_buffers`, then releases the ranges of allocations dropped before this call
     /// (see the module documentation). Returns the submission index.
     pub fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(

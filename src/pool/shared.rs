@@ -204,6 +204,30 @@ impl Shared {
         }
     }
 
+    /// Hands the live allocation in `live_slot` to a new owner labelled `label` (with the op in
+    /// scope): the history records the old owner's free (requested and completed) and the new
+    /// one's allocation at the same place; the policy sees no change (see `Pool::reuse`).
+    pub(super) fn hand_over(&self, live_slot: usize, label: &Label) {
+        let mut guard = self.lock();
+        let State {
+            live, history, op, ..
+        } = &mut *guard;
+        let time_us = history.as_ref().map(|_| self.now_us());
+        let Some(entry) = live.get_mut(live_slot) else {
+            return;
+        };
+        if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+            history.record(allocation_event(EventKind::FreeRequested, time_us, entry));
+            history.record(allocation_event(EventKind::FreeCompleted, time_us, entry));
+        }
+        entry.label = label.clone();
+        entry.op = op.clone();
+        entry.parts.clear();
+        if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
+            history.record(allocation_event(EventKind::Alloc, time_us, entry));
+        }
+    }
+
     /// Submits `buffers`, then releases the ranges dropped before the call (clearing them first in
     /// the same submission with `zero_on_free`).
     pub(super) fn submit(&self, mut buffers: Vec<wgpu::CommandBuffer>) -> wgpu::SubmissionIndex {

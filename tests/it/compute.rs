@@ -20,7 +20,8 @@ use wgpu_pool::compute::{
     KernelTiming, MatmulOptions, MatmulPlan, MatmulTiles, ReshapeError, Tensor, TimestampSupport,
     UnaryOp,
 };
-use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
+use wgpu_pool::history::EventKind;
+use wgpu_pool::{Gpu, HistoryOptions, Pool, PoolError, PoolOptions};
 
 use crate::gpu::{both, gpu};
 
@@ -1331,6 +1332,32 @@ impl Mlp {
     }
 }
 
+/// A tensor made (its bytes, and whether an op made it: an upload is not) or dropped, in a batch.
+enum Step {
+    Make(u64, bool),
+    Drop(u64),
+}
+
+/// The most bytes a batch of `steps` holds: nothing dropped goes back to the pool before the
+/// batch is submitted, but an op's output takes the memory of a tensor of its size dropped
+/// earlier in the batch.
+fn batch_peak(steps: &[Step]) -> u64 {
+    let mut dropped: Vec<u64> = Vec::new();
+    let mut held = 0;
+    for step in steps {
+        match *step {
+            Step::Make(bytes, by_op) => match dropped.iter().position(|&d| d == bytes) {
+                Some(index) if by_op => {
+                    dropped.swap_remove(index);
+                }
+                _ => held += bytes,
+            },
+            Step::Drop(bytes) => dropped.push(bytes),
+        }
+    }
+    held
+}
+
 /// Requested bytes of a tensor of `len` elements (rounded up to 16 bytes).
 fn tensor_bytes(len: usize) -> u64 {
     (len as u64 * 4).div_ceil(16) * 16
@@ -1386,29 +1413,40 @@ fn an_mlp_forward_returns_the_pool_to_the_weights_after_every_batch() {
                 "{what}: only the weights live"
             );
 
-            // The peak: every tensor of the forward, in order.
-            let sizes: Vec<u64> = if fused {
-                // input, three layer outputs, probabilities
-                [dims[0], dims[1], dims[2], dims[3], dims[3]]
-                    .iter()
-                    .map(|d| tensor_bytes(batch * d))
-                    .collect()
-            } else {
-                // input, then per layer: product, biased (and gelu for the first two); probabilities
-                let mut sizes = vec![tensor_bytes(batch * dims[0])];
-                for (layer, d) in dims[1..].iter().enumerate() {
-                    let copies = if layer < 2 { 3 } else { 2 };
-                    sizes.extend(std::iter::repeat_n(tensor_bytes(batch * d), copies));
+            // The peak, from the forward's tensors in order: (bytes, made by an op) as each is
+            // made, and the drops between them.
+            let bytes = |layer: usize| tensor_bytes(batch * dims[layer]);
+            let mut steps = vec![Step::Make(bytes(0), false)];
+            for layer in 1..4 {
+                if fused {
+                    steps.extend([Step::Make(bytes(layer), true), Step::Drop(bytes(layer - 1))]);
+                } else {
+                    // product, biased, product dropped; GELU for the first two layers, biased
+                    // dropped; the layer's input dropped.
+                    steps.extend([
+                        Step::Make(bytes(layer), true),
+                        Step::Make(bytes(layer), true),
+                        Step::Drop(bytes(layer)),
+                    ]);
+                    if layer < 3 {
+                        steps.extend([Step::Make(bytes(layer), true), Step::Drop(bytes(layer))]);
+                    }
+                    steps.push(Step::Drop(bytes(layer - 1)));
                 }
-                sizes.push(tensor_bytes(batch * dims[3]));
-                sizes
-            };
+            }
+            steps.extend([Step::Make(bytes(3), true), Step::Drop(bytes(3))]);
             let expected_peak = if eager {
                 // Each op submits what came before it: only an op's input and output are live.
-                sizes.windows(2).map(|w| w[0] + w[1]).max().unwrap()
+                let made: Vec<u64> = steps
+                    .iter()
+                    .filter_map(|step| match step {
+                        Step::Make(bytes, _) => Some(*bytes),
+                        Step::Drop(_) => None,
+                    })
+                    .collect();
+                made.windows(2).map(|w| w[0] + w[1]).max().unwrap()
             } else {
-                // Nothing dropped during the batch is reusable before its submission.
-                sizes.iter().sum()
+                batch_peak(&steps)
             };
             assert_eq!(
                 after.requested_bytes.peak - weights.requested_bytes.current,
@@ -1416,6 +1454,110 @@ fn an_mlp_forward_returns_the_pool_to_the_weights_after_every_batch() {
                 "{what}: peak of the intermediates"
             );
         }
+    }
+}
+
+/// A tensor's place: its buffer and offset.
+fn place(tensor: &Tensor) -> (wgpu::Buffer, u64) {
+    let allocation = tensor.allocation();
+    (allocation.buffer().clone(), allocation.offset())
+}
+
+#[test]
+fn an_op_output_takes_the_memory_of_a_tensor_dropped_in_the_open_batch() {
+    for (name, gpu) in both() {
+        let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
+        pool.set_history(Some(HistoryOptions::default()));
+        let context = Context::new(&pool, ContextOptions::default()).expect("context");
+        let len = 4096;
+        let a_values: Vec<f32> = (0..len).map(|i| i as f32 - 2000.0).collect();
+        let b_values: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+        let a = context.tensor(&a_values, &[len]).unwrap();
+        let b = context.tensor(&b_values, &[len]).unwrap();
+        let sums: Vec<f32> = a_values.iter().zip(&b_values).map(|(a, b)| a + b).collect();
+        let negated: Vec<f32> = sums.iter().map(|v| -v).collect();
+        let squares: Vec<f32> = a_values.iter().map(|a| a * a).collect();
+
+        // x is read by y's dispatch in the open batch, then dropped.
+        let x = context.add(&a, &b).unwrap();
+        let y = context.unary(UnaryOp::Neg, &x).unwrap();
+        let x_place = place(&x);
+        drop(x);
+        // An upload never takes its memory: the data would land before the batch reads x.
+        let upload = context.tensor(&b_values, &[len]).unwrap();
+        assert_ne!(
+            place(&upload),
+            x_place,
+            "{name}: an upload took a range the batch reads"
+        );
+        // Nor an op's output of another size.
+        let half = context.tensor(&a_values[..len / 2], &[len / 2]).unwrap();
+        let other = context.unary(UnaryOp::Relu, &half).unwrap();
+        assert_ne!(place(&other), x_place, "{name}: another size took it");
+        // An op's output of its size does: the batch orders its write after y's read.
+        let z = context.binary(BinaryOp::Mul, &a, &a).unwrap();
+        assert_eq!(
+            place(&z),
+            x_place,
+            "{name}: the output did not take the dropped range"
+        );
+        assert_eq!(y.to_vec().unwrap(), negated, "{name}: y read x's data");
+        assert_eq!(z.to_vec().unwrap(), squares, "{name}");
+
+        // Overwritten from the host: the batch that reads the old data is submitted first.
+        let x = context.add(&a, &b).unwrap();
+        let y = context.unary(UnaryOp::Neg, &x).unwrap();
+        let x_place = place(&x);
+        drop(x);
+        let z = context.binary(BinaryOp::Mul, &a, &a).unwrap();
+        assert_eq!(place(&z), x_place, "{name}");
+        context.write(&z, &b_values).unwrap();
+        assert_eq!(
+            y.to_vec().unwrap(),
+            negated,
+            "{name}: the upload landed before the read"
+        );
+        assert_eq!(z.to_vec().unwrap(), b_values, "{name}");
+
+        // The history tells the two owners apart: the add freed, the mul made, in one place.
+        let history = pool.history().expect("history is on");
+        let at_place: Vec<(EventKind, &str)> = history
+            .events()
+            .iter()
+            .filter(|event| {
+                event.offset_bytes == x_place.1
+                    && matches!(event.kind, EventKind::Alloc | EventKind::FreeCompleted)
+            })
+            .map(|event| (event.kind, event.label.as_str()))
+            .collect();
+        assert!(
+            at_place
+                .windows(2)
+                .any(|w| w == [(EventKind::FreeCompleted, "add"), (EventKind::Alloc, "mul")]),
+            "{name}: {at_place:?}"
+        );
+
+        // A stream of ops of one size holds two ranges, not one per op.
+        drop((y, z, upload, half, other));
+        context.flush().unwrap();
+        pool.reset_peaks();
+        let before = pool.stats();
+        let mut x = context.add(&a, &b).unwrap();
+        for _ in 0..64 {
+            x = context.binary(BinaryOp::Add, &x, &b).unwrap();
+        }
+        let expected: Vec<f32> = sums
+            .iter()
+            .zip(&b_values)
+            .map(|(s, b)| s + 64.0 * b)
+            .collect();
+        assert_eq!(x.to_vec().unwrap(), expected, "{name}");
+        let bytes = (len * 4) as u64;
+        assert_eq!(
+            pool.stats().requested_bytes.peak - before.requested_bytes.current,
+            2 * bytes,
+            "{name}: a chain of 65 adds held more than two outputs"
+        );
     }
 }
 

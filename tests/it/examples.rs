@@ -264,15 +264,146 @@ fn bench_kernels_example_measures_checks_and_compares_with_pytorch() {
 }
 
 #[test]
+fn bench_kernels_example_streams_elementwise_ops_and_the_row_sum_beside_pytorch() {
+    // PyTorch's stream times for `add` and `sum` of 8192 elements only.
+    let json = bench_kernels_json(
+        "elementwise",
+        r#"{"dtype": "float32", "matmul": [], "elementwise": [
+            {"op": "add", "n": 8192, "time_us": 3.0, "stream_us": 2.0},
+            {"op": "sum", "n": 8192, "time_us": 3.0, "stream_us": 4.0}]}"#,
+        &[
+            "--only",
+            "elementwise",
+            "--op",
+            "add",
+            "--op",
+            "sum",
+            "--n",
+            "8192",
+            "--n",
+            "4096",
+        ],
+    );
+    let rows = json["elementwise"].as_array().expect("an elementwise list");
+    let ops: Vec<(&str, u64)> = rows
+        .iter()
+        .map(|row| (row["op"].as_str().unwrap(), row["n"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        ops,
+        [("add", 8192), ("add", 4096), ("sum", 8192), ("sum", 4096)],
+        "{json}"
+    );
+    for row in rows {
+        let stream = row["stream_us"].as_f64().unwrap();
+        let n = row["n"].as_f64().unwrap();
+        assert!(
+            stream > 0.0 && row["time_us"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
+        // Bytes read and written: 12 per element of add, 4 (and a store per row) of sum.
+        let bytes = match row["op"].as_str().unwrap() {
+            "add" => 12.0 * n,
+            _ => 4.0 * n + 4.0 * n / 4096.0,
+        };
+        let gbs = row["stream_gbs"].as_f64().unwrap();
+        assert!((gbs - bytes / (stream * 1e3)).abs() <= 1e-9 * gbs, "{row}");
+        // Checked against the twin (a sum relative to the magnitude of its terms).
+        assert!(row["max_rel_err"].as_f64().unwrap() <= 1e-6, "{row}");
+        match (row["n"].as_u64().unwrap(), row["op"].as_str().unwrap()) {
+            (8192, op) => {
+                let theirs = if op == "add" { 2.0 } else { 4.0 };
+                let ratio = row["stream_ratio"].as_f64().unwrap();
+                assert!((ratio - stream / theirs).abs() < 1e-9, "{row}");
+            }
+            _ => assert!(row["stream_ratio"].is_null(), "{row}"),
+        }
+    }
+}
+
+#[test]
+fn bench_kernels_example_times_planned_chains_with_forced_narrow_plans() {
+    let json = bench_kernels_json(
+        "chains",
+        r#"{"dtype": "float32", "matmul": []}"#,
+        &[
+            "--only",
+            "matmul",
+            "--matmul",
+            "2x16x16",
+            "--chain-shape",
+            "2x64",
+            "--chain-plan",
+            "2x1",
+            "--chain-plan",
+            "4x2",
+            "--chain-runs",
+            "3",
+        ],
+    );
+    assert_eq!(
+        json["matmul_chain_shape"],
+        serde_json::json!([2, 64]),
+        "{json}"
+    );
+    assert!(
+        json["matmul_plan_chain_step_us"].as_f64().is_some(),
+        "{json}"
+    );
+    let plans = json["matmul_chain_plans"]
+        .as_array()
+        .expect("the chain plans");
+    let forced: Vec<(u64, u64)> = plans
+        .iter()
+        .map(|plan| {
+            (
+                plan["lanes"].as_u64().unwrap(),
+                plan["splits"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(forced, [(2, 1), (4, 2)], "{json}");
+    for plan in plans {
+        for key in ["plan_step_us", "automatic_plan_step_us"] {
+            let steps = plan[key].as_array().unwrap();
+            assert_eq!(steps.len(), 3, "{plan}");
+            assert!(
+                steps.iter().all(|step| step.as_f64().unwrap().is_finite()),
+                "{plan}"
+            );
+        }
+    }
+}
+
+#[test]
 fn bench_kernels_example_runs_sustained_products() {
     let json = bench_kernels_json(
         "sustained",
         r#"{"dtype": "float32", "matmul": [], "sustained": [{"m": 8, "n": 64, "k": 64,
             "tflops": 0.5}]}"#,
-        &["--sustained", "0.3", "--matmul", "8x64x64"],
+        &[
+            "--sustained",
+            "0.3",
+            "--matmul",
+            "8x64x64",
+            "--narrow-lanes",
+            "2",
+            "--narrow-splits",
+            "2",
+        ],
     );
     let runs = json["sustained"].as_array().expect("a sustained list");
-    assert_eq!(runs.len(), 1, "{json}");
+    assert_eq!(runs.len(), 2, "{json}");
+    // The automatic plan, then the forced one (2 lanes, K split in two).
+    assert_eq!(runs[0]["forced"], false, "{json}");
+    assert_eq!(runs[1]["forced"], true, "{json}");
+    assert_eq!(
+        runs[1]["tiles"].as_str().unwrap().split(' ').nth(1),
+        Some("x2"),
+        "{json}"
+    );
+    assert_eq!(runs[1]["splits"], 2, "{json}");
+    assert!(runs[1]["tflops"].as_f64().unwrap() > 0.0, "{json}");
     let run = &runs[0];
     let products = run["products"].as_u64().unwrap();
     let seconds = run["seconds"].as_f64().unwrap();
@@ -295,6 +426,10 @@ fn bench_kernels_example_refuses_bad_arguments_with_a_message() {
         (vec!["--sustained", "-1"], "positive number of seconds"),
         (vec!["--matmul", "8x64"], "not MxNxK"),
         (vec!["--narrow-lanes", "3"], "power of two"),
+        (vec!["--n", "1000"], "multiple of 4096"),
+        (vec!["--op", "max"], "add, relu, gelu or sum"),
+        (vec!["--chain-plan", "3x1"], "not LxS"),
+        (vec!["--chain-shape", "8x0"], "not RxW"),
     ] {
         let error = bench_kernels::run(gpu(), &strings(&list)).unwrap_err();
         assert!(error.to_string().contains(expected), "{list:?}: {error:#}");

@@ -264,7 +264,7 @@ impl Context {
         };
         let (workgroups, grid_x) = grid_1d(self, op, len_vec4.div_ceil(WORKGROUP_SIZE))?;
         self.before_op()?;
-        let output = self.allocate(op, shape.to_vec(), len, types.output)?;
+        let output = self.allocate_output(op, shape.to_vec(), len, types.output)?;
         let mut bindings: Vec<_> = inputs.iter().map(|t| &t.storage).collect();
         bindings.push(&output.storage);
         self.record(Dispatch {

@@ -901,7 +901,7 @@ impl Context {
         };
         if !split {
             self.before_op()?;
-            let c = self.allocate(OP, vec![m, n], len, dtype)?;
+            let c = self.allocate_output(OP, vec![m, n], len, dtype)?;
             record_product(&c, epilogue.bias.unwrap_or(a))?;
             return Ok(c);
         }
@@ -930,7 +930,7 @@ impl Context {
             });
         }
         self.before_op()?;
-        let c = self.allocate(OP, vec![m, n], len, dtype)?;
+        let c = self.allocate_output(OP, vec![m, n], len, dtype)?;
         // Outside a capture the partials are scratch, given back once the reduction is
         // recorded: their size is rounded up to a power of two (where one binding holds it), so
         // that products whose sizes vary (a server's batches, the tuner's splits) reuse a few
@@ -942,9 +942,9 @@ impl Context {
         const PARTIAL: &str = "matmul split-K partial";
         let partial = match scratch_len {
             Some(rounded) if self.capture_id().is_none() => {
-                self.allocate(PARTIAL, vec![rounded], rounded, DType::F32)?
+                self.allocate_output(PARTIAL, vec![rounded], rounded, DType::F32)?
             }
-            _ => self.allocate(PARTIAL, vec![splits, m, n], partial_len, DType::F32)?,
+            _ => self.allocate_output(PARTIAL, vec![splits, m, n], partial_len, DType::F32)?,
         };
         record_product(&partial, a)?;
         let bias = epilogue.bias.unwrap_or(&partial);

@@ -38,7 +38,7 @@ impl Context {
         let (workgroups, grid_x) = grid_1d(self, op, rows as u64)?;
         let len = shape.iter().product();
         self.before_op()?;
-        let output = self.allocate(op, shape, len, x.dtype())?;
+        let output = self.allocate_output(op, shape, len, x.dtype())?;
         let params = RowsParams {
             rows: kernel_u32(op, "rows", rows)?,
             cols: kernel_u32(op, "columns", cols)?,
