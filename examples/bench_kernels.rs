@@ -375,6 +375,16 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
     Ok(args)
 }
 
+/// The values of a repeatable option to force, or the automatic choice (`None`) alone when none
+/// is listed.
+fn forced_or_automatic<T: Copy>(listed: &[T]) -> Vec<Option<T>> {
+    if listed.is_empty() {
+        vec![None]
+    } else {
+        listed.iter().copied().map(Some).collect()
+    }
+}
+
 /// The shapes `(m, n, k)` of a server's products: a batch of `m` rows through a layer of `k`
 /// inputs and `n` outputs.
 const SERVING: [(usize, usize, usize); 10] = [
@@ -1443,16 +1453,10 @@ fn run_sustained(
         runs.push((shape, bench.matmul.clone(), false));
         let forced = !args.narrow_lanes.is_empty() || !args.narrow_splits.is_empty();
         if forced && shape.0 <= MatmulOptions::NARROW_MAX_ROWS as usize {
-            let lanes: Vec<Option<u32>> = if args.narrow_lanes.is_empty() {
-                vec![None]
-            } else {
-                args.narrow_lanes.iter().copied().map(Some).collect()
-            };
-            let splits: Vec<Option<u32>> = if args.narrow_splits.is_empty() {
-                vec![None]
-            } else {
-                args.narrow_splits.iter().copied().map(Some).collect()
-            };
+            let (lanes, splits) = (
+                forced_or_automatic(&args.narrow_lanes),
+                forced_or_automatic(&args.narrow_splits),
+            );
             for &narrow_lanes in &lanes {
                 for &narrow_splits in &splits {
                     let options = MatmulOptions {
@@ -1637,16 +1641,8 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
                 } else {
                     vec![None]
                 };
-                let splits: Vec<Option<u32>> = if args.narrow_splits.is_empty() {
-                    vec![None]
-                } else {
-                    args.narrow_splits.iter().copied().map(Some).collect()
-                };
-                let subgroups: Vec<Option<bool>> = if args.narrow_subgroups.is_empty() {
-                    vec![None]
-                } else {
-                    args.narrow_subgroups.iter().copied().map(Some).collect()
-                };
+                let splits = forced_or_automatic(&args.narrow_splits);
+                let subgroups = forced_or_automatic(&args.narrow_subgroups);
                 for &narrow_lanes in &lanes {
                     for &narrow_splits in &splits {
                         for &narrow_subgroups in &subgroups {

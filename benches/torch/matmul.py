@@ -87,19 +87,24 @@ def time_product(m, n, k, runs, warmup, dtype):
         end.record()
     torch.cuda.synchronize()
     times_us = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    # In a stream: as many products as take about 2 ms between two events, five times.
-    each_us = statistics.median(times_us)
+    stream = stream_us(lambda: a @ b, statistics.median(times_us))
+    return statistics.median(times_us), statistics.fmean(times_us), stream
+
+
+def stream_us(run, each_us):
+    """µs per `run()` in a stream: as many runs as take about 2 ms (each about `each_us`) between
+    two CUDA events, divided by their number; the median of five such batches."""
     count = max(4, min(4096, round(2000 / max(each_us, 1e-3) + 0.5)))
     stream = []
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(count):
-            a @ b
+            run()
         end.record()
         torch.cuda.synchronize()
         stream.append(start.elapsed_time(end) * 1e3 / count)
-    return statistics.median(times_us), statistics.fmean(times_us), statistics.median(stream)
+    return statistics.median(stream)
 
 
 def sustained(m, n, k, seconds, dtype):
@@ -170,17 +175,7 @@ def time_elementwise(name, n, runs, warmup, dtype):
         end.record()
     torch.cuda.synchronize()
     each_us = statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-    count = max(4, min(4096, round(2000 / max(each_us, 1e-3) + 0.5)))
-    stream = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(count):
-            op(a, b)
-        end.record()
-        torch.cuda.synchronize()
-        stream.append(start.elapsed_time(end) * 1e3 / count)
-    return each_us, statistics.median(stream)
+    return each_us, stream_us(lambda: op(a, b), each_us)
 
 
 def chain_us(length, repeats, x0, w):

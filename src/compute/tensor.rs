@@ -7,7 +7,7 @@ use super::context::{Context, Storage, TensorAllocation};
 use super::vocab::{
     decode_elements, element_count, encode_elements, tensor_bytes, ComputeError, DType,
 };
-use crate::pool::{AllocOptions, PoolError};
+use crate::pool::{AllocOptions, Allocation, PoolError};
 
 /// A tensor of f32 or f16 elements ([`Tensor::dtype`]), row-major, whose storage is a pool
 /// [`Allocation`](crate::Allocation) of its context's pool.
@@ -387,11 +387,7 @@ impl Context {
         if self.capture_id().is_none() {
             let bytes = tensor_bytes(len, dtype);
             if let Some(allocation) = self.shared.take_deferred(bytes, label) {
-                return Ok(Tensor {
-                    storage: Storage::new(&self.shared, Some(allocation), None, bytes, dtype),
-                    shape,
-                    len,
-                });
+                return Ok(self.tensor_over(allocation, shape, len, dtype));
             }
         }
         self.allocate(label, shape, len, dtype)
@@ -414,10 +410,22 @@ impl Context {
             Err(PoolError::OutOfMemory(oom)) => self.after_out_of_memory(bytes, label, oom)?,
             result => result?,
         };
-        Ok(Tensor {
+        Ok(self.tensor_over(allocation, shape, len, dtype))
+    }
+
+    /// The tensor of `shape` (`len` elements of `dtype`) whose memory is `allocation`.
+    fn tensor_over(
+        &self,
+        allocation: Allocation,
+        shape: Vec<usize>,
+        len: usize,
+        dtype: DType,
+    ) -> Tensor {
+        let bytes = tensor_bytes(len, dtype);
+        Tensor {
             storage: Storage::new(&self.shared, Some(allocation), None, bytes, dtype),
             shape,
             len,
-        })
+        }
     }
 }
