@@ -19,7 +19,7 @@
 //! An op's output takes the memory of a tensor of its size dropped earlier in the open batch (the
 //! most recently dropped), as PyTorch's allocator reuses a block freed on the same stream: the op's
 //! dispatch, recorded after every use of the dropped tensor, writes it first, and wgpu puts a
-//! barrier between them ([`Pool::reuse`]; [`Context::write`] submits the batch before its upload
+//! barrier between them (`Pool::reuse`; [`Context::write`] submits the batch before its upload
 //! lands). Beyond that the pool cannot reuse what was dropped until the batch is submitted: a
 //! batch's memory peak is what was live when it began plus the outputs no dropped tensor of the
 //! same size could take. A stream of `add`s over 4M elements thus writes one range again and

@@ -10,7 +10,7 @@ use super::vocab::{
 use crate::pool::{AllocOptions, Allocation, PoolError};
 
 /// A tensor of f32 or f16 elements ([`Tensor::dtype`]), row-major, whose storage is a pool
-/// [`Allocation`](crate::Allocation) of its context's pool.
+/// [`Allocation`] of its context's pool.
 ///
 /// The allocation is `len · dtype.size_bytes()` bytes rounded up to 16 (kernels read and write
 /// whole vec4s; the lanes past `len` hold unspecified values). Whatever the element type, the
@@ -68,7 +68,7 @@ impl Tensor {
     }
 
     /// The pool allocation holding the data, borrowed: the guard derefs to the
-    /// [`Allocation`](crate::Allocation).
+    /// [`Allocation`].
     ///
     /// To bind a tensor in a kernel of your own, record the kernel through the context with
     /// [`Context::dispatch`] or [`Context::dispatch_with`]: the dispatch then joins the context's
