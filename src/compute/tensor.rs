@@ -78,6 +78,11 @@ impl Tensor {
     /// range is reusable at once, and a new allocation's upload can land in it before your kernel
     /// reads it. Bind it `read_write` (see the pool's module documentation).
     ///
+    /// Write into it with [`Context::write`], not [`Pool::write`](crate::Pool::write) on this
+    /// allocation: an op's output may hold the range of a tensor dropped in the open batch, which
+    /// the batch's ops still read, and the pool's write lands at the start of the next
+    /// submission, before them; `Context::write` submits the batch first.
+    ///
     /// A compaction ([`Context::compact`]) may move the tensor to another range: do not keep its
     /// buffer, offset or bind groups made over it across one (or submit work that uses them
     /// before it). While the guard lives, the tensor is not moved.
