@@ -271,12 +271,7 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
             "--no-autotune" => args.autotune = Autotune::Off,
             "--matmul" => {
                 let shape = iter.next().context("--matmul needs MxNxK")?;
-                let dims: Vec<usize> = shape
-                    .split('x')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()
-                    .with_context(|| format!("--matmul {shape:?}: not MxNxK"))?;
-                let [m, n, k] = dims[..] else {
+                let Some([m, n, k]) = dims::<usize, 3>(&shape) else {
                     bail!("--matmul {shape:?}: not MxNxK");
                 };
                 args.matmuls.push((m, n, k));
@@ -314,10 +309,8 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
             }
             "--chain-shape" => {
                 let shape = iter.next().context("--chain-shape needs RxW")?;
-                let parsed: Option<Vec<usize>> =
-                    shape.split('x').map(|part| part.parse().ok()).collect();
-                match parsed.as_deref() {
-                    Some(&[rows, width]) if rows > 0 && width > 0 => {
+                match dims::<usize, 2>(&shape) {
+                    Some([rows, width]) if rows > 0 && width > 0 => {
                         args.chain_shape = (rows, width)
                     }
                     _ => bail!("--chain-shape {shape:?}: not RxW (rows x width, not 0)"),
@@ -333,10 +326,8 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
             }
             "--chain-plan" => {
                 let plan = iter.next().context("--chain-plan needs LxS")?;
-                let parsed: Option<Vec<u32>> =
-                    plan.split('x').map(|part| part.parse().ok()).collect();
-                match parsed.as_deref() {
-                    Some(&[lanes, splits])
+                match dims::<u32, 2>(&plan) {
+                    Some([lanes, splits])
                         if lanes.is_power_of_two() && lanes <= 256 && splits >= 1 =>
                     {
                         args.chain_plans.push((lanes, splits))
@@ -373,6 +364,12 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
         args.matmuls = SERVING.to_vec();
     }
     Ok(args)
+}
+
+/// `N` numbers written `AxBx...` (`8x1024x1024`), or `None`.
+fn dims<T: std::str::FromStr, const N: usize>(text: &str) -> Option<[T; N]> {
+    let parsed: Option<Vec<T>> = text.split('x').map(|part| part.parse().ok()).collect();
+    parsed?.try_into().ok()
 }
 
 /// The values of a repeatable option to force, or the automatic choice (`None`) alone when none
@@ -992,6 +989,15 @@ fn plan_chain_us(
     )
 }
 
+/// A chain's check: every value of its result finite.
+fn check_finite(length: usize, values: &[f32]) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        values.iter().all(|v| v.is_finite()),
+        "chain of {length}: values not finite"
+    );
+    Ok(())
+}
+
 /// The operands of a chain of `rows × width` products: `x0` and `W` (scaled so that values stay
 /// finite along the chain).
 fn chain_operands((rows, width): (usize, usize)) -> (Vec<f32>, Vec<f32>) {
@@ -1022,13 +1028,7 @@ fn matmul_plan_chain_us(
         &[rows, width],
         &x_values,
         &|x| Ok(context.matmul(x, &w)?),
-        &|length, values| {
-            anyhow::ensure!(
-                values.iter().all(|v| v.is_finite()),
-                "chain of {length}: values not finite"
-            );
-            Ok(())
-        },
+        &check_finite,
     )
 }
 
@@ -1089,13 +1089,6 @@ fn matmul_chain_us(bench: &Bench, shape: (usize, usize)) -> anyhow::Result<[f64;
     let (x_values, w_values) = chain_operands(shape);
     let x0 = context.tensor(&x_values, &[rows, width])?;
     let w = context.tensor(&w_values, &[width, width])?;
-    let finite = |length: usize, values: &[f32]| {
-        anyhow::ensure!(
-            values.iter().all(|v| v.is_finite()),
-            "chain of {length}: values not finite"
-        );
-        Ok(())
-    };
     let (single, step) = chain_times_us(
         bench.chain_runs,
         &|length| {
@@ -1105,7 +1098,7 @@ fn matmul_chain_us(bench: &Bench, shape: (usize, usize)) -> anyhow::Result<[f64;
             }
             Ok(context.read(&x)?)
         },
-        &finite,
+        &check_finite,
     )?;
     let (plan_single, plan_step) = matmul_plan_chain_us(bench, shape, bench.matmul.clone())?;
     Ok([single, step, plan_single, plan_step])
