@@ -18,6 +18,11 @@
 //! `pytorch_segments_created`, `pytorch_bytes_created`): on a GPU each is a driver allocation plus
 //! wgpu's zero-fill, the price that a low peak can hide.
 //!
+//! Under the table, a reference (JSON `best_fit_heap_peak_bytes`): the peak of one address space
+//! growing in place with best-fit placement, as `malloc` places blocks. No wgpu pool can run it (a
+//! buffer cannot grow), but it shows what the requests' order and sizes cost by themselves: a pool
+//! with few segments reserves about that much or more.
+//!
 //! `pool_compact` is the pool compacting before it grows: when a request fits nowhere, live
 //! allocations of at most the request's size move out of one aligned block so that it fits. Under
 //! the table: the bytes it moved, and what it saved against `pool` (peak reserved, segments and
@@ -225,6 +230,12 @@ fn print_report(report: &ReplayReport) {
             oom
         );
     }
+    let heap = report.best_fit_heap_peak_bytes;
+    println!(
+        "reference: one best-fit heap growing in place (no wgpu pool can): {:.3} GiB, ratio {:.3}",
+        gib(heap),
+        ratio(heap)
+    );
     if let Some(c) = &report.compaction {
         let mib = |bytes: i64| bytes as f64 / (1u64 << 20) as f64;
         let attempts = report

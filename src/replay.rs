@@ -338,6 +338,11 @@ pub struct ReplayReport {
     pub pytorch_segments_created: Option<u64>,
     /// Bytes of the segments PyTorch created over the trace, when it has segment events.
     pub pytorch_bytes_created: Option<u64>,
+    /// A reference, not a strategy: the peak of one address space that grows and shrinks at its
+    /// top, best fit over coalesced free ranges, requests rounded to the pool's smallest block (a
+    /// `malloc`'s placement, which no wgpu pool can run: a buffer cannot grow in place). What the
+    /// order and sizes of the requests cost with one segment that never needs re-creating.
+    pub best_fit_heap_peak_bytes: u64,
     /// One outcome per strategy.
     pub strategies: Vec<StrategyOutcome>,
     /// What `pool_compact` moved and saved against `pool`, when both were replayed.
@@ -494,6 +499,10 @@ pub fn replay(
         pytorch_peak_reserved_bytes,
         pytorch_segments_created: pytorch_created.map(|(segments, _)| segments),
         pytorch_bytes_created: pytorch_created.map(|(_, bytes)| bytes),
+        best_fit_heap_peak_bytes: heap::best_fit_heap_peak(
+            events,
+            profile.policy().min_block_bytes,
+        ),
         strategies: outcomes,
         compaction,
         requested_timeline,
@@ -624,5 +633,6 @@ fn record_failure(outcome: &mut StrategyOutcome, index: usize, error: &PolicyErr
     }
 }
 
+mod heap;
 #[cfg(test)]
 mod tests;

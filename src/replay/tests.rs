@@ -395,3 +395,85 @@ fn a_server_of_varying_batches_stops_creating_segments() {
         pool.segments_created
     );
 }
+
+/// The reference heap's peak for `events`, with 1-byte blocks unless given.
+fn heap_peak(events: &[ReplayEvent], block: u64) -> u64 {
+    heap::best_fit_heap_peak(events, block)
+}
+
+#[test]
+fn the_reference_heap_places_by_best_fit() {
+    // Holes of 100 (at 0) and 50 (at 110): 40 takes the 50-byte hole, so 100 still fits below
+    // the top (170). First fit would put 40 at 0 and 100 at the top (270).
+    let events = [
+        alloc(1, 100),
+        alloc(2, 10),
+        alloc(3, 50),
+        alloc(4, 10),
+        free(1),
+        free(3),
+        alloc(5, 40),
+        alloc(6, 100),
+    ];
+    assert_eq!(heap_peak(&events, 1), 170);
+    let events = [events.as_slice(), &[alloc(7, 10)]].concat();
+    // 10 more: the 10-byte rest of the 50-byte hole (at 150), tightest of the two.
+    assert_eq!(heap_peak(&events, 1), 170);
+}
+
+#[test]
+fn the_reference_heap_coalesces_and_lowers_its_top() {
+    // Two freed neighbours hold a request of both their sizes.
+    let events = [
+        alloc(1, 10),
+        alloc(2, 10),
+        alloc(3, 10),
+        free(1),
+        free(2),
+        alloc(4, 20),
+    ];
+    assert_eq!(heap_peak(&events, 1), 30);
+    // Freed in the other order.
+    let events = [
+        alloc(1, 10),
+        alloc(2, 10),
+        alloc(3, 10),
+        free(2),
+        free(1),
+        alloc(4, 20),
+    ];
+    assert_eq!(heap_peak(&events, 1), 30);
+    // A free at the top lowers it, together with the free range below it.
+    let events = [
+        alloc(1, 10),
+        alloc(2, 30),
+        alloc(3, 10),
+        free(2),
+        free(3),
+        alloc(4, 45),
+    ];
+    // The top fell to 10: 45 more reach 55 (a free range kept below a top of 50 would not hold
+    // them: 95).
+    assert_eq!(heap_peak(&events, 1), 55);
+}
+
+#[test]
+fn the_reference_heap_rounds_to_the_block_and_skips_what_no_pool_takes() {
+    // One byte holds a 256-byte block; zero bytes and a size whose rounding overflows hold none.
+    let events = [alloc(1, 1), alloc(2, 0), alloc(3, u64::MAX), alloc(4, 300)];
+    assert_eq!(heap_peak(&events, 256), 256 + 512);
+    // A re-used address frees the earlier allocation there, as the replay does; an unknown
+    // free changes nothing.
+    let events = [alloc(1, 100), alloc(1, 100), free(9), alloc(2, 100)];
+    assert_eq!(heap_peak(&events, 1), 200);
+}
+
+#[test]
+fn the_reference_heap_is_in_the_report_and_holds_at_least_the_peak() {
+    let events = real_trace("frag_churn.pickle");
+    let profile = LimitsProfile::H200;
+    let report = replay("frag_churn", &events, profile, None, &[], &mut |_| {});
+    let block = profile.policy().min_block_bytes;
+    assert_eq!(report.best_fit_heap_peak_bytes, heap_peak(&events, block));
+    assert!(report.best_fit_heap_peak_bytes >= report.peak_requested_bytes);
+}
