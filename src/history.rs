@@ -324,14 +324,16 @@ impl Totals {
     pub fn apply(&mut self, event: &Event) {
         match event.kind {
             EventKind::Alloc => {
-                self.requested_bytes += event.size_bytes;
-                self.allocated_bytes += event.allocated_bytes;
+                self.requested_bytes = self.requested_bytes.saturating_add(event.size_bytes);
+                self.allocated_bytes = self.allocated_bytes.saturating_add(event.allocated_bytes);
             }
             EventKind::FreeCompleted => {
                 self.requested_bytes = self.requested_bytes.saturating_sub(event.size_bytes);
                 self.allocated_bytes = self.allocated_bytes.saturating_sub(event.allocated_bytes);
             }
-            EventKind::SegmentAlloc => self.reserved_bytes += event.size_bytes,
+            EventKind::SegmentAlloc => {
+                self.reserved_bytes = self.reserved_bytes.saturating_add(event.size_bytes);
+            }
             EventKind::SegmentFree => {
                 self.reserved_bytes = self.reserved_bytes.saturating_sub(event.size_bytes);
             }
@@ -587,5 +589,27 @@ mod tests {
         assert!(json.contains("\"kind\":\"alloc\""), "{json}");
         let back: History = serde_json::from_str(&json).expect("deserialize");
         assert_eq!(back, history);
+    }
+
+    #[test]
+    fn totals_saturate_at_sizes_past_u64() {
+        let mut history = History::new(HistoryOptions::with_max_events(2), Totals::default());
+        for time_us in [1, 2, 3] {
+            history.record(alloc(time_us, u64::MAX, u64::MAX, 0));
+            history.record(Event::new(
+                EventKind::SegmentAlloc,
+                u64::MAX,
+                u64::MAX,
+                u64::MAX,
+                Some(SegmentId(time_us)),
+                0,
+            ));
+        }
+        let totals = history.final_totals();
+        assert_eq!(totals.requested_bytes, u64::MAX);
+        assert_eq!(totals.allocated_bytes, u64::MAX);
+        assert_eq!(totals.reserved_bytes, u64::MAX);
+        assert_eq!(history.peaks().reserved_bytes, u64::MAX);
+        assert!(!history.timeline().is_empty());
     }
 }

@@ -274,14 +274,17 @@ impl PolicyConfig {
     pub fn for_limits(min_storage_buffer_offset_alignment: u64, max_buffer_size: u64) -> Self {
         let min_block_bytes = min_storage_buffer_offset_alignment
             .max(256)
-            .next_power_of_two();
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 63);
         let largest_power_of_two = if max_buffer_size == 0 {
             0
         } else {
             1u64 << (63 - max_buffer_size.leading_zeros())
         };
-        let max_segment_bytes =
-            largest_power_of_two.clamp(min_block_bytes, DEFAULT_MAX_SEGMENT_BYTES);
+        // At least one block, even where the alignment passes the default largest segment.
+        let max_segment_bytes = largest_power_of_two
+            .min(DEFAULT_MAX_SEGMENT_BYTES)
+            .max(min_block_bytes);
         Self {
             mode: PolicyMode::Pooled,
             min_block_bytes,
@@ -330,15 +333,39 @@ impl PolicyConfig {
         self.mode == PolicyMode::Naive
     }
 
-    fn validate(&self) -> Result<(), buddy::ConfigError> {
-        let sizes = if self.is_naive() {
+    /// Checks the rules the fields' documentation states; `PoolCore::new` calls it.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.is_naive() {
             // Segments are sized by requests; only the block size must be valid.
-            [self.min_block_bytes; 2]
-        } else {
-            [self.min_segment_bytes, self.max_segment_bytes]
-        };
-        for size in sizes {
-            BuddyAllocator::with_capacity(self.min_block_bytes, size, self.rounding).map(drop)?;
+            BuddyAllocator::with_capacity(
+                self.min_block_bytes,
+                self.min_block_bytes,
+                self.rounding,
+            )?;
+            return Ok(());
+        }
+        for (name, size) in [
+            ("min_segment_bytes", self.min_segment_bytes),
+            ("max_segment_bytes", self.max_segment_bytes),
+        ] {
+            BuddyAllocator::with_capacity(self.min_block_bytes, size, self.rounding)?;
+            if !size.is_power_of_two() {
+                return Err(PolicyError::Setting(format!(
+                    "{name} must be a power of two, got {size} bytes"
+                )));
+            }
+        }
+        if self.min_segment_bytes > self.max_segment_bytes {
+            return Err(PolicyError::Setting(format!(
+                "min_segment_bytes ({}) is above max_segment_bytes ({})",
+                self.min_segment_bytes, self.max_segment_bytes
+            )));
+        }
+        if self.large_fill_eighths > 8 {
+            return Err(PolicyError::Setting(format!(
+                "large_fill_eighths is at most 8, got {}",
+                self.large_fill_eighths
+            )));
         }
         Ok(())
     }
@@ -364,6 +391,9 @@ pub enum PolicyError {
     /// The configuration is not valid.
     #[error("invalid pool configuration: {0}")]
     Config(#[from] buddy::ConfigError),
+    /// A setting breaks a rule its documentation states (segment sizes, the fill rule).
+    #[error("invalid pool configuration: {0}")]
+    Setting(String),
 }
 
 /// The figures of an out-of-memory refusal, in the manner of PyTorch's OOM message.
@@ -988,13 +1018,27 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// The bytes a request of `size_bytes` would hold once placed in a segment.
+    /// `u64::MAX` when the rounding passes it (such a request is refused as too large).
     pub fn rounded_size(&self, size_bytes: u64) -> u64 {
+        self.checked_rounded_size(size_bytes).unwrap_or(u64::MAX)
+    }
+
+    /// [`Self::rounded_size`], or `None` when the rounding passes `u64::MAX`.
+    fn checked_rounded_size(&self, size_bytes: u64) -> Option<u64> {
         let units = size_bytes.div_ceil(self.config.min_block_bytes).max(1);
         let units = match self.config.rounding {
             Rounding::Exact => units,
-            Rounding::PowerOfTwo => units.next_power_of_two(),
+            Rounding::PowerOfTwo => units.checked_next_power_of_two()?,
         };
-        units * self.config.min_block_bytes
+        units.checked_mul(self.config.min_block_bytes)
+    }
+
+    /// Whether a request of `size_bytes` can be placed at all: not zero, within the largest
+    /// allocation, and its rounded size within `u64`.
+    fn placeable(&self, size_bytes: u64) -> bool {
+        size_bytes > 0
+            && size_bytes <= self.config.max_allocation_bytes
+            && self.checked_rounded_size(size_bytes).is_some()
     }
 
     /// Places a request of `size_bytes`, growing the pool if needed.
@@ -1002,7 +1046,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         if size_bytes == 0 {
             return Err(PolicyError::ZeroSize);
         }
-        if size_bytes > self.config.max_allocation_bytes {
+        if !self.placeable(size_bytes) {
             return Err(PolicyError::TooLarge {
                 requested_bytes: size_bytes,
                 max_allocation_bytes: self.config.max_allocation_bytes,
@@ -1051,8 +1095,10 @@ impl<S: SegmentStorage> PoolCore<S> {
         let half_demand = (self.demand_with(rounded) / 2).max(1);
         let half_demand = 1u64 << (63 - half_demand.leading_zeros());
         let roomy = packed.max(
-            (rounded * MID_SEGMENT_REQUESTS)
-                .next_power_of_two()
+            rounded
+                .saturating_mul(MID_SEGMENT_REQUESTS)
+                .checked_next_power_of_two()
+                .unwrap_or(u64::MAX)
                 .min(self.config.max_segment_bytes)
                 .min(half_demand),
         );
@@ -1407,8 +1453,12 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// The demand once a request holding `rounded_bytes` is placed: the most bytes ever allocated
     /// at once, this request included.
     fn demand_with(&self, rounded_bytes: u64) -> u64 {
-        self.demand_high_water
-            .max(self.stats.allocated_bytes.current + rounded_bytes)
+        self.demand_high_water.max(
+            self.stats
+                .allocated_bytes
+                .current
+                .saturating_add(rounded_bytes),
+        )
     }
 
     /// The most bytes the pool may hold, cache included, once a request holding `rounded_bytes`
@@ -1660,7 +1710,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// cached dedicated segment): never creates or gives back a segment. `None` when it would have
     /// to grow, or for a request of 0 bytes or too large (which [`PoolCore::allocate`] explains).
     pub fn allocate_existing(&mut self, size_bytes: u64) -> Option<Placement> {
-        if size_bytes == 0 || size_bytes > self.config.max_allocation_bytes {
+        if !self.placeable(size_bytes) {
             return None;
         }
         if self.takes_dedicated(size_bytes) {
@@ -1906,10 +1956,7 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     /// What a request of `size_bytes` needs free, or `None` for a request compaction cannot serve.
     fn compaction_target(&self, size_bytes: u64) -> Option<CompactionTarget> {
-        if size_bytes == 0
-            || size_bytes > self.config.max_allocation_bytes
-            || self.config.is_naive()
-        {
+        if !self.placeable(size_bytes) || self.config.is_naive() {
             return None;
         }
         if self.takes_dedicated(size_bytes) {
@@ -2247,21 +2294,21 @@ impl SegmentStorage for SimulatedStorage {
 
     fn create_segment(&mut self, size_bytes: u64, _dedicated: bool) -> Result<u64, StorageError> {
         if let Some(capacity) = self.capacity_bytes {
-            if self.held_bytes + size_bytes > capacity {
+            if self.held_bytes.saturating_add(size_bytes) > capacity {
                 return Err(StorageError {
                     size_bytes,
                     reason: format!(
                         "simulated device of {capacity} bytes has {} bytes free",
-                        capacity - self.held_bytes
+                        capacity.saturating_sub(self.held_bytes)
                     ),
                 });
             }
         }
-        self.held_bytes += size_bytes;
+        self.held_bytes = self.held_bytes.saturating_add(size_bytes);
         Ok(size_bytes)
     }
 
     fn destroy_segment(&mut self, segment: u64) {
-        self.held_bytes -= segment;
+        self.held_bytes = self.held_bytes.saturating_sub(segment);
     }
 }

@@ -408,21 +408,23 @@ impl ReplayReport {
 /// reserved bytes from segment events (`None` without any).
 pub fn trace_peaks(events: &[ReplayEvent]) -> (u64, usize, Option<u64>) {
     let mut live: HashMap<u64, u64> = HashMap::new();
-    let (mut requested, mut peak_requested, mut peak_at) = (0u64, 0u64, 0usize);
+    let (mut requested, mut peak_requested, mut peak_at) = (0u128, 0u128, 0usize);
     let (mut reserved, mut peak_reserved, mut any_segment) = (0i128, 0i128, false);
     for (index, event) in events.iter().enumerate() {
         match *event {
             ReplayEvent::Alloc { addr, size } => {
                 if let Some(previous) = live.insert(addr, size) {
-                    requested -= previous;
+                    requested -= u128::from(previous);
                 }
-                requested += size;
+                requested += u128::from(size);
                 if requested > peak_requested {
                     peak_requested = requested;
                     peak_at = index;
                 }
             }
-            ReplayEvent::Free { addr } => requested -= live.remove(&addr).unwrap_or(0),
+            ReplayEvent::Free { addr } => {
+                requested -= u128::from(live.remove(&addr).unwrap_or(0));
+            }
             ReplayEvent::SegmentAlloc { size } => {
                 any_segment = true;
                 reserved += i128::from(size);
@@ -432,9 +434,9 @@ pub fn trace_peaks(events: &[ReplayEvent]) -> (u64, usize, Option<u64>) {
         }
     }
     (
-        peak_requested,
+        saturated(peak_requested),
         peak_at,
-        any_segment.then_some(peak_reserved.max(0) as u64),
+        any_segment.then_some(saturated(peak_reserved.max(0) as u128)),
     )
 }
 
@@ -517,23 +519,30 @@ pub fn replay(
 /// Live requested bytes and PyTorch's reserved bytes over the trace, sampled for plots.
 fn trace_timelines(events: &[ReplayEvent]) -> (TimelinePoints, TimelinePoints) {
     let mut live: HashMap<u64, u64> = HashMap::new();
-    let (mut requested, mut reserved) = (0u64, 0i128);
+    let (mut requested, mut reserved) = (0u128, 0i128);
     let (mut requested_line, mut reserved_line) =
         (Timeline::new(events.len()), Timeline::new(events.len()));
     for (index, event) in events.iter().enumerate() {
         match *event {
             ReplayEvent::Alloc { addr, size } => {
-                requested -= live.insert(addr, size).unwrap_or(0);
-                requested += size;
+                requested -= u128::from(live.insert(addr, size).unwrap_or(0));
+                requested += u128::from(size);
             }
-            ReplayEvent::Free { addr } => requested -= live.remove(&addr).unwrap_or(0),
+            ReplayEvent::Free { addr } => {
+                requested -= u128::from(live.remove(&addr).unwrap_or(0));
+            }
             ReplayEvent::SegmentAlloc { size } => reserved += i128::from(size),
             ReplayEvent::SegmentFree { size } => reserved -= i128::from(size),
         }
-        requested_line.record(index, requested);
-        reserved_line.record(index, reserved.max(0) as u64);
+        requested_line.record(index, saturated(requested));
+        reserved_line.record(index, saturated(reserved.max(0) as u128));
     }
     (requested_line.points, reserved_line.points)
+}
+
+/// `bytes`, or `u64::MAX` when a trace's sums pass it (sizes come unchecked from the file).
+fn saturated(bytes: u128) -> u64 {
+    u64::try_from(bytes).unwrap_or(u64::MAX)
 }
 
 const PROGRESS_EVERY: usize = 4096;

@@ -511,15 +511,18 @@ impl BuddyAllocator {
 
     /// The bytes a request of `size_bytes` holds once placed (rounded to `min_block`, or to a power
     /// of two under [`Rounding::PowerOfTwo`]).
+    /// `u64::MAX` when the rounding passes it.
     pub fn rounded_size(&self, size_bytes: u64) -> u64 {
-        self.units_for(size_bytes) << self.min_block_shift
+        self.units_for(size_bytes).saturating_mul(self.min_block())
     }
 
+    /// Blocks a request holds; `u64::MAX` when power-of-two rounding passes it (the request is
+    /// then larger than any capacity).
     fn units_for(&self, size_bytes: u64) -> u64 {
         let units = size_bytes.div_ceil(self.min_block()).max(1);
         match self.rounding {
             Rounding::Exact => units,
-            Rounding::PowerOfTwo => units.next_power_of_two(),
+            Rounding::PowerOfTwo => units.checked_next_power_of_two().unwrap_or(u64::MAX),
         }
     }
 

@@ -127,6 +127,15 @@ impl Pool {
                 max_allocation_bytes,
             )
         });
+        // Buffers are sized, written and copied in whole blocks: a block below wgpu's copy
+        // alignment would make a buffer shorter than its binding.
+        if policy.min_block_bytes < wgpu::COPY_BUFFER_ALIGNMENT {
+            return Err(PoolError::Config(format!(
+                "min_block_bytes {} is below wgpu's COPY_BUFFER_ALIGNMENT ({} bytes)",
+                policy.min_block_bytes,
+                wgpu::COPY_BUFFER_ALIGNMENT
+            )));
+        }
         // Naive buffers are bound at offset 0 and sized by requests: only their size limit
         // applies.
         if !policy.is_naive()

@@ -172,6 +172,7 @@ impl From<PolicyError> for PoolError {
             },
             PolicyError::OutOfMemory(oom) => Self::OutOfMemory(oom),
             PolicyError::Config(config) => Self::Config(config.to_string()),
+            PolicyError::Setting(reason) => Self::Config(reason),
         }
     }
 }

@@ -35,20 +35,25 @@ impl Heap {
     }
 
     /// Places `length` bytes: the tightest free range that holds them (the lowest of equals),
-    /// else at the top. Returns the start.
-    fn allocate(&mut self, length: u64) -> u64 {
+    /// else at the top. Returns the start, or `None` when the top would pass `u64::MAX` (the
+    /// peak is then `u64::MAX` and the request is not placed).
+    fn allocate(&mut self, length: u64) -> Option<u64> {
         if let Some(&(free_length, start)) = self.by_length.range((length, 0)..).next() {
             self.remove_free(start, free_length);
             if free_length > length {
                 self.insert_free(start + length, free_length - length);
             }
-            return start;
+            return Some(start);
         }
         // No free range ends at the top (freeing one lowers the top): place at the top.
         let start = self.top;
-        self.top = start + length;
-        self.peak_top = self.peak_top.max(self.top);
-        start
+        let Some(top) = start.checked_add(length) else {
+            self.peak_top = u64::MAX;
+            return None;
+        };
+        self.top = top;
+        self.peak_top = self.peak_top.max(top);
+        Some(start)
     }
 
     /// Frees `[start, start + length)`, coalescing with its neighbours; a range that ends at the
@@ -90,8 +95,12 @@ pub(super) fn best_fit_heap_peak(events: &[ReplayEvent], block_bytes: u64) -> u6
                     // Nothing to place, or a size no pool accepts.
                     _ => continue,
                 };
-                let start = heap.allocate(length);
-                if let Some((old_start, old_length)) = live.insert(addr, (start, length)) {
+                let placed = heap.allocate(length).map(|start| (start, length));
+                let previous = match placed {
+                    Some(range) => live.insert(addr, range),
+                    None => live.remove(&addr),
+                };
+                if let Some((old_start, old_length)) = previous {
                     heap.free(old_start, old_length);
                 }
             }

@@ -477,3 +477,32 @@ fn the_reference_heap_is_in_the_report_and_holds_at_least_the_peak() {
     assert_eq!(report.best_fit_heap_peak_bytes, heap_peak(&events, block));
     assert!(report.best_fit_heap_peak_bytes >= report.peak_requested_bytes);
 }
+
+#[test]
+fn sums_of_a_trace_past_u64_saturate() {
+    let events = [
+        alloc(1, 1 << 63),
+        alloc(2, 1 << 63),
+        alloc(3, 1 << 63),
+        free(1),
+        ReplayEvent::SegmentAlloc { size: u64::MAX },
+        ReplayEvent::SegmentAlloc { size: u64::MAX },
+    ];
+    let (peak, _, reserved) = trace_peaks(&events);
+    assert_eq!(peak, u64::MAX);
+    assert_eq!(reserved, Some(u64::MAX));
+    let profile = LimitsProfile::H200;
+    let report = replay(
+        "huge",
+        &events,
+        profile,
+        None,
+        &Strategy::defaults(&profile),
+        &mut |_| {},
+    );
+    // Every request passes the device's largest buffer: refused, counted, nothing placed.
+    let pool = report.strategy("pool").unwrap();
+    assert_eq!(pool.failed_allocations, 3);
+    assert_eq!(pool.peak_reserved_bytes, 0);
+    assert_eq!(report.best_fit_heap_peak_bytes, u64::MAX);
+}

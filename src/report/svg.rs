@@ -49,7 +49,7 @@ pub fn memory_svg(history: &History, end_time_us: u64) -> Result<String, ReportE
     let start_us = history.events().front().map_or(0, |event| event.time_us);
     let end_us = end_time_us
         .max(timeline.last().map_or(0, |(time_us, _)| *time_us))
-        .max(start_us + 1);
+        .max(start_us.saturating_add(1));
     let peaks = history.peaks();
     let max_bytes = peaks.reserved_bytes.max(peaks.allocated_bytes).max(1);
     let (byte_div, byte_name) = byte_unit(max_bytes);
@@ -221,7 +221,10 @@ pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
                         SpanKind::PendingFree => PENDING,
                         SpanKind::Free => FREE,
                     };
-                    let (x0, x1) = (x(run_start), x(span.end_bytes()).max(x(run_start) + 1));
+                    let (x0, x1) = (
+                        x(run_start),
+                        x(span.end_bytes()).max(x(run_start).saturating_add(1)),
+                    );
                     root.draw(&Rectangle::new([(x0, y0), (x1, y1)], color.filled()))
                         .map_err(draw)?;
                     run_start = span.end_bytes();
@@ -291,5 +294,22 @@ mod tests {
         let svg = segments_svg(&state).expect("svg");
         assert!(svg.contains("seg 0 4.00 MiB pooled"), "{svg}");
         assert!(svg.contains("<rect"));
+    }
+
+    #[test]
+    fn plots_of_sizes_and_times_at_the_end_of_u64_are_drawn() {
+        let mut history = History::new(HistoryOptions::default(), Default::default());
+        for segment in 0..2 {
+            history.record(crate::history::Event::new(
+                crate::history::EventKind::SegmentAlloc,
+                u64::MAX,
+                u64::MAX,
+                u64::MAX,
+                Some(crate::policy::SegmentId(segment)),
+                0,
+            ));
+        }
+        assert!(memory_svg(&history, u64::MAX).is_ok());
+        assert!(crate::report::chrome_trace(&history, u64::MAX).is_object());
     }
 }

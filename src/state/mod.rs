@@ -80,7 +80,7 @@ impl Span {
 
     /// One past the last byte of the range, in bytes from the segment's start.
     pub fn end_bytes(&self) -> u64 {
-        self.offset_bytes + self.size_bytes
+        self.offset_bytes.saturating_add(self.size_bytes)
     }
 }
 
@@ -171,7 +171,15 @@ impl SegmentState {
                     self.id.0, span.offset_bytes, span.size_bytes
                 ));
             }
-            expected = span.end_bytes();
+            expected = span
+                .offset_bytes
+                .checked_add(span.size_bytes)
+                .ok_or_else(|| {
+                    format!(
+                        "segment {}: span {index} is [{}, +{}), past 2^64 bytes",
+                        self.id.0, span.offset_bytes, span.size_bytes
+                    )
+                })?;
         }
         if expected == self.size_bytes {
             Ok(())
@@ -434,5 +442,18 @@ mod tests {
         assert_eq!(segment.largest_free_bytes(), 512);
         segment.spans[1].offset_bytes = 768;
         assert!(segment.check_tiling().is_err());
+    }
+
+    #[test]
+    fn spans_past_u64_fail_the_tiling_check() {
+        let segment = SegmentState {
+            id: SegmentId(1),
+            size_bytes: u64::MAX,
+            dedicated: false,
+            spans: vec![Span::free(0, u64::MAX), Span::free(u64::MAX, 1)],
+        };
+        let error = segment.check_tiling().unwrap_err();
+        assert!(error.contains("past 2^64"), "{error}");
+        assert_eq!(segment.spans[1].end_bytes(), u64::MAX);
     }
 }

@@ -103,7 +103,7 @@ pub fn pytorch_snapshot(state: &PoolState, history: Option<&History>) -> Snapsho
                             block.size
                         }
                     })
-                    .sum()
+                    .fold(0u64, u64::saturating_add)
             };
             Segment {
                 device: 0,
@@ -172,12 +172,12 @@ fn blocks(segment_address: u64, spans: &[Span]) -> Vec<Block> {
         };
         if let Some(last) = blocks.last_mut() {
             if state == BlockState::Inactive && last.state == BlockState::Inactive {
-                last.size += span.size_bytes;
+                last.size = last.size.saturating_add(span.size_bytes);
                 continue;
             }
         }
         blocks.push(Block {
-            address: segment_address + span.offset_bytes,
+            address: segment_address.saturating_add(span.offset_bytes),
             size: span.size_bytes,
             requested_size: span.requested_bytes,
             state,
@@ -192,9 +192,11 @@ fn trace_entry(
     addresses: &SegmentAddresses,
     budget_bytes: Option<u64>,
 ) -> TraceEntry {
-    let addr = event
-        .segment
-        .map_or(0, |segment| addresses.address(segment) + event.offset_bytes);
+    let addr = event.segment.map_or(0, |segment| {
+        addresses
+            .address(segment)
+            .saturating_add(event.offset_bytes)
+    });
     let action = match event.kind {
         EventKind::Alloc => TraceAction::Alloc,
         EventKind::FreeRequested => TraceAction::FreeRequested,

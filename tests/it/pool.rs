@@ -755,6 +755,38 @@ fn a_custom_policy_must_fit_the_device() {
         ),
         Err(PoolError::Config(_))
     ));
+    // A naive pool's buffers are sized in blocks: a block below wgpu's copy alignment (4 bytes)
+    // would give a 5-byte buffer an 8-byte binding. Refused with a message, as is a setting
+    // that breaks the policy's own rules.
+    for block in [1, 2] {
+        let refused = Pool::new(
+            gpu,
+            PoolOptions {
+                policy: Some(PolicyConfig::naive(block, limits.max_buffer_size)),
+                ..PoolOptions::default()
+            },
+        );
+        match refused {
+            Err(PoolError::Config(message)) => {
+                assert!(message.contains("COPY_BUFFER_ALIGNMENT"), "{message}")
+            }
+            other => panic!("a naive block of {block} bytes: {:?}", other.map(drop)),
+        }
+    }
+    let odd_segment = PolicyConfig {
+        max_segment_bytes: 48 << 20,
+        ..PolicyConfig::for_limits(256, limits.max_buffer_size)
+    };
+    assert!(matches!(
+        Pool::new(
+            gpu,
+            PoolOptions {
+                policy: Some(odd_segment),
+                ..PoolOptions::default()
+            }
+        ),
+        Err(PoolError::Config(_))
+    ));
 }
 
 #[test]
