@@ -1047,6 +1047,10 @@ impl Context {
             .map(|allocation| allocation.as_binding_resource())
             .collect();
         let own_group = custom_group(&self.shared.gpu.device, pipeline, resources)?;
+        let all_groups: Vec<&wgpu::BindGroup> = std::iter::once(&own_group)
+            .chain(groups.iter().copied())
+            .collect();
+        check_custom_dispatch(&self.shared.gpu.device, pipeline, &all_groups)?;
         let bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
             std::iter::once((0, &own_group, &[] as &[u32]))
                 .chain(
@@ -1341,6 +1345,38 @@ fn movable(storages: &[Arc<Storage>]) -> Vec<RwLockWriteGuard<'_, Option<Allocat
 
 /// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked
 /// under an error scope: a layout that does not take them is [`ComputeError::Config`].
+/// Encodes a dispatch of `pipeline` with `groups` at groups `0..` into a command buffer that is
+/// never submitted, to catch what wgpu checks only at a dispatch — a group the pipeline expects
+/// and was not given, a group whose layout it does not take, a tensor bound read-only beside a
+/// read-write one of the same segment buffer — as a [`ComputeError::Config`] before anything is
+/// recorded, instead of a validation error that would lose the whole batch at its submission.
+pub(crate) fn check_custom_dispatch(
+    device: &wgpu::Device,
+    pipeline: &wgpu::ComputePipeline,
+    groups: &[&wgpu::BindGroup],
+) -> Result<(), ComputeError> {
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        label: Some("wgpu-pool dispatch check"),
+    });
+    {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(pipeline);
+        for (index, group) in (0u32..).zip(groups) {
+            pass.set_bind_group(index, *group, &[]);
+        }
+        // wgpu checks the groups and their usages at any dispatch, an empty one included.
+        pass.dispatch_workgroups(0, 0, 0);
+    }
+    drop(encoder.finish());
+    match crate::device::caught(validation) {
+        None => Ok(()),
+        Some(error) => Err(ComputeError::Config(format!(
+            "dispatch: wgpu refuses this dispatch (nothing was recorded): {error}"
+        ))),
+    }
+}
+
 pub(crate) fn custom_group(
     device: &wgpu::Device,
     pipeline: &wgpu::ComputePipeline,

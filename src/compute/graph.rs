@@ -65,7 +65,7 @@ use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::context::{custom_group, Context, ParamsRing, Step, Storage};
+use super::context::{check_custom_dispatch, custom_group, Context, ParamsRing, Step, Storage};
 use super::ops::grid_1d;
 use super::tensor::Tensor;
 use super::vocab::{
@@ -1056,14 +1056,21 @@ impl Plan {
                 }
                 PlanStep::Clear(_) => None,
                 PlanStep::Custom {
-                    pipeline, bindings, ..
+                    pipeline,
+                    bindings,
+                    groups: others,
+                    ..
                 } => {
                     let ranges = resolve(bindings);
-                    Some(custom_group(
+                    let own = custom_group(
                         device,
                         pipeline,
                         ranges.iter().map(range_resource).collect(),
-                    )?)
+                    )?;
+                    let all: Vec<&wgpu::BindGroup> =
+                        std::iter::once(&own).chain(others.iter()).collect();
+                    check_custom_dispatch(device, pipeline, &all)?;
+                    Some(own)
                 }
             });
         }

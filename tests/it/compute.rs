@@ -23,7 +23,7 @@ use wgpu_pool::compute::{
 use wgpu_pool::history::EventKind;
 use wgpu_pool::{Gpu, HistoryOptions, Pool, PoolError, PoolOptions};
 
-use crate::gpu::{both, gpu};
+use crate::gpu::{both, gpu, wgsl_pipeline};
 
 /// The unit roundoff of f32.
 pub(crate) const U: f64 = 1.0 / (1u64 << 24) as f64;
@@ -1629,29 +1629,16 @@ fn ops_run_on_the_naive_baseline_and_give_its_buffers_back() {
 
 /// A kernel of the user's own: `y = x` (every storage binding `read_write`).
 fn copy_pipeline(gpu: &Gpu) -> wgpu::ComputePipeline {
-    let module = gpu
-        .device
-        .create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("test copy"),
-            source: wgpu::ShaderSource::Wgsl(
-                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
-                 @compute @workgroup_size(64)
-                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-                     if id.x < arrayLength(&y) { y[id.x] = x[id.x]; }
-                 }"
-                .into(),
-            ),
-        });
-    gpu.device
-        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("test copy"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        })
+    wgsl_pipeline(
+        gpu,
+        "test copy",
+        "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+         @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+         @compute @workgroup_size(64)
+         fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+             if id.x < arrayLength(&y) { y[id.x] = x[id.x]; }
+         }",
+    )
 }
 
 #[test]
@@ -2116,31 +2103,17 @@ fn a_refused_reshape_gives_the_tensor_back() {
 fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
     let gpu = gpu();
     let context = context(gpu);
-    let module = gpu
-        .device
-        .create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("test scale"),
-            source: wgpu::ShaderSource::Wgsl(
-                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+    let pipeline = wgsl_pipeline(
+        gpu,
+        "test scale",
+        "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
                  @group(0) @binding(1) var<storage, read_write> y: array<f32>;
                  @group(1) @binding(0) var<uniform> factor: vec4<f32>;
                  @compute @workgroup_size(64)
                  fn main(@builtin(global_invocation_id) id: vec3<u32>) {
                      if id.x < arrayLength(&y) { y[id.x] = factor.x * x[id.x]; }
-                 }"
-                .into(),
-            ),
-        });
-    let pipeline = gpu
-        .device
-        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("test scale"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+                 }",
+    );
     let factor = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("test factor"),
         size: 16,
@@ -2171,6 +2144,70 @@ fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
         context.dispatch_with(&pipeline, &[], &[&group], [1, 1, 1]),
         Err(ComputeError::Config(_))
     ));
+
+    // What wgpu checks only at a dispatch is refused at the call, and the open batch survives:
+    // an op recorded before the refusals is read back after them.
+    let before = context.neg(&x).unwrap();
+    let missing = context.dispatch(&pipeline, &[&x, &y], [2, 1, 1]);
+    let Err(ComputeError::Config(message)) = missing else {
+        panic!("a dispatch without group 1: {missing:?}");
+    };
+    assert!(message.contains("nothing was recorded"), "{message}");
+    // A group of another layout at group 1: a storage buffer where the pipeline takes a uniform.
+    let storage_layout = gpu
+        .device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("test storage layout"),
+            entries: &[wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: true },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            }],
+        });
+    let other = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test storage"),
+        size: 16,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let other_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &storage_layout,
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: other.as_entire_binding(),
+        }],
+    });
+    let wrong = context.dispatch_with(&pipeline, &[&x, &y], &[&other_group], [2, 1, 1]);
+    assert!(matches!(wrong, Err(ComputeError::Config(_))), "{wrong:?}");
+    // A tensor bound read-only beside a read-write one of the same segment buffer.
+    let read_only = wgsl_pipeline(
+        gpu,
+        "test read-only",
+        "@group(0) @binding(0) var<storage, read> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @compute @workgroup_size(64)
+                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&y) { y[id.x] = x[id.x]; }
+                 }",
+    );
+    let shared = context.empty(&[10, 10]).unwrap();
+    assert!(
+        x.allocation().buffer() == shared.allocation().buffer(),
+        "the test needs two tensors of one segment"
+    );
+    let conflict = context.dispatch(&read_only, &[&x, &shared], [2, 1, 1]);
+    assert!(
+        matches!(conflict, Err(ComputeError::Config(_))),
+        "{conflict:?}"
+    );
+    let negated: Vec<f32> = data.iter().map(|v| -v).collect();
+    assert_eq!(before.to_vec().unwrap(), negated);
 }
 
 #[test]

@@ -65,3 +65,23 @@ pub fn read_back(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Ve
     staging.unmap();
     bytes
 }
+
+/// A compute pipeline of `wgsl`'s `main`, with the layout wgpu derives from the shader: a user's
+/// own kernel, for the tests of `Context::dispatch`.
+pub fn wgsl_pipeline(gpu: &Gpu, label: &str, wgsl: &str) -> wgpu::ComputePipeline {
+    let module = gpu
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+        });
+    gpu.device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+}

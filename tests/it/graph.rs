@@ -12,7 +12,7 @@ use wgpu_pool::compute::{
 };
 use wgpu_pool::{Gpu, Pool, PoolOptions};
 
-use crate::gpu::{both, gpu};
+use crate::gpu::{both, gpu, wgsl_pipeline};
 
 fn context(gpu: &Gpu) -> Context {
     let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
@@ -451,29 +451,15 @@ fn an_intermediate_used_twice_is_not_fused() {
 fn zeros_and_custom_dispatches_are_captured() {
     let gpu = gpu();
     let ctx = context(gpu);
-    let module = gpu
-        .device
-        .create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("test triple"),
-            source: wgpu::ShaderSource::Wgsl(
-                "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+    let pipeline = wgsl_pipeline(
+        gpu,
+        "test triple",
+        "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
                  @group(0) @binding(1) var<storage, read_write> y: array<f32>;
                  @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
                      if id.x < arrayLength(&x) { y[id.x] = y[id.x] + 3.0 * x[id.x]; }
-                 }"
-                .into(),
-            ),
-        });
-    let pipeline = gpu
-        .device
-        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("test triple"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+                 }",
+    );
     let mut capture = ctx.capture().expect("capture");
     let x = capture.input(&[8]).expect("input");
     let y = ctx.zeros(&[8]).expect("zeros");
@@ -488,6 +474,40 @@ fn zeros_and_custom_dispatches_are_captured() {
         // The clear runs every replay: y does not accumulate.
         assert_eq!(got[0], want, "round {round}");
     }
+
+    // A captured dispatch that wgpu would refuse (group 1 expected, none given) is refused when
+    // the plan binds its arena, with a typed error, not at a submission.
+    let scaled = wgsl_pipeline(
+        gpu,
+        "test scaled",
+        "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @group(1) @binding(0) var<uniform> k: vec4<f32>;
+                 @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&x) { y[id.x] = k.x * x[id.x]; }
+                 }",
+    );
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[8]).expect("input");
+    let y = ctx.empty(&[8]).expect("empty");
+    ctx.dispatch(&scaled, &[&x, &y], [1, 1, 1])
+        .expect("recorded on the tape");
+    let z = ctx.neg(&y).expect("neg");
+    let refused = capture
+        .finish(&[&z])
+        .and_then(|mut plan| plan.run(&[Feed::Data(&[1.0; 8])]));
+    assert!(
+        matches!(refused, Err(ComputeError::Config(_))),
+        "{refused:?}"
+    );
+    // The context runs on.
+    assert_eq!(
+        ctx.neg(&ctx.tensor(&[2.0], &[1]).unwrap())
+            .unwrap()
+            .to_vec()
+            .unwrap(),
+        [-2.0]
+    );
 }
 
 #[test]

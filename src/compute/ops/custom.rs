@@ -80,9 +80,13 @@ impl Context {
     ///
     /// Errors: [`ComputeError::ForeignTensor`] for a tensor of another context;
     /// [`ComputeError::ExceedsLimit`] for a grid beyond the device's
-    /// `max_compute_workgroups_per_dimension`; [`ComputeError::Config`] when `tensors` is empty
-    /// or group 0 of the pipeline does not take them. Nothing is recorded on error. A pipeline whose other
-    /// groups do not match `bind_groups` is a wgpu validation error when the batch is submitted.
+    /// `max_compute_workgroups_per_dimension`; [`ComputeError::Config`] when `tensors` is empty,
+    /// group 0 of the pipeline does not take them, or wgpu refuses the dispatch itself (a group
+    /// the pipeline expects missing from `bind_groups` or of another layout, a tensor bound
+    /// read-only in a segment another binds read-write): each call encodes the dispatch once
+    /// into a command buffer that is never submitted, so that these come back here rather than
+    /// as a validation error that would lose the batch. Nothing is recorded on error. In a
+    /// capture the same checks run when the plan binds its arena.
     pub fn dispatch_with(
         &self,
         pipeline: &wgpu::ComputePipeline,
