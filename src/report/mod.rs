@@ -107,8 +107,10 @@ impl DeviceMemory {
                 },
             ) => Some(Self {
                 source: "wgpu counters".into(),
-                allocated_bytes: u64::try_from(buffer_memory_bytes + texture_memory_bytes)
-                    .unwrap_or(0),
+                allocated_bytes: u64::try_from(
+                    buffer_memory_bytes.saturating_add(*texture_memory_bytes),
+                )
+                .unwrap_or(0),
                 reserved_bytes: None,
             }),
             _ => None,
