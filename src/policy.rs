@@ -333,7 +333,9 @@ impl PolicyConfig {
         self.mode == PolicyMode::Naive
     }
 
-    /// Checks the rules the fields' documentation states; `PoolCore::new` calls it.
+    /// Checks the block and segment sizes (powers of two, segments whole blocks, the smallest
+    /// segment no larger than the largest) and the fill rule (at most 8/8); `PoolCore::new` calls
+    /// it. Other fields are taken as capped where their documentation says so.
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.is_naive() {
             // Segments are sized by requests; only the block size must be valid.

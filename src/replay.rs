@@ -342,6 +342,8 @@ pub struct ReplayReport {
     /// top, best fit over coalesced free ranges, requests rounded to the pool's smallest block (a
     /// `malloc`'s placement, which no wgpu pool can run: a buffer cannot grow in place). What the
     /// order and sizes of the requests cost with one segment that never needs re-creating.
+    /// Requests above the device's largest buffer are skipped (every strategy refuses them); a
+    /// capacity does not bound it.
     pub best_fit_heap_peak_bytes: u64,
     /// One outcome per strategy.
     pub strategies: Vec<StrategyOutcome>,
@@ -501,10 +503,10 @@ pub fn replay(
         pytorch_peak_reserved_bytes,
         pytorch_segments_created: pytorch_created.map(|(segments, _)| segments),
         pytorch_bytes_created: pytorch_created.map(|(_, bytes)| bytes),
-        best_fit_heap_peak_bytes: heap::best_fit_heap_peak(
-            events,
-            profile.policy().min_block_bytes,
-        ),
+        best_fit_heap_peak_bytes: {
+            let policy = profile.policy();
+            heap::best_fit_heap_peak(events, policy.min_block_bytes, policy.max_allocation_bytes)
+        },
         strategies: outcomes,
         compaction,
         requested_timeline,

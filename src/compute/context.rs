@@ -1343,13 +1343,12 @@ fn movable(storages: &[Arc<Storage>]) -> Vec<RwLockWriteGuard<'_, Option<Allocat
         .collect()
 }
 
-/// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked
-/// under an error scope: a layout that does not take them is [`ComputeError::Config`].
 /// Encodes a dispatch of `pipeline` with `groups` at groups `0..` into a command buffer that is
 /// never submitted, to catch what wgpu checks only at a dispatch — a group the pipeline expects
 /// and was not given, a group whose layout it does not take, a tensor bound read-only beside a
 /// read-write one of the same segment buffer — as a [`ComputeError::Config`] before anything is
 /// recorded, instead of a validation error that would lose the whole batch at its submission.
+/// (On wasm32 error scopes resolve asynchronously and this checks nothing.)
 pub(crate) fn check_custom_dispatch(
     device: &wgpu::Device,
     pipeline: &wgpu::ComputePipeline,
@@ -1372,11 +1371,13 @@ pub(crate) fn check_custom_dispatch(
     match crate::device::caught(validation) {
         None => Ok(()),
         Some(error) => Err(ComputeError::Config(format!(
-            "dispatch: wgpu refuses this dispatch (nothing was recorded): {error}"
+            "dispatch: wgpu refuses this dispatch: {error}"
         ))),
     }
 }
 
+/// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked
+/// under an error scope: a layout that does not take them is [`ComputeError::Config`].
 pub(crate) fn custom_group(
     device: &wgpu::Device,
     pipeline: &wgpu::ComputePipeline,

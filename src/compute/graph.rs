@@ -923,8 +923,10 @@ impl Plan {
     /// Replays the forward on `inputs` and reads the outputs back as f32 values (f16 outputs
     /// widened exactly): one submission (after the context's open batch), then waits for it. Errors: [`ComputeError::Capture`] when the
     /// inputs are not one per input, [`ComputeError::DataLength`] or
-    /// [`ComputeError::ShapeMismatch`] for an input of the wrong size, and the errors of a read.
-    /// Nothing is submitted on a refused input.
+    /// [`ComputeError::ShapeMismatch`] for an input of the wrong size, [`ComputeError::Config`]
+    /// when binding the arena finds a captured dispatch of the user's that wgpu refuses (see
+    /// [`Context::dispatch_with`]), and the errors of a read. Nothing is submitted on a refused
+    /// input.
     pub fn run(&mut self, inputs: &[Feed<'_>]) -> Result<Vec<Vec<f32>>, ComputeError> {
         self.replay(inputs, None)?;
         let outputs = &self.outputs;

@@ -81,9 +81,15 @@ impl Heap {
 }
 
 /// The peak top of one best-fit heap over `events`, each request rounded up to a multiple of
-/// `block_bytes` (a power of two: the pool's smallest block). A request whose rounding
-/// overflows is skipped, as a pool refuses it.
-pub(super) fn best_fit_heap_peak(events: &[ReplayEvent], block_bytes: u64) -> u64 {
+/// `block_bytes` (a power of two: the pool's smallest block). Requests the pool refuses whatever
+/// it holds — zero bytes, above `max_request_bytes` (the device's largest buffer), or whose
+/// rounding overflows — are skipped, so the heap places the requests a pool can; the simulated
+/// device's capacity does not bound it.
+pub(super) fn best_fit_heap_peak(
+    events: &[ReplayEvent],
+    block_bytes: u64,
+    max_request_bytes: u64,
+) -> u64 {
     let mask = block_bytes.max(1) - 1;
     let mut heap = Heap::default();
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
@@ -91,7 +97,9 @@ pub(super) fn best_fit_heap_peak(events: &[ReplayEvent], block_bytes: u64) -> u6
         match *event {
             ReplayEvent::Alloc { addr, size } => {
                 let length = match size.checked_add(mask) {
-                    Some(padded) if padded & !mask > 0 => padded & !mask,
+                    Some(padded) if padded & !mask > 0 && size <= max_request_bytes => {
+                        padded & !mask
+                    }
                     // Nothing to place, or a size no pool accepts.
                     _ => continue,
                 };

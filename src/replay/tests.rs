@@ -396,9 +396,9 @@ fn a_server_of_varying_batches_stops_creating_segments() {
     );
 }
 
-/// The reference heap's peak for `events`, with 1-byte blocks unless given.
+/// The reference heap's peak for `events` with blocks of `block` bytes and no size limit.
 fn heap_peak(events: &[ReplayEvent], block: u64) -> u64 {
-    heap::best_fit_heap_peak(events, block)
+    heap::best_fit_heap_peak(events, block, u64::MAX)
 }
 
 #[test]
@@ -466,6 +466,9 @@ fn the_reference_heap_rounds_to_the_block_and_skips_what_no_pool_takes() {
     // free changes nothing.
     let events = [alloc(1, 100), alloc(1, 100), free(9), alloc(2, 100)];
     assert_eq!(heap_peak(&events, 1), 200);
+    // A request above the largest allocation is skipped, as the pool refuses it.
+    let events = [alloc(1, 100), alloc(2, 1000), alloc(3, 100)];
+    assert_eq!(heap::best_fit_heap_peak(&events, 1, 999), 200);
 }
 
 #[test]
@@ -473,8 +476,11 @@ fn the_reference_heap_is_in_the_report_and_holds_at_least_the_peak() {
     let events = real_trace("frag_churn.pickle");
     let profile = LimitsProfile::H200;
     let report = replay("frag_churn", &events, profile, None, &[], &mut |_| {});
-    let block = profile.policy().min_block_bytes;
-    assert_eq!(report.best_fit_heap_peak_bytes, heap_peak(&events, block));
+    let policy = profile.policy();
+    assert_eq!(
+        report.best_fit_heap_peak_bytes,
+        heap::best_fit_heap_peak(&events, policy.min_block_bytes, policy.max_allocation_bytes)
+    );
     assert!(report.best_fit_heap_peak_bytes >= report.peak_requested_bytes);
 }
 
@@ -504,5 +510,7 @@ fn sums_of_a_trace_past_u64_saturate() {
     let pool = report.strategy("pool").unwrap();
     assert_eq!(pool.failed_allocations, 3);
     assert_eq!(pool.peak_reserved_bytes, 0);
-    assert_eq!(report.best_fit_heap_peak_bytes, u64::MAX);
+    // The heap skips them too; without a size limit its top would pass u64.
+    assert_eq!(report.best_fit_heap_peak_bytes, 0);
+    assert_eq!(heap_peak(&events, 256), u64::MAX);
 }

@@ -86,7 +86,8 @@ impl Context {
     /// read-only in a segment another binds read-write): each call encodes the dispatch once
     /// into a command buffer that is never submitted, so that these come back here rather than
     /// as a validation error that would lose the batch. Nothing is recorded on error. In a
-    /// capture the same checks run when the plan binds its arena.
+    /// capture the same checks run when the plan binds its arena. (On wasm32, where wgpu's error
+    /// scopes resolve asynchronously, the dispatch itself is not checked.)
     pub fn dispatch_with(
         &self,
         pipeline: &wgpu::ComputePipeline,
