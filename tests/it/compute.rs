@@ -2364,3 +2364,36 @@ fn autotuned_narrow_matmuls_agree_with_the_twin_and_keep_their_choice() {
     let plan = forced.matmul_plan(8, 256, 256).unwrap();
     assert_eq!((plan.narrow_lanes, plan.splits), (8, 2));
 }
+
+#[test]
+fn contexts_tuning_one_shape_at_once_run_one_plan() {
+    // Options of this test alone (an odd `min_workgroups`): a registry no other test fills.
+    let options = ContextOptions {
+        matmul: MatmulOptions {
+            autotune: Autotune::Always,
+            min_workgroups: 6,
+            ..MatmulOptions::default()
+        },
+        ..ContextOptions::default()
+    };
+    // A narrow shape and a tiled one, each tuned by three contexts at once: the first choice
+    // stored is the one every context runs, however their timings came out.
+    for (m, k, n) in [(3, 64, 40), (24, 72, 36)] {
+        let start = std::sync::Barrier::new(3);
+        let plans: Vec<_> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..3)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let context = context_with(gpu(), options.clone());
+                        start.wait();
+                        context.matmul_plan(m, n, k).unwrap()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert!(plans.iter().all(|plan| *plan == plans[0]), "{plans:?}");
+        let later = context_with(gpu(), options.clone());
+        assert_eq!(later.matmul_plan(m, n, k).unwrap(), plans[0]);
+    }
+}

@@ -407,9 +407,10 @@ impl Context {
             Some(choice) => choice,
             None => {
                 // Not locked while it tunes: the tuner's own products look up nothing here.
+                // Another context may have tuned the class meanwhile: the first choice stays,
+                // so that every context of the process runs the same plan.
                 let choice = self.autotune(class)?;
-                lock(choices).tiled.insert(class, choice);
-                choice
+                *lock(choices).tiled.entry(class).or_insert(choice)
             }
         };
         Ok(Some(MatmulOptions {
@@ -632,8 +633,7 @@ impl Context {
             None => {
                 // Not locked while it tunes: the tuner's own products look up nothing here.
                 let choice = self.autotune_narrow(shape, automatic)?;
-                lock(choices).narrow.insert(shape, choice);
-                choice
+                *lock(choices).narrow.entry(shape).or_insert(choice)
             }
         };
         let chosen = MatmulOptions {
