@@ -273,12 +273,14 @@ fn block_id(workgroup: vec3<u32>) -> u32 {
 
 // The block tile (row, column) of workgroup (x, y): the linear id walks GROUP_M tile rows
 // column by column. A bijection of the ids below tiles_n · tiles_m onto the tiles (the entry
-// point returns at once for the ids past them).
+// point returns at once for the ids past them). A group of more rows than there are is all of
+// them, so that the product below stays within tiles_n · tiles_m (which fits a u32).
 fn block_tile(workgroup: vec3<u32>) -> vec2<u32> {
     let id = block_id(workgroup);
-    let per_group = GROUP_M * params.tiles_n;
-    let first_row = (id / per_group) * GROUP_M;
-    let rows = min(params.tiles_m - first_row, GROUP_M);
+    let group = min(GROUP_M, params.tiles_m);
+    let per_group = group * params.tiles_n;
+    let first_row = (id / per_group) * group;
+    let rows = min(params.tiles_m - first_row, group);
     let in_group = id % per_group;
     return vec2<u32>(first_row + in_group % rows, in_group / rows);
 }

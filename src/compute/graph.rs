@@ -70,7 +70,8 @@ use super::ops::grid_1d;
 use super::tensor::Tensor;
 use super::vocab::{
     decode_elements, element_count, encode_elements, kernel_u32, Activation, ComputeError, DType,
-    ElementwiseParams, KernelKey, ParamsBlock, Source, Variant, PARAMS_BYTES,
+    ElementwiseParams, KernelKey, MatmulParams, NarrowParams, ParamsBlock, ReduceParams, Source,
+    Variant, PARAMS_BYTES,
 };
 use crate::plan::{greedy_by_size, plan, Buffer, PlanOptions};
 use crate::pool::{AllocOptions, Allocation, Pool};
@@ -320,10 +321,7 @@ fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> Vec<Step> {
         let Some(&at) = producer.get(&operand_ptr).filter(|_| private) else {
             continue;
         };
-        let Some(Step::Kernel {
-            kernel, bindings, ..
-        }) = &mut steps[at]
-        else {
+        let Some(Step::Kernel { kernel, .. }) = &steps[at] else {
             continue;
         };
         let Some((out, bias_slot, has_bias, has_activation)) = epilogue_slots(kernel) else {
@@ -332,6 +330,35 @@ fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> Vec<Step> {
         if has_activation != Activation::None {
             continue;
         }
+        // The fused step writes the result where the producer ran, earlier than the op did:
+        // nothing between may bind the result or (for a bias) write the bias, and a bias add
+        // must add along the product's own columns (not a reshape of them).
+        let bound_between = |storage: &Arc<Storage>| {
+            let ptr = Arc::as_ptr(storage);
+            steps[at + 1..index]
+                .iter()
+                .flatten()
+                .any(|step| step_storages(step).iter().any(|s| Arc::as_ptr(s) == ptr))
+        };
+        let movable = match (&extra, &activation) {
+            (Some((bias, result)), None) => {
+                !bound_between(bias)
+                    && !bound_between(result)
+                    && steps[index].as_ref().and_then(bias_columns)
+                        == steps[at].as_ref().and_then(product_columns)
+            }
+            (None, Some((_, result))) => !bound_between(result),
+            _ => false,
+        };
+        if !movable {
+            continue;
+        }
+        let Some(Step::Kernel {
+            kernel, bindings, ..
+        }) = &mut steps[at]
+        else {
+            continue;
+        };
         let result = match (extra, activation) {
             (Some((bias, result)), None) if !has_bias => {
                 *kernel = with_epilogue(*kernel, true, Activation::None);
@@ -351,6 +378,40 @@ fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> Vec<Step> {
         steps[index] = None;
     }
     steps.into_iter().flatten().collect()
+}
+
+/// The columns of the product a matmul, narrow or reduction step writes (its N).
+fn product_columns(step: &Step) -> Option<u32> {
+    let Step::Kernel { kernel, params, .. } = step else {
+        return None;
+    };
+    let bytes = params.bytes();
+    match kernel.variant {
+        Variant::Matmul { .. } => Some(
+            bytemuck::pod_read_unaligned::<MatmulParams>(&bytes[..size_of::<MatmulParams>()]).n,
+        ),
+        Variant::Narrow { .. } => Some(
+            bytemuck::pod_read_unaligned::<NarrowParams>(&bytes[..size_of::<NarrowParams>()])
+                .n4
+                .saturating_mul(4),
+        ),
+        Variant::Reduce { .. } => Some(
+            bytemuck::pod_read_unaligned::<ReduceParams>(&bytes[..size_of::<ReduceParams>()]).n,
+        ),
+        Variant::Plain => None,
+    }
+}
+
+/// The columns (bias length) an `add_bias` step adds along.
+fn bias_columns(step: &Step) -> Option<u32> {
+    let Step::Kernel { params, .. } = step else {
+        return None;
+    };
+    let bytes = params.bytes();
+    Some(
+        bytemuck::pod_read_unaligned::<ElementwiseParams>(&bytes[..size_of::<ElementwiseParams>()])
+            .cols,
+    )
 }
 
 /// The storages a step binds.

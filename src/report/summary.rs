@@ -360,7 +360,9 @@ fn runs(segment: &SegmentState) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for span in &segment.spans {
         match runs.last_mut() {
-            Some(run) if run.kind == span.kind => run.bytes += span.size_bytes,
+            Some(run) if run.kind == span.kind => {
+                run.bytes = run.bytes.saturating_add(span.size_bytes);
+            }
             _ => runs.push(Run {
                 kind: span.kind,
                 bytes: span.size_bytes,
@@ -381,7 +383,10 @@ fn fill_char(kind: SpanKind) -> char {
 /// The bar of one segment: labelled runs when they fit, a density strip otherwise.
 fn segment_bar(segment: &SegmentState, width: usize) -> String {
     let runs = runs(segment);
-    let total: u64 = runs.iter().map(|run| run.bytes).sum();
+    let total: u64 = runs
+        .iter()
+        .map(|run| run.bytes)
+        .fold(0, u64::saturating_add);
     if runs.is_empty() || total == 0 {
         return format!("|{}|", " ".repeat(width - 2));
     }

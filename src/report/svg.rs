@@ -159,7 +159,9 @@ pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
         .unwrap_or(1)
         .max(1);
     let bar_width = f64::from(WIDTH as i32 - LEFT - RIGHT);
-    let x = |bytes: u64| LEFT + (bytes as f64 / largest as f64 * bar_width).round() as i32;
+    let x = |bytes: u64| {
+        LEFT.saturating_add((bytes as f64 / largest as f64 * bar_width).round() as i32)
+    };
 
     let mut svg = String::new();
     {
@@ -311,5 +313,23 @@ mod tests {
         }
         assert!(memory_svg(&history, u64::MAX).is_ok());
         assert!(crate::report::chrome_trace(&history, u64::MAX).is_object());
+    }
+
+    #[test]
+    fn maps_of_spans_that_sum_past_u64_are_drawn() {
+        use crate::state::{SegmentState, Span};
+        let (mut state, _) = synthetic();
+        state.segments = vec![SegmentState {
+            id: crate::policy::SegmentId(0),
+            size_bytes: u64::MAX,
+            dedicated: false,
+            spans: vec![
+                Span::allocated(0, u64::MAX, u64::MAX),
+                Span::allocated(u64::MAX, u64::MAX, 5),
+            ],
+        }];
+        assert_eq!(state.segments[0].allocated_bytes(), u64::MAX);
+        assert!(segments_svg(&state).is_ok());
+        assert!(!crate::report::segment_map(&state, 80).is_empty());
     }
 }

@@ -119,7 +119,7 @@ impl SegmentState {
                     span.size_bytes
                 }
             })
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Bytes held by live allocations, after rounding.

@@ -2366,6 +2366,33 @@ fn autotuned_narrow_matmuls_agree_with_the_twin_and_keep_their_choice() {
 }
 
 #[test]
+fn groups_of_more_tile_rows_than_there_are_visit_every_tile() {
+    // GROUP_M · tiles_n once wrapped in a u32 for large group_rows, and some tiles went unwritten.
+    let mut rng = StdRng::seed_from_u64(79);
+    for group_rows in [1, 3, 1 << 16, 1 << 30, 1 << 31, (1 << 31) + 1, u32::MAX] {
+        let context = context_with(
+            gpu(),
+            ContextOptions {
+                matmul: MatmulOptions {
+                    group_rows,
+                    autotune: Autotune::Off,
+                    ..MatmulOptions::default()
+                },
+                ..ContextOptions::default()
+            },
+        );
+        check_matmul(
+            &context,
+            &format!("group_rows {group_rows}"),
+            (128, 32, 256),
+            true,
+            Activation::None,
+            &mut rng,
+        );
+    }
+}
+
+#[test]
 fn contexts_tuning_one_shape_at_once_run_one_plan() {
     // Options of this test alone (an odd `min_workgroups`): a registry no other test fills.
     let options = ContextOptions {

@@ -417,6 +417,72 @@ fn fusion_off_gives_the_same_answers() {
 }
 
 #[test]
+fn a_bias_computed_after_the_product_or_a_reshaped_product_is_not_fused() {
+    let ctx = context(gpu());
+    let mut rng = StdRng::seed_from_u64(8);
+    // Rows for the narrow kernel, the tiled one and split-K.
+    for rows in [1, 2, 64] {
+        let w = ctx.tensor(&random(&mut rng, 8 * 8), &[8, 8]).expect("w");
+        // The bias is computed after the matmul: folding the add into the matmul would read it
+        // before it is written (the previous run's values).
+        let mut capture = ctx.capture().expect("capture");
+        let x = capture.input(&[rows, 8]).expect("x");
+        let b_in = capture.input(&[8]).expect("b");
+        let h = ctx.matmul(&x, &w).expect("matmul");
+        let b = ctx.neg(&b_in).expect("neg");
+        let y = ctx
+            .relu(&ctx.add_bias(&h, &b).expect("bias"))
+            .expect("relu");
+        let mut plan = capture.finish(&[&y]).expect("plan");
+        for round in 0..3 {
+            let input = random(&mut rng, rows * 8);
+            let bias: Vec<f32> = (0..8).map(|i| (i + 10 * round) as f32).collect();
+            let got = plan
+                .run(&[Feed::Data(&input), Feed::Data(&bias)])
+                .expect("run");
+            let xt = ctx.tensor(&input, &[rows, 8]).expect("x");
+            let bt = ctx.tensor(&bias, &[8]).expect("b");
+            let want = ctx
+                .relu(
+                    &ctx.add_bias(&ctx.matmul(&xt, &w).expect("m"), &ctx.neg(&bt).expect("n"))
+                        .expect("b"),
+                )
+                .expect("relu")
+                .to_vec()
+                .expect("read");
+            assert_close(&format!("{rows} rows, round {round}"), &got[0], &want);
+        }
+        // A bias add over a reshape of the product adds along other columns: not the
+        // product's epilogue.
+        let b = ctx.tensor(&random(&mut rng, 4), &[4]).expect("b");
+        let mut capture = ctx.capture().expect("capture");
+        let x = capture.input(&[rows, 8]).expect("x");
+        let h = ctx
+            .matmul(&x, &w)
+            .expect("matmul")
+            .reshape(&[rows * 2, 4])
+            .expect("reshape");
+        let y = ctx.add_bias(&h, &b).expect("bias");
+        let mut plan = capture.finish(&[&y]).expect("plan");
+        let input = random(&mut rng, rows * 8);
+        let got = plan.run(&[Feed::Data(&input)]).expect("run");
+        let xt = ctx.tensor(&input, &[rows, 8]).expect("x");
+        let want = ctx
+            .add_bias(
+                &ctx.matmul(&xt, &w)
+                    .expect("m")
+                    .reshape(&[rows * 2, 4])
+                    .expect("r"),
+                &b,
+            )
+            .expect("b")
+            .to_vec()
+            .expect("read");
+        assert_close(&format!("{rows} rows, reshaped"), &got[0], &want);
+    }
+}
+
+#[test]
 fn an_intermediate_used_twice_is_not_fused() {
     // The matmul's result is read by the bias add and by the output: it must stay.
     let ctx = context(gpu());
