@@ -385,19 +385,10 @@ fn product_columns(step: &Step) -> Option<u32> {
     let Step::Kernel { kernel, params, .. } = step else {
         return None;
     };
-    let bytes = params.bytes();
     match kernel.variant {
-        Variant::Matmul { .. } => Some(
-            bytemuck::pod_read_unaligned::<MatmulParams>(&bytes[..size_of::<MatmulParams>()]).n,
-        ),
-        Variant::Narrow { .. } => Some(
-            bytemuck::pod_read_unaligned::<NarrowParams>(&bytes[..size_of::<NarrowParams>()])
-                .n4
-                .saturating_mul(4),
-        ),
-        Variant::Reduce { .. } => Some(
-            bytemuck::pod_read_unaligned::<ReduceParams>(&bytes[..size_of::<ReduceParams>()]).n,
-        ),
+        Variant::Matmul { .. } => Some(params.read::<MatmulParams>().n),
+        Variant::Narrow { .. } => Some(params.read::<NarrowParams>().n4.saturating_mul(4)),
+        Variant::Reduce { .. } => Some(params.read::<ReduceParams>().n),
         Variant::Plain => None,
     }
 }
@@ -407,11 +398,7 @@ fn bias_columns(step: &Step) -> Option<u32> {
     let Step::Kernel { params, .. } = step else {
         return None;
     };
-    let bytes = params.bytes();
-    Some(
-        bytemuck::pod_read_unaligned::<ElementwiseParams>(&bytes[..size_of::<ElementwiseParams>()])
-            .cols,
-    )
+    Some(params.read::<ElementwiseParams>().cols)
 }
 
 /// The storages a step binds.

@@ -811,6 +811,11 @@ impl ParamsBlock {
         Self(block)
     }
 
+    /// The parameter struct the block was made from ([`ParamsBlock::new`]'s inverse).
+    pub(crate) fn read<P: bytemuck::Pod>(&self) -> P {
+        bytemuck::pod_read_unaligned(&self.0[..size_of::<P>()])
+    }
+
     /// The bytes the uniform slot holds.
     pub(crate) fn bytes(&self) -> &[u8; PARAMS_BYTES as usize] {
         &self.0
