@@ -101,15 +101,16 @@ impl Allocation {
         self.check_pool(shared).is_ok()
     }
 
-    /// Checks that `len_bytes` at `offset_bytes` fit the allocation and are aligned for copies:
-    /// the offset a multiple of 4, and the length too unless the access ends at the allocation's
-    /// size (the tail is then padded into the bytes that round it up to 4, which it owns).
+    /// Checks that `len_bytes` at `offset_bytes` lie within the allocation's size (exactly: not
+    /// the size rounded up to 4) and are aligned for copies: the offset a multiple of 4, and the
+    /// length too unless the access ends at the allocation's size (the tail is then padded into
+    /// the bytes that round it up to 4, which it owns).
     pub(super) fn check_access(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), PoolError> {
         let end = offset_bytes.checked_add(len_bytes);
         let aligned = offset_bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
             && (len_bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
                 || end == Some(self.size_bytes));
-        let fits = end.is_some_and(|end| end <= self.binding_size());
+        let fits = end.is_some_and(|end| end <= self.size_bytes);
         if aligned && fits {
             Ok(())
         } else {

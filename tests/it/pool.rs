@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu::util::DeviceExt;
-use wgpu_pool::policy::PolicyConfig;
+use wgpu_pool::policy::{PolicyConfig, SegmentClass};
 use wgpu_pool::{AllocOptions, Allocation, Gpu, Pool, PoolError, PoolOptions, ReuseSafety};
 
 use crate::gpu::{both, fresh_gpu, gpu, gpu_default_limits};
@@ -697,7 +697,9 @@ fn the_naive_baseline_has_the_same_interface() {
     assert!(naive.policy().is_naive());
     let segments = naive.segments();
     assert_eq!(segments.len(), 20);
-    assert!(segments.iter().all(|segment| segment.dedicated));
+    assert!(segments
+        .iter()
+        .all(|segment| segment.class == SegmentClass::Dedicated));
     assert_eq!(
         segments
             .iter()
@@ -1113,6 +1115,26 @@ fn bytes_of_any_length_go_in_and_come_back_exactly() {
             pool.write(&allocation, 4, &[1, 2, 3]),
             Err(PoolError::OutOfBounds { .. })
         ));
+        // Issue 26, item 6: the bounds are the size itself, not the size rounded up to 4: a whole
+        // word at offset 4 of 6 bytes (two bytes past the end) and any write at 8 are refused,
+        // and the bytes written before stay.
+        assert!(matches!(
+            pool.write(&allocation, 4, &[1, 2, 3, 4]),
+            Err(PoolError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            pool.write(&allocation, 8, &[]),
+            Err(PoolError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            pool.write(&allocation, 8, &[1, 2, 3, 4]),
+            Err(PoolError::OutOfBounds { .. })
+        ));
+        assert_eq!(
+            pool.read(&allocation).unwrap(),
+            [1, 2, 3, 4, 9, 8],
+            "{limits}: nothing written by the refusals"
+        );
     }
 }
 
