@@ -493,6 +493,15 @@ pub fn run(
             ]);
             println!("speedup (pool requests/s over naive): {speedup:.2}x");
             println!("planned requests/s over the pool's: {planned_speedup:.2}x");
+            if gpu.info.device_type == wgpu::DeviceType::Cpu {
+                println!(
+                    "note: {} is a software GPU: its buffers are host memory, cheap to create, \
+                     so one buffer per tensor costs little here and the pool gains little in \
+                     speed; its gains are in memory (above) and, on a real GPU, in the \
+                     allocations' cost",
+                    gpu.info.name
+                );
+            }
         }
         comparisons.push(Comparison {
             workload,

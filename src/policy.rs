@@ -547,6 +547,14 @@ pub struct PoolStats {
     pub largest_free_bytes: u64,
     /// Free bytes in all segments now, in bytes.
     pub free_bytes: u64,
+    /// Bytes of segments that hold no allocation now (what `trim` would give back), counted in
+    /// `free_bytes`.
+    #[serde(default)]
+    pub empty_segment_bytes: u64,
+    /// The largest free block now in a segment that holds an allocation, in bytes (what is free
+    /// but would not be given back).
+    #[serde(default)]
+    pub largest_held_free_bytes: u64,
     /// Dropped allocations whose ranges wait for a submission before reuse (PyTorch's
     /// `active_pending_free` blocks), counted in `allocations` (0 where nothing waits: the policy
     /// alone, the replay, the naive baseline).
@@ -589,9 +597,15 @@ impl PoolStats {
         ratio_complement(self.requested_bytes.current, self.allocated_bytes.current)
     }
 
-    /// `1 - largest_free / free` over all segments (0 when nothing is free).
+    /// `1 - largest free block / free bytes` over the segments that hold an allocation: the
+    /// share of free memory that would not be given back by trimming and lies outside the
+    /// largest free block (0 when nothing is free there). Empty segments are apart
+    /// (`empty_segment_bytes`): a pool of empty segments is not fragmented.
     pub fn external_fragmentation(&self) -> f64 {
-        ratio_complement(self.largest_free_bytes, self.free_bytes)
+        ratio_complement(
+            self.largest_held_free_bytes,
+            self.free_bytes.saturating_sub(self.empty_segment_bytes),
+        )
     }
 }
 
@@ -647,6 +661,28 @@ impl<M> Segment<M> {
     /// its allocation.
     pub fn is_dedicated(&self) -> bool {
         self.allocator.is_none() && self.large.is_none()
+    }
+
+    /// Which of the policy's size classes the segment serves.
+    pub fn class(&self) -> SegmentClass {
+        match (&self.allocator, &self.large) {
+            (Some(_), _) => SegmentClass::Packed,
+            (None, Some(large)) if large.is_mid() => SegmentClass::Mid,
+            (None, Some(_)) => SegmentClass::Large,
+            (None, None) => SegmentClass::Dedicated,
+        }
+    }
+
+    /// Its free space as `(offset_bytes, size_bytes)` in address order: the free buddy blocks of
+    /// a packed segment, the free ranges of a segment of the mid-sized or large class, the whole
+    /// segment when a dedicated one is unused. With the live ranges these tile the segment.
+    pub fn free_spans(&self) -> Vec<(u64, u64)> {
+        match (&self.allocator, &self.large) {
+            (Some(allocator), _) => allocator.free_blocks(),
+            (None, Some(large)) => large.free_ranges().collect(),
+            (None, None) if !self.dedicated_in_use => vec![(0, self.size_bytes)],
+            (None, None) => Vec::new(),
+        }
     }
 
     /// True when no allocation lives in this segment.
@@ -864,6 +900,33 @@ enum CompactionTarget {
     Ranges { mid: bool, bytes: u64 },
 }
 
+/// Which of the policy's size classes a segment serves: how its space is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentClass {
+    /// Small requests (up to the packed limit, 1 MiB by default), packed by a buddy allocator.
+    Packed,
+    /// Mid-sized requests (1–16 MiB by default) in exact-fit free ranges that coalesce.
+    Mid,
+    /// Large requests in exact-fit free ranges that coalesce.
+    Large,
+    /// One request's own segment (the naive baseline's every buffer, and a large request's
+    /// when large requests do not share).
+    Dedicated,
+}
+
+impl SegmentClass {
+    /// Its name in reports: `"packed"`, `"mid"`, `"large"` or `"dedicated"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Packed => "packed",
+            Self::Mid => "mid",
+            Self::Large => "large",
+            Self::Dedicated => "dedicated",
+        }
+    }
+}
+
 /// What a new segment is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -989,6 +1052,8 @@ impl<S: SegmentStorage> PoolCore<S> {
         let mut stats = self.stats;
         stats.free_bytes = 0;
         stats.largest_free_bytes = 0;
+        stats.empty_segment_bytes = 0;
+        stats.largest_held_free_bytes = 0;
         if self.config.is_naive() {
             return stats;
         }
@@ -1000,6 +1065,11 @@ impl<S: SegmentStorage> PoolCore<S> {
             };
             stats.free_bytes += free;
             stats.largest_free_bytes = stats.largest_free_bytes.max(largest);
+            if segment.is_empty() {
+                stats.empty_segment_bytes += segment.size_bytes;
+            } else {
+                stats.largest_held_free_bytes = stats.largest_held_free_bytes.max(largest);
+            }
         }
         stats
     }
@@ -1469,6 +1539,17 @@ impl<S: SegmentStorage> PoolCore<S> {
     fn cache_ceiling(&self, rounded_bytes: u64) -> u64 {
         let demand = self.demand_with(rounded_bytes);
         demand + demand / self.config.cache_headroom_divisor.max(1)
+    }
+
+    /// Counts the hand-over of `placement` from one owner to the next (the compute context's
+    /// reuse of a range within its batch) as what it is in the history: a free and an
+    /// allocation of the same bytes. The current values and peaks do not move; the totals and the
+    /// freed totals grow, so that the counters and a replay of the history agree.
+    pub fn count_hand_over(&mut self, placement: &Placement) {
+        self.stats.requested_bytes.sub(placement.requested_bytes);
+        self.stats.allocated_bytes.sub(placement.allocated_bytes);
+        self.stats.allocations.sub(1);
+        self.count_allocation(placement.requested_bytes, placement.allocated_bytes);
     }
 
     fn count_allocation(&mut self, requested_bytes: u64, allocated_bytes: u64) {

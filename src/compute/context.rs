@@ -28,7 +28,7 @@
 //! This module knows dispatches and allocations, not tensors: the context's methods that make,
 //! write and read tensors are in [`super::tensor`], its ops in [`super::ops`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{
@@ -46,6 +46,9 @@ use crate::policy::{CompactionEstimate, CompactionLimits, OutOfMemory};
 use crate::pool::{AllocOptions, Allocation, Compaction, Pool, PoolError};
 
 pub use super::vocab::ShaderChecks;
+
+/// The most user pipelines a context remembers as checked ([`Shared::check_bindings_once`]).
+const MAX_CHECKED_PIPELINES: usize = 1024;
 
 /// How a [`Context`] records, submits and compiles.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,6 +146,11 @@ pub(crate) struct Storage {
     allocation: RwLock<Option<Allocation>>,
     /// Pins ([`Storage::pin`]) that keep compaction from moving the tensor without a lock held.
     pins: AtomicUsize,
+    /// Set once the allocation was handed to the user ([`Tensor::allocation`](super::Tensor::allocation)):
+    /// work the context does not see (the user's own encoder) may use it, so when the tensor is
+    /// dropped its range waits for the pool's next submission, like any dropped allocation, and
+    /// no op's output takes it.
+    exposed: AtomicBool,
     /// The capture that made it, for a tensor without memory.
     pub(crate) capture: Option<u64>,
     /// Bytes the tensor's allocation takes (or will take, in a plan's arena).
@@ -173,6 +181,7 @@ impl Storage {
             Storage {
                 allocation: RwLock::new(allocation),
                 pins: AtomicUsize::new(0),
+                exposed: AtomicBool::new(false),
                 capture,
                 bytes,
                 dtype,
@@ -189,6 +198,15 @@ impl Storage {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         guard.is_some().then_some(TensorAllocation { guard })
+    }
+
+    /// [`Storage::allocation`] for the user: from now on the allocation may be used by work the
+    /// context does not see, so its range is never handed on before the pool's next submission
+    /// after the tensor is dropped.
+    pub(crate) fn expose(&self) -> Option<TensorAllocation<'_>> {
+        let allocation = self.allocation()?;
+        self.exposed.store(true, Ordering::Release);
+        Some(allocation)
     }
 
     /// Whether the tensor has memory (it is not a symbolic tensor of a capture).
@@ -243,7 +261,7 @@ impl Drop for Storage {
             self.shared
                 .freed_bytes
                 .fetch_add(allocation.size(), Ordering::Relaxed);
-            self.shared.free_tensor(allocation);
+            self.shared.free_tensor(allocation, *self.exposed.get_mut());
         }
     }
 }
@@ -423,6 +441,12 @@ pub(crate) struct Shared {
     /// ([`Pool::free_submitted`]), whoever else submits to the pool meanwhile. Until then an op
     /// of the batch may take one for its output ([`Shared::take_deferred`]).
     deferred: Mutex<HashMap<u64, Vec<Allocation>>>,
+    /// The user's pipelines (with the number of tensors they bind) whose storage bindings were
+    /// checked with every tensor in one buffer ([`Shared::check_bindings_once`]).
+    checked_pipelines: Mutex<HashSet<(wgpu::ComputePipeline, usize)>>,
+    /// The allocations of exposed tensors dropped since the last submission (see
+    /// [`Shared::free_tensor`]): kept until the batch is submitted, taken by no op.
+    deferred_exposed: Mutex<Vec<Allocation>>,
     /// Set from the first op recorded into a batch until that batch is submitted: while it is
     /// clear, a dropped tensor's last use is submitted and its range is reusable at once.
     batch_open: AtomicBool,
@@ -444,21 +468,32 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// Gives a dropped tensor's allocation back: at once if no batch is open, else after the
-    /// open batch (which may use it) is submitted.
-    pub(crate) fn free_tensor(&self, allocation: Allocation) {
-        if self.batch_open.load(Ordering::Acquire) {
-            self.deferred
+    /// open batch (which may use it) is submitted. An `exposed` one (handed to the user, who may
+    /// have recorded work on it that the context does not see) is dropped as any allocation
+    /// is: its range waits for the pool's next submission (after the open batch's, if one is
+    /// open), and no op's output takes it.
+    pub(crate) fn free_tensor(&self, allocation: Allocation, exposed: bool) {
+        let batch_open = self.batch_open.load(Ordering::Acquire);
+        match (batch_open, exposed) {
+            (true, false) => self
+                .deferred
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .entry(allocation.size())
                 .or_default()
-                .push(allocation);
-        } else {
-            self.pool.free_submitted([allocation]);
+                .push(allocation),
+            (true, true) => self
+                .deferred_exposed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(allocation),
+            (false, false) => self.pool.free_submitted([allocation]),
+            (false, true) => drop(allocation),
         }
     }
 
-    /// Gives the deferred allocations back: the batch that last used them is submitted.
+    /// Gives the deferred allocations back: the batch that last used them is submitted. The
+    /// exposed ones are dropped, to wait for the pool's next submission.
     fn release_deferred(&self) {
         let deferred = std::mem::take(
             &mut *self
@@ -467,6 +502,63 @@ impl Shared {
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         );
         self.pool.free_submitted(deferred.into_values().flatten());
+        drop(std::mem::take(
+            &mut *self
+                .deferred_exposed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        ));
+    }
+
+    /// Refuses a user's pipeline that binds a tensor read-only beside a read-write one
+    /// ([`ComputeError::ReadOnlyBinding`]) whatever the placement of `allocations`: the first
+    /// time a pipeline is dispatched over this many tensors, the dispatch is encoded once more
+    /// (never submitted) with every tensor binding over one range of one buffer (the largest
+    /// tensor's, so that each binding's minimum size holds), as the pool may place them.
+    fn check_bindings_once(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        allocations: &[TensorAllocation<'_>],
+        groups: &[&wgpu::BindGroup],
+    ) -> Result<(), ComputeError> {
+        let key = (pipeline.clone(), allocations.len());
+        let mut checked = self
+            .checked_pipelines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if checked.contains(&key) {
+            return Ok(());
+        }
+        let Some(largest) = allocations
+            .iter()
+            .max_by_key(|allocation| allocation.binding_size())
+        else {
+            return Ok(());
+        };
+        let device = &self.gpu.device;
+        let resources = allocations
+            .iter()
+            .map(|_| largest.as_binding_resource())
+            .collect();
+        let one_buffer = custom_group(device, pipeline, resources)?;
+        let all_groups: Vec<&wgpu::BindGroup> = std::iter::once(&one_buffer)
+            .chain(groups.iter().copied())
+            .collect();
+        // The groups passed the check with the tensors where they are: what fails now is the
+        // tensors' sharing of one buffer.
+        match check_custom_dispatch(device, pipeline, &all_groups) {
+            Ok(()) => {}
+            Err(ComputeError::Config(message)) => {
+                return Err(ComputeError::ReadOnlyBinding { message })
+            }
+            Err(error) => return Err(error),
+        }
+        // Bounded: a program that makes pipelines without end checks each again.
+        if checked.len() >= MAX_CHECKED_PIPELINES {
+            checked.clear();
+        }
+        checked.insert(key);
+        Ok(())
     }
 
     /// The allocation of `bytes` of a tensor dropped in the open batch most recently, handed to
@@ -598,6 +690,8 @@ impl Context {
                 limits,
                 freed_bytes: AtomicU64::new(0),
                 deferred: Mutex::new(HashMap::new()),
+                deferred_exposed: Mutex::new(Vec::new()),
+                checked_pipelines: Mutex::new(HashSet::new()),
                 batch_open: AtomicBool::new(false),
                 capturing: AtomicU64::new(0),
                 registry: Mutex::new(HashMap::new()),
@@ -1051,6 +1145,8 @@ impl Context {
             .chain(groups.iter().copied())
             .collect();
         check_custom_dispatch(&self.shared.gpu.device, pipeline, &all_groups)?;
+        self.shared
+            .check_bindings_once(pipeline, &allocations, groups)?;
         let bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
             std::iter::once((0, &own_group, &[] as &[u32]))
                 .chain(
@@ -1370,6 +1466,13 @@ pub(crate) fn check_custom_dispatch(
     drop(encoder.finish());
     match crate::device::caught(validation) {
         None => Ok(()),
+        // wgpu names the usages that conflict: a read-only storage binding beside a read-write
+        // one of the same buffer is the user's declaration, whatever else differs.
+        Some(error) if error.to_string().contains("STORAGE_READ_ONLY") => {
+            Err(ComputeError::ReadOnlyBinding {
+                message: error.to_string(),
+            })
+        }
         Some(error) => Err(ComputeError::Config(format!(
             "dispatch: wgpu refuses this dispatch: {error}"
         ))),

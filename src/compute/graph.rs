@@ -1209,7 +1209,12 @@ impl Plan {
             .map(|tensors| self.outputs.iter().zip(tensors.iter().copied()).collect())
             .unwrap_or_default();
         let same_buffer = |slot: &Slot, tensor: &Tensor| {
-            bound.arenas[slot.arena].0 == *tensor.allocation().buffer()
+            bound.arenas[slot.arena].0
+                == *tensor
+                    .storage
+                    .allocation()
+                    .expect("a plan's inputs and outputs have memory")
+                    .buffer()
         };
         let copy_group = |slot: &Slot, from: (&wgpu::Buffer, u64), to: (&wgpu::Buffer, u64)| {
             let layout = self.context.kernel_layout(2);
@@ -1248,7 +1253,10 @@ impl Plan {
         for &(slot, tensor) in &copies_in {
             if !same_buffer(slot, tensor) {
                 let (buffer, offset, _) = slot_range(slot);
-                let source = tensor.allocation();
+                let source = tensor
+                    .storage
+                    .allocation()
+                    .expect("a plan's inputs and outputs have memory");
                 encoder.copy_buffer_to_buffer(
                     source.buffer(),
                     source.offset(),
@@ -1282,7 +1290,10 @@ impl Plan {
         for &(slot, tensor) in &copies_in {
             if same_buffer(slot, tensor) {
                 let (buffer, offset, _) = slot_range(slot);
-                let source = tensor.allocation();
+                let source = tensor
+                    .storage
+                    .allocation()
+                    .expect("a plan's inputs and outputs have memory");
                 let group = copy_group(slot, (source.buffer(), source.offset()), (&buffer, offset));
                 open(&mut pass, &mut encoder);
                 kernel_copy(pass.as_mut().expect("opened"), slot, group);
@@ -1337,7 +1348,10 @@ impl Plan {
         for &(slot, tensor) in &copies_out {
             if same_buffer(slot, tensor) {
                 let (buffer, offset, _) = slot_range(slot);
-                let target = tensor.allocation();
+                let target = tensor
+                    .storage
+                    .allocation()
+                    .expect("a plan's inputs and outputs have memory");
                 let group = copy_group(slot, (&buffer, offset), (target.buffer(), target.offset()));
                 open(&mut pass, &mut encoder);
                 kernel_copy(pass.as_mut().expect("opened"), slot, group);
@@ -1347,7 +1361,10 @@ impl Plan {
         for &(slot, tensor) in &copies_out {
             if !same_buffer(slot, tensor) {
                 let (buffer, offset, _) = slot_range(slot);
-                let target = tensor.allocation();
+                let target = tensor
+                    .storage
+                    .allocation()
+                    .expect("a plan's inputs and outputs have memory");
                 encoder.copy_buffer_to_buffer(
                     &buffer,
                     offset,

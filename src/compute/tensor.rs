@@ -7,6 +7,7 @@ use super::context::{Context, Storage, TensorAllocation};
 use super::vocab::{
     decode_elements, element_count, encode_elements, tensor_bytes, ComputeError, DType,
 };
+use crate::policy::SegmentId;
 use crate::pool::{AllocOptions, Allocation, PoolError};
 
 /// A tensor of f32 or f16 elements ([`Tensor::dtype`]), row-major, whose storage is a pool
@@ -73,10 +74,12 @@ impl Tensor {
     /// To bind a tensor in a kernel of your own, record the kernel through the context with
     /// [`Context::dispatch`] or [`Context::dispatch_with`]: the dispatch then joins the context's
     /// batch, and the tensor's range stays reserved until the submission that carries it. Work
-    /// you record elsewhere (your own encoder) that binds this allocation is not tracked: if the
-    /// tensor is dropped before that work is submitted while no batch of the context is open, its
-    /// range is reusable at once, and a new allocation's upload can land in it before your kernel
-    /// reads it. Bind it `read_write` (see the pool's module documentation).
+    /// you record elsewhere (your own encoder) may bind this allocation too: once it was handed
+    /// out, the tensor's range, when the tensor is dropped, waits for the pool's next submission
+    /// (as any dropped [`Allocation`] does: submit your encoder through
+    /// [`Pool::submit`](crate::Pool::submit)) and is never handed to an op's output in the
+    /// open batch. Bind it `read_write` (see the pool's module documentation). To see where a
+    /// tensor lies without handing it out, use [`Tensor::location`].
     ///
     /// Write into it with [`Context::write`], not [`Pool::write`](crate::Pool::write) on this
     /// allocation: an op's output may hold the range of a tensor dropped in the open batch, which
@@ -93,13 +96,23 @@ impl Tensor {
     /// panic).
     pub fn allocation(&self) -> TensorAllocation<'_> {
         self.storage
-            .allocation()
+            .expose()
             .expect("a symbolic tensor of a capture has no allocation: see Tensor::is_symbolic")
     }
 
-    /// The pool allocation holding the data; `None` for a symbolic tensor of a capture.
+    /// The pool allocation holding the data; `None` for a symbolic tensor of a capture. As
+    /// [`Tensor::allocation`], it marks the range as the user's.
     pub fn try_allocation(&self) -> Option<TensorAllocation<'_>> {
-        self.storage.allocation()
+        self.storage.expose()
+    }
+
+    /// Where the tensor's memory is now: its segment and offset in bytes (`None` for a symbolic
+    /// tensor of a capture). For reports and tests: unlike [`Tensor::allocation`] it hands out
+    /// nothing to bind, so the tensor's range stays free to be handed to an op's output once the
+    /// tensor is dropped in the open batch.
+    pub fn location(&self) -> Option<(SegmentId, u64)> {
+        let allocation = self.storage.allocation()?;
+        Some((allocation.segment(), allocation.offset()))
     }
 
     /// Whether the tensor was made by an op while its context captured: it has no memory or
@@ -228,8 +241,11 @@ impl Context {
         }
         // Real memory even while capturing: data made in a forward is a constant of its plan.
         let tensor = self.allocate_memory("tensor", shape.to_vec(), len, dtype)?;
-        self.pool()
-            .write(&tensor.allocation(), 0, &encode_elements(data, dtype))?;
+        self.pool().write(
+            &tensor.storage.allocation().expect("allocated above"),
+            0,
+            &encode_elements(data, dtype),
+        )?;
         Ok(tensor)
     }
 

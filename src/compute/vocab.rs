@@ -133,6 +133,23 @@ pub enum ComputeError {
     /// A configuration the device or the kernels cannot run.
     #[error("invalid compute configuration: {0}")]
     Config(String),
+    /// A kernel of the user's ([`Context::dispatch`](crate::compute::Context::dispatch))
+    /// declares a storage binding of its tensors `var<storage, read>` beside one declared
+    /// `read_write`. Tensors may share one segment buffer, and wgpu refuses one buffer bound
+    /// read-only and read-write in one dispatch, so such a kernel would run or fail depending on
+    /// where the pool placed its tensors: it is refused at its first dispatch, whatever the
+    /// placement.
+    #[error(
+        "dispatch: a storage binding of group 0 is declared `var<storage, read>` beside one \
+         declared `read_write`; tensors may share a segment buffer, and wgpu refuses a buffer \
+         bound both ways in one dispatch, so this kernel would fail whenever the pool places \
+         its tensors together: declare every tensor binding `var<storage, read_write>` \
+         (wgpu: {message})"
+    )]
+    ReadOnlyBinding {
+        /// What wgpu said of the dispatch with every tensor in one buffer.
+        message: String,
+    },
     /// wgpu refused a kernel (a compile or pipeline error on this backend).
     #[error("kernel {kernel} was refused by the device: {message}")]
     Kernel {

@@ -219,30 +219,25 @@ pub(super) fn fill_state<S: SegmentStorage>(
             at = offset + size;
         }
     }
-    let mut segments: Vec<SegmentState> =
-        core.segments()
-            .map(|segment| {
-                let mut spans = by_segment.remove(&segment.id).unwrap_or_default();
-                match &segment.allocator {
-                    Some(allocator) => {
-                        spans.extend(allocator.free_blocks().into_iter().map(
-                            |(offset_bytes, size_bytes)| Span::free(offset_bytes, size_bytes),
-                        ));
-                    }
-                    None if segment.is_empty() => {
-                        spans.push(Span::free(0, segment.size_bytes));
-                    }
-                    None => {}
-                }
-                spans.sort_unstable_by_key(|span| span.offset_bytes);
-                SegmentState {
-                    id: segment.id,
-                    size_bytes: segment.size_bytes,
-                    dedicated: segment.allocator.is_none(),
-                    spans,
-                }
-            })
-            .collect();
+    let mut segments: Vec<SegmentState> = core
+        .segments()
+        .map(|segment| {
+            let mut spans = by_segment.remove(&segment.id).unwrap_or_default();
+            spans.extend(
+                segment
+                    .free_spans()
+                    .into_iter()
+                    .map(|(offset_bytes, size_bytes)| Span::free(offset_bytes, size_bytes)),
+            );
+            spans.sort_unstable_by_key(|span| span.offset_bytes);
+            SegmentState {
+                id: segment.id,
+                size_bytes: segment.size_bytes,
+                class: segment.class(),
+                spans,
+            }
+        })
+        .collect();
     segments.sort_unstable_by_key(|segment| segment.id);
     let config = core.config();
     let policy = (!config.is_naive()).then(|| PolicySummary {
@@ -271,20 +266,16 @@ pub(super) fn fill_state<S: SegmentStorage>(
     }
 }
 
-/// Per-segment figures: id, size, whether dedicated, and the buddy statistics, in slot order.
+/// Per-segment figures: id, size, class, the buddy statistics and the free spans, in slot order.
 pub(super) fn segment_infos<S: SegmentStorage>(core: &PoolCore<S>) -> Vec<SegmentInfo> {
     let min_block = core.config().min_block_bytes;
     core.segments()
         .map(|segment| SegmentInfo {
             id: segment.id,
             size_bytes: segment.size_bytes,
-            dedicated: segment.allocator.is_none(),
+            class: segment.class(),
             stats: segment.stats(min_block),
-            free_blocks: segment
-                .allocator
-                .as_ref()
-                .map(|a| a.free_blocks())
-                .unwrap_or_default(),
+            free_blocks: segment.free_spans(),
         })
         .collect()
 }

@@ -206,16 +206,24 @@ impl Shared {
 
     /// Hands the live allocation in `live_slot` to a new owner labelled `label` (with the op in
     /// scope): the history records the old owner's free (requested and completed) and the new
-    /// one's allocation at the same place; the policy sees no change (see `Pool::reuse`).
+    /// one's allocation at the same place, and the policy's counters the same free and
+    /// allocation (the range itself stays where it is; see `Pool::reuse`).
     pub(super) fn hand_over(&self, live_slot: usize, label: &Label) {
         let mut guard = self.lock();
         let State {
-            live, history, op, ..
+            core,
+            live,
+            history,
+            op,
+            ..
         } = &mut *guard;
         let time_us = history.as_ref().map(|_| self.now_us());
         let Some(entry) = live.get_mut(live_slot) else {
             return;
         };
+        // One definition of an allocation for the counters and the history: a free and an
+        // allocation in both.
+        core.count_hand_over(&entry.placement);
         if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
             history.record(allocation_event(EventKind::FreeRequested, time_us, entry));
             history.record(allocation_event(EventKind::FreeCompleted, time_us, entry));

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::state::{
     pytorch_snapshot, FreeBlockCount, HistoryStatus, PolicySummary, PoolFigures, PoolState,
-    SegmentAddresses, SegmentState, Span, SpanKind, SMALL_SEGMENT_BYTES,
+    SegmentAddresses, SegmentState, Span, SpanKind,
 };
 pub use chrome::chrome_trace;
 pub use device::{

@@ -224,7 +224,7 @@ fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
     }
     table.row(&format!(
         "Fragmentation: internal {} (rounding), external {} (free memory outside the largest \
-         free block)",
+         free block, in segments that hold allocations)",
         percent(pool.internal_fragmentation),
         percent(pool.external_fragmentation)
     ))?;
@@ -329,7 +329,7 @@ pub const MAP_LEGEND: &str =
     "runs labelled when wide enough; # used, ~ pending free, . free; 1-9: tenths used";
 
 /// Every segment of `state` as one line of about `width` characters:
-/// `seg    0   4.00 MiB pooled    |--- used 1 MiB ---|------- free 3 MiB -------|`.
+/// `seg    0   4.00 MiB packed    |--- used 1 MiB ---|------- free 3 MiB -------|`.
 pub fn segment_map(state: &PoolState, width: usize) -> String {
     let mut out = String::new();
     for segment in &state.segments {
@@ -511,7 +511,7 @@ mod tests {
         let segment = SegmentState {
             id: SegmentId(0),
             size_bytes: 300 * MIB,
-            dedicated: false,
+            class: crate::policy::SegmentClass::Packed,
             spans: vec![
                 Span::allocated(0, 100 * MIB, 100 * MIB),
                 Span::free(100 * MIB, 50 * MIB),
@@ -545,7 +545,7 @@ mod tests {
         let segment = SegmentState {
             id: SegmentId(1),
             size_bytes: 100 * 1024,
-            dedicated: false,
+            class: crate::policy::SegmentClass::Packed,
             spans,
         };
         let bar = segment_bar(&segment, 40);
@@ -577,6 +577,6 @@ mod tests {
             assert_eq!(line.chars().count(), TABLE_WIDTH, "{line:?}");
         }
         let map = segment_map(&state, 70);
-        assert!(map.starts_with("seg    0   4.00 MiB pooled"), "{map}");
+        assert!(map.starts_with("seg    0   4.00 MiB packed"), "{map}");
     }
 }

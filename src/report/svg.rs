@@ -294,7 +294,7 @@ mod tests {
     fn segment_plot_draws_each_segment() {
         let (state, _) = synthetic();
         let svg = segments_svg(&state).expect("svg");
-        assert!(svg.contains("seg 0 4.00 MiB pooled"), "{svg}");
+        assert!(svg.contains("seg 0 4.00 MiB packed"), "{svg}");
         assert!(svg.contains("<rect"));
     }
 
@@ -322,7 +322,7 @@ mod tests {
         state.segments = vec![SegmentState {
             id: crate::policy::SegmentId(0),
             size_bytes: u64::MAX,
-            dedicated: false,
+            class: crate::policy::SegmentClass::Packed,
             spans: vec![
                 Span::allocated(0, u64::MAX, u64::MAX),
                 Span::allocated(u64::MAX, u64::MAX, 5),

@@ -1,7 +1,7 @@
 //! Synthetic pool states and histories for the exporters' unit tests (no GPU).
 
 use crate::history::{Event, EventKind, History, HistoryOptions, OomDetails, Totals};
-use crate::policy::{PoolStats, SegmentId};
+use crate::policy::{PoolStats, SegmentClass, SegmentId};
 use crate::state::{PolicySummary, PoolState, SegmentState, Span, SpanKind};
 
 /// One mebibyte, in bytes.
@@ -88,7 +88,7 @@ pub(crate) fn synthetic() -> (PoolState, History) {
         segments: vec![SegmentState {
             id: SegmentId(0),
             size_bytes: 4 * MIB,
-            dedicated: false,
+            class: SegmentClass::Packed,
             spans,
         }],
     };

@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::buddy;
-use crate::policy::{PoolStats, SegmentId};
+use crate::policy::{PoolStats, SegmentClass, SegmentId};
 
-pub use pytorch::{pytorch_snapshot, SegmentAddresses, SMALL_SEGMENT_BYTES};
+pub use pytorch::{pytorch_snapshot, SegmentAddresses};
 
 /// What a [`Span`] of a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -91,21 +91,17 @@ pub struct SegmentState {
     pub id: SegmentId,
     /// Its size, in bytes.
     pub size_bytes: u64,
-    /// True for a segment not packed by a buddy allocator: a dedicated one, or one of free
-    /// ranges shared by large or mid-sized requests (and every buffer of the naive baseline).
-    pub dedicated: bool,
+    /// Which of the policy's size classes it serves (every buffer of the naive baseline is
+    /// [`SegmentClass::Dedicated`]).
+    pub class: SegmentClass,
     /// Allocations, pending frees and free blocks, in address order, tiling `[0, size_bytes)`.
     pub spans: Vec<Span>,
 }
 
 impl SegmentState {
-    /// `"dedicated"` for a segment made for one large request, else `"pooled"`.
+    /// Its class's name: `"packed"`, `"mid"`, `"large"` or `"dedicated"`.
     pub fn kind(&self) -> &'static str {
-        if self.dedicated {
-            "dedicated"
-        } else {
-            "pooled"
-        }
+        self.class.name()
     }
 
     fn sum(&self, kind: SpanKind, requested: bool) -> u64 {
@@ -254,9 +250,8 @@ pub struct SegmentInfo {
     pub id: SegmentId,
     /// Its size, in bytes.
     pub size_bytes: u64,
-    /// True for a segment not packed by a buddy allocator (a dedicated one, or one of free
-    /// ranges shared by large or mid-sized requests).
-    pub dedicated: bool,
+    /// Which of the policy's size classes it serves.
+    pub class: SegmentClass,
     /// Its buddy statistics.
     pub stats: buddy::Stats,
     /// Its free blocks as `(offset_bytes, size_bytes)`, in address order.
@@ -282,7 +277,8 @@ pub struct PoolFigures {
     pub stats: PoolStats,
     /// `1 - requested / allocated` over live allocations.
     pub internal_fragmentation: f64,
-    /// `1 - largest_free / free` over the pooled segments.
+    /// `1 - largest_free / free` over the segments that hold allocations (empty segments apart:
+    /// see [`PoolStats::external_fragmentation`]).
     pub external_fragmentation: f64,
     /// The largest free block in any pooled segment, in bytes: the largest request served
     /// without creating a segment.
@@ -329,7 +325,7 @@ impl PoolFigures {
             }
             for span in &segment.spans {
                 match span.kind {
-                    SpanKind::Free if !segment.dedicated => {
+                    SpanKind::Free if segment.class != SegmentClass::Dedicated => {
                         *free_blocks.entry(span.size_bytes).or_default() += 1;
                         largest_free_block_bytes = largest_free_block_bytes.max(span.size_bytes);
                     }
@@ -433,7 +429,7 @@ mod tests {
         let mut segment = SegmentState {
             id: SegmentId(3),
             size_bytes: 1024,
-            dedicated: false,
+            class: SegmentClass::Packed,
             spans: vec![Span::allocated(0, 512, 500), Span::free(512, 512)],
         };
         assert_eq!(segment.check_tiling(), Ok(()));
@@ -449,7 +445,7 @@ mod tests {
         let segment = SegmentState {
             id: SegmentId(1),
             size_bytes: u64::MAX,
-            dedicated: false,
+            class: SegmentClass::Packed,
             spans: vec![Span::free(0, u64::MAX), Span::free(u64::MAX, 1)],
         };
         let error = segment.check_tiling().unwrap_err();

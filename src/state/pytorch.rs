@@ -4,8 +4,9 @@
 //! The mapping:
 //!
 //! - **Segments** are the pool's segment buffers (and, for the naive baseline, its buffers). Each
-//!   gets a synthetic device address from [`SegmentAddresses`]; `segment_type` is `"small"` up to
-//!   2 MiB (PyTorch's small-pool segment size) and `"large"` above.
+//!   gets a synthetic device address from [`SegmentAddresses`]; `segment_type` follows the class:
+//!   `"small"` for a packed segment (small requests, as PyTorch's small pool holds requests up to
+//!   1 MiB) and `"large"` for the mid-sized, large and dedicated classes.
 //! - **Blocks** tile each segment in address order: live allocations are `active_allocated`
 //!   (`size` = bytes held after rounding, `requested_size` = bytes asked for), dropped allocations
 //!   waiting for a submission are `active_pending_free`, and free buddy blocks are `inactive`
@@ -22,13 +23,10 @@ use serde_json::{Map, Value};
 
 use super::{PoolState, Span, SpanKind};
 use crate::history::{Event, EventKind, History};
-use crate::policy::SegmentId;
+use crate::policy::{SegmentClass, SegmentId};
 use crate::snapshot::{
     Block, BlockState, Frame, Segment, Snapshot, TraceAction, TraceEntry, MAX_EXPORTED_VALUE,
 };
-
-/// Segments up to this size are `"small"` (PyTorch's small-pool segment size), in bytes.
-pub const SMALL_SEGMENT_BYTES: u64 = 2 << 20;
 
 /// The smallest address stride between segments, in bytes.
 const MIN_STRIDE_BYTES: u64 = 2 << 20;
@@ -113,7 +111,7 @@ pub fn pytorch_snapshot(state: &PoolState, history: Option<&History>) -> Snapsho
                 active_size: sum(|b| b.state.is_active(), false),
                 requested_size: sum(|b| b.state.is_active(), true),
                 stream: 0,
-                segment_type: if segment.size_bytes <= SMALL_SEGMENT_BYTES {
+                segment_type: if segment.class == SegmentClass::Packed {
                     "small".into()
                 } else {
                     "large".into()
@@ -273,7 +271,8 @@ mod tests {
         assert_eq!(segment.allocated_size, MIB + 512);
         assert_eq!(segment.active_size, MIB + 768);
         assert_eq!(segment.requested_size, MIB - 100 + 512 + 256);
-        assert_eq!(segment.segment_type, "large");
+        // A packed segment is PyTorch's small pool, whatever its size.
+        assert_eq!(segment.segment_type, "small");
         // Free runs are merged: a, b, c, one inactive block.
         let states: Vec<&str> = segment.blocks.iter().map(|b| b.state.as_str()).collect();
         assert_eq!(

@@ -80,8 +80,7 @@ fn check_canaries(what: &str, tensors: &[(usize, Tensor)]) {
 }
 
 fn place(tensor: &Tensor) -> (SegmentId, u64) {
-    let allocation = tensor.allocation();
-    (allocation.segment(), allocation.offset())
+    tensor.location().expect("a tensor with memory")
 }
 
 /// Sixteen KiB tensors in two segments, with those at offsets 0 and 32 KiB of each dropped: 64

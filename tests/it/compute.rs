@@ -1458,9 +1458,8 @@ fn an_mlp_forward_returns_the_pool_to_the_weights_after_every_batch() {
 }
 
 /// A tensor's place: its buffer and offset.
-fn place(tensor: &Tensor) -> (wgpu::Buffer, u64) {
-    let allocation = tensor.allocation();
-    (allocation.buffer().clone(), allocation.offset())
+fn place(tensor: &Tensor) -> (wgpu_pool::policy::SegmentId, u64) {
+    tensor.location().expect("a tensor with memory")
 }
 
 #[test]
@@ -1558,7 +1557,42 @@ fn an_op_output_takes_the_memory_of_a_tensor_dropped_in_the_open_batch() {
             2 * bytes,
             "{name}: a chain of 65 adds held more than two outputs"
         );
+        // Issue 26, item 2: one definition of an allocation. Replayed from the start, the history
+        // gives the counters' totals: each hand-over is a free and an allocation in both.
+        drop(x);
+        context.flush().unwrap();
+        history_replays_into_the_counters(name, &pool);
     }
+}
+
+/// Replays `pool`'s whole history (on since the pool was made, nothing dropped) into counts and
+/// compares them with the pool's counters: allocations made and freed, bytes requested and
+/// allocated, in total and freed in total.
+fn history_replays_into_the_counters(name: &str, pool: &Pool) {
+    let history = pool.history().expect("history is on");
+    assert_eq!(history.dropped_events(), 0, "{name}");
+    let stats = pool.stats();
+    let (mut made, mut freed) = (0u64, 0u64);
+    let (mut requested, mut allocated, mut allocated_freed) = (0u64, 0u64, 0u64);
+    for event in history.events() {
+        match event.kind {
+            EventKind::Alloc => {
+                made += 1;
+                requested += event.size_bytes;
+                allocated += event.allocated_bytes;
+            }
+            EventKind::FreeCompleted => {
+                freed += 1;
+                allocated_freed += event.allocated_bytes;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(made, stats.allocations.total, "{name}: allocations made");
+    assert_eq!(freed, stats.allocations.freed, "{name}: allocations freed");
+    assert_eq!(requested, stats.requested_bytes.total, "{name}");
+    assert_eq!(allocated, stats.allocated_bytes.total, "{name}");
+    assert_eq!(allocated_freed, stats.allocated_bytes.freed, "{name}");
 }
 
 #[test]
@@ -1649,60 +1683,101 @@ fn a_users_kernel_recorded_through_the_context_keeps_its_tensors_ranges() {
     let data: Vec<f32> = (1..=64).map(|i| i as f32).collect();
     let other = vec![-1.0f32; 64];
 
-    // The hazard with the allocation alone: the kernel recorded in the user's encoder (not yet
-    // submitted), its input dropped while no batch is open, another tensor uploaded: it takes the
-    // input's range at once, and its upload lands before the user's kernel reads.
+    // Issue 26, item 11: a tensor whose allocation the user bound in an encoder of their own,
+    // then dropped before that encoder is submitted, keeps its range until the pool's next
+    // submission: neither an upload made while no batch is open (which used to take the range
+    // at once and land before the user's kernel read it) nor an op's output in the open batch
+    // (which used to take the range of a same-size tensor dropped in the batch) gets it.
+    let user_kernel = |x: &Tensor, y: &Tensor| {
+        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: x.allocation().as_binding_resource(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: y.allocation().as_binding_resource(),
+                },
+            ],
+        });
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        encoder.finish()
+    };
+    // No batch open: an upload.
     let x = context.tensor(&data, &[64]).unwrap();
     let y = context.tensor(&[0.0; 64], &[64]).unwrap();
-    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: x.allocation().as_binding_resource(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: y.allocation().as_binding_resource(),
-            },
-        ],
-    });
-    let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = encoder.begin_compute_pass(&Default::default());
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(1, 1, 1);
-    }
-    let x_range = (x.allocation().buffer().clone(), x.allocation().offset());
+    let work = user_kernel(&x, &y);
+    let x_range = place(&x);
     assert_eq!(context.pending_dispatches(), 0);
     drop(x);
     let z = context.tensor(&other, &[64]).unwrap();
-    let z_range = (z.allocation().buffer().clone(), z.allocation().offset());
-    context.pool().submit([encoder.finish()]);
-    let corrupted = y.to_vec().unwrap();
-    if z_range == x_range {
-        assert_eq!(
-            corrupted, other,
-            "the user's kernel read the new tensor's data"
-        );
-    } else {
-        eprintln!("the pool placed the new tensor elsewhere: the hazard did not show");
-    }
-    drop((y, z, bind_group));
+    assert_ne!(
+        place(&z),
+        x_range,
+        "an upload took a range the user's work reads"
+    );
+    context.pool().submit([work]);
+    assert_eq!(
+        y.to_vec().unwrap(),
+        data,
+        "the user's kernel read another tensor's data"
+    );
+    drop((y, z));
+    // A batch open: an op's output of the same size.
+    let x = context.tensor(&data, &[64]).unwrap();
+    let y = context.tensor(&[0.0; 64], &[64]).unwrap();
+    let ones = context.tensor(&[1.0; 64], &[64]).unwrap();
+    let opened = context.binary_scalar(BinaryOp::Mul, &ones, 3.0).unwrap();
+    assert!(context.pending_dispatches() > 0, "a batch is open");
+    let work = user_kernel(&x, &y);
+    let x_range = place(&x);
+    drop(x);
+    let output = context.binary_scalar(BinaryOp::Mul, &ones, 2.0).unwrap();
+    assert_ne!(
+        place(&output),
+        x_range,
+        "an op's output took a range the user's work reads"
+    );
+    // The same without handing out the allocation: the output does take the dropped range.
+    let unexposed = context.binary_scalar(BinaryOp::Mul, &ones, 4.0).unwrap();
+    let unexposed_range = place(&unexposed);
+    drop(unexposed);
+    let taker = context.binary_scalar(BinaryOp::Mul, &ones, 5.0).unwrap();
+    assert_eq!(place(&taker), unexposed_range, "in-batch reuse still works");
+    assert_eq!(output.to_vec().unwrap(), vec![2.0; 64]);
+    context.pool().submit([work]);
+    assert_eq!(
+        y.to_vec().unwrap(),
+        data,
+        "the user's kernel read another tensor's data"
+    );
+    assert_eq!(opened.to_vec().unwrap(), vec![3.0; 64]);
+    assert_eq!(taker.to_vec().unwrap(), vec![5.0; 64]);
+    drop((y, ones, opened, output, taker));
 
     // Through the context: the dispatch joins the batch, the dropped input keeps its range until
     // the batch is submitted, and the kernel reads its own data.
     let x = context.tensor(&data, &[64]).unwrap();
     let y = context.tensor(&[0.0; 64], &[64]).unwrap();
-    let x_range = (x.allocation().buffer().clone(), x.allocation().offset());
+    let x_range = place(&x);
     context.dispatch(&pipeline, &[&x, &y], [1, 1, 1]).unwrap();
     assert_eq!(context.pending_dispatches(), 1);
     drop(x);
     let z = context.tensor(&other, &[64]).unwrap();
-    let z_range = (z.allocation().buffer().clone(), z.allocation().offset());
-    assert_ne!(z_range, x_range, "a range the open batch reads was reused");
+    assert_ne!(
+        place(&z),
+        x_range,
+        "a range the open batch reads was reused"
+    );
     assert_eq!(y.to_vec().unwrap(), data);
     // Mixed with the context's own ops in one batch, and after it the range is reusable.
     let doubled = context.binary_scalar(BinaryOp::Mul, &y, 2.0).unwrap();
@@ -2203,11 +2278,62 @@ fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
     );
     let conflict = context.dispatch(&read_only, &[&x, &shared], [2, 1, 1]);
     assert!(
-        matches!(conflict, Err(ComputeError::Config(_))),
+        matches!(conflict, Err(ComputeError::ReadOnlyBinding { .. })),
         "{conflict:?}"
     );
     let negated: Vec<f32> = data.iter().map(|v| -v).collect();
     assert_eq!(before.to_vec().unwrap(), negated);
+}
+
+#[test]
+fn a_read_only_binding_is_refused_whatever_the_placement() {
+    // Issue 26, item 10: a kernel declaring an input `var<storage, read>` ran while its tensors
+    // lay in different buffers and failed once the pool put them in one segment.
+    let gpu = gpu();
+    let source = "@group(0) @binding(0) var<storage, read> x: array<f32>;
+                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+                 @compute @workgroup_size(64)
+                 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                     if id.x < arrayLength(&y) { y[id.x] = 2.0 * x[id.x]; }
+                 }";
+    let data: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    // Every tensor a buffer of its own (the naive pool), and tensors of two classes in two
+    // segments of a pool: refused at the first dispatch all the same, with nothing recorded.
+    let naive = Pool::naive(gpu, PoolOptions::default());
+    let pooled = Pool::new(gpu, PoolOptions::default()).unwrap();
+    for (name, pool, y_len) in [("naive", &naive, 64), ("pooled", &pooled, 1 << 20)] {
+        let context = Context::new(pool, ContextOptions::default()).unwrap();
+        let pipeline = wgsl_pipeline(gpu, "test read-only input", source);
+        let x = context.tensor(&data, &[64]).unwrap();
+        let y = context.zeros(&[y_len]).unwrap();
+        assert_ne!(
+            place(&x).0,
+            place(&y).0,
+            "{name}: the test needs tensors in two buffers"
+        );
+        let pending = context.pending_dispatches();
+        let refused = context.dispatch(&pipeline, &[&x, &y], [1, 1, 1]);
+        let Err(ComputeError::ReadOnlyBinding { .. }) = &refused else {
+            panic!("{name}: {refused:?}");
+        };
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("read_write"), "{name}: {message}");
+        assert_eq!(context.pending_dispatches(), pending, "{name}: recorded");
+        // And again (the check is remembered per pipeline, its verdict too).
+        assert!(matches!(
+            context.dispatch(&pipeline, &[&x, &y], [1, 1, 1]),
+            Err(ComputeError::ReadOnlyBinding { .. })
+        ));
+        // The same kernel declared read_write runs, on both.
+        let fixed = wgsl_pipeline(
+            gpu,
+            "test read-write input",
+            &source.replace("var<storage, read> x", "var<storage, read_write> x"),
+        );
+        context.dispatch(&fixed, &[&x, &y], [1, 1, 1]).unwrap();
+        let doubled: Vec<f32> = data.iter().map(|v| 2.0 * v).collect();
+        assert_eq!(y.to_vec().unwrap()[..64], doubled, "{name}");
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::history::{EventKind, HistoryOptions, Totals};
-use wgpu_pool::policy::PolicyConfig;
+use wgpu_pool::policy::{PolicyConfig, SegmentClass};
 use wgpu_pool::report::{
     pytorch_snapshot, write_exports, AllocatorReport, DeviceCounters, DeviceReport, PoolFigures,
     SpanKind,
@@ -388,7 +388,8 @@ fn a_bounded_ring_keeps_the_newest_events_and_exact_totals() {
 fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapshots() {
     let gpu = gpu();
     let limits = gpu.device.limits();
-    // Small segments, so that 3 MiB gets a dedicated one; given back at once when freed.
+    // Small segments, so that 3 MiB gets a segment of its own (of the large class); given back
+    // at once when freed.
     let policy = PolicyConfig {
         max_segment_bytes: 2 * MIB,
         dedicated_above_bytes: 2 * MIB,
@@ -416,8 +417,8 @@ fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapsh
     let dedicated = state
         .segments
         .iter()
-        .find(|s| s.dedicated)
-        .expect("dedicated");
+        .find(|s| matches!(s.class, SegmentClass::Large | SegmentClass::Dedicated))
+        .expect("a segment of the large class");
     assert_eq!(dedicated.spans.len(), 1);
     assert_eq!(dedicated.spans[0].kind, SpanKind::Allocated);
     for segment in &state.segments {
@@ -456,7 +457,7 @@ fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapsh
     assert!(state
         .segments
         .iter()
-        .all(|s| s.dedicated && s.spans.len() == 1));
+        .all(|s| s.class == SegmentClass::Dedicated && s.spans.len() == 1));
     assert_eq!(snapshot.segments.len(), live.len());
     drop(live);
     let history = naive.history().expect("history");
@@ -554,4 +555,154 @@ fn the_replay_reads_the_pools_own_recorded_history() {
         report.pytorch_peak_reserved_bytes,
         Some(stats.reserved_bytes.peak)
     );
+}
+
+/// Every segment of `pool`'s memory state tiled by its spans, its summary's largest free block the
+/// largest free span, and its snapshot (with history) valid and adding up to the statistics.
+fn check_tiled(name: &str, pool: &Pool) {
+    let (state, history) = pool.state_and_history();
+    let snapshot = check_spans(name, &state, history.as_ref());
+    check_snapshot_against_stats(name, &snapshot, &state.stats, pool);
+}
+
+/// The checks of [`check_tiled`] that need only the state and history taken together (while
+/// other threads allocate); returns the snapshot.
+fn check_spans(
+    name: &str,
+    state: &wgpu_pool::report::PoolState,
+    history: Option<&wgpu_pool::History>,
+) -> Snapshot {
+    for segment in &state.segments {
+        segment
+            .check_tiling()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let largest_free_span = state
+        .segments
+        .iter()
+        .filter(|segment| segment.class != SegmentClass::Dedicated)
+        .flat_map(|segment| &segment.spans)
+        .filter(|span| span.kind == SpanKind::Free)
+        .map(|span| span.size_bytes)
+        .max()
+        .unwrap_or(0);
+    assert_eq!(
+        PoolFigures::from_state(state).largest_free_block_bytes,
+        largest_free_span,
+        "{name}"
+    );
+    let snapshot = pytorch_snapshot(state, history);
+    snapshot
+        .check_invariants()
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (segment, exported) in state.segments.iter().zip(&snapshot.segments) {
+        let expected = if segment.class == SegmentClass::Packed {
+            "small"
+        } else {
+            "large"
+        };
+        assert_eq!(exported.segment_type, expected, "{name}: {segment:?}");
+    }
+    snapshot
+}
+
+#[test]
+fn spans_tile_every_segment_of_every_class() {
+    // Issue 26, item 3: the free tail of a segment of the mid-sized class had no span.
+    for (name, gpu) in both() {
+        let pool = Pool::new(gpu, with_history(1 << 16)).expect("pool");
+        let a = pool.allocate(3 * MIB / 2).unwrap();
+        let state = pool.memory_state();
+        let segment = state
+            .segments
+            .iter()
+            .find(|segment| segment.class == SegmentClass::Mid)
+            .expect("1.5 MiB goes to the mid-sized class");
+        assert_eq!(
+            segment.free_bytes(),
+            segment.size_bytes - a.allocated_size(),
+            "{name}"
+        );
+        check_tiled(name, &pool);
+        let summary = Report::from_pool(&pool).to_string();
+        assert!(
+            !summary.contains("Largest free block: 0 B"),
+            "{name}: {summary}"
+        );
+        drop(a);
+        pool.submit([]);
+        check_tiled(name, &pool);
+    }
+
+    // Churn over every class (4 B to 40 MiB), under both roundings, checked at every 25th step
+    // and after compaction.
+    for rounding in [wgpu_pool::Rounding::Exact, wgpu_pool::Rounding::PowerOfTwo] {
+        let gpu = gpu();
+        let limits = gpu.device.limits();
+        let policy = PolicyConfig {
+            rounding,
+            ..PolicyConfig::for_limits(
+                u64::from(limits.min_storage_buffer_offset_alignment),
+                limits.max_buffer_size,
+            )
+        };
+        let pool = Pool::new(
+            gpu,
+            PoolOptions {
+                policy: Some(policy),
+                ..with_history(1 << 20)
+            },
+        )
+        .expect("pool");
+        let name = format!("{rounding:?}");
+        let mut rng = StdRng::seed_from_u64(26);
+        let mut live: Vec<Allocation> = Vec::new();
+        for step in 0..300 {
+            if live.is_empty() || rng.gen_bool(0.55) {
+                let exponent = rng.gen_range(2..=25);
+                let size = rng.gen_range((1u64 << exponent) / 2 + 1..=(1u64 << exponent));
+                live.push(pool.allocate(size).expect("allocate"));
+            } else {
+                let index = rng.gen_range(0..live.len());
+                drop(live.swap_remove(index));
+            }
+            if step % 7 == 6 {
+                pool.submit([]);
+            }
+            if step % 25 == 24 {
+                check_tiled(&format!("{name} step {step}"), &pool);
+            }
+        }
+        pool.submit([]);
+        let mut movable: Vec<&mut Allocation> = live.iter_mut().collect();
+        pool.compact_segments(&mut movable, Default::default())
+            .expect("compaction");
+        check_tiled(&format!("{name} after compaction"), &pool);
+    }
+
+    // Eight threads allocating while the state is taken.
+    let pool = Pool::new(gpu(), with_history(1 << 20)).expect("pool");
+    std::thread::scope(|scope| {
+        for thread in 0..8u64 {
+            let pool = &pool;
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(thread);
+                let mut live = Vec::new();
+                for _ in 0..60 {
+                    if live.is_empty() || rng.gen_bool(0.6) {
+                        let size = rng.gen_range(1..=3 * MIB);
+                        live.push(pool.allocate(size).expect("allocate"));
+                    } else {
+                        let index = rng.gen_range(0..live.len());
+                        drop(live.swap_remove(index));
+                    }
+                }
+            });
+        }
+        for round in 0..40 {
+            let (state, history) = pool.state_and_history();
+            check_spans(&format!("threads, round {round}"), &state, history.as_ref());
+        }
+    });
+    check_tiled("threads, at the end", &pool);
 }
