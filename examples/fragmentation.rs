@@ -1,8 +1,12 @@
 //! The classic fragmentation trap, and what the buddy pool does about it.
 //!
 //! ```text
-//! cargo run --release --example fragmentation
+//! cargo run --release --example fragmentation [-- --out DIR]
 //! ```
+//!
+//! With `--out DIR`, the pool writes `DIR/oom_snapshot.pickle` at its first out-of-memory refusal
+//! (part 3): the pool at that moment, with its history, for pytorch.org/memory_viz
+//! ([`PoolOptions::oom_snapshot`]).
 //!
 //! A program allocates 100, 50, 200, 30, 150 and 20 MiB, then frees the 50, the 30 and the 20:
 //!
@@ -27,7 +31,8 @@ use wgpu_pool::compute::{ComputeError, Context, ContextOptions, Tensor};
 use wgpu_pool::policy::PolicyConfig;
 use wgpu_pool::report::segment_map;
 use wgpu_pool::{
-    request_gpu, AllocOptions, Allocation, Gpu, LimitsChoice, Pool, PoolError, PoolOptions,
+    request_gpu, AllocOptions, Allocation, Gpu, HistoryOptions, LimitsChoice, Pool, PoolError,
+    PoolOptions,
 };
 
 /// The program: sizes allocated in order, in units; then which of them are freed; then the request.
@@ -38,9 +43,14 @@ const REQUEST: u64 = 80;
 fn main() -> Result<()> {
     env_logger::init();
     // Getting a device is kept apart from using it, so that the tests run the same code.
+    let out = match std::env::args().skip(1).collect::<Vec<_>>().as_slice() {
+        [] => None,
+        [flag, dir] if flag == "--out" => Some(std::path::PathBuf::from(dir)),
+        other => bail!("usage: fragmentation [--out DIR], not {other:?}"),
+    };
     let gpu = request_gpu(LimitsChoice::Adapter)?;
     println!("adapter: {gpu}\n");
-    let outcome = run(&gpu, 1 << 20, true)?;
+    let outcome = run(&gpu, 1 << 20, true, out.as_deref())?;
     println!(
         "\nIn short: the arena failed with {} MiB free (largest hole {} MiB); the pool served the request: {}; \
          past its budget it explained why it could not: {}. With tensors: refused before compacting: {}, \
@@ -90,8 +100,14 @@ pub struct TensorOutcome {
     pub values_intact: bool,
 }
 
-/// Runs the story with sizes in `unit_bytes` (1 MiB in the example, less in the tests).
-pub fn run(gpu: &Gpu, unit_bytes: u64, verbose: bool) -> Result<Outcome> {
+/// Runs the story with sizes in `unit_bytes` (1 MiB in the example, less in the tests); with
+/// `out`, the pool of parts 2 and 3 writes `oom_snapshot.pickle` there at its first refusal.
+pub fn run(
+    gpu: &Gpu,
+    unit_bytes: u64,
+    verbose: bool,
+    out: Option<&std::path::Path>,
+) -> Result<Outcome> {
     let say = |text: String| {
         if verbose {
             println!("{text}");
@@ -124,10 +140,16 @@ pub fn run(gpu: &Gpu, unit_bytes: u64, verbose: bool) -> Result<Outcome> {
 
     // 2. The pool, allowed to reserve the same 550 units. It asks the device for segments and can
     //    give an empty one back: a freed segment is not a hole stuck between live data.
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir)?;
+    }
     let pool = Pool::new(
         gpu,
         PoolOptions {
             policy: Some(policy(gpu, unit_bytes)),
+            // The moment to look at: the pool at its first refusal, with how it got there.
+            oom_snapshot: out.map(|dir| dir.join("oom_snapshot.pickle")),
+            history: out.map(|_| HistoryOptions::default()),
             ..PoolOptions::default()
         },
     )?;
@@ -163,6 +185,12 @@ pub fn run(gpu: &Gpu, unit_bytes: u64, verbose: bool) -> Result<Outcome> {
     {
         Err(error @ PoolError::OutOfMemory(_)) => {
             say(format!("\n3. A second request of {REQUEST} units no longer fits the budget, and the pool says why:\n   {error}"));
+            if let Some(dir) = out {
+                say(format!(
+                    "   The pool at this refusal, with its history: {} (open it at pytorch.org/memory_viz)",
+                    dir.join("oom_snapshot.pickle").display()
+                ));
+            }
             true
         }
         Err(other) => bail!("expected an out-of-memory error, got {other}"),

@@ -91,7 +91,7 @@ use crate::state::PoolState;
 pub use allocation::Allocation;
 pub use compact::Compaction;
 pub use io::MAX_STAGING_BYTES;
-pub use options::{AllocOptions, PoolError, PoolOptions, ReuseSafety};
+pub use options::{AllocOptions, OomObserver, OomReport, PoolError, PoolOptions, ReuseSafety};
 pub use storage::SEGMENT_USAGES;
 
 pub use crate::state::SegmentInfo;
@@ -309,6 +309,21 @@ impl Pool {
         if any && self.shared.options.zero_on_free {
             self.submit([]);
         }
+    }
+
+    /// Sets (or with `None` removes) the function called at every out-of-memory refusal of this
+    /// pool, with the refusal and the pool as it was at that moment ([`OomReport`]: its
+    /// `snapshot()` is what PyTorch's `_dump_snapshot` writes from an out-of-memory observer).
+    /// It runs on the thread whose request was refused, after the pool's lock is released, before
+    /// the error is returned; it may use the pool. Taking the report costs a memory state (and a
+    /// copy of the history) per refusal, and nothing while no observer is set. An observer that
+    /// holds a clone of the pool keeps the pool alive until it is removed.
+    pub fn set_oom_observer(&self, observer: Option<OomObserver>) {
+        *self
+            .shared
+            .oom_observer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = observer;
     }
 
     /// Ranges dropped but not yet reusable (waiting for a submission), and their bytes.

@@ -1,8 +1,10 @@
 //! What a pool and an allocation are asked to do, and why the pool refuses: [`PoolOptions`],
 //! [`ReuseSafety`], [`AllocOptions`], [`PoolError`]. Plain data over the policy's types.
 
-use crate::history::HistoryOptions;
+use crate::history::{History, HistoryOptions};
 use crate::policy::{CompactionError, OutOfMemory, PolicyConfig, PolicyError};
+use crate::snapshot::Snapshot;
+use crate::state::{pytorch_snapshot, PoolState};
 
 /// When a dropped allocation's range may be handed out again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,6 +33,12 @@ pub struct PoolOptions {
     /// Record the allocation history from the start (`None`, the default: off; see
     /// `Pool::set_history` to switch it on later).
     pub history: Option<HistoryOptions>,
+    /// Write a PyTorch memory snapshot (with the history, when it is on) to this file at the
+    /// pool's first out-of-memory refusal: the moment `memory_viz` should show. As PyTorch users
+    /// attach an out-of-memory observer that calls `_dump_snapshot`. `None` (the default): none.
+    /// A snapshot that cannot be written is logged (`log::warn!`), never an error of the request.
+    /// For every refusal, and anything else, see `Pool::set_oom_observer`.
+    pub oom_snapshot: Option<std::path::PathBuf>,
 }
 
 impl Default for PoolOptions {
@@ -41,6 +49,7 @@ impl Default for PoolOptions {
             zero_on_free: false,
             label: "wgpu-pool".into(),
             history: None,
+            oom_snapshot: None,
         }
     }
 }
@@ -176,3 +185,27 @@ impl From<PolicyError> for PoolError {
         }
     }
 }
+
+/// What an out-of-memory observer is handed ([`PoolOptions::oom_snapshot`], `Pool::set_oom_observer`):
+/// the refusal and the pool as it was at that moment, taken under the pool's lock.
+#[derive(Debug, Clone)]
+pub struct OomReport {
+    /// The refusal, with its figures (as the error returned to the request).
+    pub error: OutOfMemory,
+    /// The pool's memory at the refusal.
+    pub state: PoolState,
+    /// The history up to the refusal (its last event the `oom`), when history is on.
+    pub history: Option<History>,
+}
+
+impl OomReport {
+    /// The pool at the refusal as a PyTorch memory snapshot (with the history, when it is on),
+    /// for `memory_viz`: write it with [`Snapshot::to_pickle_bytes`].
+    pub fn snapshot(&self) -> Snapshot {
+        pytorch_snapshot(&self.state, self.history.as_ref())
+    }
+}
+
+/// A function called at every out-of-memory refusal of a pool (`Pool::set_oom_observer`), on
+/// the thread that asked, after the pool's lock is released (it may use the pool).
+pub type OomObserver = std::sync::Arc<dyn Fn(&OomReport) + Send + Sync>;

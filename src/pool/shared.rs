@@ -3,7 +3,7 @@
 //! lock; and what is done under it — reserving a range, freeing it (at once or after the next
 //! submission), submitting and releasing, filling the plain-data state.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -11,7 +11,7 @@ use super::live::{
     allocation_event, fill_state, record_oom, record_segment_events, LiveAllocation, LiveSlab,
     StateLimits,
 };
-use super::options::{PoolError, PoolOptions, ReuseSafety};
+use super::options::{OomObserver, OomReport, PoolError, PoolOptions, ReuseSafety};
 use super::storage::BufferStorage;
 use crate::device::Gpu;
 use crate::history::{EventKind, History, Label};
@@ -72,6 +72,10 @@ pub(super) struct Shared {
     pub(super) staging: Mutex<Option<wgpu::Buffer>>,
     /// The staging buffer's size (0 when there is none), readable without its lock.
     pub(super) staging_bytes: AtomicU64,
+    /// Called at every out-of-memory refusal (`Pool::set_oom_observer`).
+    pub(super) oom_observer: Mutex<Option<OomObserver>>,
+    /// Whether the snapshot of [`PoolOptions::oom_snapshot`] was written.
+    oom_snapshot_written: AtomicBool,
 }
 
 impl Shared {
@@ -89,6 +93,8 @@ impl Shared {
             created: Instant::now(),
             staging: Mutex::new(None),
             staging_bytes: AtomicU64::new(0),
+            oom_observer: Mutex::new(None),
+            oom_snapshot_written: AtomicBool::new(false),
             state: Mutex::new(State {
                 core,
                 pending: Vec::new(),
@@ -140,7 +146,24 @@ impl Shared {
                 record_oom(history, time_us, oom, op.as_ref());
             }
         }
-        let placement = result?;
+        let placement = match result {
+            Ok(placement) => placement,
+            Err(PolicyError::OutOfMemory(oom)) => {
+                // The pool as it is at the refusal, taken under this lock; observers run after
+                // it is released (they may use the pool).
+                let report = self.wants_oom_report().then(|| OomReport {
+                    error: (*oom).clone(),
+                    state: self.memory_state_of(&guard),
+                    history: guard.history.clone(),
+                });
+                drop(guard);
+                if let Some(report) = report {
+                    self.observe_oom(&report);
+                }
+                return Err(PolicyError::OutOfMemory(oom).into());
+            }
+            Err(error) => return Err(error.into()),
+        };
         let buffer = core
             .segment(placement.slot())
             .expect("placement's segment is held")
@@ -168,6 +191,47 @@ impl Shared {
             offset_bytes,
             allocated_bytes,
         })
+    }
+
+    /// Whether a refusal is to be reported: an observer is set, or the snapshot of
+    /// [`PoolOptions::oom_snapshot`] is still to be written.
+    fn wants_oom_report(&self) -> bool {
+        (self.options.oom_snapshot.is_some() && !self.oom_snapshot_written.load(Ordering::Acquire))
+            || self
+                .oom_observer
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .is_some()
+    }
+
+    /// Writes the snapshot of [`PoolOptions::oom_snapshot`] (at the first refusal only) and calls
+    /// the observer.
+    fn observe_oom(&self, report: &OomReport) {
+        if let Some(path) = &self.options.oom_snapshot {
+            if !self.oom_snapshot_written.swap(true, Ordering::AcqRel) {
+                let written = report
+                    .snapshot()
+                    .to_pickle_bytes()
+                    .map_err(|error| error.to_string())
+                    .and_then(|bytes| {
+                        std::fs::write(path, bytes).map_err(|error| error.to_string())
+                    });
+                if let Err(error) = written {
+                    log::warn!(
+                        "wgpu-pool: the out-of-memory snapshot could not be written to {}: {error}",
+                        path.display()
+                    );
+                }
+            }
+        }
+        let observer = self
+            .oom_observer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Some(observer) = observer {
+            observer(report);
+        }
     }
 
     /// Frees the allocation recorded in `live_slot`: at once when reuse is immediate, its last use

@@ -10,7 +10,8 @@ mod fragmentation;
 #[test]
 fn fragmentation_example_tells_its_story() {
     // Units of 64 KiB instead of 1 MiB: the same story in 35 MiB.
-    let outcome = fragmentation::run(gpu(), 64 << 10, false).unwrap();
+    let out = std::env::temp_dir().join(format!("wgpu-pool-frag-{}", std::process::id()));
+    let outcome = fragmentation::run(gpu(), 64 << 10, false, Some(&out)).unwrap();
     assert_eq!(outcome.arena_free_units, 100);
     assert_eq!(outcome.arena_largest_hole_units, 50);
     assert!(outcome.pool_served, "{outcome:?}");
@@ -25,6 +26,15 @@ fn fragmentation_example_tells_its_story() {
     let segment = 128 * (64 << 10);
     assert_eq!(tensors.reserved_bytes, (4 * segment, 3 * segment));
     assert!(tensors.values_intact, "{tensors:?}");
+    // Issue 26, item 8: the snapshot of the first refusal (part 3), with the oom in its trace.
+    let snapshot = wgpu_pool::snapshot::Snapshot::from_path(out.join("oom_snapshot.pickle"))
+        .expect("oom_snapshot.pickle");
+    snapshot.check_invariants().unwrap();
+    assert_eq!(
+        snapshot.events().last().map(|event| event.action.clone()),
+        Some(wgpu_pool::snapshot::TraceAction::Oom)
+    );
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[expect(

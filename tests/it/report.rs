@@ -706,3 +706,86 @@ fn spans_tile_every_segment_of_every_class() {
     });
     check_tiled("threads, at the end", &pool);
 }
+
+#[test]
+fn an_out_of_memory_refusal_writes_a_snapshot_and_calls_the_observer() {
+    // Issue 26, item 8: PyTorch users dump a snapshot from an out-of-memory observer.
+    let dir = std::env::temp_dir().join(format!("wgpu-pool-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("oom_snapshot.pickle");
+    let _ = std::fs::remove_file(&path);
+    let pool = Pool::new(
+        gpu(),
+        PoolOptions {
+            oom_snapshot: Some(path.clone()),
+            ..with_history(1 << 16)
+        },
+    )
+    .expect("pool");
+    pool.set_budget(Some(4 * MIB));
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = reports.clone();
+    let observing = pool.clone();
+    pool.set_oom_observer(Some(std::sync::Arc::new(move |report| {
+        // The observer may use the pool: its lock is released.
+        let _ = observing.stats();
+        seen.lock().unwrap().push(report.clone());
+    })));
+    let held = pool
+        .allocate_with(3 * MIB, AllocOptions::labeled("held"))
+        .unwrap();
+    assert!(!path.exists(), "no refusal yet");
+    let refused = pool.allocate_with(3 * MIB, AllocOptions::labeled("refused"));
+    let Err(PoolError::OutOfMemory(oom)) = refused else {
+        panic!("{refused:?}")
+    };
+    // The observer saw the refusal and the pool at that moment.
+    {
+        let reports = reports.lock().unwrap();
+        assert_eq!(reports.len(), 1);
+        let report = &reports[0];
+        assert_eq!(report.error, *oom);
+        let snapshot = report.snapshot();
+        snapshot.check_invariants().unwrap();
+        let last = report
+            .history
+            .as_ref()
+            .unwrap()
+            .events()
+            .back()
+            .unwrap()
+            .kind;
+        assert_eq!(last, EventKind::Oom);
+        assert!(snapshot
+            .events()
+            .iter()
+            .any(|event| event.action == TraceAction::Oom));
+        assert_eq!(
+            report.state.stats.allocated_bytes.current,
+            held.allocated_size()
+        );
+    }
+    // The file holds the same snapshot, as memory_viz reads it.
+    let written = Snapshot::from_path(&path).expect("the snapshot was written");
+    written.check_invariants().unwrap();
+    assert_eq!(written.segments.len(), 1);
+    assert!(written
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.blocks)
+        .any(|block| block.state == BlockState::ActiveAllocated));
+    // A second refusal calls the observer again but leaves the first snapshot.
+    std::fs::remove_file(&path).unwrap();
+    assert!(pool.allocate(3 * MIB).is_err());
+    assert_eq!(reports.lock().unwrap().len(), 2);
+    assert!(
+        !path.exists(),
+        "the snapshot is written at the first refusal only"
+    );
+    // No observer: nothing is called.
+    pool.set_oom_observer(None);
+    assert!(pool.allocate(3 * MIB).is_err());
+    assert_eq!(reports.lock().unwrap().len(), 2);
+    drop(held);
+    let _ = std::fs::remove_dir_all(&dir);
+}
