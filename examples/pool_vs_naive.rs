@@ -162,6 +162,11 @@ pub struct Side {
     /// The most the device said it had allocated in total while serving (wgpu's allocator report;
     /// `None` where the backend reports nothing, as on GL and Metal).
     pub device_reported_bytes: Option<u64>,
+    /// Every buffer this crate held on the device at the moment `device_reported_bytes` was read
+    /// (`Gpu::accounted`: the pools' segments, read-back staging, kernel parameters, plans'
+    /// read-back), the largest of those samples; with the device's figure beside it, what
+    /// wgpu holds of its own.
+    pub accounted_bytes: u64,
     /// Mean CPU time per request spent recording its ops (allocations, bind groups, dispatches)
     /// and uploading its input, in µs, after warm-up (0 for `planned`: see `read_us`).
     pub record_us: f64,
@@ -541,6 +546,7 @@ fn serve_with(
     let mut checksum = 0.0f64;
     let mut probe = Vec::new();
     let mut device_reported: Option<u64> = None;
+    let mut accounted = 0;
     let mut start = Instant::now();
     let mut creates_at_warmup = 0;
     let mut sizes = Vec::new();
@@ -584,6 +590,8 @@ fn serve_with(
             probe.extend_from_slice(&answer);
         }
         if request % sample_every == 0 {
+            // The crate's buffers and the device's figure read at one moment.
+            accounted = accounted.max(gpu.accounted().total_bytes());
             if let Some(bytes) =
                 AllocatorReport::from_device(&gpu.device, gpu.info.backend).total_allocated_bytes()
             {
@@ -607,6 +615,7 @@ fn serve_with(
         peak_reserved_bytes: stats.reserved_bytes.peak,
         peak_requested_bytes: stats.requested_bytes.peak,
         device_reported_bytes: device_reported,
+        accounted_bytes: accounted,
         internal_fragmentation: stats.internal_fragmentation(),
         external_fragmentation: stats.external_fragmentation(),
         checksum,
@@ -770,6 +779,7 @@ fn serve_planned(pool: &Pool, workload: &Workload, settings: &Settings) -> Resul
         create_buffer_calls_after_warmup: stats.create_segment_calls - creates_at_warmup,
         peak_reserved_bytes: stats.reserved_bytes.peak,
         peak_requested_bytes: stats.requested_bytes.peak,
+        accounted_bytes: pool.gpu().accounted().total_bytes(),
         device_reported_bytes: AllocatorReport::from_device(
             &pool.gpu().device,
             pool.gpu().info.backend,
@@ -913,6 +923,9 @@ fn print_table(sides: &[(&str, &Side)]) {
     row("device reports allocated (max)", &|s| {
         s.device_reported_bytes
             .map_or_else(|| "not reported".into(), mib)
+    });
+    row("  of which this crate's buffers", &|s| {
+        mib(s.accounted_bytes)
     });
     row("internal / external fragmentation", &|s| {
         percent(s.internal_fragmentation)

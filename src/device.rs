@@ -3,6 +3,10 @@
 //! no adapter is found. Examples and tests both start here.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::state::{AccountedBytes, BufferRole, RoleBytes};
 
 /// Which limits to ask the device for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,7 +57,8 @@ pub enum DeviceError {
     RequestDevice(#[from] wgpu::RequestDeviceError),
 }
 
-/// A device and its queue, with the adapter when this crate opened it.
+/// A device and its queue, with the adapter when this crate opened it, and the accounting of
+/// the buffers the crate creates on it ([`Gpu::accounted`]), shared by its clones.
 #[derive(Debug, Clone)]
 pub struct Gpu {
     /// The adapter the device was opened on: `None` for a device opened elsewhere and handed in
@@ -65,12 +70,16 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     /// Name, vendor, backend and driver of the adapter.
     pub info: wgpu::AdapterInfo,
+    /// The bytes of every buffer the crate holds on the device, by role.
+    ledger: Arc<Ledger>,
 }
 
 impl Gpu {
     /// A device and queue opened elsewhere (by another crate, an engine, a window's renderer), as
     /// they are handed out: no adapter is requested and no device is opened here. The adapter's
-    /// name, backend and driver come from the device ([`wgpu::Device::adapter_info`]).
+    /// name, backend and driver come from the device ([`wgpu::Device::adapter_info`]). Make one
+    /// `Gpu` per device and clone it: the accounting ([`Gpu::accounted`]) is shared by clones,
+    /// not by two `Gpu`s made of one device.
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let info = device.adapter_info();
         Self {
@@ -78,7 +87,112 @@ impl Gpu {
             device,
             queue,
             info,
+            ledger: Arc::default(),
         }
+    }
+
+    /// Every buffer the crate holds on this device now (through this `Gpu` and its clones: all
+    /// its pools, their read-back staging, compute contexts, plans, timestamps), by role. Put it
+    /// beside the device's own figure (wgpu's allocator report) to see what else holds memory.
+    pub fn accounted(&self) -> AccountedBytes {
+        self.ledger.snapshot()
+    }
+
+    /// The ledger the crate's buffers are counted in.
+    pub(crate) fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// `create_buffer`, counted in the ledger under `role` until the buffer is dropped.
+    pub(crate) fn create_accounted_buffer(
+        &self,
+        role: BufferRole,
+        descriptor: &wgpu::BufferDescriptor<'_>,
+    ) -> AccountedBuffer {
+        let buffer = self.device.create_buffer(descriptor);
+        self.ledger.add(role, buffer.size());
+        AccountedBuffer {
+            buffer,
+            role,
+            ledger: self.ledger.clone(),
+        }
+    }
+}
+
+/// The bytes and number of the buffers the crate holds on one device, per [`BufferRole`].
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    bytes: [AtomicU64; BufferRole::ALL.len()],
+    buffers: [AtomicU64; BufferRole::ALL.len()],
+}
+
+impl Ledger {
+    fn index(role: BufferRole) -> usize {
+        BufferRole::ALL
+            .iter()
+            .position(|&r| r == role)
+            .expect("every role is listed")
+    }
+
+    /// A buffer of `bytes` was created for `role`.
+    pub(crate) fn add(&self, role: BufferRole, bytes: u64) {
+        let index = Self::index(role);
+        self.bytes[index].fetch_add(bytes, Ordering::Relaxed);
+        self.buffers[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A buffer of `bytes` of `role` was given back.
+    pub(crate) fn sub(&self, role: BufferRole, bytes: u64) {
+        self.release(role, 1, bytes);
+    }
+
+    /// `buffers` buffers of `role`, of `bytes` together, were given back.
+    pub(crate) fn release(&self, role: BufferRole, buffers: u64, bytes: u64) {
+        let index = Self::index(role);
+        // Saturating: a miscount must not wrap into exabytes.
+        let _ = self.bytes[index].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+            Some(held.saturating_sub(bytes))
+        });
+        let _ = self.buffers[index].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+            Some(held.saturating_sub(buffers))
+        });
+    }
+
+    fn snapshot(&self) -> AccountedBytes {
+        AccountedBytes {
+            roles: BufferRole::ALL
+                .iter()
+                .enumerate()
+                .map(|(index, &role)| RoleBytes {
+                    role,
+                    bytes: self.bytes[index].load(Ordering::Relaxed),
+                    buffers: self.buffers[index].load(Ordering::Relaxed),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A buffer the crate created, counted in its device's ledger until dropped. Derefs to the
+/// `wgpu::Buffer`.
+#[derive(Debug)]
+pub(crate) struct AccountedBuffer {
+    buffer: wgpu::Buffer,
+    role: BufferRole,
+    ledger: Arc<Ledger>,
+}
+
+impl std::ops::Deref for AccountedBuffer {
+    type Target = wgpu::Buffer;
+
+    fn deref(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+impl Drop for AccountedBuffer {
+    fn drop(&mut self) {
+        self.ledger.sub(self.role, self.buffer.size());
     }
 }
 
@@ -213,6 +327,7 @@ pub async fn open_async(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<
         device,
         queue,
         info,
+        ledger: Arc::default(),
     })
 }
 

@@ -41,9 +41,10 @@ use super::vocab::{
     ComputeError, DType, KernelKey, MatmulOptions, ParamsBlock, TunedChoices, MAX_STORAGE_BINDINGS,
     PARAMS_BYTES,
 };
-use crate::device::Gpu;
+use crate::device::{AccountedBuffer, Gpu};
 use crate::policy::{CompactionEstimate, CompactionLimits, OutOfMemory};
 use crate::pool::{AllocOptions, Allocation, Compaction, Pool, PoolError};
+use crate::state::BufferRole;
 
 pub use super::vocab::ShaderChecks;
 
@@ -266,6 +267,33 @@ impl Drop for Storage {
     }
 }
 
+/// The context's plan read-back buffer, held ([`Context::plan_read_back`]); derefs to it.
+pub(crate) struct PlanReadBack<'a> {
+    slot: MutexGuard<'a, Option<AccountedBuffer>>,
+}
+
+impl PlanReadBack<'_> {
+    /// Forgets the buffer (a failed read may leave it mapped): the next read makes another.
+    pub(crate) fn discard(mut self) {
+        *self.slot = None;
+    }
+}
+
+impl std::ops::Deref for PlanReadBack<'_> {
+    type Target = wgpu::Buffer;
+
+    fn deref(&self) -> &wgpu::Buffer {
+        self.slot.as_ref().expect("made when the guard was taken")
+    }
+}
+
+/// Locks `mutex`, carrying on with the data of a thread that panicked while holding it.
+fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A tensor's pool allocation, borrowed ([`Tensor::allocation`](super::Tensor::allocation)):
 /// derefs to the [`Allocation`]. While it lives, compaction leaves the tensor where it is; drop
 /// it before calling [`Context::compact`] if the tensor should be movable.
@@ -338,7 +366,7 @@ struct BindKey([Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS]);
 /// submitted (the write lands at the start of that submission, before the batch's commands).
 /// Identical parameters share a slot.
 pub(crate) struct ParamsRing {
-    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) buffer: AccountedBuffer,
     slot_bytes: u64,
     staging: Vec<u8>,
     used_slots: u64,
@@ -350,16 +378,19 @@ impl ParamsRing {
     pub(crate) const MAX_SLOTS: u32 = 65_536;
 
     /// A ring of `slots` (1..=[`Self::MAX_SLOTS`]) slots of `max(PARAMS_BYTES, alignment)` bytes.
-    pub(crate) fn new(device: &wgpu::Device, slots: u32, alignment: u32) -> Self {
+    pub(crate) fn new(gpu: &Gpu, slots: u32, alignment: u32) -> Self {
         let slot_bytes = PARAMS_BYTES.max(u64::from(alignment));
         let size = slot_bytes * u64::from(slots);
         Self {
-            buffer: device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-pool compute params ring"),
-                size,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            buffer: gpu.create_accounted_buffer(
+                BufferRole::Parameters,
+                &wgpu::BufferDescriptor {
+                    label: Some("wgpu-pool compute params ring"),
+                    size,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                },
+            ),
             slot_bytes,
             staging: vec![0; size as usize],
             used_slots: 0,
@@ -444,6 +475,8 @@ pub(crate) struct Shared {
     /// The user's pipelines (with the number of tensors they bind) whose storage bindings were
     /// checked with every tensor in one buffer ([`Shared::check_bindings_once`]).
     checked_pipelines: Mutex<HashSet<(wgpu::ComputePipeline, usize)>>,
+    /// The buffer this context's plans read their outputs back through ([`Context::plan_read_back`]).
+    plan_read_back: Mutex<Option<AccountedBuffer>>,
     /// The allocations of exposed tensors dropped since the last submission (see
     /// [`Shared::free_tensor`]): kept until the batch is submitted, taken by no op.
     deferred_exposed: Mutex<Vec<Allocation>>,
@@ -661,7 +694,7 @@ impl Context {
         let limits = gpu.device.limits();
         options.matmul.validate(&limits)?;
         let timer = if options.profile {
-            Timer::new(&gpu.device, &gpu.queue)
+            Timer::new(&gpu)
         } else {
             None
         };
@@ -669,7 +702,7 @@ impl Context {
             kernels: Kernels::new(&gpu.device, options.shader_checks),
             bind_groups: HashMap::new(),
             ring: ParamsRing::new(
-                &gpu.device,
+                &gpu,
                 options.max_ops_per_batch,
                 limits.min_uniform_buffer_offset_alignment,
             ),
@@ -691,6 +724,7 @@ impl Context {
                 freed_bytes: AtomicU64::new(0),
                 deferred: Mutex::new(HashMap::new()),
                 deferred_exposed: Mutex::new(Vec::new()),
+                plan_read_back: Mutex::new(None),
                 checked_pipelines: Mutex::new(HashSet::new()),
                 batch_open: AtomicBool::new(false),
                 capturing: AtomicU64::new(0),
@@ -781,13 +815,45 @@ impl Context {
         self.shared.lock().bind_groups.clear();
     }
 
-    /// Submits the open batch, forgets the cached bind groups and gives every empty segment back
-    /// to the device ([`Pool::trim`]). Returns the bytes given back.
+    /// Submits the open batch, forgets the cached bind groups, gives the plans' read-back buffer
+    /// back and every empty segment to the device ([`Pool::trim`]). Returns the bytes of
+    /// segments given back.
     pub fn trim(&self) -> Result<u64, ComputeError> {
         let mut state = self.shared.lock();
         self.flush_locked(&mut state)?;
         state.bind_groups.clear();
+        drop(state);
+        // Taken alone: a plan reading back holds it and then the state's lock.
+        *lock_ignoring_poison(&self.shared.plan_read_back) = None;
         Ok(self.shared.pool.trim())
+    }
+
+    /// The buffer plans of this context read their outputs back through, at least `bytes` long
+    /// (made, or made larger, here), held until the guard drops: plans share it, so that serving
+    /// many batch sizes holds one read-back buffer, not one per plan.
+    pub(crate) fn plan_read_back(&self, bytes: u64) -> PlanReadBack<'_> {
+        let mut slot = lock_ignoring_poison(&self.shared.plan_read_back);
+        let bytes = bytes.max(4);
+        if slot.as_ref().is_none_or(|buffer| buffer.size() < bytes) {
+            // Dropped first, so that the old and the new one are not held at once. Grown to a
+            // power of two where the device allows it, so that growing stays rare.
+            *slot = None;
+            let max = self.shared.gpu.device.limits().max_buffer_size;
+            let size = bytes
+                .checked_next_power_of_two()
+                .filter(|&size| size <= max)
+                .unwrap_or(bytes);
+            *slot = Some(self.shared.gpu.create_accounted_buffer(
+                BufferRole::PlanReadBack,
+                &wgpu::BufferDescriptor {
+                    label: Some("wgpu-pool plan read-back"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                },
+            ));
+        }
+        PlanReadBack { slot }
     }
 
     /// Moves the context's tensors out of sparsely used segments of the pool into free space of

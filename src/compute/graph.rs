@@ -73,6 +73,7 @@ use super::vocab::{
     ElementwiseParams, KernelKey, MatmulParams, NarrowParams, ParamsBlock, ReduceParams, Source,
     Variant, PARAMS_BYTES,
 };
+use crate::device::AccountedBuffer;
 use crate::plan::{greedy_by_size, plan, Buffer, PlanOptions};
 use crate::pool::{AllocOptions, Allocation, Pool};
 
@@ -771,7 +772,7 @@ impl<'a> Planner<'a> {
                 ))
             })?;
         let mut params = ParamsRing::new(
-            &gpu.device,
+            gpu,
             slots.max(1),
             limits.min_uniform_buffer_offset_alignment,
         );
@@ -827,12 +828,6 @@ impl<'a> Planner<'a> {
         params.write(&gpu.queue);
 
         let output_bytes: u64 = outputs.iter().map(|slot| slot.bytes).sum();
-        let read_back = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgpu-pool plan read-back"),
-            size: output_bytes.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
         let mut plan = Plan {
             context: self.context.clone(),
             steps: built,
@@ -842,7 +837,6 @@ impl<'a> Planner<'a> {
             bound: None,
             params: params.buffer,
             copy,
-            read_back,
             output_bytes,
             stats: PlanStats {
                 recorded_steps: steps.len() + fused,
@@ -887,6 +881,15 @@ pub enum Feed<'a> {
     Tensor(&'a Tensor),
 }
 
+/// Where a replay puts its outputs.
+#[derive(Clone, Copy)]
+enum Outputs<'a> {
+    /// Copied into these tensors ([`Plan::run_into`]).
+    Tensors(&'a [&'a Tensor]),
+    /// Copied one after another into this buffer, to be read back ([`Plan::run`]).
+    ReadBack(&'a wgpu::Buffer),
+}
+
 /// A captured forward, planned: see the [module documentation](self).
 pub struct Plan {
     context: Context,
@@ -895,10 +898,11 @@ pub struct Plan {
     outputs: Vec<Slot>,
     arena: PlanArena,
     bound: Option<Bound>,
-    params: wgpu::Buffer,
+    params: AccountedBuffer,
     /// The copy kernel's pipeline.
     copy: wgpu::ComputePipeline,
-    read_back: wgpu::Buffer,
+    /// The outputs' bytes: what [`Plan::run`] reads back (through the context's read-back
+    /// buffer, shared by its plans).
     output_bytes: u64,
     stats: PlanStats,
     bind_groups_created: u64,
@@ -976,12 +980,15 @@ impl Plan {
     /// [`Context::dispatch_with`]), and the errors of a read. Nothing is submitted on a refused
     /// input.
     pub fn run(&mut self, inputs: &[Feed<'_>]) -> Result<Vec<Vec<f32>>, ComputeError> {
-        self.replay(inputs, None)?;
+        // The context's read-back buffer, shared by its plans, held from the copies to the read.
+        let context = self.context.clone();
+        let read_back = context.plan_read_back(self.output_bytes);
+        self.replay(inputs, Outputs::ReadBack(&read_back))?;
         let outputs = &self.outputs;
         // Straight from the mapped read-back buffer into the outputs' vectors.
-        crate::device::read_mapped_with(
+        let read = crate::device::read_mapped_with(
             &self.context.gpu().device,
-            &self.read_back,
+            &read_back,
             self.output_bytes,
             |bytes| {
                 let mut start = 0usize;
@@ -994,8 +1001,11 @@ impl Plan {
                     })
                     .collect()
             },
-        )
-        .map_err(ComputeError::Wait)
+        );
+        if read.is_err() {
+            read_back.discard();
+        }
+        read.map_err(ComputeError::Wait)
     }
 
     /// Replays the forward on `inputs` and copies the outputs into `outputs` (tensors of the
@@ -1017,7 +1027,7 @@ impl Plan {
         for (tensor, slot) in outputs.iter().zip(&self.outputs) {
             self.check_tensor("plan output", tensor, slot)?;
         }
-        self.replay(inputs, Some(outputs))
+        self.replay(inputs, Outputs::Tensors(outputs))
     }
 
     /// Checks that `tensor` has memory, belongs to the plan's context and has `slot`'s length.
@@ -1136,11 +1146,7 @@ impl Plan {
 
     /// Records and submits one replay: inputs in, the steps, outputs out (to `outputs`, or to
     /// the read-back buffer).
-    fn replay(
-        &mut self,
-        feeds: &[Feed<'_>],
-        outputs: Option<&[&Tensor]>,
-    ) -> Result<(), ComputeError> {
+    fn replay(&mut self, feeds: &[Feed<'_>], outputs: Outputs<'_>) -> Result<(), ComputeError> {
         if feeds.len() != self.inputs.len() {
             return Err(ComputeError::Capture(format!(
                 "the plan has {} inputs, {} given",
@@ -1179,7 +1185,7 @@ impl Plan {
     fn record_and_submit(
         &mut self,
         feeds: &[Feed<'_>],
-        outputs: Option<&[&Tensor]>,
+        outputs: Outputs<'_>,
     ) -> Result<bool, ComputeError> {
         self.bind()?;
         let bound = self.bound.as_ref().expect("bound above");
@@ -1205,9 +1211,10 @@ impl Plan {
                 Feed::Data(_) => None,
             })
             .collect();
-        let copies_out: Vec<(&Slot, &Tensor)> = outputs
-            .map(|tensors| self.outputs.iter().zip(tensors.iter().copied()).collect())
-            .unwrap_or_default();
+        let copies_out: Vec<(&Slot, &Tensor)> = match outputs {
+            Outputs::Tensors(tensors) => self.outputs.iter().zip(tensors.iter().copied()).collect(),
+            Outputs::ReadBack(_) => Vec::new(),
+        };
         let same_buffer = |slot: &Slot, tensor: &Tensor| {
             bound.arenas[slot.arena].0
                 == *tensor
@@ -1374,11 +1381,11 @@ impl Plan {
                 );
             }
         }
-        if outputs.is_none() {
+        if let Outputs::ReadBack(read_back) = outputs {
             let mut at = 0;
             for slot in &self.outputs {
                 let (buffer, offset, _) = slot_range(slot);
-                encoder.copy_buffer_to_buffer(&buffer, offset, &self.read_back, at, slot.bytes);
+                encoder.copy_buffer_to_buffer(&buffer, offset, read_back, at, slot.bytes);
                 at += slot.bytes;
             }
         }

@@ -9,6 +9,8 @@
 //! submitted (profiling therefore waits for every batch).
 
 use super::vocab::ComputeError;
+use crate::device::{AccountedBuffer, Gpu};
+use crate::state::BufferRole;
 
 /// What the adapter offers for GPU timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,8 +75,8 @@ impl KernelTiming {
 pub(crate) struct Timer {
     pub(crate) support: TimestampSupport,
     pub(crate) query_set: wgpu::QuerySet,
-    resolve: wgpu::Buffer,
-    readback: wgpu::Buffer,
+    resolve: AccountedBuffer,
+    readback: AccountedBuffer,
     /// Queries in the set (two per dispatch).
     capacity: u32,
     /// Queries written in this batch.
@@ -87,7 +89,8 @@ impl Timer {
     /// Dispatches timed per batch.
     pub(crate) const DISPATCHES_PER_BATCH: u32 = 512;
 
-    pub(crate) fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<Self> {
+    pub(crate) fn new(gpu: &Gpu) -> Option<Self> {
+        let (device, queue) = (&gpu.device, &gpu.queue);
         let support = TimestampSupport::of(device);
         if support == TimestampSupport::None {
             return None;
@@ -101,18 +104,24 @@ impl Timer {
                 ty: wgpu::QueryType::Timestamp,
                 count: capacity,
             }),
-            resolve: device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-pool compute timestamps resolve"),
-                size: bytes,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
-            readback: device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-pool compute timestamps read-back"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            resolve: gpu.create_accounted_buffer(
+                BufferRole::Timestamps,
+                &wgpu::BufferDescriptor {
+                    label: Some("wgpu-pool compute timestamps resolve"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                },
+            ),
+            readback: gpu.create_accounted_buffer(
+                BufferRole::Timestamps,
+                &wgpu::BufferDescriptor {
+                    label: Some("wgpu-pool compute timestamps read-back"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                },
+            ),
             capacity,
             used: 0,
             kernels: Vec::new(),

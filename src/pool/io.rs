@@ -6,6 +6,7 @@ use super::options::PoolError;
 use std::sync::atomic::Ordering;
 
 use super::shared::Shared;
+use crate::state::BufferRole;
 
 /// The largest staging buffer a read uses (when the device allows it): a larger read goes in
 /// pieces of this size.
@@ -87,12 +88,15 @@ impl Shared {
         {
             // Dropped first, so that the old and the new one are not held at once.
             *staging_slot = None;
-            *staging_slot = Some(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgpu-pool read-back"),
-                size: wanted,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
+            *staging_slot = Some(self.gpu.create_accounted_buffer(
+                BufferRole::ReadBack,
+                &wgpu::BufferDescriptor {
+                    label: Some("wgpu-pool read-back"),
+                    size: wanted,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                },
+            ));
             self.staging_bytes.store(wanted, Ordering::Relaxed);
         }
         let staging = staging_slot.as_ref().expect("just ensured");
@@ -134,12 +138,15 @@ impl Shared {
         size: u64,
     ) -> Result<Vec<u8>, PoolError> {
         let piece_bytes = binding_size.min(self.staging_limit());
-        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgpu-pool async read-back"),
-            size: piece_bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.gpu.create_accounted_buffer(
+            BufferRole::ReadBack,
+            &wgpu::BufferDescriptor {
+                label: Some("wgpu-pool async read-back"),
+                size: piece_bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            },
+        );
         let mut bytes = Vec::with_capacity(usize::try_from(binding_size).unwrap_or(0));
         let mut done = 0;
         while done < binding_size {

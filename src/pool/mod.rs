@@ -159,8 +159,7 @@ impl Pool {
             max_allocation_bytes: policy.max_allocation_bytes.min(max_allocation_bytes),
             ..policy
         };
-        let storage =
-            BufferStorage::new(gpu.device.clone(), options.label.clone(), policy.is_naive());
+        let storage = BufferStorage::new(gpu, options.label.clone(), policy.is_naive());
         let core = PoolCore::new(policy, storage)?;
         Ok(Self {
             shared: Arc::new(Shared::new(gpu, options, core)),

@@ -13,7 +13,7 @@ use super::live::{
 };
 use super::options::{OomObserver, OomReport, PoolError, PoolOptions, ReuseSafety};
 use super::storage::BufferStorage;
-use crate::device::Gpu;
+use crate::device::{AccountedBuffer, Gpu};
 use crate::history::{EventKind, History, Label};
 use crate::policy::{PolicyError, PoolCore, SegmentId};
 use crate::state::PoolState;
@@ -69,7 +69,7 @@ pub(super) struct Shared {
     created: Instant,
     state: Mutex<State>,
     /// The staging buffer reads copy through, kept between reads (grown to the largest read).
-    pub(super) staging: Mutex<Option<wgpu::Buffer>>,
+    pub(super) staging: Mutex<Option<AccountedBuffer>>,
     /// The staging buffer's size (0 when there is none), readable without its lock.
     pub(super) staging_bytes: AtomicU64,
     /// Called at every out-of-memory refusal (`Pool::set_oom_observer`).

@@ -2,7 +2,11 @@
 //! with out-of-memory and validation errors caught ([`create_buffer_checked`]); in the naive mode a
 //! segment is what a user writes without a pool, a plain `create_buffer`.
 
+use std::sync::Arc;
+
+use crate::device::{Gpu, Ledger};
 use crate::policy::{SegmentStorage, StorageError};
+use crate::state::BufferRole;
 
 /// The usages of every segment buffer.
 pub const SEGMENT_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -12,6 +16,13 @@ pub const SEGMENT_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 /// The storage of a pool: every segment is one `wgpu::Buffer`.
 pub(super) struct BufferStorage {
     device: wgpu::Device,
+    /// The device's accounting: segments are counted in it from creation until given back (or
+    /// until the storage, and with it every segment, is dropped).
+    ledger: Arc<Ledger>,
+    /// Bytes of the segments held now (what the ledger is given back when the storage drops).
+    held_bytes: u64,
+    /// Segments held now.
+    held_segments: u64,
     /// The prefix of every buffer's label.
     label: String,
     /// The naive baseline: plain `create_buffer` calls, one per allocation.
@@ -22,9 +33,12 @@ pub(super) struct BufferStorage {
 }
 
 impl BufferStorage {
-    pub(super) fn new(device: wgpu::Device, label: String, naive: bool) -> Self {
+    pub(super) fn new(gpu: &Gpu, label: String, naive: bool) -> Self {
         Self {
-            device,
+            device: gpu.device.clone(),
+            ledger: gpu.ledger().clone(),
+            held_bytes: 0,
+            held_segments: 0,
             label,
             naive,
             allocation_label: String::new(),
@@ -40,6 +54,37 @@ impl SegmentStorage for BufferStorage {
         size_bytes: u64,
         dedicated: bool,
     ) -> Result<wgpu::Buffer, StorageError> {
+        let buffer = self.create(size_bytes, dedicated)?;
+        self.ledger.add(BufferRole::PoolSegments, buffer.size());
+        self.held_bytes += buffer.size();
+        self.held_segments += 1;
+        Ok(buffer)
+    }
+
+    fn destroy_segment(&mut self, segment: wgpu::Buffer) {
+        self.ledger.sub(BufferRole::PoolSegments, segment.size());
+        self.held_bytes = self.held_bytes.saturating_sub(segment.size());
+        self.held_segments = self.held_segments.saturating_sub(1);
+        // Dropping (not `destroy()`): wgpu frees the memory once submitted work using it is done.
+        drop(segment);
+    }
+}
+
+impl Drop for BufferStorage {
+    fn drop(&mut self) {
+        // The pool is gone, and with it every segment it still held.
+        self.ledger.release(
+            BufferRole::PoolSegments,
+            self.held_segments,
+            self.held_bytes,
+        );
+    }
+}
+
+impl BufferStorage {
+    /// The segment's buffer: in the naive mode a plain `create_buffer`, else one whose errors
+    /// are caught.
+    fn create(&mut self, size_bytes: u64, dedicated: bool) -> Result<wgpu::Buffer, StorageError> {
         if self.naive {
             // What a user writes without a pool: a plain `create_buffer` (sizes were checked
             // against the device's limits; a driver out-of-memory reaches wgpu's uncaptured-error
@@ -57,11 +102,6 @@ impl SegmentStorage for BufferStorage {
             if dedicated { "dedicated" } else { "pooled" }
         );
         create_buffer_checked(&self.device, &label, size_bytes, SEGMENT_USAGES)
-    }
-
-    fn destroy_segment(&mut self, segment: wgpu::Buffer) {
-        // Dropping (not `destroy()`): wgpu frees the memory once submitted work using it is done.
-        drop(segment);
     }
 }
 

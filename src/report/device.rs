@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::device::Gpu;
+use crate::state::AccountedBytes;
 
 /// Name, vendor, type, backend and driver of an adapter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -274,12 +275,31 @@ pub struct DeviceReport {
     pub allocator: AllocatorReport,
     /// wgpu's internal counters, or why they are off.
     pub counters: DeviceCounters,
+    /// Every buffer this crate holds on the device, by role (`None` for a report of a bare
+    /// device, [`DeviceReport::from_device`]): what wgpu's allocator report is compared with.
+    #[serde(default)]
+    pub accounted: Option<AccountedBytes>,
 }
 
 impl DeviceReport {
-    /// The report of `gpu`'s device.
+    /// The report of `gpu`'s device, with the crate's buffers on it ([`Gpu::accounted`]).
     pub fn from_gpu(gpu: &Gpu) -> Self {
-        Self::from_device(&gpu.info, &gpu.device)
+        // The crate's buffers first: then the allocator report holds at least them.
+        let accounted = gpu.accounted();
+        Self {
+            accounted: Some(accounted),
+            ..Self::from_device(&gpu.info, &gpu.device)
+        }
+    }
+
+    /// wgpu's allocator report's allocated bytes minus the crate's buffers: the memory of wgpu's
+    /// own buffers, of allocation alignment and of buffers made on the device outside the crate.
+    /// `None` without an allocator report or an accounting; negative where the device reports
+    /// less than the crate created (a backend that allocates lazily).
+    pub fn unaccounted_bytes(&self) -> Option<i128> {
+        let device = self.allocator.total_allocated_bytes()?;
+        let accounted = self.accounted.as_ref()?.total_bytes();
+        Some(i128::from(device) - i128::from(accounted))
     }
 
     /// The report of `device`, opened on the adapter `info` describes.
@@ -289,6 +309,7 @@ impl DeviceReport {
             limits: BufferLimits::from_limits(&device.limits()),
             allocator: AllocatorReport::from_device(device, info.backend),
             counters: DeviceCounters::from_device(device),
+            accounted: None,
         }
     }
 }

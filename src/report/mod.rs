@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use crate::state::{
-    pytorch_snapshot, FreeBlockCount, HistoryStatus, PolicySummary, PoolFigures, PoolState,
-    SegmentAddresses, SegmentState, Span, SpanKind,
+    pytorch_snapshot, AccountedBytes, BufferRole, FreeBlockCount, HistoryStatus, PolicySummary,
+    PoolFigures, PoolState, RoleBytes, SegmentAddresses, SegmentState, Span, SpanKind,
 };
 pub use chrome::chrome_trace;
 pub use device::{

@@ -159,6 +159,41 @@ fn device_rows(table: &mut Table<'_, '_>, device: &DeviceReport) -> fmt::Result 
             table.row(&format!("wgpu allocator report: absent: {reason}"))?
         }
     }
+    if let Some(accounted) = &device.accounted {
+        let roles: Vec<String> = accounted
+            .roles
+            .iter()
+            .filter(|row| row.buffers > 0)
+            .map(|row| {
+                format!(
+                    "{} {} in {}",
+                    row.role.name(),
+                    format_bytes(row.bytes),
+                    row.buffers
+                )
+            })
+            .collect();
+        table.row(&format!(
+            "This crate's buffers on the device: {} ({})",
+            format_bytes(accounted.total_bytes()),
+            if roles.is_empty() {
+                "none".to_string()
+            } else {
+                roles.join(", ")
+            }
+        ))?;
+        match device.unaccounted_bytes() {
+            Some(difference) => {
+                table.row(&format!(
+                "  the allocator report {} them by {}: wgpu's own buffers, allocation alignment, \
+                 and buffers made outside this crate",
+                if difference >= 0 { "exceeds" } else { "falls short of" },
+                format_bytes(u64::try_from(difference.unsigned_abs()).unwrap_or(u64::MAX))
+            ))?
+            }
+            None => table.row("  no allocator report to compare them with on this backend")?,
+        }
+    }
     match &device.counters {
         DeviceCounters::Enabled {
             buffers,

@@ -21,6 +21,84 @@ use crate::policy::{PoolStats, SegmentClass, SegmentId};
 
 pub use pytorch::{pytorch_snapshot, SegmentAddresses};
 
+/// Why the crate created a buffer: the rows of the accounting of every buffer the crate holds on
+/// a device ([`AccountedBytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferRole {
+    /// Segments of every pool on the device (a naive pool's buffers too; a tensor, a plan's
+    /// arena and the autotuner's scratch operands are allocations in them).
+    PoolSegments,
+    /// Pools' read-back staging buffers.
+    ReadBack,
+    /// Compute contexts' and plans' uniform buffers of kernel parameters.
+    Parameters,
+    /// Timestamp resolve and read-back buffers of profiled contexts.
+    Timestamps,
+    /// The buffers plans read their outputs back through (one per context, shared by its plans).
+    PlanReadBack,
+}
+
+impl BufferRole {
+    /// Every role, in report order.
+    pub const ALL: [BufferRole; 5] = [
+        BufferRole::PoolSegments,
+        BufferRole::ReadBack,
+        BufferRole::Parameters,
+        BufferRole::Timestamps,
+        BufferRole::PlanReadBack,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PoolSegments => "pool segments",
+            Self::ReadBack => "read-back staging",
+            Self::Parameters => "kernel parameters",
+            Self::Timestamps => "timestamps",
+            Self::PlanReadBack => "plan read-back",
+        }
+    }
+}
+
+/// The buffers of one role that the crate holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleBytes {
+    /// What they are for.
+    pub role: BufferRole,
+    /// Their sizes added up, in bytes.
+    pub bytes: u64,
+    /// How many there are.
+    pub buffers: u64,
+}
+
+/// Every buffer the crate holds on a device now, by role (`Gpu::accounted`): what the reports put
+/// beside the device's own figure (wgpu's allocator report), so that the difference is named.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AccountedBytes {
+    /// One row per role, in [`BufferRole::ALL`]'s order.
+    pub roles: Vec<RoleBytes>,
+}
+
+impl AccountedBytes {
+    /// The bytes of every role, added up.
+    pub fn total_bytes(&self) -> u64 {
+        self.roles
+            .iter()
+            .map(|role| role.bytes)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// The bytes of one role.
+    pub fn bytes_of(&self, role: BufferRole) -> u64 {
+        self.roles
+            .iter()
+            .filter(|row| row.role == role)
+            .map(|row| row.bytes)
+            .sum()
+    }
+}
+
 /// What a [`Span`] of a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -920,12 +920,10 @@ fn gpu_with_max_buffer_size(max_buffer_size: u64) -> Gpu {
         ..Default::default()
     }))
     .expect("a device with lowered limits");
-    Gpu {
-        adapter: base.adapter.clone(),
-        device,
-        queue,
-        info: base.info.clone(),
-    }
+    let mut gpu = Gpu::from_device(device, queue);
+    gpu.adapter = base.adapter.clone();
+    gpu.info = base.info.clone();
+    gpu
 }
 
 #[test]

@@ -789,3 +789,112 @@ fn an_out_of_memory_refusal_writes_a_snapshot_and_calls_the_observer() {
     drop(held);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn every_buffer_the_crate_creates_is_accounted() {
+    // Issue 26, item 1: buffers outside the pool (read-back staging, the contexts' parameter
+    // rings, timestamps, plans' read-back, the tuner's scratch pool) were in no report line.
+    use wgpu_pool::compute::{CaptureOptions, Context, ContextOptions, Feed};
+    use wgpu_pool::report::{BufferRole, DeviceReport};
+    let gpu = crate::gpu::fresh_gpu();
+    let bytes = |role| gpu.accounted().bytes_of(role);
+    let buffers = |role| {
+        gpu.accounted()
+            .roles
+            .iter()
+            .find(|row| row.role == role)
+            .map_or(0, |row| row.buffers)
+    };
+    assert_eq!(gpu.accounted().total_bytes(), 0, "a new device");
+    let pool = Pool::new(&gpu, PoolOptions::default()).expect("pool");
+    let small = pool.allocate(1000).unwrap();
+    let large = pool.allocate(3 * MIB).unwrap();
+    assert_eq!(
+        bytes(BufferRole::PoolSegments),
+        pool.stats().reserved_bytes.current
+    );
+    pool.read(&small).unwrap();
+    assert_eq!(
+        bytes(BufferRole::ReadBack),
+        pool.memory_state().staging_bytes
+    );
+    // A second pool on the device is counted too; a naive pool's buffers as well.
+    let naive = Pool::naive(&gpu, PoolOptions::default());
+    let own = naive.allocate(5000).unwrap();
+    assert_eq!(
+        bytes(BufferRole::PoolSegments),
+        pool.stats().reserved_bytes.current + naive.stats().reserved_bytes.current
+    );
+    drop(own);
+
+    // A context's parameter ring; plans of many batch sizes share one read-back buffer.
+    let context = Context::new(&pool, ContextOptions::default()).unwrap();
+    assert!(bytes(BufferRole::Parameters) > 0);
+    let weights = context.tensor(&[0.5; 64], &[8, 8]).unwrap();
+    let arena = context.plan_arena();
+    let mut plans = Vec::new();
+    for rows in [1usize, 3, 8, 5] {
+        let mut capture = context.capture().unwrap();
+        let x = capture.input(&[rows, 8]).unwrap();
+        let y = context.matmul(&x, &weights).unwrap();
+        let options = CaptureOptions {
+            arena: Some(arena.clone()),
+            ..CaptureOptions::default()
+        };
+        plans.push((rows, capture.finish_with(&[&y], options).unwrap()));
+    }
+    let parameters_of_plans = bytes(BufferRole::Parameters);
+    for (rows, plan) in &mut plans {
+        let out = plan.run(&[Feed::Data(&vec![1.0; *rows * 8])]).unwrap();
+        assert_eq!(out[0], vec![4.0; *rows * 8]);
+    }
+    assert_eq!(buffers(BufferRole::PlanReadBack), 1, "one per context");
+    assert!(bytes(BufferRole::PlanReadBack) >= 8 * 8 * 4);
+    assert_eq!(bytes(BufferRole::Parameters), parameters_of_plans);
+    drop(plans);
+    assert!(
+        bytes(BufferRole::Parameters) < parameters_of_plans,
+        "plans' rings given back"
+    );
+
+    // A profiled context's timestamp buffers, where the adapter has timestamps.
+    let profiled = Context::new(
+        &pool,
+        ContextOptions {
+            profile: true,
+            ..ContextOptions::default()
+        },
+    )
+    .unwrap();
+    let timestamps = !matches!(
+        wgpu_pool::compute::TimestampSupport::of(&gpu.device),
+        wgpu_pool::compute::TimestampSupport::None
+    );
+    assert_eq!(bytes(BufferRole::Timestamps) > 0, timestamps);
+    drop(profiled);
+    assert_eq!(bytes(BufferRole::Timestamps), 0);
+
+    // The report puts them beside wgpu's allocator report and names the difference.
+    let report = DeviceReport::from_gpu(&gpu);
+    let accounted = report.accounted.clone().expect("from_gpu accounts");
+    assert_eq!(accounted, gpu.accounted());
+    let summary = Report::from_pool(&pool).to_string();
+    assert!(
+        summary.contains("This crate's buffers on the device"),
+        "{summary}"
+    );
+    if let Some(device) = report.allocator.total_allocated_bytes() {
+        eprintln!(
+            "allocator report {device} B, accounted {} B",
+            accounted.total_bytes()
+        );
+        assert!(device >= accounted.total_bytes(), "{summary}");
+    }
+
+    // Everything given back: nothing is left in the accounting.
+    drop((small, large, weights, arena, context));
+    drop(pool);
+    drop(naive);
+    assert_eq!(gpu.accounted().total_bytes(), 0, "{:?}", gpu.accounted());
+    assert!(gpu.accounted().roles.iter().all(|row| row.buffers == 0));
+}
