@@ -147,6 +147,78 @@ const NARROW_SPLIT_BELOW: u64 = 4;
 /// Rounds in which the autotuner times each candidate right after the automatic plan.
 const TUNING_ROUNDS: usize = 5;
 
+/// How many times the final confirmation times the autotuner's choice beside the automatic plan
+/// in each of the orders A B B A and B A A B ([`beats_automatic`]): 16 timings, 8 ratios.
+const CONFIRMATION_ROUNDS: usize = 2;
+
+/// The plan the autotuner keeps of `count` plans, the automatic one at index 0, where
+/// `time(i)` times plan `i` now, in seconds: the fastest by paired ratios over
+/// [`TUNING_ROUNDS`] rounds ([`fastest_in_rounds`]), kept only if a final confirmation beside
+/// the automatic plan ([`beats_automatic`]) shows it faster, else the automatic plan. `None`
+/// when `count` is 0. The first error of `time` ends tuning.
+fn choose_plan<E>(
+    count: usize,
+    mut time: impl FnMut(usize) -> Result<f64, E>,
+) -> Result<Option<usize>, E> {
+    match fastest_in_rounds(count, &mut time)? {
+        Some(chosen) if chosen != 0 && !beats_automatic(chosen, &mut time)? => Ok(Some(0)),
+        chosen => Ok(chosen),
+    }
+}
+
+/// The fastest of `count` plans by paired ratios ([`fastest_by_paired_ratios`]): for
+/// [`TUNING_ROUNDS`] rounds, each plan past the first is timed right after plan 0, in an order
+/// that rotates from round to round.
+fn fastest_in_rounds<E>(
+    count: usize,
+    time: &mut impl FnMut(usize) -> Result<f64, E>,
+) -> Result<Option<usize>, E> {
+    // pairs[i]: (plan 0's time, plan i's time) per round, back to back.
+    let mut pairs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); count];
+    if count > 1 {
+        let others = count - 1;
+        for round in 0..TUNING_ROUNDS {
+            for turn in 0..others {
+                let index = 1 + (turn + round) % others;
+                let reference = time(0)?;
+                pairs[index].push((reference, time(index)?));
+            }
+        }
+    }
+    Ok(fastest_by_paired_ratios(&pairs))
+}
+
+/// Whether plan `chosen` is faster than plan 0 timed beside it: [`CONFIRMATION_ROUNDS`] times
+/// A B B A then B A A B (A plan 0, B `chosen`), a ratio B / A per adjacent pair, so that each
+/// plan runs first as often as second and a clock that moves during a pair favours neither.
+/// Faster when the greater of the two middle ratios is below 1: more than half of the pairs
+/// show it faster, a clock dip that biases half of them does not make it.
+fn beats_automatic<E>(
+    chosen: usize,
+    time: &mut impl FnMut(usize) -> Result<f64, E>,
+) -> Result<bool, E> {
+    let mut ratios = Vec::with_capacity(4 * CONFIRMATION_ROUNDS);
+    for half in 0..2 * CONFIRMATION_ROUNDS {
+        for pair in 0..2 {
+            // A B B A, then B A A B.
+            let (reference, candidate) = if (half % 2 == 0) == (pair == 0) {
+                let reference = time(0)?;
+                (reference, time(chosen)?)
+            } else {
+                let candidate = time(chosen)?;
+                (time(0)?, candidate)
+            };
+            if reference > 0.0 && candidate.is_finite() {
+                ratios.push(candidate / reference);
+            }
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    Ok(ratios
+        .get(ratios.len() / 2)
+        .is_some_and(|&ratio| ratio < 1.0))
+}
+
 /// The index of the fastest candidate, from `pairs[i]`: per round, the reference's time (the
 /// candidate at index 0, which `pairs[0]` need not hold) and candidate `i`'s, taken back to back.
 /// Each candidate scores the median of its ratios over the rounds (the reference 1); the lowest
@@ -443,16 +515,27 @@ impl Context {
     /// the automatic plan is the large tile without a split (the grid fills the GPU), that plan,
     /// untimed.
     ///
-    /// Timing: each candidate is compiled and run once; then, for [`TUNING_ROUNDS`] rounds, each
-    /// candidate is timed right after the automatic plan (two products each: GPU time from
-    /// timestamps where the adapter has them, from the first dispatch's start to the last one's
-    /// end, so that the barriers between a product's dispatches count, else the wall clock),
-    /// in an order that rotates from round to round, and scores the median over the rounds of its
-    /// time over the automatic plan's just before it ([`fastest_by_paired_ratios`]). Pairs,
-    /// because a GPU's clock can move while it tunes (under Vulkan the H200's fell from 1,980 to
-    /// 345 MHz and back within one tuning run, and dipped to 1.4 GHz for two seconds in
-    /// another): times taken a second apart compare clocks, times taken back to back compare
-    /// plans.
+    /// Timing ([`choose_plan`]): each candidate is compiled and run once; then, for
+    /// [`TUNING_ROUNDS`] rounds, each candidate is timed right after the automatic plan (two
+    /// products each: GPU time from timestamps where the adapter has them, from the first
+    /// dispatch's start to the last one's end, so that the barriers between a product's
+    /// dispatches count, else the wall clock), in an order that rotates from round to round, and
+    /// scores the median over the rounds of its time over the automatic plan's just before it
+    /// ([`fastest_by_paired_ratios`]). Pairs, because a GPU's clock can move while it tunes (under
+    /// Vulkan the H200's fell from 1,980 to 345 MHz and back within one tuning run, and dipped to
+    /// 1.4 GHz for two seconds in another): times taken a second apart compare clocks, times
+    /// taken back to back compare plans. Then the winner, unless it is the automatic plan, is
+    /// confirmed: timed again beside the automatic plan in the orders A B B A and B A A B,
+    /// [`CONFIRMATION_ROUNDS`] times each (16 timings), and kept only if more than half of those
+    /// paired ratios show it faster; else the automatic plan stays ([`beats_automatic`]).
+    /// Confirmation, because the rounds always time the automatic plan first, and a clock that
+    /// wavers from one timing to the next or falls and recovers more than once while they run can
+    /// favour a slow candidate in most of its pairs (the unit tests simulate such clocks): in one
+    /// `bench_kernels --serving` process on the H200, whose SM clock fell to 345-510 MHz for
+    /// three seconds, 8 × 4096 × 4096 ran 115.4 µs with the tuned narrow plan (32 lanes, 8
+    /// splits), where PyTorch took 45.2 µs in the same call and the rules' plan about 50 in
+    /// earlier calls (issue 26). The tuner never keeps a plan slower than the rules' plan
+    /// measured beside it at the end of tuning.
     fn autotune(
         &self,
         (m, n, k): (usize, usize, usize),
@@ -540,10 +623,11 @@ impl Context {
         Ok((plan.narrow_lanes, plan.splits))
     }
 
-    /// The fastest of `candidates` for `[m, k] · [k, n]` (`None` when the device takes none of
-    /// them), timed in a pool and context of their own, given back before it returns: tuning
-    /// leaves the context's pool as it was (no segment created or cached for the tuner's operands
-    /// and partials).
+    /// The fastest of `candidates` for `[m, k] · [k, n]`, the automatic plan first (`None` when
+    /// there is none), chosen by [`choose_plan`] (confirmed beside the automatic plan, else the
+    /// automatic plan) and timed in a pool and context of their own, given back before it
+    /// returns: tuning leaves the context's pool as it was (no segment created or cached for the
+    /// tuner's operands and partials).
     fn fastest(
         &self,
         m: usize,
@@ -591,19 +675,7 @@ impl Context {
             let gpu = KernelTiming::span_ns(&tuner.take_kernel_timings()) * 1e-9;
             Ok(if timestamps && gpu > 0.0 { gpu } else { wall })
         };
-        // pairs[i]: (the first plan's time, plan i's time) per round, back to back.
-        let mut pairs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); plans.len()];
-        if plans.len() > 1 {
-            for round in 0..TUNING_ROUNDS {
-                let others = plans.len() - 1;
-                for turn in 0..others {
-                    let index = 1 + (turn + round) % others;
-                    let reference = time(plans[0])?;
-                    pairs[index].push((reference, time(plans[index])?));
-                }
-            }
-        }
-        Ok(fastest_by_paired_ratios(&pairs).map(|index| plans[index]))
+        Ok(choose_plan(plans.len(), |index| time(plans[index]))?.map(|index| plans[index]))
     }
 
     /// The plan of the narrow kernel, where it applies (see [`Context::narrow_plan_with`]):
@@ -968,7 +1040,11 @@ impl Context {
 
 #[cfg(test)]
 mod tests {
-    use super::{fastest_by_paired_ratios, narrow_candidates};
+    use super::{
+        beats_automatic, choose_plan, fastest_by_paired_ratios, fastest_in_rounds,
+        narrow_candidates, CONFIRMATION_ROUNDS, TUNING_ROUNDS,
+    };
+    use std::convert::Infallible;
 
     #[test]
     fn narrow_candidates_fill_the_gpu_without_empty_slices() {
@@ -1057,5 +1133,209 @@ mod tests {
         // Equal scores go to the lower index.
         let tie = vec![Vec::new(), vec![(1.0, 0.9)], vec![(2.0, 1.8)]];
         assert_eq!(fastest_by_paired_ratios(&tie), Some(1));
+    }
+
+    /// The H200's SM clock in a dip, 345 and 510 MHz, over its 1,980.
+    const LOW: f64 = 345.0 / 1980.0;
+    const HIGH: f64 = 510.0 / 1980.0;
+
+    /// A simulated GPU clock: its speed (1 at full clock) at the `call`-th timing of a tuning.
+    #[derive(Clone, Copy, Debug)]
+    enum Clock {
+        Steady,
+        /// At 345 MHz for `length` timings from timing `start`.
+        Dip {
+            start: usize,
+            length: usize,
+        },
+        /// The same dip wavering between 345 and 510 MHz from one timing to the next.
+        Wavering {
+            start: usize,
+            length: usize,
+            phase: usize,
+        },
+        /// At 345 MHz for `length` timings of every `period`, from timing `phase`.
+        Repeated {
+            period: usize,
+            length: usize,
+            phase: usize,
+        },
+    }
+
+    impl Clock {
+        fn speed(self, call: usize) -> f64 {
+            match self {
+                Clock::Steady => 1.0,
+                Clock::Dip { start, length } if (start..start + length).contains(&call) => LOW,
+                Clock::Wavering {
+                    start,
+                    length,
+                    phase,
+                } if (start..start + length).contains(&call) => [LOW, HIGH][(call + phase) % 2],
+                Clock::Repeated {
+                    period,
+                    length,
+                    phase,
+                } if (call + period - phase % period) % period < length => LOW,
+                _ => 1.0,
+            }
+        }
+
+        /// Times plans of true costs `costs` (µs) under this clock, each timing `noise(call)`
+        /// times its cost over the clock's speed.
+        fn timer<'a>(
+            self,
+            costs: &'a [f64],
+            mut noise: impl FnMut() -> f64 + 'a,
+        ) -> impl FnMut(usize) -> Result<f64, Infallible> + 'a {
+            let mut call = 0;
+            move |plan| {
+                let time = costs[plan] * 1e-6 * noise() / self.speed(call);
+                call += 1;
+                Ok(time)
+            }
+        }
+
+        /// Every dip over `calls` timings: one dip of every length at every position, wavering
+        /// or not (in both phases), and dips repeated every 2 to 24 timings, of every length
+        /// shorter than the period, in every phase.
+        fn dips(calls: usize) -> Vec<Clock> {
+            let mut clocks = Vec::new();
+            for start in 0..calls {
+                for length in 1..=calls - start {
+                    clocks.push(Clock::Dip { start, length });
+                    for phase in 0..2 {
+                        clocks.push(Clock::Wavering {
+                            start,
+                            length,
+                            phase,
+                        });
+                    }
+                }
+            }
+            for period in 2..=24 {
+                for length in 1..period {
+                    for phase in 0..period {
+                        clocks.push(Clock::Repeated {
+                            period,
+                            length,
+                            phase,
+                        });
+                    }
+                }
+            }
+            clocks
+        }
+    }
+
+    /// Timings the tuner takes for `count` plans, confirmation included.
+    fn timings(count: usize) -> usize {
+        2 * TUNING_ROUNDS * (count - 1) + 8 * CONFIRMATION_ROUNDS
+    }
+
+    /// Plans of true costs in µs, the automatic plan first: the issue's (the rules' plan 50, the
+    /// tuned one 115, the best measured 44), one where every candidate is slower than the rules'
+    /// plan, and one with near ties.
+    const COSTS: [&[f64]; 3] = [
+        &[50.0, 115.0, 44.0],
+        &[50.0, 115.0, 60.0, 55.0],
+        &[50.0, 115.0, 44.0, 52.0, 49.0, 51.0],
+    ];
+
+    /// Under a clock that dips anywhere during tuning, the tuner keeps no plan slower than the
+    /// rules' plan. The rounds alone (the tuner before the confirmation) keep a slower plan under
+    /// some of these clocks: the 115 µs plan under dips every 8 timings that slow the rules'
+    /// plan in three of its five pairs. A single dip biases at most one pair of a candidate in its
+    /// favour, which the median of five rounds outvotes; a dip that wavers call by call or one
+    /// that returns is what the rounds, timing the rules' plan always first, cannot tell from a
+    /// faster plan.
+    #[test]
+    fn the_tuner_keeps_no_plan_slower_than_the_rules_under_clock_dips() {
+        for costs in COSTS {
+            let mut fooled = Vec::new();
+            for clock in Clock::dips(timings(costs.len())) {
+                let chosen = choose_plan(costs.len(), clock.timer(costs, || 1.0));
+                let chosen = chosen.unwrap().unwrap();
+                assert!(
+                    costs[chosen] <= costs[0],
+                    "{costs:?} {clock:?}: plan {chosen}"
+                );
+                let rounds = fastest_in_rounds(costs.len(), &mut clock.timer(costs, || 1.0));
+                if costs[rounds.unwrap().unwrap()] > costs[0] {
+                    fooled.push(clock);
+                }
+            }
+            assert!(
+                !fooled.is_empty(),
+                "the rounds alone are fooled for {costs:?}"
+            );
+        }
+        let issue = COSTS[0];
+        let clock = Clock::Repeated {
+            period: 8,
+            length: 1,
+            phase: 0,
+        };
+        let rounds = fastest_in_rounds(issue.len(), &mut clock.timer(issue, || 1.0));
+        assert_eq!(rounds, Ok(Some(1)), "the rounds keep the 115 µs plan");
+        assert_eq!(
+            choose_plan(issue.len(), clock.timer(issue, || 1.0)),
+            Ok(Some(0))
+        );
+    }
+
+    /// On a steady clock the faster candidate stays, confirmed in the orders A B B A and B A A B
+    /// after the rounds; a slower one does not; with one plan nothing is timed.
+    #[test]
+    fn the_tuner_keeps_a_faster_plan_on_a_steady_clock() {
+        let issue = COSTS[0];
+        let mut order = Vec::new();
+        let mut timer = Clock::Steady.timer(issue, || 1.0);
+        let chosen = choose_plan(issue.len(), |plan| {
+            order.push(plan);
+            timer(plan)
+        });
+        assert_eq!(chosen, Ok(Some(2)));
+        assert_eq!(order.len(), timings(issue.len()));
+        let confirmation = &order[2 * TUNING_ROUNDS * 2..];
+        assert_eq!(confirmation[..8], [0, 2, 2, 0, 2, 0, 0, 2]);
+        assert_eq!(confirmation[8..], confirmation[..8]);
+        let slower = [50.0, 115.0, 60.0];
+        let chosen = choose_plan(3, Clock::Steady.timer(&slower, || 1.0));
+        assert_eq!(chosen, Ok(Some(0)));
+        let mut timed = 0;
+        let one = choose_plan(1, |_| -> Result<f64, Infallible> {
+            timed += 1;
+            Ok(1.0)
+        });
+        assert_eq!((one, timed), (Ok(Some(0)), 0));
+        assert_eq!(choose_plan(0, |_| Ok::<f64, Infallible>(1.0)), Ok(None));
+        // The confirmation alone: the first error of a timing ends tuning.
+        assert_eq!(beats_automatic(1, &mut |_| Err("lost")), Err("lost"));
+        assert_eq!(choose_plan(3, |_| Err::<f64, _>("lost")), Err("lost"));
+    }
+
+    /// With timings scattered by up to ±5% (seeded), on a steady clock and under every dip, the
+    /// tuner keeps no plan slower than the rules' plan, and on a steady clock keeps the faster
+    /// candidate.
+    #[test]
+    fn noisy_timings_keep_no_plan_slower_than_the_rules() {
+        let issue = COSTS[0];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            0.95 + 0.1 * (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..200 {
+            let chosen = choose_plan(issue.len(), Clock::Steady.timer(issue, &mut noise));
+            assert_eq!(chosen, Ok(Some(2)));
+        }
+        for clock in Clock::dips(timings(issue.len())) {
+            let chosen = choose_plan(issue.len(), clock.timer(issue, &mut noise));
+            let chosen = chosen.unwrap().unwrap();
+            assert!(issue[chosen] <= issue[0], "{clock:?}: plan {chosen}");
+        }
     }
 }
