@@ -373,6 +373,32 @@ pub(crate) async fn read_mapped_async(
 /// spins too. Past this bound the wait is long anyway and the thread sleeps.
 pub const SPIN_BEFORE_BLOCKING: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// How long one blocking wait on GL may hold the device's one GL context (see
+/// [`wait_for_submitted`]).
+const GL_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Blocks until the device has finished the work submitted so far. On GL, wgpu holds the
+/// device's one GL context for the whole of a fence wait (up to 4.3 s at a time), and a thread
+/// that cannot take the context within 6 s panics ("Could not lock adapter context"): a long
+/// wait there, on a loaded machine, brought down other threads using the device. So on GL the
+/// wait is made of slices of [`GL_WAIT_SLICE`], the context free between them; elsewhere it is
+/// one wait.
+pub(crate) fn wait_for_submitted(device: &wgpu::Device) -> Result<(), wgpu::PollError> {
+    if device.adapter_info().backend != wgpu::Backend::Gl {
+        return device.poll(wgpu::PollType::wait_indefinitely()).map(drop);
+    }
+    loop {
+        let slice = wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(GL_WAIT_SLICE),
+        };
+        match device.poll(slice) {
+            Err(wgpu::PollError::Timeout) => std::thread::yield_now(),
+            done => return done.map(drop),
+        }
+    }
+}
+
 /// Maps the first `size` bytes of `buffer` (a `MAP_READ` buffer whose copy has been submitted),
 /// waits for the device (spinning for up to [`SPIN_BEFORE_BLOCKING`], then blocking), copies the
 /// bytes out and unmaps. Errors are wgpu's, as text, for the caller to wrap in its own error
@@ -403,9 +429,7 @@ pub(crate) fn read_mapped_with<R>(
             break Some(result);
         }
         if started.elapsed() > SPIN_BEFORE_BLOCKING {
-            device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| e.to_string())?;
+            wait_for_submitted(device).map_err(|e| e.to_string())?;
             // The submission is done, so the callback has run, is running on another thread
             // whose poll took it (a device shared between threads), or was dropped: wait for
             // it rather than try once.

@@ -796,12 +796,8 @@ impl Context {
     /// Submits the open batch and waits until the GPU has finished all work.
     pub fn sync(&self) -> Result<(), ComputeError> {
         self.flush()?;
-        self.shared
-            .gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| ComputeError::Wait(e.to_string()))?;
-        Ok(())
+        crate::device::wait_for_submitted(&self.shared.gpu.device)
+            .map_err(|e| ComputeError::Wait(e.to_string()))
     }
 
     /// The GPU times of the dispatches submitted since the last call (with

@@ -9,14 +9,37 @@ use wgpu_pool::device::{request_gpu, Gpu, LimitsChoice};
 
 /// The device with the adapter's own limits.
 pub fn gpu() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| open(LimitsChoice::Adapter))
+    device(LimitsChoice::Adapter)
 }
 
 /// A device with WebGPU's default limits (256-byte alignment, 128 MiB bindings).
 pub fn gpu_default_limits() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| open(LimitsChoice::WebGpuDefault))
+    device(LimitsChoice::WebGpuDefault)
+}
+
+/// The device of `limits` for this test: one for the whole binary, except on GL, where every
+/// test thread gets devices of its own. A GL device has one context, which wgpu holds for each
+/// submission (llvmpipe runs a dispatch before the call returns) and pipeline compile, and a
+/// thread that cannot take it within 6 s panics ("Could not lock adapter context"): on a loaded
+/// machine the tests that tune or compile many kernels held it that long and brought down the
+/// tests beside them. Devices of their own share no context. (They are leaked: a test thread's
+/// device lives as long as the binary, as the shared one does.)
+fn device(limits: LimitsChoice) -> &'static Gpu {
+    static SHARED: [OnceLock<Gpu>; 2] = [OnceLock::new(), OnceLock::new()];
+    let index = usize::from(limits == LimitsChoice::WebGpuDefault);
+    let shared = SHARED[index].get_or_init(|| open(limits));
+    if shared.info.backend != wgpu::Backend::Gl {
+        return shared;
+    }
+    thread_local! {
+        static OWN: std::cell::Cell<[Option<&'static Gpu>; 2]> = const { std::cell::Cell::new([None, None]) };
+    }
+    OWN.with(|own| {
+        let mut devices = own.get();
+        let gpu = *devices[index].get_or_insert_with(|| Box::leak(Box::new(open(limits))));
+        own.set(devices);
+        gpu
+    })
 }
 
 /// Both devices, for suites that must hold under both limit sets.
