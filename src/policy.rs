@@ -142,7 +142,7 @@ mod large;
 
 pub use compact::CompactionLimits;
 use compact::{
-    cheapest_range_window, cheapest_window, range_after_moves, FreeBlocks, Live, Window,
+    cheapest_range_windows, cheapest_windows, range_after_moves, FreeBlocks, Live, Window,
 };
 use large::{FreeIndex, Ranges};
 
@@ -889,8 +889,77 @@ pub enum CompactionError {
     },
 }
 
-/// How many candidate blocks [`PoolCore::compaction_plan`] examines, cheapest first.
+/// How many candidate windows [`PoolCore::compaction_plan`] tries and sees fail, cheapest first,
+/// before it gives up (windows passed over because an earlier failure says they would fail are not
+/// counted), and how many windows of each segment it ranks.
 pub const COMPACTION_CANDIDATES: usize = 8;
+
+/// The windows a compaction has tried and failed to make room with, so that it passes over
+/// windows that would fail the same way.
+#[derive(Default)]
+struct Tries {
+    /// Per failure the model found: the segment and the sizes of the window's allocations,
+    /// largest first, up to the one that fitted nowhere. The model places by sizes alone, largest
+    /// first, so a window of that segment whose largest allocations have these sizes fails too.
+    misfits: Vec<(usize, Vec<u64>)>,
+    /// Per failure of the reservation (where the buddy core parts from the model): the segment
+    /// and every allocation's sizes, allocated and requested, largest first.
+    refused: Vec<(usize, Vec<(u64, u64)>)>,
+}
+
+/// The sizes of a window's allocations, allocated and requested, largest first.
+type Sizes = Vec<(u64, u64)>;
+
+impl Tries {
+    /// The sizes of `window`'s allocations in `slot` if it is worth a try; `None` when an earlier
+    /// failure says it would fail.
+    fn admit<S: SegmentStorage>(
+        &self,
+        pool: &PoolCore<S>,
+        slot: usize,
+        window: &Window,
+    ) -> Option<Sizes> {
+        let segment = pool.segments[slot].as_ref()?;
+        let mut sizes: Sizes = window
+            .sources
+            .iter()
+            .map(|offset| {
+                let live = segment.live[offset];
+                (live.allocated_bytes, live.requested_bytes)
+            })
+            .collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let misfit = self.misfits.iter().any(|(failed_slot, prefix)| {
+            *failed_slot == slot
+                && prefix.len() <= sizes.len()
+                && prefix
+                    .iter()
+                    .zip(&sizes)
+                    .all(|(bytes, (allocated, _))| bytes == allocated)
+        });
+        let refused = self
+            .refused
+            .iter()
+            .any(|(failed_slot, failed)| *failed_slot == slot && *failed == sizes);
+        (!misfit && !refused).then_some(sizes)
+    }
+
+    /// The model found no place for the `placed`-th allocation (largest first) of a window.
+    fn misfit(&mut self, slot: usize, sizes: &Sizes, placed: usize) {
+        let prefix = sizes.iter().take(placed).map(|&(allocated, _)| allocated);
+        self.misfits.push((slot, prefix.collect()));
+    }
+
+    /// The reservation of a window's moves failed.
+    fn refused(&mut self, slot: usize, sizes: Sizes) {
+        self.refused.push((slot, sizes));
+    }
+
+    /// Whether [`COMPACTION_CANDIDATES`] windows have failed.
+    fn exhausted(&self) -> bool {
+        self.misfits.len() + self.refused.len() >= COMPACTION_CANDIDATES
+    }
+}
 
 /// What compaction makes room for: a free aligned block of a packed segment, or a free range of
 /// a segment of the mid-sized or large class.
@@ -1768,26 +1837,41 @@ impl<S: SegmentStorage> PoolCore<S> {
 /// The algorithm: a packed request of `size` needs a free aligned block of `size` rounded up to a
 /// power of two (`B`); once such a block is free, the buddy core serves the request from it (its
 /// coalescing is complete, so the block lies within one of the free run's canonical blocks). In
-/// every packed segment, among the aligned blocks of `B` that hold some free space (at most two per
-/// gap between live allocations), the one whose overlapping live allocations are the fewest bytes
-/// is a candidate; an allocation that straddles the block's edge is moved whole. A mid-sized or
-/// large request needs a free range of its rounded size in a segment of its class: in each, among
-/// the ranges that start where a free gap starts or end where one ends (or lie at an edge), the
-/// cheapest is a candidate; for a large request, only where the class's own rules (fill and
-/// remainder, [`PolicyConfig::large_fill_eighths`]) would then take the range the moves free, so
-/// that the request lands there. Candidates are taken cheapest first (bytes, then allocations,
-/// then slot), at most [`COMPACTION_CANDIDATES`]; the first whose allocations fit, largest first,
-/// into the free space of the *other* segments of the class (packed: a model of the buddy core's
-/// exact fit; free ranges: best fit, exactly as the reservation takes them) is reserved there for
-/// real. A destination in an empty segment of free ranges is taken only where growing would not
-/// have given that segment back (within the cache's ceiling with a new segment of the request) or
-/// where it is no larger than the request: compacting never holds more than growing would.
-/// Destinations are never in the segment made room in, so they never overlap the window, a source
-/// or a live allocation. The bound: a plan moves at most `max_moved_factor` times the request's
-/// rounded size (1 by default: never more bytes than the request) in at most `max_moves`
-/// allocations. Requests of dedicated segments and the naive mode are never compacted for. The
-/// cost: O(live allocations of the class) per candidate, only when a request would otherwise grow
-/// the pool.
+/// every packed segment the blocks of `B` that overlap live allocations are ranked by the bytes of
+/// those allocations (then their count, then the offset); an allocation that straddles a block's
+/// edge is moved whole. The blocks examined are, for each live allocation, the one holding its
+/// start and the next one when it reaches into it: every block that could be cheapest, those with
+/// free space and those held whole by allocations alike (issue 26, item 5: a block with no free
+/// byte whose allocations are all movable is a window too). A mid-sized or large request needs a
+/// free range of its rounded size in a segment of its class: in each, the ranges examined start at
+/// the segment's start or at a live allocation's end, or end at a free gap's end or at the
+/// segment's end (sliding a range down keeps or shrinks what it overlaps until its start meets an
+/// allocation's end), ranked alike; for a large request, only those where the class's own rules
+/// (fill and remainder, [`PolicyConfig::large_fill_eighths`]) would then take the range the moves
+/// free, so that the request lands there. Each segment's [`COMPACTION_CANDIDATES`] cheapest windows
+/// that can be emptied within the limits, moving only movable allocations, are candidates; all of
+/// them are tried cheapest first (bytes, then allocations, then slot, then offset): the first whose
+/// allocations fit, largest first, into the free space of the *other* segments of the class
+/// (packed: a model of the buddy core's exact fit; free ranges: best fit, exactly as the
+/// reservation takes them) is reserved there for real. The model places by sizes alone, so a window
+/// is passed over, untried, when an earlier window of its segment failed at an allocation and the
+/// largest allocations of this one, up to that many, have the same sizes (it would fail there too);
+/// after [`COMPACTION_CANDIDATES`] failures the planner gives up. A destination in an empty segment
+/// of free ranges is taken only where growing would not have given that segment back (within the
+/// cache's ceiling with a new segment of the request) or where it is no larger than the request:
+/// compacting never holds more than growing would. Destinations are never in the segment made room
+/// in, so they never overlap the window, a source or a live allocation. The bound: a plan moves at
+/// most `max_moved_factor` times the request's rounded size (1 by default: never more bytes than
+/// the request) in at most `max_moves` allocations. Requests of dedicated segments and the naive
+/// mode are never compacted for.
+///
+/// The cost, only when a request would otherwise grow the pool: ranking examines at most two
+/// windows per live allocation (and per free gap) of the class, each O(log n + m) where m, the
+/// allocations of the window looked at, is at most `max_moves + 1` (the count stops at the first
+/// bound passed); then at most [`COMPACTION_CANDIDATES`] windows per segment are sorted, each
+/// compared with the earlier failures in O(m log m) when its turn comes, and at most
+/// [`COMPACTION_CANDIDATES`] model checks run, each O(live allocations of the class + m x
+/// segments).
 impl<S: SegmentStorage> PoolCore<S> {
     /// Places a request only where the pool has room now (a free range of a packed segment, or a
     /// cached dedicated segment): never creates or gives back a segment. `None` when it would have
@@ -1844,13 +1928,20 @@ impl<S: SegmentStorage> PoolCore<S> {
         limits: CompactionLimits,
         movable: impl Fn(SegmentId, u64) -> bool,
     ) -> Option<CompactionEstimate> {
-        self.compaction_candidates(size_bytes, limits, &movable)
-            .into_iter()
-            .take(COMPACTION_CANDIDATES)
-            .find_map(|(window, slot)| {
-                self.predicted_destinations(slot, &window)?;
-                Some(self.estimate_of(slot, &window))
-            })
+        let mut tries = Tries::default();
+        for (window, slot) in self.compaction_candidates(size_bytes, limits, &movable) {
+            let Some(sizes) = tries.admit(self, slot, &window) else {
+                continue;
+            };
+            match self.predicted_destinations(slot, &window) {
+                Ok(_) => return Some(self.estimate_of(slot, &window)),
+                Err(placed) => tries.misfit(slot, &sizes, placed),
+            }
+            if tries.exhausted() {
+                break;
+            }
+        }
+        None
     }
 
     /// Plans moves that make room for a request of `size_bytes` in the segments held, and
@@ -1877,12 +1968,22 @@ impl<S: SegmentStorage> PoolCore<S> {
         movable: impl Fn(SegmentId, u64) -> bool,
     ) -> Option<CompactionPlan> {
         let candidates = self.compaction_candidates(size_bytes, limits, &movable);
-        for (window, slot) in candidates.into_iter().take(COMPACTION_CANDIDATES) {
-            let Some(destinations) = self.predicted_destinations(slot, &window) else {
+        let mut tries = Tries::default();
+        for (window, slot) in candidates {
+            let Some(sizes) = tries.admit(self, slot, &window) else {
                 continue;
             };
-            if let Some(plan) = self.reserve_moves(size_bytes, slot, &window, destinations) {
-                return Some(plan);
+            match self.predicted_destinations(slot, &window) {
+                Ok(destinations) => {
+                    match self.reserve_moves(size_bytes, slot, &window, destinations) {
+                        Some(plan) => return Some(plan),
+                        None => tries.refused(slot, sizes),
+                    }
+                }
+                Err(placed) => tries.misfit(slot, &sizes, placed),
+            }
+            if tries.exhausted() {
+                break;
             }
         }
         None
@@ -1999,7 +2100,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             sources: segment.live.keys().copied().collect(),
         };
         let size_bytes = segment.size_bytes;
-        let destinations = self.predicted_destinations(slot, &window)?;
+        let destinations = self.predicted_destinations(slot, &window).ok()?;
         self.reserve_moves(size_bytes, slot, &window, destinations)
     }
 
@@ -2060,8 +2161,9 @@ impl<S: SegmentStorage> PoolCore<S> {
         })
     }
 
-    /// The cheapest block of each packed segment that can be emptied within `limits`, cheapest
-    /// first, with its slot.
+    /// The cheapest windows of each segment of the request's class that can be emptied within
+    /// `limits` (at most [`COMPACTION_CANDIDATES`] per segment), all of them cheapest first
+    /// (bytes, then allocations, then slot, then offset), each with its slot.
     fn compaction_candidates(
         &self,
         size_bytes: u64,
@@ -2085,17 +2187,17 @@ impl<S: SegmentStorage> PoolCore<S> {
                 let segment = segment.as_ref()?;
                 let id = segment.id;
                 let movable = |offset| movable(id, offset);
-                let window = match target {
+                let windows = match target {
                     CompactionTarget::Packed { block_bytes } => {
                         segment.allocator.as_ref()?;
-                        cheapest_window(
+                        cheapest_windows(
                             &segment.live,
                             segment.size_bytes,
                             block_bytes,
-                            max_moved,
-                            limits.max_moves,
+                            (max_moved, limits.max_moves),
                             &movable,
-                        )?
+                            COMPACTION_CANDIDATES,
+                        )
                     }
                     CompactionTarget::Ranges { mid, bytes } => {
                         let ranges = segment.large.as_ref().filter(|r| r.is_mid() == mid)?;
@@ -2109,33 +2211,46 @@ impl<S: SegmentStorage> PoolCore<S> {
                                 self.large_range_ok(length, used, bytes, segment.size_bytes)
                             }
                         };
-                        cheapest_range_window(
+                        cheapest_range_windows(
                             &segment.live,
                             segment.size_bytes,
                             bytes,
                             (max_moved, limits.max_moves),
                             &movable,
                             &accept,
-                        )?
+                            COMPACTION_CANDIDATES,
+                        )
                     }
                 };
-                Some((window, slot))
+                Some(windows.into_iter().map(move |window| (window, slot)))
             })
+            .flatten()
             .collect();
-        candidates.sort_by_key(|(window, slot)| (window.moved_bytes, window.sources.len(), *slot));
+        candidates.sort_by_key(|(window, slot)| {
+            (
+                window.moved_bytes,
+                window.sources.len(),
+                *slot,
+                window.offset,
+            )
+        });
         candidates
     }
 
-    /// The allocations overlapping `window` in `slot`, largest first, each with the other packed
-    /// segment the model of free blocks places it in (the tightest fit, as the policy places), or
-    /// `None` when one of them fits nowhere.
+    /// The allocations overlapping `window` in `slot`, largest first, each with the other segment
+    /// of its class the model of free space places it in (packed: the tightest fit, as the policy
+    /// places; free ranges: best fit). `Err(n)` when one of them fits nowhere: the `n`-th, counted
+    /// from 1, largest first. The model decides by sizes alone, so any window of the same segment
+    /// whose `n` largest allocations have these sizes fails the same way.
     fn predicted_destinations(
         &self,
         slot: usize,
         window: &Window,
-    ) -> Option<Vec<(u64, Live, usize)>> {
+    ) -> Result<Vec<(u64, Live, usize)>, usize> {
         let min_block = self.config.min_block_bytes;
-        let segment = self.segments[slot].as_ref()?;
+        let Some(segment) = self.segments[slot].as_ref() else {
+            return Err(0);
+        };
         let mut sources: Vec<(u64, Live)> = window
             .sources
             .iter()
@@ -2143,20 +2258,21 @@ impl<S: SegmentStorage> PoolCore<S> {
             .collect();
         sources.sort_by_key(|(offset, live)| (std::cmp::Reverse(live.allocated_bytes), *offset));
         if sources.is_empty() {
-            return Some(Vec::new());
+            return Ok(Vec::new());
         }
+        let mut destinations = Vec::with_capacity(sources.len());
         if let Some(ranges) = &segment.large {
             // Best fit over the free ranges of the class's other segments, as `reserve_range`
             // takes them: the model is exact.
             let mut model = self.ranges_free[usize::from(ranges.is_mid())]
                 .without(|other| other == slot || !self.destination_ok(other, window.bytes));
-            return sources
-                .into_iter()
-                .map(|(offset, live)| {
-                    let (to_slot, _) = model.take_best_fit(live.allocated_bytes)?;
-                    Some((offset, live, to_slot))
-                })
-                .collect();
+            for (offset, live) in sources {
+                let Some((to_slot, _)) = model.take_best_fit(live.allocated_bytes) else {
+                    return Err(destinations.len() + 1);
+                };
+                destinations.push((offset, live, to_slot));
+            }
+            return Ok(destinations);
         }
         let mut models: Vec<(usize, FreeBlocks)> = self
             .segments
@@ -2168,19 +2284,20 @@ impl<S: SegmentStorage> PoolCore<S> {
                 Some((other, FreeBlocks::of(&s.live, s.size_bytes, min_block)))
             })
             .collect();
-        sources
-            .into_iter()
-            .map(|(offset, live)| {
-                let units = live.allocated_bytes / min_block;
-                let (index, order) = models
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(index, (_, model))| Some((index, model.smallest_fit(units)?)))
-                    .min_by_key(|&(index, order)| (order, index))?;
-                models[index].1.take(order, units);
-                Some((offset, live, models[index].0))
-            })
-            .collect()
+        for (offset, live) in sources {
+            let units = live.allocated_bytes / min_block;
+            let Some((index, order)) = models
+                .iter()
+                .enumerate()
+                .filter_map(|(index, (_, model))| Some((index, model.smallest_fit(units)?)))
+                .min_by_key(|&(index, order)| (order, index))
+            else {
+                return Err(destinations.len() + 1);
+            };
+            models[index].1.take(order, units);
+            destinations.push((offset, live, models[index].0));
+        }
+        Ok(destinations)
     }
 
     fn estimate_of(&self, slot: usize, window: &Window) -> CompactionEstimate {

@@ -25,9 +25,10 @@
 //! no parameter upload. [`Plan::run_into`] takes inputs from tensors and leaves the outputs in
 //! tensors of the caller's, without waiting. Replays go through the context: each is ordered
 //! after the work recorded before it (its open batch is submitted first) and before the work
-//! recorded after; replays of one plan (and of plans sharing an arena) run one after another in
-//! queue order, and a replay in flight keeps its arena (a replaced arena's range returns to the
-//! pool only after the submissions that use it).
+//! recorded after; replays of one plan (and of plans sharing an arena, all of one context: an
+//! arena of another context is refused) run one after another in queue order, and a replay in
+//! flight keeps its arena (a replaced arena's range returns to the pool only after the
+//! submissions that use it).
 //!
 //! Tensors the forward binds that existed before the capture (weights, constants made during it
 //! with [`Context::tensor`]) are bound as they are, and the plan keeps them alive: write new
@@ -62,10 +63,12 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use super::context::{check_custom_dispatch, custom_group, Context, ParamsRing, Step, Storage};
+use super::context::{
+    check_custom_dispatch, custom_group, Context, ParamsRing, Shared, Step, Storage,
+};
 use super::ops::grid_1d;
 use super::tensor::Tensor;
 use super::vocab::{
@@ -83,7 +86,8 @@ pub struct CaptureOptions {
     /// Fuse bias adds and activations into the matmuls that feed them (default on).
     pub fuse: bool,
     /// The arena to place the plan in, shared with other plans of the context (see
-    /// [`PlanArena`]); `None`: an arena of the plan's own.
+    /// [`PlanArena`]); `None`: an arena of the plan's own. An arena made by another context is
+    /// refused ([`ComputeError::ForeignArena`]).
     pub arena: Option<PlanArena>,
     /// The planner's search budget ([`PlanOptions::search_steps`]). Captured graphs are small:
     /// the default, 4,000,000, takes a few milliseconds.
@@ -128,9 +132,11 @@ impl Context {
         })
     }
 
-    /// An empty arena for plans of this context to share (see [`PlanArena`]).
+    /// An empty arena for plans of this context to share (see [`PlanArena`]); captures of
+    /// another context refuse it.
     pub fn plan_arena(&self) -> PlanArena {
         PlanArena {
+            context: Arc::downgrade(&self.shared),
             inner: Arc::new(Mutex::new(ArenaState {
                 pool: self.pool().clone(),
                 allocations: Vec::new(),
@@ -174,10 +180,11 @@ impl Capture {
 
     /// Ends the capture and builds its plan: `outputs` (symbolic tensors of this capture) are
     /// what a replay gives back. Errors: [`ComputeError::Capture`] for an output that is not a
-    /// symbolic tensor of this capture or an arena of another pool; [`ComputeError::Plan`] and
-    /// [`ComputeError::ExceedsLimit`] when the tensors do not fit the device's limits;
-    /// [`ComputeError::Pool`] when the arena cannot be allocated; [`ComputeError::Config`] when a
-    /// pipeline of the user's does not take its tensors.
+    /// symbolic tensor of this capture; [`ComputeError::ForeignArena`] for an arena another
+    /// context made (the capture ends, nothing is allocated and the arena is untouched);
+    /// [`ComputeError::Plan`] and [`ComputeError::ExceedsLimit`] when the tensors do not fit the
+    /// device's limits; [`ComputeError::Pool`] when the arena cannot be allocated;
+    /// [`ComputeError::Config`] when a pipeline of the user's does not take its tensors.
     pub fn finish_with(
         mut self,
         outputs: &[&Tensor],
@@ -198,11 +205,12 @@ impl Capture {
             }
         }
         if let Some(arena) = &options.arena {
-            if !arena.lock().pool.same_pool(self.context.pool()) {
-                return Err(ComputeError::Capture(
-                    "the arena belongs to another pool".into(),
-                ));
+            // The context's lock orders its replays; another context's replays could write the
+            // arena's ranges while one of this context's reads them.
+            if !arena.is_of(&self.context) {
+                return Err(ComputeError::ForeignArena);
             }
+            debug_assert!(arena.lock().pool.same_pool(self.context.pool()));
         }
         let mut steps: Vec<Step> = tape.steps;
         let recorded = steps.len();
@@ -487,12 +495,16 @@ pub struct PlanStats {
 }
 
 /// An arena for plans: pool allocations (one per arena index) that plans place their tensors
-/// in. Plans that share one arena are never replayed at the same time (replays are ordered), so
-/// it holds as much as its largest plan needs; building a larger plan replaces an allocation
-/// (the old range is given back after the submissions that use it) and the plans bound to it
-/// make their bind groups again at their next replay.
+/// in. Plans that share one arena are never replayed at the same time: they are all of the
+/// context that made it ([`Context::plan_arena`]; a capture of another context refuses it with
+/// [`ComputeError::ForeignArena`]), whose replays are ordered, one after another. So it holds as
+/// much as its largest plan needs; building a larger plan replaces an allocation (the old range
+/// is given back after the submissions that use it) and the plans bound to it make their bind
+/// groups again at their next replay.
 #[derive(Clone)]
 pub struct PlanArena {
+    /// The context that made it: the only one whose plans may use it.
+    context: Weak<Shared>,
     inner: Arc<Mutex<ArenaState>>,
 }
 
@@ -514,6 +526,12 @@ struct ArenaState {
 }
 
 impl PlanArena {
+    /// Whether `context` made this arena. (The weak reference keeps the context's allocation,
+    /// so no later context can have its address.)
+    fn is_of(&self, context: &Context) -> bool {
+        std::ptr::eq(self.context.as_ptr(), Arc::as_ptr(&context.shared))
+    }
+
     fn lock(&self) -> MutexGuard<'_, ArenaState> {
         self.inner
             .lock()

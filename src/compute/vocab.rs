@@ -99,6 +99,17 @@ pub enum ComputeError {
     /// The memory planner refused the captured buffers (a device limit they do not fit).
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
+    /// A capture was given the [`PlanArena`](crate::compute::PlanArena) of another context
+    /// ([`CaptureOptions::arena`](crate::compute::CaptureOptions::arena)). Plans sharing an arena
+    /// must never replay at the same time; only the replays of one context are ordered one after
+    /// another, so an arena is shared only by plans of the context that made it
+    /// ([`Context::plan_arena`](crate::compute::Context::plan_arena)). Nothing was built.
+    #[error(
+        "capture: the plan arena belongs to another context; replays of two contexts are not \
+         ordered, so plans sharing an arena must be of one context: make one with this \
+         context's plan_arena()"
+    )]
+    ForeignArena,
     /// A tensor of another context was passed to an op.
     #[error("{op}: the tensor belongs to another context")]
     ForeignTensor {

@@ -48,110 +48,165 @@ pub(crate) struct Window {
     pub(crate) sources: Vec<u64>,
 }
 
-/// The aligned block of `block_bytes` (a power of two) in a segment of `capacity_bytes` whose
-/// overlapping live allocations are the fewest bytes (then the fewest allocations, then the lowest
-/// offset), if one can be emptied by moving at most `max_moved` bytes in at most `max_moves`
-/// allocations, all of them `movable` (asked by offset). Only blocks that hold some free space are
-/// examined: at most two per gap between live allocations (a gap that holds a whole block returns
-/// it at once, with nothing to move).
-pub(crate) fn cheapest_window(
+/// The cheapest aligned blocks of `block_bytes` (a power of two) in a segment of `capacity_bytes`:
+/// at most `keep` of them, cheapest first — the fewest bytes of overlapping live allocations, then
+/// the fewest allocations, then the lowest offset —, among those that can be emptied by moving
+/// at most `bounds.0` bytes in at most `bounds.1` allocations, all of them `movable` (asked by
+/// offset). A block that is wholly free is returned alone, with nothing to move.
+///
+/// Every block that overlaps a live allocation either holds an allocation's start or begins
+/// inside the allocation before it, and the blocks of the second kind cost what the first of them
+/// after that allocation's own block costs (or more, at a higher offset). So the blocks examined
+/// are, for each live allocation, the one holding its start and the next one when the allocation
+/// reaches into it: blocks with free space and blocks held whole by allocations alike (issue 26,
+/// item 5: a block held only by movable allocations, with no free byte, is a window too). The
+/// cost: at most two blocks per live allocation, each O(log n + m) where m, the allocations it
+/// overlaps that are looked at, is at most `bounds.1 + 1` (the count stops at the first bound
+/// passed), plus O(`keep`) to rank it.
+pub(crate) fn cheapest_windows(
     live: &BTreeMap<u64, Live>,
     capacity_bytes: u64,
     block_bytes: u64,
-    max_moved: u64,
-    max_moves: usize,
+    bounds: (u64, usize),
     movable: &dyn Fn(u64) -> bool,
-) -> Option<Window> {
+    keep: usize,
+) -> Vec<Window> {
     debug_assert!(block_bytes.is_power_of_two());
-    if block_bytes > capacity_bytes {
-        return None;
+    let (max_moved, max_moves) = bounds;
+    if block_bytes > capacity_bytes || keep == 0 {
+        return Vec::new();
     }
-    let mut best: Option<Window> = None;
-    let mut last_examined = None;
-    let mut examine = |index: u64, best: &mut Option<Window>| {
-        if last_examined == Some(index) {
-            return;
-        }
-        last_examined = Some(index);
-        let start = index * block_bytes;
-        let end = start + block_bytes;
-        if end > capacity_bytes {
-            return;
-        }
-        let bound = best
-            .as_ref()
-            .map_or(max_moved, |b| b.moved_bytes.min(max_moved));
-        if let Some(window) = window_cost(live, start, end, bound, max_moves, movable) {
-            let better = best.as_ref().is_none_or(|b| {
-                (window.moved_bytes, window.sources.len()) < (b.moved_bytes, b.sources.len())
-            });
-            if better {
-                *best = Some(window);
-            }
-        }
-    };
     for (gap_start, gap_end) in free_gaps(live, capacity_bytes) {
         // The gap [gap_start, gap_end) is free.
         let whole = gap_start.div_ceil(block_bytes);
         if (whole + 1) * block_bytes <= gap_end.min(capacity_bytes) {
             // A whole aligned block is free: nothing to move.
-            return Some(Window {
+            return vec![Window {
                 offset: whole * block_bytes,
                 bytes: block_bytes,
                 moved_bytes: 0,
                 sources: Vec::new(),
-            });
+            }];
         }
-        let first = gap_start / block_bytes;
-        let last = (gap_end - 1) / block_bytes;
-        examine(first, &mut best);
-        examine(last, &mut best);
     }
-    best
+    let mut best = Cheapest::new(keep);
+    let mut last_examined: Option<u64> = None;
+    for (&offset, l) in live {
+        let first = offset / block_bytes;
+        let reaches_next = offset + l.allocated_bytes > (first + 1) * block_bytes;
+        // Ascending: an allocation that reaches into the next block ends at or before the next
+        // allocation's start.
+        for index in std::iter::once(first).chain(reaches_next.then_some(first + 1)) {
+            if last_examined.is_some_and(|last| last >= index) {
+                continue;
+            }
+            last_examined = Some(index);
+            let start = index * block_bytes;
+            if start + block_bytes > capacity_bytes {
+                continue;
+            }
+            let bound = best.bound(max_moved);
+            if let Some(window) =
+                window_cost(live, start, start + block_bytes, bound, max_moves, movable)
+            {
+                best.offer(window);
+            }
+        }
+    }
+    best.windows
 }
 
-/// The range of `bytes` in a segment of free ranges (mid-sized or large class) of `capacity_bytes`
-/// whose overlapping live allocations are the fewest bytes (then the fewest allocations, then the
-/// lowest offset), among those `accept` takes, if one can be emptied by moving at most `max_moved`
-/// bytes in at most `max_moves` allocations, all of them `movable` (asked by offset). The ranges
-/// examined start at a free gap's start or end at its end (at most two per gap), or start at the
-/// segment's start or end at its end: each holds some free space, or lies at an edge.
-pub(crate) fn cheapest_range_window(
+/// The cheapest ranges of `bytes` in a segment of free ranges (mid-sized or large class) of
+/// `capacity_bytes`, at most `keep` of them, cheapest first (the fewest bytes of overlapping live
+/// allocations, then the fewest allocations, then the lowest offset), among those `accept` takes
+/// that can be emptied by moving at most `bounds.0` bytes in at most `bounds.1` allocations, all
+/// of them `movable` (asked by offset).
+///
+/// Sliding a range down keeps or shrinks the set of allocations it overlaps until its start meets
+/// the end of an allocation (or the segment's start): so the ranges examined start at the segment's
+/// start or at a live allocation's end (where a free gap starts, or where the next allocation
+/// begins at once: a range held only by allocations, issue 26, item 5), end at a free gap's end,
+/// or end at the segment's end. The cost: at most one range per live allocation and gap, plus
+/// two, each O(log n + m) as in [`cheapest_windows`], after sorting their starts.
+pub(crate) fn cheapest_range_windows(
     live: &BTreeMap<u64, Live>,
     capacity_bytes: u64,
     bytes: u64,
     bounds: (u64, usize),
     movable: &dyn Fn(u64) -> bool,
     accept: &dyn Fn(&Window) -> bool,
-) -> Option<Window> {
+    keep: usize,
+) -> Vec<Window> {
     let (max_moved, max_moves) = bounds;
-    if bytes == 0 || bytes > capacity_bytes {
-        return None;
+    if bytes == 0 || bytes > capacity_bytes || keep == 0 {
+        return Vec::new();
     }
     let last_start = capacity_bytes - bytes;
-    let mut starts: Vec<u64> = free_gaps(live, capacity_bytes)
-        .flat_map(|(start, end)| [start.min(last_start), end.saturating_sub(bytes)])
+    let mut starts: Vec<u64> = live
+        .iter()
+        .map(|(&offset, l)| (offset + l.allocated_bytes).min(last_start))
+        .chain(free_gaps(live, capacity_bytes).map(|(_, end)| end.saturating_sub(bytes)))
         .chain([0, last_start])
         .collect();
     starts.sort_unstable();
     starts.dedup();
-    let mut best: Option<Window> = None;
+    let mut best = Cheapest::new(keep);
     for start in starts {
-        let bound = best
-            .as_ref()
-            .map_or(max_moved, |b| b.moved_bytes.min(max_moved));
+        let bound = best.bound(max_moved);
         let Some(window) = window_cost(live, start, start + bytes, bound, max_moves, movable)
         else {
             continue;
         };
-        let better = best.as_ref().is_none_or(|b| {
-            (window.moved_bytes, window.sources.len()) < (b.moved_bytes, b.sources.len())
-        });
-        if better && accept(&window) {
-            best = Some(window);
+        if best.would_take(&window) && accept(&window) {
+            best.offer(window);
         }
     }
-    best
+    best.windows
+}
+
+/// The `keep` cheapest windows offered so far, cheapest first.
+struct Cheapest {
+    keep: usize,
+    windows: Vec<Window>,
+}
+
+impl Cheapest {
+    fn new(keep: usize) -> Self {
+        Self {
+            keep,
+            windows: Vec::with_capacity(keep.min(16)),
+        }
+    }
+
+    fn key(window: &Window) -> (u64, usize, u64) {
+        (window.moved_bytes, window.sources.len(), window.offset)
+    }
+
+    /// The most bytes a window may move and still be kept.
+    fn bound(&self, max_moved: u64) -> u64 {
+        match self.windows.last() {
+            Some(last) if self.windows.len() == self.keep => last.moved_bytes.min(max_moved),
+            _ => max_moved,
+        }
+    }
+
+    fn would_take(&self, window: &Window) -> bool {
+        self.windows.len() < self.keep
+            || self
+                .windows
+                .last()
+                .is_some_and(|last| Self::key(window) < Self::key(last))
+    }
+
+    fn offer(&mut self, window: Window) {
+        if !self.would_take(&window) {
+            return;
+        }
+        let key = Self::key(&window);
+        let at = self.windows.partition_point(|w| Self::key(w) < key);
+        self.windows.insert(at, window);
+        self.windows.truncate(self.keep);
+    }
 }
 
 /// The free range a segment of `capacity_bytes` would hold around `window` once the window's
@@ -289,6 +344,27 @@ impl FreeBlocks {
 mod tests {
     use super::*;
 
+    /// The cheapest window alone.
+    fn cheapest_window(
+        live: &BTreeMap<u64, Live>,
+        capacity_bytes: u64,
+        block_bytes: u64,
+        max_moved: u64,
+        max_moves: usize,
+        movable: &dyn Fn(u64) -> bool,
+    ) -> Option<Window> {
+        cheapest_windows(
+            live,
+            capacity_bytes,
+            block_bytes,
+            (max_moved, max_moves),
+            movable,
+            1,
+        )
+        .into_iter()
+        .next()
+    }
+
     fn index(allocations: &[(u64, u64)]) -> BTreeMap<u64, Live> {
         allocations
             .iter()
@@ -332,11 +408,46 @@ mod tests {
     #[test]
     fn an_allocation_straddling_the_block_is_moved_whole() {
         let live = index(&[(0, 1280), (2048, 2048)]);
+        // [0, 1024) and [1024, 2048) both move the allocation at 0, whole: the lower wins.
         let window = cheapest_window(&live, 4096, 1024, 4096, 8, &|_| true).unwrap();
         assert_eq!(
             (window.offset, window.moved_bytes, window.sources),
-            (1024, 1280, vec![0])
+            (0, 1280, vec![0])
         );
+        let windows = cheapest_windows(&live, 4096, 1024, (4096, 8), &|_| true, 4);
+        let ranked: Vec<_> = windows.iter().map(|w| (w.offset, w.moved_bytes)).collect();
+        assert_eq!(
+            ranked,
+            [(0, 1280), (1024, 1280), (2048, 2048), (3072, 2048)]
+        );
+    }
+
+    #[test]
+    fn a_block_held_whole_by_movable_allocations_is_a_window() {
+        // Not a free byte in the segment; only the allocations in [0, 1024) may move.
+        let live = index(&[
+            (0, 512),
+            (512, 512),
+            (1024, 1024),
+            (2048, 1024),
+            (3072, 1024),
+        ]);
+        let movable = |offset: u64| offset < 1024;
+        let window = cheapest_window(&live, 4096, 1024, 1024, 8, &movable).unwrap();
+        assert_eq!(
+            (window.offset, window.moved_bytes, window.sources),
+            (0, 1024, vec![0, 512])
+        );
+        // Ranges of a segment of free ranges: [1024, 2048) begins where an allocation ends, with
+        // no gap anywhere.
+        let live = index(&[(0, 1024), (1024, 512), (1536, 512), (2048, 2048)]);
+        let movable = |offset: u64| matches!(offset, 1024 | 1536);
+        let windows = cheapest_range_windows(&live, 4096, 1024, (1024, 8), &movable, &|_| true, 4);
+        let found: Vec<_> = windows
+            .iter()
+            .map(|w| (w.offset, w.sources.clone()))
+            .collect();
+        assert_eq!(found, [(1024, vec![1024, 1536])]);
     }
 
     #[test]

@@ -739,6 +739,67 @@ fn an_evacuation_plan_empties_a_segment_that_is_then_given_back() {
     }
 }
 
+/// Issue 26, item 5: segments of 64 KiB, a budget of two; `a` and `b` (8 KiB each) fill `[0, 16
+/// KiB)` of the first, pinned allocations of 8 KiB every other slot, and four of those in the
+/// second are freed, one in every block of 16 KiB. No block with free space can be emptied (each
+/// holds a pinned allocation), but the block that `a` and `b` hold, with no free byte in it, can:
+/// they move into two of the holes.
+#[test]
+fn a_window_held_only_by_movable_allocations_is_emptied() {
+    let mut pool = pool(PolicyConfig {
+        budget_bytes: Some(128 << 10),
+        ..compaction_config()
+    });
+    let mut movable: Vec<Placement> = (0..2).map(|_| pool.allocate(8 << 10).unwrap()).collect();
+    let pinned: Vec<Placement> = (0..14).map(|_| pool.allocate(8 << 10).unwrap()).collect();
+    assert_eq!(pool.segment_count(), 2);
+    let first = movable[0].segment();
+    let mut at: Vec<u64> = movable.iter().map(Placement::offset).collect();
+    at.sort_unstable();
+    assert_eq!(at, [0, 8 << 10]);
+    assert!(movable.iter().all(|p| p.segment() == first));
+    let (freed, mut pinned): (Vec<_>, Vec<_>) = pinned
+        .into_iter()
+        .partition(|p| p.segment() != first && p.offset() % (16 << 10) == 0);
+    assert_eq!(freed.len(), 4);
+    for placement in freed {
+        pool.free(placement);
+    }
+    assert_eq!(pool.stats().largest_free_bytes, 8 << 10);
+    let is_movable = |segment: SegmentId, offset: u64| segment == first && offset < 16 << 10;
+    let estimate = pool
+        .compaction_estimate_where(16 << 10, CompactionLimits::default(), is_movable)
+        .expect("moving a and b empties their block");
+    assert_eq!(
+        (estimate.segment, estimate.window_offset, estimate.moves),
+        (first, 0, 2)
+    );
+    // The pool's own estimate (everything movable) finds it too.
+    let Err(PolicyError::OutOfMemory(oom)) = pool.allocate(16 << 10) else {
+        panic!("the budget refuses a third segment");
+    };
+    assert!(oom.compaction.is_some(), "{oom}");
+    let before = pool.counters();
+    let plan = pool
+        .compaction_plan_where(16 << 10, CompactionLimits::default(), is_movable)
+        .expect("a plan moves a and b");
+    assert_eq!(plan.moves().len(), 2);
+    assert_eq!(plan.moved_bytes(), 16 << 10);
+    assert!(plan.moves().iter().all(|m| m.to_segment != first));
+    assert_eq!(pool.apply_moves(plan, movable.iter_mut()), Ok(16 << 10));
+    assert_eq!(pool.counters(), before, "moving changes no counter");
+    let placement = pool
+        .allocate_existing(16 << 10)
+        .expect("the request fits now");
+    assert_eq!((placement.segment(), placement.offset()), (first, 0));
+    assert_eq!(pool.segment_count(), 2);
+    pinned.push(placement);
+    for placement in pinned.into_iter().chain(movable) {
+        pool.free(placement);
+    }
+    assert_eq!(pool.stats().allocated_bytes.current, 0);
+}
+
 fn pool_with(config: PolicyConfig) -> PoolCore<SimulatedStorage> {
     pool(config)
 }
@@ -790,11 +851,13 @@ proptest::proptest! {
     /// After a plan is applied every live allocation is there exactly once, with its size, in a
     /// range no other holds; the moves' destinations overlapped nothing live; the bound held; and
     /// the request fits without growing. In packed segments, in segments of free ranges of the
-    /// mid-sized class, and of the large class with its default rules and sharing every range.
+    /// mid-sized class, and of the large class with its default rules and sharing every range;
+    /// with every allocation movable, or every third pinned (a plan never moves a pinned one).
     #[test]
     fn applied_compaction_plans_keep_every_allocation_and_make_room(
         class in 0u8..5,
         ops in proptest::collection::vec((1u64..12 << 10, 0u8..4, 1u64..40 << 10, 1u64..3), 1..300),
+        pin in 0usize..3,
     ) {
         let mut pool = pool(ranges_compaction_config(class));
         // (tag, placement); sizes by tag.
@@ -820,7 +883,16 @@ proptest::proptest! {
                     let request = if class >= 2 { (4 << 10) + request % (20 << 10) } else { request };
                     let limits = CompactionLimits { max_moved_factor: factor, max_moves: 64 };
                     let before = pool.stats();
-                    let Some(plan) = pool.compaction_plan(request, limits) else { continue };
+                    // With `pin` > 0, every third allocation (by tag) is pinned.
+                    let tags: HashMap<(SegmentId, u64), usize> =
+                        live.iter().map(|(tag, p)| ((p.segment(), p.offset()), *tag)).collect();
+                    let movable = |segment: SegmentId, offset: u64| {
+                        pin == 0
+                            || tags.get(&(segment, offset)).is_some_and(|tag| tag % 3 != pin - 1)
+                    };
+                    let Some(plan) = pool.compaction_plan_where(request, limits, movable) else {
+                        continue;
+                    };
                     proptest::prop_assert!(plan.moved_bytes() <= pool.rounded_size(request) * factor);
                     proptest::prop_assert!(plan.moves().len() <= 64);
                     for (i, m) in plan.moves().iter().enumerate() {
@@ -833,6 +905,7 @@ proptest::proptest! {
                         proptest::prop_assert_eq!(kind(m.to_slot), kind(m.from_slot));
                         let sources = live.iter().filter(|(_, p)| p.segment() == m.from_segment && p.offset() == m.from_offset).count();
                         proptest::prop_assert_eq!(sources, 1);
+                        proptest::prop_assert!(movable(m.from_segment, m.from_offset));
                         // The destination overlaps no live allocation and no other destination.
                         let overlaps = |segment: SegmentId, offset: u64, bytes: u64| {
                             segment == m.to_segment && offset < m.to_offset + m.bytes && m.to_offset < offset + bytes
@@ -873,6 +946,196 @@ proptest::proptest! {
         }
         let _ = compactions;
         for (_, placement) in live {
+            pool.free(placement);
+        }
+        proptest::prop_assert_eq!(pool.stats().allocated_bytes.current, 0);
+    }
+}
+
+/// Checks `plan` against the placements `live` (whose sources must all be `movable`) and applies
+/// it: every move from a movable allocation of the plan's segment into another segment of its
+/// kind, the destinations overlapping nothing live and one another, within `limits`; afterwards
+/// every allocation once, with its size, as the books say, and `request` fits without growing.
+fn apply_checked(
+    pool: &mut PoolCore<SimulatedStorage>,
+    plan: CompactionPlan,
+    live: &mut Vec<Placement>,
+    movable: &dyn Fn(SegmentId, u64) -> bool,
+    limits: CompactionLimits,
+) {
+    let request = plan.request_bytes();
+    assert!(plan.moved_bytes() <= pool.rounded_size(request) * limits.max_moved_factor);
+    assert!(plan.moves().len() <= limits.max_moves);
+    let kind = |pool: &PoolCore<SimulatedStorage>, slot: usize| {
+        let segment = pool.segment(slot).expect("a plan's segment is held");
+        (
+            segment.allocator.is_some(),
+            segment.large.as_ref().map(Ranges::is_mid),
+        )
+    };
+    for (i, m) in plan.moves().iter().enumerate() {
+        assert_ne!(m.to_slot, plan.slot());
+        assert_eq!(m.from_slot, plan.slot());
+        assert!(
+            movable(m.from_segment, m.from_offset),
+            "{m:?} moves a pinned allocation"
+        );
+        assert_eq!(kind(pool, m.to_slot), kind(pool, m.from_slot));
+        let sources = live
+            .iter()
+            .filter(|p| p.segment() == m.from_segment && p.offset() == m.from_offset)
+            .count();
+        assert_eq!(sources, 1);
+        let overlaps = |segment: SegmentId, offset: u64, bytes: u64| {
+            segment == m.to_segment
+                && offset < m.to_offset + m.bytes
+                && m.to_offset < offset + bytes
+        };
+        assert!(!live
+            .iter()
+            .any(|p| overlaps(p.segment(), p.offset(), p.allocated_size())));
+        assert!(!plan.moves()[..i]
+            .iter()
+            .any(|o| overlaps(o.to_segment, o.to_offset, o.bytes)));
+    }
+    let sizes: Vec<u64> = live.iter().map(Placement::allocated_size).collect();
+    let before = pool.stats();
+    pool.apply_moves(plan, live.iter_mut()).unwrap();
+    assert_eq!(pool.stats().allocated_bytes, before.allocated_bytes);
+    let placement = pool
+        .allocate_existing(request)
+        .expect("the request fits after the plan");
+    let segments = pool.segment_count();
+    live.push(placement);
+    assert_eq!(pool.segment_count(), segments);
+    let mut ranges: Vec<(usize, u64, u64)> = live
+        .iter()
+        .zip(sizes.iter().chain([&live.last().unwrap().allocated_size()]))
+        .map(|(p, &size)| {
+            assert_eq!(p.allocated_size(), size);
+            (p.slot(), p.offset(), size)
+        })
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        assert!(
+            pair[0].0 != pair[1].0 || pair[0].1 + pair[0].2 <= pair[1].1,
+            "{pair:?}"
+        );
+    }
+    let mut books: Vec<(usize, u64, u64)> = (0..pool.segments.len())
+        .filter_map(|slot| pool.segment(slot).map(|s| (slot, s)))
+        .flat_map(|(slot, s)| s.live_ranges().map(move |(o, b)| (slot, o, b)))
+        .collect();
+    books.sort_unstable();
+    assert_eq!(books, ranges);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// Issue 26, item 5, at random: full segments of allocations of one size (packed, or
+    /// mid-sized in segments of free ranges), a window of the request's size in one of them held
+    /// only by movable allocations, other allocations movable or pinned at random, and at least
+    /// as many freed elsewhere as the window holds: a plan is found (though no free byte need lie
+    /// in the window), and it is valid.
+    #[test]
+    fn a_window_held_only_by_movable_allocations_is_always_found(
+        class in 0u8..2,
+        size_pick in 0usize..4,
+        segments in 2usize..5,
+        target_pick in 0usize..4,
+        block in 0u64..4,
+        movable_bits in proptest::collection::vec(proptest::bool::weighted(0.3), 64),
+        freed_bits in proptest::collection::vec(proptest::bool::weighted(0.08), 64),
+    ) {
+        const WINDOW: u64 = 16 << 10;
+        const SEGMENT: u64 = 64 << 10;
+        let sizes: [u64; 4] = if class == 0 {
+            [1 << 10, 2 << 10, 4 << 10, 8 << 10]
+        } else {
+            [8 << 10, 8 << 10, 8 << 10, 16 << 10]
+        };
+        let size = sizes[size_pick];
+        let mut pool = pool(ranges_compaction_config(class));
+        let count = segments * (SEGMENT / size) as usize;
+        let all: Vec<Placement> = (0..count).map(|_| pool.allocate(size).unwrap()).collect();
+        let slack = SEGMENT % size;
+        proptest::prop_assert_eq!(pool.segment_count(), segments);
+        proptest::prop_assert_eq!(pool.stats().free_bytes, slack * segments as u64);
+        let mut ids: Vec<SegmentId> = pool.segments().map(|s| s.id).collect();
+        ids.sort_unstable();
+        let target = ids[target_pick % segments];
+        // A window of the request's size held whole by allocations: for the packed class an
+        // aligned block; for free ranges the allocations from the first at or after `block`
+        // quarters that cover WINDOW bytes.
+        let start = block * WINDOW;
+        let mut in_target: Vec<&Placement> =
+            all.iter().filter(|p| p.segment() == target).collect();
+        in_target.sort_by_key(|p| p.offset());
+        let held = WINDOW.div_ceil(size) as usize;
+        let window: Vec<(SegmentId, u64)> = if class == 0 {
+            in_target
+                .iter()
+                .filter(|p| p.offset() / WINDOW == block)
+                .map(|p| (target, p.offset()))
+                .collect()
+        } else {
+            let first = in_target
+                .iter()
+                .position(|p| p.offset() >= start.min(SEGMENT - WINDOW - slack))
+                .unwrap_or(0)
+                .min(in_target.len() - held);
+            in_target[first..first + held].iter().map(|p| (target, p.offset())).collect()
+        };
+        let moved: u64 = window.len() as u64 * size;
+        proptest::prop_assume!(moved <= pool.rounded_size(WINDOW));
+        let is_movable = |segment: SegmentId, offset: u64, index: usize| {
+            window.contains(&(segment, offset)) || movable_bits[index % movable_bits.len()]
+        };
+        let movable_set: std::collections::HashSet<(SegmentId, u64)> = all
+            .iter()
+            .enumerate()
+            .filter(|(index, p)| is_movable(p.segment(), p.offset(), *index))
+            .map(|(_, p)| (p.segment(), p.offset()))
+            .collect();
+        // Frees: at random outside the window, and enough outside the target segment for the
+        // window's allocations.
+        let mut freed: Vec<bool> = all
+            .iter()
+            .enumerate()
+            .map(|(index, p)| {
+                !window.contains(&(p.segment(), p.offset()))
+                    && freed_bits[index % freed_bits.len()]
+            })
+            .collect();
+        let mut outside =
+            all.iter().zip(&freed).filter(|(p, &f)| f && p.segment() != target).count();
+        for (index, p) in all.iter().enumerate() {
+            if outside >= window.len() {
+                break;
+            }
+            if p.segment() != target && !freed[index] {
+                freed[index] = true;
+                outside += 1;
+            }
+        }
+        let mut live = Vec::new();
+        for (placement, free) in all.into_iter().zip(freed) {
+            if free {
+                pool.free(placement);
+            } else {
+                live.push(placement);
+            }
+        }
+        let movable = |segment: SegmentId, offset: u64| movable_set.contains(&(segment, offset));
+        let limits = CompactionLimits::default();
+        let estimate = pool.compaction_estimate_where(WINDOW, limits, movable);
+        let plan = pool.compaction_plan_where(WINDOW, limits, movable);
+        proptest::prop_assert!(plan.is_some(), "no plan; estimate {:?}", estimate);
+        proptest::prop_assert!(estimate.is_some());
+        apply_checked(&mut pool, plan.unwrap(), &mut live, &movable, limits);
+        for placement in live {
             pool.free(placement);
         }
         proptest::prop_assert_eq!(pool.stats().allocated_bytes.current, 0);

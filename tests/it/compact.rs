@@ -471,3 +471,127 @@ fn compaction_moves_tensors_of_the_mid_sized_and_large_classes() {
         kept.clear();
     }
 }
+
+/// Floats in 8 KiB.
+const EIGHTH: usize = 2048;
+
+/// Plain pool allocations holding `canary(tag, EIGHTH)`, with their tags.
+type PlainCanaries = Vec<(usize, wgpu_pool::Allocation)>;
+
+/// Issue 26, item 5: in a pool of two 64 KiB segments (the budget), tensors `a` and `b` of 8 KiB
+/// fill `[0, 16 KiB)` of the first; plain pool allocations of 8 KiB fill every other slot; the
+/// four at offsets 0, 16, 32 and 48 KiB of the second are dropped. 32 KiB are free, in holes of
+/// 8 KiB: a 16 KiB request needs `a` and `b` moved into two of them. Returns the tensors and the
+/// plain allocations kept, with their canaries' tags.
+fn movable_only_window(pool: &Pool, ctx: &Context) -> (Vec<(usize, Tensor)>, PlainCanaries) {
+    let tensors: Vec<(usize, Tensor)> = (0..2)
+        .map(|tag| {
+            let tensor = ctx.tensor(&canary(tag, EIGHTH), &[EIGHTH]).expect("tensor");
+            (tag, tensor)
+        })
+        .collect();
+    ctx.flush().expect("flush");
+    let first = place(&tensors[0].1).0;
+    let mut at: Vec<_> = tensors.iter().map(|(_, t)| place(t)).collect();
+    at.sort_unstable();
+    assert_eq!(
+        at,
+        [(first, 0), (first, 8 << 10)],
+        "a and b fill [0, 16 KiB)"
+    );
+    let plain: PlainCanaries = (0..14)
+        .map(|i| {
+            let allocation = pool.allocate(8 << 10).expect("allocate");
+            pool.write_slice(&allocation, 0, &canary(10 + i, EIGHTH))
+                .expect("write");
+            (10 + i, allocation)
+        })
+        .collect();
+    assert_eq!(pool.stats().segments.current, 2);
+    let (dropped, kept): (Vec<_>, Vec<_>) = plain
+        .into_iter()
+        .partition(|(_, a)| a.segment() != first && a.offset() % (16 << 10) == 0);
+    assert_eq!(dropped.len(), 4);
+    drop(dropped);
+    pool.submit(Vec::new());
+    (tensors, kept)
+}
+
+fn check_plain(pool: &Pool, plain: &[(usize, wgpu_pool::Allocation)]) {
+    for (tag, allocation) in plain {
+        assert_eq!(
+            pool.read_vec::<f32>(allocation).expect("read"),
+            canary(*tag, EIGHTH),
+            "plain allocation {tag}"
+        );
+    }
+}
+
+#[test]
+fn a_window_held_only_by_tensors_is_emptied_for_a_request() {
+    let pool = pool(gpu(), Some(2 * SEGMENT));
+    let ctx = context(&pool, false);
+    let (tensors, plain) = movable_only_window(&pool, &ctx);
+    let first = place(&tensors[0].1).0;
+    let plain_places: Vec<_> = plain
+        .iter()
+        .map(|(_, a)| (a.segment(), a.offset()))
+        .collect();
+    // Refused, and the error says that compacting the context's tensors would make room.
+    let message = out_of_memory(ctx.zeros(&[QUARTER]));
+    assert!(
+        message.contains("compacting (moving 0.02 MiB in 2 allocations"),
+        "{message}"
+    );
+    let estimate = ctx
+        .compaction_estimate(16 << 10)
+        .expect("moving a and b makes room");
+    assert_eq!(
+        (estimate.segment, estimate.window_offset, estimate.moves),
+        (first, 0, 2)
+    );
+    let outcome = ctx.compact_for(16 << 10).expect("compact");
+    assert_eq!(
+        (outcome.moves, outcome.moved_bytes),
+        (2, 16 << 10),
+        "{outcome:?}"
+    );
+    assert!(tensors.iter().all(|(_, t)| place(t).0 != first));
+    let zeros = ctx.zeros(&[QUARTER]).expect("the request fits now");
+    assert_eq!(place(&zeros), (first, 0));
+    assert_eq!(pool.stats().segments.current, 2, "no segment was added");
+    assert_eq!(zeros.to_vec().expect("read"), vec![0.0; QUARTER]);
+    check_canaries("after compact_for", &tensors);
+    check_plain(&pool, &plain);
+    assert_eq!(
+        plain
+            .iter()
+            .map(|(_, a)| (a.segment(), a.offset()))
+            .collect::<Vec<_>>(),
+        plain_places,
+        "plain allocations never move"
+    );
+    // The moved tensors are usable.
+    let sum = ctx.add(&tensors[0].1, &tensors[1].1).expect("add");
+    drop(zeros);
+    let want: Vec<f32> = canary(0, EIGHTH)
+        .iter()
+        .zip(canary(1, EIGHTH))
+        .map(|(a, b)| a + b)
+        .collect();
+    assert_eq!(sum.to_vec().expect("read"), want);
+}
+
+#[test]
+fn compact_on_oom_empties_a_window_held_only_by_tensors() {
+    let pool = pool(gpu(), Some(2 * SEGMENT));
+    let ctx = context(&pool, true);
+    let (tensors, plain) = movable_only_window(&pool, &ctx);
+    let first = place(&tensors[0].1).0;
+    let zeros = ctx.zeros(&[QUARTER]).expect("served after compacting");
+    assert_eq!(place(&zeros), (first, 0));
+    assert_eq!(pool.stats().segments.current, 2);
+    assert_eq!(zeros.to_vec().expect("read"), vec![0.0; QUARTER]);
+    check_canaries("after compact_on_oom", &tensors);
+    check_plain(&pool, &plain);
+}

@@ -726,3 +726,118 @@ fn a_replay_in_flight_keeps_its_arena_when_the_plan_is_dropped() {
         );
     }
 }
+
+/// Issue 26, item 4: plans of two contexts must not share an arena (their replays are not
+/// ordered with each other). The second context's capture is refused with a typed error and
+/// changes nothing: no allocation, the arena as it was, the first plan still right, the second
+/// context free to capture again.
+#[test]
+fn a_capture_refuses_the_arena_of_another_context() {
+    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    let first = Context::new(&pool, ContextOptions::default()).expect("context");
+    let second = Context::new(&pool, ContextOptions::default()).expect("context");
+    let mut rng = StdRng::seed_from_u64(26);
+    let widths = [8, 16, 4];
+    let first_layers = layers(&first, &mut rng, &widths);
+    let second_layers = layers(&second, &mut rng, &widths);
+    let arena = first.plan_arena();
+    let shared = || CaptureOptions {
+        arena: Some(arena.clone()),
+        ..CaptureOptions::default()
+    };
+    let mut plan = planned(&first, &[3, widths[0]], &first_layers, shared());
+    let bytes = arena.bytes();
+    assert!(bytes > 0);
+    let allocations = pool.stats().allocations.current;
+    let mut capture = second.capture().expect("capture");
+    let x = capture.input(&[3, widths[0]]).expect("input");
+    let (p, s) = forward(&second, &x, &second_layers);
+    let refused = capture.finish_with(&[&p, &s], shared());
+    assert!(
+        matches!(refused, Err(ComputeError::ForeignArena)),
+        "{refused:?}"
+    );
+    assert!(refused
+        .unwrap_err()
+        .to_string()
+        .contains("belongs to another context"));
+    drop((p, s, x));
+    assert_eq!(pool.stats().allocations.current, allocations);
+    assert_eq!(arena.bytes(), bytes);
+    let input = random(&mut rng, 3 * widths[0]);
+    let want = eager(&first, &input, &[3, widths[0]], &first_layers);
+    let got = plan.run(&[Feed::Data(&input)]).expect("run");
+    assert_close("the first context's plan", &got[0], &want[0]);
+    // The second context captures again, with an arena of its own.
+    let own = CaptureOptions {
+        arena: Some(second.plan_arena()),
+        ..CaptureOptions::default()
+    };
+    let mut plan = planned(&second, &[3, widths[0]], &second_layers, own);
+    let want = eager(&second, &input, &[3, widths[0]], &second_layers);
+    let got = plan.run(&[Feed::Data(&input)]).expect("run");
+    assert_close("the second context's plan", &got[0], &want[0]);
+}
+
+/// Plans of two contexts on one pool, each in an arena of its own context, replayed with
+/// `run_into` from two threads at once: every replay gives the eager result.
+#[test]
+fn plans_of_two_contexts_replay_from_two_threads_at_once() {
+    const REPLAYS: usize = 160;
+    let pool = Pool::new(gpu(), PoolOptions::default()).expect("pool");
+    let widths = [24, 48, 40, 12];
+    let rows = 7;
+    let sides: Vec<_> = (0..2u64)
+        .map(|side| {
+            let ctx = Context::new(&pool, ContextOptions::default()).expect("context");
+            let mut rng = StdRng::seed_from_u64(40 + side);
+            let layers = layers(&ctx, &mut rng, &widths);
+            let options = CaptureOptions {
+                arena: Some(ctx.plan_arena()),
+                ..CaptureOptions::default()
+            };
+            let plan = planned(&ctx, &[rows, widths[0]], &layers, options);
+            let cases: Vec<(Vec<f32>, [Vec<f32>; 2])> = (0..4)
+                .map(|_| {
+                    let input = random(&mut rng, rows * widths[0]);
+                    let want = eager(&ctx, &input, &[rows, widths[0]], &layers);
+                    (input, want)
+                })
+                .collect();
+            (ctx, layers, plan, cases)
+        })
+        .collect();
+    let wrong: Vec<usize> = std::thread::scope(|scope| {
+        let threads: Vec<_> = sides
+            .into_iter()
+            .map(|(ctx, _layers, mut plan, cases)| {
+                scope.spawn(move || {
+                    let out_p = ctx.empty(&[rows, widths[3]]).expect("output");
+                    let out_s = ctx.empty(&[rows]).expect("output");
+                    let mut wrong = 0;
+                    for replay in 0..REPLAYS {
+                        let (input, want) = &cases[replay % cases.len()];
+                        plan.run_into(&[Feed::Data(input)], &[&out_p, &out_s])
+                            .expect("run_into");
+                        let got = [out_p.to_vec().expect("read"), out_s.to_vec().expect("read")];
+                        let close = |got: &[f32], want: &[f32]| {
+                            got.iter().zip(want).all(|(&g, &w)| {
+                                (f64::from(g) - f64::from(w)).abs()
+                                    <= 1e-5 * f64::from(w.abs()) + 1e-6
+                            })
+                        };
+                        if !(close(&got[0], &want[0]) && close(&got[1], &want[1])) {
+                            wrong += 1;
+                        }
+                    }
+                    wrong
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("thread"))
+            .collect()
+    });
+    assert_eq!(wrong, [0, 0], "wrong replays of {REPLAYS} per thread");
+}
