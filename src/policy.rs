@@ -1130,6 +1130,12 @@ impl<S: SegmentStorage> PoolCore<S> {
             let (free, largest) = match (&segment.allocator, &segment.large) {
                 (Some(allocator), _) => (allocator.free_bytes(), allocator.largest_free_bytes()),
                 (None, Some(large)) => (large.free_bytes(), large.largest_free_bytes()),
+                // A dedicated segment kept for reuse while unused: free, and given back by trim.
+                (None, None) if segment.is_empty() => {
+                    stats.free_bytes += segment.size_bytes;
+                    stats.empty_segment_bytes += segment.size_bytes;
+                    continue;
+                }
                 (None, None) => continue,
             };
             stats.free_bytes += free;
@@ -1611,8 +1617,8 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// Counts the hand-over of `placement` from one owner to the next (the compute context's
-    /// reuse of a range within its batch) as what it is in the history: a free and an
-    /// allocation of the same bytes. The current values and peaks do not move; the totals and the
+    /// reuse of a range within its batch), or its move by a compaction, as what it is in the
+    /// history: a free and an allocation of the same bytes. The current values and peaks do not move; the totals and the
     /// freed totals grow, so that the counters and a replay of the history agree.
     pub fn count_hand_over(&mut self, placement: &Placement) {
         self.stats.requested_bytes.sub(placement.requested_bytes);

@@ -308,8 +308,10 @@ impl Context {
     /// otherwise read the new data).
     pub fn write(&self, tensor: &Tensor, data: &[f32]) -> Result<(), ComputeError> {
         self.check_owner("write", tensor)?;
+        // Not handed out: the write is the context's own.
         let allocation = tensor
-            .try_allocation()
+            .storage
+            .allocation()
             .ok_or(ComputeError::Symbolic { op: "write" })?;
         if data.len() != tensor.len() {
             return Err(ComputeError::DataLength {
@@ -330,8 +332,10 @@ impl Context {
     /// batch (which computes it) and waits for it.
     pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>, ComputeError> {
         self.check_owner("read", tensor)?;
+        // Not handed out: the read is the context's own.
         let allocation = tensor
-            .try_allocation()
+            .storage
+            .allocation()
             .ok_or(ComputeError::Symbolic { op: "read" })?;
         let bytes = self.read_allocation(&allocation)?;
         Ok(decode_elements(&bytes, tensor.len(), tensor.dtype()))

@@ -75,6 +75,23 @@ fn empty_segments_are_not_external_fragmentation() {
     pool.free(a);
     pool.free(c);
     assert_eq!(pool.stats().external_fragmentation(), 0.0);
+    // A dedicated segment kept for reuse while unused is empty too (trim gives it back).
+    let dedicated = pool.allocate(12 * MIB).unwrap();
+    let size = pool
+        .segments()
+        .find(|segment| segment.class() == SegmentClass::Dedicated)
+        .map(|segment| segment.size_bytes)
+        .expect("12 MiB is above the dedicated threshold");
+    pool.free(dedicated);
+    let stats = pool.stats();
+    assert!(
+        pool.segments()
+            .any(|segment| segment.class() == SegmentClass::Dedicated),
+        "the dedicated segment is kept for reuse"
+    );
+    assert_eq!(stats.empty_segment_bytes, stats.reserved_bytes.current);
+    assert!(stats.empty_segment_bytes >= size);
+    assert_eq!(stats.external_fragmentation(), 0.0);
 }
 
 #[test]

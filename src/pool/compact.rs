@@ -192,6 +192,15 @@ fn carry_out(
     let freed = [EventKind::FreeRequested, EventKind::FreeCompleted];
     record_at(history.as_mut(), time_us, live, sources, &freed);
     let moved = core.apply_moves(plan, live.iter_mut().map(|entry| &mut entry.placement))?;
+    // The counters count a move as the history does: a free and an allocation.
+    let arrived: HashSet<(SegmentId, u64)> =
+        moves.iter().map(|m| (m.to_segment, m.to_offset)).collect();
+    for entry in live
+        .iter()
+        .filter(|e| arrived.contains(&(e.placement.segment(), e.placement.offset())))
+    {
+        core.count_hand_over(&entry.placement);
+    }
     let destinations = moves.iter().map(|m| (m.to_segment, m.to_offset));
     record_at(
         history.as_mut(),

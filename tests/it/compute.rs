@@ -23,7 +23,7 @@ use wgpu_pool::compute::{
 use wgpu_pool::history::EventKind;
 use wgpu_pool::{Gpu, HistoryOptions, Pool, PoolError, PoolOptions};
 
-use crate::gpu::{both, gpu, wgsl_pipeline};
+use crate::gpu::{both, gpu, history_replays_into_the_counters, wgsl_pipeline};
 
 /// The unit roundoff of f32.
 pub(crate) const U: f64 = 1.0 / (1u64 << 24) as f64;
@@ -1565,36 +1565,6 @@ fn an_op_output_takes_the_memory_of_a_tensor_dropped_in_the_open_batch() {
     }
 }
 
-/// Replays `pool`'s whole history (on since the pool was made, nothing dropped) into counts and
-/// compares them with the pool's counters: allocations made and freed, bytes requested and
-/// allocated, in total and freed in total.
-fn history_replays_into_the_counters(name: &str, pool: &Pool) {
-    let history = pool.history().expect("history is on");
-    assert_eq!(history.dropped_events(), 0, "{name}");
-    let stats = pool.stats();
-    let (mut made, mut freed) = (0u64, 0u64);
-    let (mut requested, mut allocated, mut allocated_freed) = (0u64, 0u64, 0u64);
-    for event in history.events() {
-        match event.kind {
-            EventKind::Alloc => {
-                made += 1;
-                requested += event.size_bytes;
-                allocated += event.allocated_bytes;
-            }
-            EventKind::FreeCompleted => {
-                freed += 1;
-                allocated_freed += event.allocated_bytes;
-            }
-            _ => {}
-        }
-    }
-    assert_eq!(made, stats.allocations.total, "{name}: allocations made");
-    assert_eq!(freed, stats.allocations.freed, "{name}: allocations freed");
-    assert_eq!(requested, stats.requested_bytes.total, "{name}");
-    assert_eq!(allocated, stats.allocated_bytes.total, "{name}");
-    assert_eq!(allocated_freed, stats.allocated_bytes.freed, "{name}");
-}
-
 #[test]
 fn contexts_and_tensors_can_be_shared_between_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
@@ -1753,6 +1723,21 @@ fn a_users_kernel_recorded_through_the_context_keeps_its_tensors_ranges() {
     drop(unexposed);
     let taker = context.binary_scalar(BinaryOp::Mul, &ones, 5.0).unwrap();
     assert_eq!(place(&taker), unexposed_range, "in-batch reuse still works");
+    // Reading a tensor back is the context's own use, not a hand-out: its range is still handed
+    // on once it is dropped in an open batch.
+    let read = context.binary_scalar(BinaryOp::Mul, &ones, 6.0).unwrap();
+    assert_eq!(read.to_vec().unwrap(), vec![6.0; 64]);
+    let reader = context.unary(UnaryOp::Neg, &read).unwrap();
+    let read_range = place(&read);
+    drop(read);
+    let after_read = context.unary(UnaryOp::Neg, &reader).unwrap();
+    assert_eq!(
+        place(&after_read),
+        read_range,
+        "a tensor read back was taken as handed out"
+    );
+    assert_eq!(after_read.to_vec().unwrap(), vec![6.0; 64]);
+    drop((reader, after_read));
     assert_eq!(output.to_vec().unwrap(), vec![2.0; 64]);
     context.pool().submit([work]);
     assert_eq!(

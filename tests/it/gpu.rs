@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 
 use wgpu_pool::device::{request_gpu, Gpu, LimitsChoice};
+use wgpu_pool::Pool;
 
 /// The device with the adapter's own limits.
 pub fn gpu() -> &'static Gpu {
@@ -107,4 +108,34 @@ pub fn wgsl_pipeline(gpu: &Gpu, label: &str, wgsl: &str) -> wgpu::ComputePipelin
             compilation_options: Default::default(),
             cache: None,
         })
+}
+
+/// Replays `pool`'s whole history (on since the pool was made, nothing dropped) into counts and
+/// compares them with the pool's counters: allocations made and freed, bytes requested and
+/// allocated, in total and freed in total.
+pub fn history_replays_into_the_counters(name: &str, pool: &Pool) {
+    let history = pool.history().expect("history is on");
+    assert_eq!(history.dropped_events(), 0, "{name}");
+    let stats = pool.stats();
+    let (mut made, mut freed) = (0u64, 0u64);
+    let (mut requested, mut allocated, mut allocated_freed) = (0u64, 0u64, 0u64);
+    for event in history.events() {
+        match event.kind {
+            wgpu_pool::history::EventKind::Alloc => {
+                made += 1;
+                requested += event.size_bytes;
+                allocated += event.allocated_bytes;
+            }
+            wgpu_pool::history::EventKind::FreeCompleted => {
+                freed += 1;
+                allocated_freed += event.allocated_bytes;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(made, stats.allocations.total, "{name}: allocations made");
+    assert_eq!(freed, stats.allocations.freed, "{name}: allocations freed");
+    assert_eq!(requested, stats.requested_bytes.total, "{name}");
+    assert_eq!(allocated, stats.allocated_bytes.total, "{name}");
+    assert_eq!(allocated_freed, stats.allocated_bytes.freed, "{name}");
 }
