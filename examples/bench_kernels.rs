@@ -73,6 +73,12 @@
 //!   TF32 off; with `--dtype f16`, the JSON of `matmul.py --dtype half`, which must match) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
 //!   `torch_chain_step_us`. Run both in one session of the GPU: its clocks vary between sessions.
+//! - A clock probe (a square product, doubled from 256 until it takes at least 20 µs) runs
+//!   before and after each matmul measurement; every shape whose probe ran 10% slower than the
+//!   fastest probe of the process was measured while the GPU's clock was down (under Vulkan the
+//!   H200's SM clock can fall to a quarter for seconds), and is measured again, up to three
+//!   times, keeping the measurement with the fastest probe (JSON `clock_probe_us`,
+//!   `measurements`, and `clock_probe`).
 //! - In one process, large products measured one after another can slow down for the rest of
 //!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
 //!   tiles in separate processes, or early in one.
@@ -99,7 +105,8 @@
 //! "f16"), "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
 //! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups", "torch_time_us",
-//! "ratio", "stream_us", "torch_stream_us", "stream_ratio"}],
+//! "ratio", "stream_us", "torch_stream_us", "stream_ratio", "clock_probe_us", "measurements"}],
+//! "clock_probe": {"size", "fastest_us", "slow_ratio"},
 //! "elementwise": [{"op", "n", "gbs", "max_rel_err", "time_us", "stream_us", "stream_gbs",
 //! "torch_stream_us", "stream_ratio"}], "op_overhead_us",
 //! "op_overhead_with_submit_us", "round_trip_us", "chain_step_us", "matmul_chain_single_us",
@@ -630,6 +637,16 @@ impl Bench {
                 context.sync()?;
             }
         }
+        self.median_us(context, op)
+    }
+
+    /// [`Bench::time_us`] without its warm-up: the median over [`RUNS`] runs recorded back to
+    /// back (the pipelines must be compiled already for a fair figure).
+    fn median_us(
+        &self,
+        context: &Context,
+        op: &dyn Fn() -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<f64> {
         context.take_kernel_timings();
         let started = Instant::now();
         for _ in 0..RUNS {
@@ -782,6 +799,132 @@ fn bench_matmul(
         max_rel_err,
         ok,
     })
+}
+
+/// A fixed product timed before and after each matmul measurement: its time follows the GPU's
+/// clock. A GPU whose clock follows load (the lent H200 under Vulkan fell to 345-510 MHz for
+/// seconds, inside one process) would otherwise leave one shape's figure measured in a dip; the
+/// probe's times show which ones, and [`measure_matmuls`] measures those again.
+struct ClockProbe {
+    context: Context,
+    a: Tensor,
+    b: Tensor,
+    /// The probe is `size × size × size`.
+    size: usize,
+}
+
+/// A probe shorter than this, in microseconds, is dominated by the launch rather than the clock:
+/// [`ClockProbe::new`] doubles the product's size until it takes at least this long.
+const PROBE_MIN_US: f64 = 20.0;
+
+/// A measurement whose probe ran this much slower than the fastest probe of the process was
+/// taken at a lower clock: it is measured again.
+const PROBE_SLOW_RATIO: f64 = 1.10;
+
+/// How many times the shapes measured at a lower clock are measured again, at most.
+const PROBE_ROUNDS: usize = 3;
+
+impl ClockProbe {
+    fn new(bench: &Bench, rng: &mut StdRng) -> anyhow::Result<Self> {
+        let mut context = bench.context(bench.matmul.clone())?;
+        let mut size = 256;
+        loop {
+            let a = context.tensor(&random(rng, size * size), &[size, size])?;
+            let b = context.tensor(&random(rng, size * size), &[size, size])?;
+            let probe = ClockProbe {
+                context,
+                a,
+                b,
+                size,
+            };
+            let time_us = bench.time_us(&probe.context, &|| {
+                Ok(probe.context.matmul(&probe.a, &probe.b)?)
+            })?;
+            if time_us >= PROBE_MIN_US || size >= 2048 {
+                return Ok(probe);
+            }
+            size *= 2;
+            context = probe.context;
+        }
+    }
+
+    /// The probe's time now, in microseconds (its pipelines are compiled: no warm-up).
+    fn time_us(&self, bench: &Bench) -> anyhow::Result<f64> {
+        bench.median_us(&self.context, &|| {
+            Ok(self.context.matmul(&self.a, &self.b)?)
+        })
+    }
+}
+
+/// The indices of the measurements whose clock probe (`probe_us`, one per measurement) ran
+/// [`PROBE_SLOW_RATIO`] slower than the fastest: those taken while the clock was down.
+pub fn measured_in_a_dip(probe_us: &[f64]) -> Vec<usize> {
+    let fastest = probe_us.iter().copied().fold(f64::INFINITY, f64::min);
+    (0..probe_us.len())
+        .filter(|&i| probe_us[i] > fastest * PROBE_SLOW_RATIO)
+        .collect()
+}
+
+/// One matmul case measured, with the clock probe's slower time around it.
+struct Measured {
+    case: MatmulCase,
+    result: MatmulResult,
+    probe_us: f64,
+    /// How many times the case was measured (more than once after a clock dip).
+    measurements: usize,
+}
+
+/// Measures every case, each between two runs of the probe, then measures again, up to
+/// [`PROBE_ROUNDS`] times, every case whose probe ran [`PROBE_SLOW_RATIO`] slower than the
+/// fastest probe of all: a later measurement replaces an earlier one when its probe was faster.
+/// Returns the cases in order and the probe's fastest time.
+fn measure_matmuls(
+    bench: &Bench,
+    cases: Vec<MatmulCase>,
+    rng: &mut StdRng,
+) -> anyhow::Result<(Vec<Measured>, Option<(usize, f64)>)> {
+    if cases.is_empty() {
+        return Ok((Vec::new(), None));
+    }
+    let probe = ClockProbe::new(bench, rng)?;
+    let measure = |case: &MatmulCase, rng: &mut StdRng| -> anyhow::Result<(MatmulResult, f64)> {
+        let before = probe.time_us(bench)?;
+        let result = bench_matmul(bench, case, rng)
+            .with_context(|| format!("matmul {}x{}x{}", case.m, case.n, case.k))?;
+        let after = probe.time_us(bench)?;
+        Ok((result, before.max(after)))
+    };
+    let mut measured = Vec::with_capacity(cases.len());
+    for case in cases {
+        let (result, probe_us) = measure(&case, rng)?;
+        measured.push(Measured {
+            case,
+            result,
+            probe_us,
+            measurements: 1,
+        });
+    }
+    for _ in 0..PROBE_ROUNDS {
+        let probes: Vec<f64> = measured.iter().map(|m| m.probe_us).collect();
+        let slow = measured_in_a_dip(&probes);
+        if slow.is_empty() {
+            break;
+        }
+        for i in slow {
+            let (result, probe_us) = measure(&measured[i].case, rng)?;
+            let entry = &mut measured[i];
+            entry.measurements += 1;
+            if probe_us < entry.probe_us {
+                entry.result = result;
+                entry.probe_us = probe_us;
+            }
+        }
+    }
+    let fastest = measured
+        .iter()
+        .map(|m| m.probe_us)
+        .fold(f64::INFINITY, f64::min);
+    Ok((measured, Some((probe.size, fastest))))
 }
 
 /// The row length of the `sum` measured beside the element-wise ops (rows of 4096 columns: a
@@ -1681,9 +1824,14 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    for case in cases {
-        let r = bench_matmul(&bench, &case, &mut rng)
-            .with_context(|| format!("matmul {}x{}x{}", case.m, case.n, case.k))?;
+    let (measured, probe) = measure_matmuls(&bench, cases, &mut rng)?;
+    for Measured {
+        case,
+        result: r,
+        probe_us,
+        measurements,
+    } in measured
+    {
         // PyTorch's time beside the automatic plan's.
         let automatic = case.tiles.is_none()
             && case.narrow_lanes.is_none()
@@ -1730,7 +1878,19 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "forced_narrow_subgroups": case.narrow_subgroups,
             "torch_time_us": torch_us, "ratio": ratio, "stream_us": r.stream_us,
             "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,
+            "clock_probe_us": probe_us, "measurements": measurements,
         }));
+    }
+    if let Some((size, fastest_us)) = probe {
+        let again = matmuls
+            .iter()
+            .filter(|m| m["measurements"].as_u64() > Some(1))
+            .count();
+        println!(
+            "clock probe ({size}³ product around each shape): fastest {fastest_us:.1} µs; \
+             {again} shape(s) measured again after a probe {:.0}% slower",
+            (PROBE_SLOW_RATIO - 1.0) * 100.0
+        );
     }
     let chains = (args.serving || !args.chain_plans.is_empty()) && args.runs("matmul");
     let (rows, width) = args.chain_shape;
@@ -1915,6 +2075,9 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "shader_checks": format!("{:?}", args.checks),
             "dtype": args.dtype.name(),
             "matmul": matmuls,
+            "clock_probe": probe.map(|(size, fastest_us)| json!({
+                "size": size, "fastest_us": fastest_us, "slow_ratio": PROBE_SLOW_RATIO,
+            })),
             "elementwise": elementwise,
             "op_overhead_us": overhead.as_ref().map(|o| o.record_us),
             "op_overhead_with_submit_us": overhead.as_ref().map(|o| o.with_submit_us),

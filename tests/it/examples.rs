@@ -257,6 +257,15 @@ fn bench_kernels_example_measures_checks_and_compares_with_pytorch() {
         );
         assert!(!product["tiles"].as_str().unwrap().is_empty(), "{product}");
     }
+    // Each shape was measured between two runs of the clock probe, at least once.
+    let fastest = json["clock_probe"]["fastest_us"].as_f64().unwrap();
+    for product in products {
+        assert!(product["measurements"].as_u64().unwrap() >= 1, "{product}");
+        assert!(
+            product["clock_probe_us"].as_f64().unwrap() >= fastest,
+            "{json}"
+        );
+    }
     // The ratios are ours over PyTorch's where PyTorch measured the shape, null elsewhere.
     let (narrow, tiled) = (&products[0], &products[1]);
     assert!(
@@ -271,6 +280,17 @@ fn bench_kernels_example_measures_checks_and_compares_with_pytorch() {
         tiled["ratio"].is_null() && tiled["stream_ratio"].is_null(),
         "{tiled}"
     );
+}
+
+#[test]
+fn bench_kernels_measures_again_what_it_measured_while_the_clock_was_down() {
+    // A simulated dip: the clock at a quarter during the second and third shapes, a probe 8%
+    // slow (noise, not a dip) on the fourth.
+    let probes = [50.0, 200.0, 180.0, 54.0, 51.0];
+    assert_eq!(bench_kernels::measured_in_a_dip(&probes), vec![1, 2]);
+    // No dip: nothing to measure again, and one probe alone is its own fastest.
+    assert!(bench_kernels::measured_in_a_dip(&[50.0, 52.0, 50.5]).is_empty());
+    assert!(bench_kernels::measured_in_a_dip(&[75.0]).is_empty());
 }
 
 #[test]
