@@ -261,8 +261,11 @@ fn bench_kernels_example_measures_checks_and_compares_with_pytorch() {
     let fastest = json["clock_probe"]["fastest_us"].as_f64().unwrap();
     for product in products {
         assert!(product["measurements"].as_u64().unwrap() >= 1, "{product}");
-        assert!(
-            product["clock_probe_us"].as_f64().unwrap() >= fastest,
+        let probe = product["clock_probe_us"].as_f64().unwrap();
+        assert!(probe >= fastest, "{json}");
+        assert_eq!(
+            product["clock_low"].as_bool(),
+            Some(probe > fastest * 1.1),
             "{json}"
         );
     }
