@@ -1,5 +1,7 @@
 //! Scenario tests with exact offsets, and property tests against a simple model.
 
+use super::bins::{bin_floor, length_bin, BINS};
+use super::run::for_each_piece;
 use super::*;
 use proptest::prelude::*;
 
