@@ -92,6 +92,15 @@
 //! be written. Each allocator has a process-unique id stored in its handles: freeing a handle into
 //! an allocator that did not make it panics with a message naming both ids (a bug in the caller,
 //! not bad input).
+//!
+//! # Files
+//!
+//! `config.rs` (the rounding, the limits, why a configuration is refused), `allocation.rs` (the
+//! handle, why a request is refused), `allocator.rs` (the allocator's state, construction and
+//! fit queries), `allocate.rs` (placing, splitting and freeing), `bins.rs` (the regions and the
+//! bin lists of free runs: listing, unlisting and merging), `run.rs` (the blocks of a run in
+//! closed form, and the per-order counts), `stats.rs` (the counters and the free blocks) and
+//! `invariants.rs` (the whole structure checked, for tests).
 
 #![deny(unsafe_code)]
 
