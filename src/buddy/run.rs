@@ -1,7 +1,7 @@
 //! The buddy blocks of a run of free units, in closed form, and per-order counts of a few runs.
 //!
 //! The allocator keeps free space as maximal runs of free units. The buddy blocks of a run are its
-//! canonical decomposition (what [`super::for_each_piece`] walks: from the start, always the largest
+//! canonical decomposition (what [`for_each_piece`] walks: from the start, always the largest
 //! aligned block that fits). That decomposition rises then falls: blocks of increasing order from
 //! the start up to the most aligned point of the run, then blocks of decreasing order to the end.
 //! The orders of the rising blocks are the set bits of their total length and so are those of the
@@ -260,6 +260,23 @@ impl Counts {
     }
 }
 
+/// Calls `f(start, order)` for each aligned block of the canonical decomposition of `[start, end)`
+/// into buddy blocks, in address order (at most `2 * max_order + 2` blocks).
+pub(super) fn for_each_piece(start: u64, end: u64, max_order: u32, mut f: impl FnMut(u64, u32)) {
+    let mut position = start;
+    while position < end {
+        let alignment = if position == 0 {
+            63
+        } else {
+            position.trailing_zeros()
+        };
+        let fits = 63 - (end - position).leading_zeros();
+        let order = alignment.min(fits).min(max_order);
+        f(position, order);
+        position += 1u64 << order;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Counts, Delta, Pieces, Tally};
@@ -268,7 +285,7 @@ mod tests {
     /// The decomposition walked one block at a time.
     fn walked(start: u64, end: u64) -> Vec<(u64, u32)> {
         let mut blocks = Vec::new();
-        super::super::for_each_piece(start, end, 63, |s, o| blocks.push((s, o)));
+        super::for_each_piece(start, end, 63, |s, o| blocks.push((s, o)));
         blocks
     }
 

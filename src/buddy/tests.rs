@@ -1,5 +1,7 @@
 //! Scenario tests with exact offsets, and property tests against a simple model.
 
+use super::bins::{bin_floor, length_bin, BINS};
+use super::run::for_each_piece;
 use super::*;
 use proptest::prelude::*;
 
@@ -386,30 +388,7 @@ fn run_against_model(
                 let before = allocator.stats();
                 match allocator.allocate(size) {
                     Ok(allocation) => {
-                        let rounded = match rounding {
-                            Rounding::Exact => size.div_ceil(min_block) * min_block,
-                            Rounding::PowerOfTwo => {
-                                size.div_ceil(min_block).next_power_of_two() * min_block
-                            }
-                        };
-                        prop_assert_eq!(allocation.allocated_size(min_block), rounded);
-                        prop_assert_eq!(allocation.offset() % min_block, 0);
-                        if rounding == Rounding::PowerOfTwo {
-                            // Aligned to its power-of-two block.
-                            prop_assert_eq!(allocation.offset() % rounded, 0);
-                        }
-                        prop_assert!(allocation.offset() + rounded <= allocator.capacity());
-                        for &(offset, allocated, _) in &model.live {
-                            prop_assert!(
-                                allocation.offset() + rounded <= offset
-                                    || offset + allocated <= allocation.offset(),
-                                "overlap: new [{}, {}) with [{}, {})",
-                                allocation.offset(),
-                                allocation.offset() + rounded,
-                                offset,
-                                offset + allocated
-                            );
-                        }
+                        let rounded = check_placed(&allocator, &model, &allocation, size)?;
                         model.live.push((allocation.offset(), rounded, size));
                         handles.push(allocation);
                     }
@@ -418,28 +397,8 @@ fn run_against_model(
                         needed_block_bytes,
                         ..
                     }) => {
-                        // No aligned block was free; the request must not fit in any free run of
-                        // the model either when it is a power of two (nothing to straddle).
                         prop_assert!(largest_free_bytes < needed_block_bytes);
-                        if rounding == Rounding::PowerOfTwo
-                            || size.div_ceil(min_block).is_power_of_two()
-                        {
-                            prop_assert!(
-                                longest_free_run(&model, allocator.capacity(), needed_block_bytes)
-                                    < needed_block_bytes
-                            );
-                        }
-                        if rounding == Rounding::Exact {
-                            // No free run is long enough for the bins that are searched whole, and
-                            // when the request's own bin lists few runs, none is long enough at all.
-                            let units = size.div_ceil(min_block);
-                            let gaps = free_gaps(&model, allocator.capacity());
-                            let longest = gaps.iter().max().copied().unwrap_or(0) / min_block;
-                            prop_assert!(longest < bin_floor(length_bin(units - 1) + 1));
-                            if gaps.len() <= STRADDLE_CANDIDATES {
-                                prop_assert!(longest < units, "{longest} units free in a run");
-                            }
-                        }
+                        check_refused(&allocator, &model, size, needed_block_bytes)?;
                         prop_assert_eq!(allocator.stats(), before);
                     }
                     Err(other) => prop_assert!(false, "unexpected error {other}"),
@@ -455,46 +414,113 @@ fn run_against_model(
             }
         }
         allocator.check_invariants().map_err(TestCaseError::fail)?;
-        let stats = allocator.stats();
-        let allocated: u64 = model.live.iter().map(|l| l.1).sum();
-        let requested: u64 = model.live.iter().map(|l| l.2).sum();
-        prop_assert_eq!(stats.allocated_bytes, allocated);
-        prop_assert_eq!(stats.requested_bytes, requested);
-        prop_assert_eq!(
-            stats.allocated_bytes + stats.free_bytes,
-            stats.capacity_bytes
-        );
-        prop_assert_eq!(stats.allocation_count, model.live.len() as u64);
-        let free_blocks = allocator.free_blocks();
-        prop_assert_eq!(
-            free_blocks.iter().map(|b| b.1).sum::<u64>(),
-            stats.free_bytes
-        );
-        prop_assert_eq!(
-            free_blocks.iter().map(|b| b.1).max().unwrap_or(0),
-            stats.largest_free_bytes
-        );
-        for (order, &count) in stats.free_blocks_per_order.iter().enumerate() {
-            let expected = free_blocks
-                .iter()
-                .filter(|b| b.1 == min_block << order)
-                .count() as u64;
-            prop_assert_eq!(count, expected);
-        }
-        // Free blocks never overlap live allocations.
-        for &(free_offset, free_size) in &free_blocks {
-            for &(offset, allocated, _) in &model.live {
-                prop_assert!(
-                    free_offset + free_size <= offset || offset + allocated <= free_offset
-                );
-            }
-        }
+        check_counters(&allocator, &model)?;
     }
     for handle in handles.drain(..) {
         allocator.free(handle);
     }
     prop_assert_eq!(allocator.free_blocks(), roots);
     assert_fully_coalesced(allocator);
+    Ok(())
+}
+
+/// A new allocation of `size` bytes: rounded as its mode rounds, aligned, inside the capacity and
+/// apart from every live allocation of the model. Returns its rounded size.
+fn check_placed(
+    allocator: &BuddyAllocator,
+    model: &Model,
+    allocation: &Allocation,
+    size: u64,
+) -> Result<u64, TestCaseError> {
+    let (min_block, rounding) = (allocator.min_block(), allocator.rounding());
+    let rounded = match rounding {
+        Rounding::Exact => size.div_ceil(min_block) * min_block,
+        Rounding::PowerOfTwo => size.div_ceil(min_block).next_power_of_two() * min_block,
+    };
+    prop_assert_eq!(allocation.allocated_size(min_block), rounded);
+    prop_assert_eq!(allocation.offset() % min_block, 0);
+    if rounding == Rounding::PowerOfTwo {
+        // Aligned to its power-of-two block.
+        prop_assert_eq!(allocation.offset() % rounded, 0);
+    }
+    prop_assert!(allocation.offset() + rounded <= allocator.capacity());
+    for &(offset, allocated, _) in &model.live {
+        prop_assert!(
+            allocation.offset() + rounded <= offset || offset + allocated <= allocation.offset(),
+            "overlap: new [{}, {}) with [{}, {})",
+            allocation.offset(),
+            allocation.offset() + rounded,
+            offset,
+            offset + allocated
+        );
+    }
+    Ok(rounded)
+}
+
+/// A refused request of `size` bytes: no aligned block was free, so the request must not fit in
+/// any free run of the model either when it is a power of two (nothing to straddle); under exact
+/// fit, no free run is long enough for the bins that are searched whole, and when the request's
+/// own bin lists few runs, none is long enough at all.
+fn check_refused(
+    allocator: &BuddyAllocator,
+    model: &Model,
+    size: u64,
+    needed_block_bytes: u64,
+) -> Result<(), TestCaseError> {
+    let (min_block, rounding) = (allocator.min_block(), allocator.rounding());
+    if rounding == Rounding::PowerOfTwo || size.div_ceil(min_block).is_power_of_two() {
+        prop_assert!(
+            longest_free_run(model, allocator.capacity(), needed_block_bytes) < needed_block_bytes
+        );
+    }
+    if rounding == Rounding::Exact {
+        let units = size.div_ceil(min_block);
+        let gaps = free_gaps(model, allocator.capacity());
+        let longest = gaps.iter().max().copied().unwrap_or(0) / min_block;
+        prop_assert!(longest < bin_floor(length_bin(units - 1) + 1));
+        if gaps.len() <= STRADDLE_CANDIDATES {
+            prop_assert!(longest < units, "{longest} units free in a run");
+        }
+    }
+    Ok(())
+}
+
+/// The counters and the free blocks against the model's live allocations: the bytes add up, the
+/// per-order counts match the blocks, and no free block overlaps a live allocation.
+fn check_counters(allocator: &BuddyAllocator, model: &Model) -> Result<(), TestCaseError> {
+    let min_block = allocator.min_block();
+    let stats = allocator.stats();
+    let allocated: u64 = model.live.iter().map(|l| l.1).sum();
+    let requested: u64 = model.live.iter().map(|l| l.2).sum();
+    prop_assert_eq!(stats.allocated_bytes, allocated);
+    prop_assert_eq!(stats.requested_bytes, requested);
+    prop_assert_eq!(
+        stats.allocated_bytes + stats.free_bytes,
+        stats.capacity_bytes
+    );
+    prop_assert_eq!(stats.allocation_count, model.live.len() as u64);
+    let free_blocks = allocator.free_blocks();
+    prop_assert_eq!(
+        free_blocks.iter().map(|b| b.1).sum::<u64>(),
+        stats.free_bytes
+    );
+    prop_assert_eq!(
+        free_blocks.iter().map(|b| b.1).max().unwrap_or(0),
+        stats.largest_free_bytes
+    );
+    for (order, &count) in stats.free_blocks_per_order.iter().enumerate() {
+        let expected = free_blocks
+            .iter()
+            .filter(|b| b.1 == min_block << order)
+            .count() as u64;
+        prop_assert_eq!(count, expected);
+    }
+    // Free blocks never overlap live allocations.
+    for &(free_offset, free_size) in &free_blocks {
+        for &(offset, allocated, _) in &model.live {
+            prop_assert!(free_offset + free_size <= offset || offset + allocated <= free_offset);
+        }
+    }
     Ok(())
 }
 

@@ -137,6 +137,13 @@ impl Plan {
         if self.alignment == 0 || !self.alignment.is_power_of_two() {
             return Err(PlanError::BadAlignment(self.alignment));
         }
+        self.check_arenas(capacity)?;
+        self.check_placements(buffers)?;
+        self.check_no_overlap(buffers)
+    }
+
+    /// The arenas within the limit, `heap_bytes` their sum and within `capacity`.
+    fn check_arenas(&self, capacity: Option<u64>) -> Result<(), PlanError> {
         let mut total: u64 = 0;
         for (arena, &bytes) in self.arena_bytes.iter().enumerate() {
             if let Some(limit) = self.max_arena_bytes {
@@ -163,6 +170,12 @@ impl Plan {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// Each placement for its buffer, aligned, inside its arena, and each arena's size the
+    /// highest end of a buffer in it.
+    fn check_placements(&self, buffers: &[Buffer]) -> Result<(), PlanError> {
         let mut used = vec![0u64; self.arena_bytes.len()];
         for (buffer, place) in buffers.iter().zip(&self.placements) {
             if buffer.id != place.id {
@@ -204,7 +217,12 @@ impl Plan {
                 self.arena_bytes
             )));
         }
-        // Sweep over time: each buffer is compared with the buffers alive when it starts.
+        Ok(())
+    }
+
+    /// No two buffers that overlap in time overlapping in memory in the same arena: a sweep over
+    /// time, each buffer compared with the buffers alive when it starts.
+    fn check_no_overlap(&self, buffers: &[Buffer]) -> Result<(), PlanError> {
         let mut by_start: Vec<usize> = (0..buffers.len())
             .filter(|&i| buffers[i].size > 0 && buffers[i].lower < buffers[i].upper)
             .collect();

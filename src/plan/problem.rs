@@ -41,63 +41,11 @@ impl<'a> Problem<'a> {
         if let Some(pair) = ids.windows(2).find(|w| w[0] == w[1]) {
             return Err(PlanError::DuplicateId(pair[0]));
         }
-        let mut size = Vec::with_capacity(buffers.len());
-        let mut total: u64 = 0;
-        for b in buffers {
-            if b.lower == b.upper {
-                return Err(PlanError::EmptyLifetime {
-                    id: b.id,
-                    lower: b.lower,
-                    upper: b.upper,
-                });
-            }
-            if b.upper < b.lower {
-                return Err(PlanError::InvertedLifetime {
-                    id: b.id,
-                    lower: b.lower,
-                    upper: b.upper,
-                });
-            }
-            let aligned = b
-                .size
-                .checked_next_multiple_of(alignment)
-                .ok_or(PlanError::Overflow)?;
-            total = total.checked_add(aligned).ok_or(PlanError::Overflow)?;
-            if let Some(limit) = options.max_arena_bytes {
-                if b.size > limit {
-                    return Err(PlanError::TooLarge {
-                        id: b.id,
-                        size: b.size,
-                        max_arena_bytes: limit,
-                    });
-                }
-            }
-            size.push(aligned);
-        }
+        let size = aligned_sizes(buffers, options)?;
         let placeable: Vec<u32> = (0..buffers.len() as u32)
             .filter(|&i| size[i as usize] > 0)
             .collect();
-        // Conflict lists by a sweep over the starts.
-        let mut by_lower = placeable.clone();
-        by_lower.sort_unstable_by_key(|&i| (buffers[i as usize].lower, i));
-        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); buffers.len()];
-        let mut alive: Vec<u32> = Vec::new();
-        for &i in &by_lower {
-            let lower = buffers[i as usize].lower;
-            alive.retain(|&j| buffers[j as usize].upper > lower);
-            for &j in &alive {
-                lists[i as usize].push(j);
-                lists[j as usize].push(i);
-            }
-            alive.push(i);
-        }
-        let mut start = Vec::with_capacity(buffers.len() + 1);
-        let mut conflicts = Vec::with_capacity(lists.iter().map(Vec::len).sum());
-        start.push(0);
-        for list in lists {
-            conflicts.extend_from_slice(&list);
-            start.push(conflicts.len());
-        }
+        let (start, conflicts) = conflict_lists(buffers, &placeable);
         let max_live = max_live_bytes(buffers);
         let aligned: Vec<Buffer> = buffers
             .iter()
@@ -169,4 +117,69 @@ impl<'a> Problem<'a> {
             _ => Ok(plan),
         }
     }
+}
+
+/// The size of each buffer rounded up to the alignment, once each lifetime is checked to be
+/// nonempty and each size to be within the arena limit and to sum without overflow.
+fn aligned_sizes(buffers: &[Buffer], options: &PlanOptions) -> Result<Vec<u64>, PlanError> {
+    let mut size = Vec::with_capacity(buffers.len());
+    let mut total: u64 = 0;
+    for b in buffers {
+        if b.lower == b.upper {
+            return Err(PlanError::EmptyLifetime {
+                id: b.id,
+                lower: b.lower,
+                upper: b.upper,
+            });
+        }
+        if b.upper < b.lower {
+            return Err(PlanError::InvertedLifetime {
+                id: b.id,
+                lower: b.lower,
+                upper: b.upper,
+            });
+        }
+        let aligned = b
+            .size
+            .checked_next_multiple_of(options.alignment)
+            .ok_or(PlanError::Overflow)?;
+        total = total.checked_add(aligned).ok_or(PlanError::Overflow)?;
+        if let Some(limit) = options.max_arena_bytes {
+            if b.size > limit {
+                return Err(PlanError::TooLarge {
+                    id: b.id,
+                    size: b.size,
+                    max_arena_bytes: limit,
+                });
+            }
+        }
+        size.push(aligned);
+    }
+    Ok(size)
+}
+
+/// The conflict lists of the `placeable` buffers, by a sweep over their starts, flattened:
+/// `conflicts[start[i]..start[i + 1]]` are the buffers that overlap buffer `i` in time.
+fn conflict_lists(buffers: &[Buffer], placeable: &[u32]) -> (Vec<usize>, Vec<u32>) {
+    let mut by_lower = placeable.to_vec();
+    by_lower.sort_unstable_by_key(|&i| (buffers[i as usize].lower, i));
+    let mut lists: Vec<Vec<u32>> = vec![Vec::new(); buffers.len()];
+    let mut alive: Vec<u32> = Vec::new();
+    for &i in &by_lower {
+        let lower = buffers[i as usize].lower;
+        alive.retain(|&j| buffers[j as usize].upper > lower);
+        for &j in &alive {
+            lists[i as usize].push(j);
+            lists[j as usize].push(i);
+        }
+        alive.push(i);
+    }
+    let mut start = Vec::with_capacity(buffers.len() + 1);
+    let mut conflicts = Vec::with_capacity(lists.iter().map(Vec::len).sum());
+    start.push(0);
+    for list in lists {
+        conflicts.extend_from_slice(&list);
+        start.push(conflicts.len());
+    }
+    (start, conflicts)
 }

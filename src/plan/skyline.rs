@@ -92,91 +92,134 @@ impl<'p, 'a> Skyline<'p, 'a> {
         let mut fitting: Vec<usize> = Vec::new();
         let mut tiles: Vec<bool> = Vec::new();
         while left > 0 {
-            // The lowest slot (leftmost among equals) and its flat stretch [lo, hi).
-            self.steps += self.floor.len() as u64;
-            let (mut at, mut low) = (0usize, u64::MAX);
-            for (s, &f) in self.floor.iter().enumerate() {
-                if f < low {
-                    (at, low) = (s, f);
-                }
-            }
-            let mut lo = at;
-            while lo > 0 && self.floor[lo - 1] == low {
-                lo -= 1;
-            }
-            let mut hi = at + 1;
-            while hi < self.floor.len() && self.floor[hi] == low {
-                hi += 1;
-            }
-            fitting.clear();
-            let from = self.first.partition_point(|&f| (f as usize) < lo);
-            let to = self.first.partition_point(|&f| (f as usize) < hi);
-            self.steps += (to - from) as u64;
-            for k in from..to {
-                if !self.done[k] && self.end[k] as usize <= hi {
-                    fitting.push(k);
-                }
-            }
+            let stretch = self.lowest_stretch();
+            self.fitting_in(stretch, &mut fitting);
             if fitting.is_empty() {
-                let left_floor = if lo > 0 { self.floor[lo - 1] } else { u64::MAX };
-                let right_floor = self.floor.get(hi).copied().unwrap_or(u64::MAX);
-                let raised = left_floor.min(right_floor);
-                self.floor[lo..hi].fill(raised);
+                self.raise(stretch);
                 continue;
             }
-            // Which slots of the stretch can start an exact tiling of the rest of it by the
-            // fitting buffers: `tiles[s - lo]`.
-            // (`fitting` is in item order, by first slot: read backwards, every buffer is seen
-            // after all those starting where it ends.)
-            tiles.clear();
-            tiles.resize(hi - lo + 1, false);
-            tiles[hi - lo] = true;
-            for &k in fitting.iter().rev() {
-                let (f, e) = (self.first[k] as usize - lo, self.end[k] as usize - lo);
-                tiles[f] |= tiles[e];
-            }
-            // Prefer a buffer at the left end after which the rest of the stretch can still be
-            // tiled exactly; then buffers that touch both ends of the stretch, then one end; then
-            // the rule.
-            let touches = |k: usize| {
-                let left = self.first[k] as usize == lo;
-                let exact = left && tiles[self.end[k] as usize - lo];
-                2 * usize::from(exact) + usize::from(left) + usize::from(self.end[k] as usize == hi)
-            };
-            let key = |k: usize| -> u128 {
-                let b = &p.buffers[self.items[k] as usize];
-                let size = u128::from(p.size[self.items[k] as usize]);
-                let len = u128::from(b.upper - b.lower);
-                match rule.key {
-                    0 => size,
-                    1 => len,
-                    _ => size * len,
-                }
-            };
-            self.steps += (fitting.len() + hi - lo) as u64;
-            let chosen = if let Some(&k) = prefix.get(self.choices.len()) {
-                k as usize
-            } else if rule.noise > 0 && rng.below(1024) < rule.noise {
-                // A random one of the best class.
-                let class = fitting.iter().map(|&k| touches(k)).max().unwrap_or(0);
-                fitting.retain(|&k| touches(k) == class);
-                fitting[rng.below(fitting.len() as u64) as usize]
-            } else {
-                *fitting
-                    .iter()
-                    .max_by_key(|&&k| (touches(k), key(k), std::cmp::Reverse(k)))
-                    .expect("not empty")
-            };
+            self.tilings(stretch, &fitting, &mut tiles);
+            self.steps += (fitting.len() + stretch.hi - stretch.lo) as u64;
+            let chosen = self.choose(rule, rng, prefix, stretch, &mut fitting, &tiles);
             let b = self.items[chosen] as usize;
             self.choices.push(chosen as u32);
             self.done[chosen] = true;
             left -= 1;
-            self.offset[b] = low;
+            self.offset[b] = stretch.low;
             self.order.push(b as u32);
-            heap = heap.max(low + p.buffers[b].size);
-            let top = low + p.size[b];
+            heap = heap.max(stretch.low + p.buffers[b].size);
+            let top = stretch.low + p.size[b];
             self.floor[self.first[chosen] as usize..self.end[chosen] as usize].fill(top);
         }
         heap
     }
+
+    /// The lowest slot (leftmost among equals) and its flat stretch.
+    fn lowest_stretch(&mut self) -> Stretch {
+        self.steps += self.floor.len() as u64;
+        let (mut at, mut low) = (0usize, u64::MAX);
+        for (s, &f) in self.floor.iter().enumerate() {
+            if f < low {
+                (at, low) = (s, f);
+            }
+        }
+        let mut lo = at;
+        while lo > 0 && self.floor[lo - 1] == low {
+            lo -= 1;
+        }
+        let mut hi = at + 1;
+        while hi < self.floor.len() && self.floor[hi] == low {
+            hi += 1;
+        }
+        Stretch { lo, hi, low }
+    }
+
+    /// The items not yet placed whose whole lifetime lies in `stretch`, in item order, into
+    /// `fitting`.
+    fn fitting_in(&mut self, stretch: Stretch, fitting: &mut Vec<usize>) {
+        fitting.clear();
+        let from = self.first.partition_point(|&f| (f as usize) < stretch.lo);
+        let to = self.first.partition_point(|&f| (f as usize) < stretch.hi);
+        self.steps += (to - from) as u64;
+        for k in from..to {
+            if !self.done[k] && self.end[k] as usize <= stretch.hi {
+                fitting.push(k);
+            }
+        }
+    }
+
+    /// Raises a stretch that no buffer fits to the lower of its neighbours.
+    fn raise(&mut self, stretch: Stretch) {
+        let Stretch { lo, hi, .. } = stretch;
+        let left_floor = if lo > 0 { self.floor[lo - 1] } else { u64::MAX };
+        let right_floor = self.floor.get(hi).copied().unwrap_or(u64::MAX);
+        let raised = left_floor.min(right_floor);
+        self.floor[lo..hi].fill(raised);
+    }
+
+    /// Which slots of the stretch can start an exact tiling of the rest of it by the fitting
+    /// buffers, into `tiles`: `tiles[s - lo]`. (`fitting` is in item order, by first slot: read
+    /// backwards, every buffer is seen after all those starting where it ends.)
+    fn tilings(&self, stretch: Stretch, fitting: &[usize], tiles: &mut Vec<bool>) {
+        let lo = stretch.lo;
+        tiles.clear();
+        tiles.resize(stretch.hi - lo + 1, false);
+        tiles[stretch.hi - lo] = true;
+        for &k in fitting.iter().rev() {
+            let (f, e) = (self.first[k] as usize - lo, self.end[k] as usize - lo);
+            tiles[f] |= tiles[e];
+        }
+    }
+
+    /// The item that fills the stretch: the next choice of `prefix` if any; else a buffer at the
+    /// left end after which the rest of the stretch can still be tiled exactly, then buffers that
+    /// touch both ends of the stretch, then one end; then the rule (or, with the rule's noise, a
+    /// random one of the best class).
+    fn choose(
+        &self,
+        rule: Rule,
+        rng: &mut SplitMix64,
+        prefix: &[u32],
+        stretch: Stretch,
+        fitting: &mut Vec<usize>,
+        tiles: &[bool],
+    ) -> usize {
+        let p = self.problem;
+        let Stretch { lo, hi, .. } = stretch;
+        let touches = |k: usize| {
+            let left = self.first[k] as usize == lo;
+            let exact = left && tiles[self.end[k] as usize - lo];
+            2 * usize::from(exact) + usize::from(left) + usize::from(self.end[k] as usize == hi)
+        };
+        let key = |k: usize| -> u128 {
+            let b = &p.buffers[self.items[k] as usize];
+            let size = u128::from(p.size[self.items[k] as usize]);
+            let len = u128::from(b.upper - b.lower);
+            match rule.key {
+                0 => size,
+                1 => len,
+                _ => size * len,
+            }
+        };
+        if let Some(&k) = prefix.get(self.choices.len()) {
+            k as usize
+        } else if rule.noise > 0 && rng.below(1024) < rule.noise {
+            let class = fitting.iter().map(|&k| touches(k)).max().unwrap_or(0);
+            fitting.retain(|&k| touches(k) == class);
+            fitting[rng.below(fitting.len() as u64) as usize]
+        } else {
+            *fitting
+                .iter()
+                .max_by_key(|&&k| (touches(k), key(k), std::cmp::Reverse(k)))
+                .expect("not empty")
+        }
+    }
+}
+
+/// A flat stretch of floor: the slots `[lo, hi)`, all at height `low`.
+#[derive(Clone, Copy)]
+struct Stretch {
+    lo: usize,
+    hi: usize,
+    low: u64,
 }

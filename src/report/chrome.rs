@@ -86,8 +86,30 @@ pub fn chrome_trace(history: &History, end_time_us: u64) -> Value {
         json!({"ph": "M", "name": "process_name", "pid": SEGMENTS_PID, "tid": 0,
                "args": {"name": "wgpu-pool segments"}}),
     ];
+    push_counters(&mut trace, history, first_us);
+    let mut lifetimes = Lifetimes::default();
+    for event in events {
+        match event.segment {
+            Some(segment) => lifetimes.record(segment, event, first_us),
+            None if event.kind == EventKind::Oom => trace.push(oom_instant(event)),
+            None => {}
+        }
+    }
+    let (mut allocations, mut segments) = lifetimes.close(first_us, end_time_us);
+    push_slices(&mut trace, ALLOCATIONS_PID, &mut allocations, "allocations");
+    push_slices(&mut trace, SEGMENTS_PID, &mut segments, "segments");
+    json!({
+        "traceEvents": trace,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "producer": "wgpu-pool",
+            "dropped_events": history.dropped_events(),
+        },
+    })
+}
 
-    // Counters: the baseline at the first event, then after every event that changes them.
+/// The counters: the baseline at the first event, then after every event that changes them.
+fn push_counters(trace: &mut Vec<Value>, history: &History, first_us: u64) {
     let counter = |trace: &mut Vec<Value>, time_us: u64, totals: crate::history::Totals| {
         for (name, value) in [
             ("requested_bytes", totals.requested_bytes),
@@ -100,53 +122,65 @@ pub fn chrome_trace(history: &History, end_time_us: u64) -> Value {
             );
         }
     };
-    counter(&mut trace, first_us, history.baseline());
+    counter(trace, first_us, history.baseline());
     let mut previous = history.baseline();
     for (time_us, totals) in history.timeline() {
         if totals != previous {
-            counter(&mut trace, time_us, totals);
+            counter(trace, time_us, totals);
             previous = totals;
         }
     }
+}
 
-    // Lifetimes.
-    let mut allocations: Vec<Slice> = Vec::new();
-    let mut segments: Vec<Slice> = Vec::new();
-    let mut open: HashMap<(SegmentId, u64), (&Event, Option<u64>)> = HashMap::new();
-    let mut open_segments: HashMap<SegmentId, &Event> = HashMap::new();
-    for event in events {
-        let Some(segment) = event.segment else {
-            if event.kind == EventKind::Oom {
-                let oom = event.oom.as_ref();
-                trace.push(json!({
-                    "ph": "i", "s": "g", "name": format!("out of memory: {}", format_bytes(event.size_bytes)),
-                    "pid": ALLOCATIONS_PID, "tid": 0, "ts": event.time_us,
-                    "args": {
-                        "requested_bytes": event.size_bytes,
-                        "segment_bytes": oom.map(|o| o.segment_bytes),
-                        "reserved_bytes": oom.map(|o| o.reserved_bytes),
-                        "allocated_bytes": oom.map(|o| o.allocated_bytes),
-                        "largest_free_bytes": oom.map(|o| o.largest_free_bytes),
-                        "budget_bytes": oom.and_then(|o| o.budget_bytes),
-                        "op": event.op.as_deref(),
-                    }
-                }));
-            }
-            continue;
-        };
+/// The instant event of an out-of-memory refusal.
+fn oom_instant(event: &Event) -> Value {
+    let oom = event.oom.as_ref();
+    json!({
+        "ph": "i", "s": "g", "name": format!("out of memory: {}", format_bytes(event.size_bytes)),
+        "pid": ALLOCATIONS_PID, "tid": 0, "ts": event.time_us,
+        "args": {
+            "requested_bytes": event.size_bytes,
+            "segment_bytes": oom.map(|o| o.segment_bytes),
+            "reserved_bytes": oom.map(|o| o.reserved_bytes),
+            "allocated_bytes": oom.map(|o| o.allocated_bytes),
+            "largest_free_bytes": oom.map(|o| o.largest_free_bytes),
+            "budget_bytes": oom.and_then(|o| o.budget_bytes),
+            "op": event.op.as_deref(),
+        }
+    })
+}
+
+/// The allocation and segment lifetimes of the history, read event by event.
+#[derive(Default)]
+struct Lifetimes<'h> {
+    /// Allocations freed, as slices.
+    allocations: Vec<Slice>,
+    /// Segments freed, as slices.
+    segments: Vec<Slice>,
+    /// Allocations not yet freed, by segment and offset: the event that opened each (its
+    /// `alloc`, or its `free_requested` when the `alloc` fell out of the ring) and when it was
+    /// dropped.
+    open: HashMap<(SegmentId, u64), (&'h Event, Option<u64>)>,
+    /// Segments not yet freed, with the event that created each.
+    open_segments: HashMap<SegmentId, &'h Event>,
+}
+
+impl<'h> Lifetimes<'h> {
+    /// Reads one event of `segment`.
+    fn record(&mut self, segment: SegmentId, event: &'h Event, first_us: u64) {
         let key = (segment, event.offset_bytes);
         match event.kind {
             EventKind::Alloc => {
-                open.insert(key, (event, None));
+                self.open.insert(key, (event, None));
             }
-            EventKind::FreeRequested => match open.get_mut(&key) {
+            EventKind::FreeRequested => match self.open.get_mut(&key) {
                 Some((_, dropped)) => *dropped = Some(event.time_us),
                 None => {
-                    open.insert(key, (event, Some(event.time_us)));
+                    self.open.insert(key, (event, Some(event.time_us)));
                 }
             },
             EventKind::FreeCompleted => {
-                let (start, dropped) = open.remove(&key).unwrap_or((event, None));
+                let (start, dropped) = self.open.remove(&key).unwrap_or((event, None));
                 let (start_us, before_trace) = if start.kind == EventKind::Alloc {
                     (start.time_us, false)
                 } else {
@@ -154,7 +188,7 @@ pub fn chrome_trace(history: &History, end_time_us: u64) -> Value {
                 };
                 let mut args = allocation_args(event, dropped.or(Some(event.time_us)));
                 args["allocated_before_trace"] = json!(before_trace);
-                allocations.push(Slice {
+                self.allocations.push(Slice {
                     name: allocation_name(event),
                     start_us,
                     end_us: event.time_us,
@@ -162,13 +196,14 @@ pub fn chrome_trace(history: &History, end_time_us: u64) -> Value {
                 });
             }
             EventKind::SegmentAlloc => {
-                open_segments.insert(segment, event);
+                self.open_segments.insert(segment, event);
             }
             EventKind::SegmentFree => {
-                let start_us = open_segments
+                let start_us = self
+                    .open_segments
                     .remove(&segment)
                     .map_or(first_us, |start| start.time_us);
-                segments.push(segment_slice(
+                self.segments.push(segment_slice(
                     segment,
                     event.size_bytes,
                     start_us,
@@ -178,57 +213,52 @@ pub fn chrome_trace(history: &History, end_time_us: u64) -> Value {
             EventKind::Oom => {}
         }
     }
-    for ((_, _), (event, dropped)) in open {
-        let mut args = allocation_args(event, dropped);
-        args["live_at_end"] = json!(true);
-        allocations.push(Slice {
-            name: allocation_name(event),
-            start_us: if event.kind == EventKind::Alloc {
-                event.time_us
-            } else {
-                first_us
-            },
-            end_us: end_time_us,
-            args,
-        });
-    }
-    for (segment, event) in open_segments {
-        segments.push(segment_slice(
-            segment,
-            event.size_bytes,
-            event.time_us,
-            end_time_us,
-        ));
-    }
 
-    for (pid, slices, lane_name) in [
-        (ALLOCATIONS_PID, &mut allocations, "allocations"),
-        (SEGMENTS_PID, &mut segments, "segments"),
-    ] {
-        let lanes = lanes(slices);
-        let lane_count = lanes.iter().max().map_or(0, |&max| max + 1);
-        for lane in 0..lane_count {
-            trace.push(
-                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": lane + 1,
-                              "args": {"name": format!("{lane_name} {lane}")}}),
-            );
+    /// The allocation and segment slices, those still open ending at `end_time_us`.
+    fn close(mut self, first_us: u64, end_time_us: u64) -> (Vec<Slice>, Vec<Slice>) {
+        for ((_, _), (event, dropped)) in self.open {
+            let mut args = allocation_args(event, dropped);
+            args["live_at_end"] = json!(true);
+            self.allocations.push(Slice {
+                name: allocation_name(event),
+                start_us: if event.kind == EventKind::Alloc {
+                    event.time_us
+                } else {
+                    first_us
+                },
+                end_us: end_time_us,
+                args,
+            });
         }
-        for (slice, lane) in slices.iter().zip(lanes) {
-            trace.push(json!({
-                "ph": "X", "name": slice.name, "cat": lane_name, "pid": pid, "tid": lane + 1,
-                "ts": slice.start_us, "dur": slice.end_us.saturating_sub(slice.start_us),
-                "args": slice.args,
-            }));
+        for (segment, event) in self.open_segments {
+            self.segments.push(segment_slice(
+                segment,
+                event.size_bytes,
+                event.time_us,
+                end_time_us,
+            ));
         }
+        (self.allocations, self.segments)
     }
-    json!({
-        "traceEvents": trace,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "producer": "wgpu-pool",
-            "dropped_events": history.dropped_events(),
-        },
-    })
+}
+
+/// The slices of process `pid`, spread over lanes named `lane_name 0`, `lane_name 1`, ...
+fn push_slices(trace: &mut Vec<Value>, pid: u64, slices: &mut [Slice], lane_name: &str) {
+    let lanes = lanes(slices);
+    let lane_count = lanes.iter().max().map_or(0, |&max| max + 1);
+    for lane in 0..lane_count {
+        trace.push(
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": lane + 1,
+                          "args": {"name": format!("{lane_name} {lane}")}}),
+        );
+    }
+    for (slice, lane) in slices.iter().zip(lanes) {
+        trace.push(json!({
+            "ph": "X", "name": slice.name, "cat": lane_name, "pid": pid, "tid": lane + 1,
+            "ts": slice.start_us, "dur": slice.end_us.saturating_sub(slice.start_us),
+            "args": slice.args,
+        }));
+    }
 }
 
 fn segment_slice(segment: SegmentId, size_bytes: u64, start_us: u64, end_us: u64) -> Slice {

@@ -112,7 +112,16 @@ impl Table<'_, '_> {
     }
 }
 
+/// The device's rows: the adapter and its limits, wgpu's allocator report against this crate's
+/// buffers, and wgpu's counters.
 fn device_rows(table: &mut Table<'_, '_>, device: &DeviceReport) -> fmt::Result {
+    adapter_rows(table, device)?;
+    allocator_rows(table, device)?;
+    counter_row(table, &device.counters)
+}
+
+/// The adapter, its driver and the limits that matter to the pool and the kernels.
+fn adapter_rows(table: &mut Table<'_, '_>, device: &DeviceReport) -> fmt::Result {
     let adapter = &device.adapter;
     let vendor = match &adapter.vendor_name {
         Some(name) => format!("{name} ({:#x})", adapter.vendor_id),
@@ -141,7 +150,11 @@ fn device_rows(table: &mut Table<'_, '_>, device: &DeviceReport) -> fmt::Result 
         limits.max_compute_invocations_per_workgroup,
         format_bytes(u64::from(limits.max_compute_workgroup_storage_size)),
         limits.max_compute_workgroups_per_dimension
-    ))?;
+    ))
+}
+
+/// wgpu's allocator report, and this crate's buffers on the device set against it.
+fn allocator_rows(table: &mut Table<'_, '_>, device: &DeviceReport) -> fmt::Result {
     match &device.allocator {
         AllocatorReport::Present {
             total_allocated_bytes,
@@ -194,7 +207,12 @@ fn device_rows(table: &mut Table<'_, '_>, device: &DeviceReport) -> fmt::Result 
             None => table.row("  no allocator report to compare them with on this backend")?,
         }
     }
-    match &device.counters {
+    Ok(())
+}
+
+/// wgpu's internal resource counters, or why they are off.
+fn counter_row(table: &mut Table<'_, '_>, counters: &DeviceCounters) -> fmt::Result {
+    match counters {
         DeviceCounters::Enabled {
             buffers,
             buffer_memory_bytes,
@@ -210,7 +228,15 @@ fn device_rows(table: &mut Table<'_, '_>, device: &DeviceReport) -> fmt::Result 
     }
 }
 
+/// The pool's rows: its counters, then where its memory is, then its bookkeeping.
 fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
+    counter_rows(table, pool)?;
+    memory_rows(table, pool)?;
+    bookkeeping_rows(table, pool)
+}
+
+/// The metrics as current / peak / total allocated / total freed, between rules.
+fn counter_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
     let stats = &pool.stats;
     writeln!(
         table.f,
@@ -223,7 +249,13 @@ fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
     table.counter("Requested memory", &stats.requested_bytes, true)?;
     table.counter("Allocations", &stats.allocations, false)?;
     table.counter("Segments", &stats.segments, false)?;
-    table.rule('-')?;
+    table.rule('-')
+}
+
+/// Where the memory is: live, in the largest allocation and free block, against the budget, and
+/// lost to fragmentation.
+fn memory_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
+    let stats = &pool.stats;
     table.row(&format!(
         "Live allocated memory: {} in {} allocations (allocated memory without {} pending frees \
          of {})",
@@ -262,7 +294,13 @@ fn pool_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
          free block, in segments that hold allocations)",
         percent(pool.internal_fragmentation),
         percent(pool.external_fragmentation)
-    ))?;
+    ))
+}
+
+/// The pool's bookkeeping: pending frees, empty segments, calls, the staging buffer, the free
+/// blocks by size and the history.
+fn bookkeeping_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Result {
+    let stats = &pool.stats;
     table.row(&format!(
         "Pending frees: {} ({}) | empty segments: {} | create_buffer calls: {} | OOMs: {}",
         pool.pending_free_count,

@@ -7,7 +7,7 @@ use plotters::prelude::*;
 use super::summary::format_bytes;
 use super::ReportError;
 use crate::history::{History, Totals};
-use crate::state::{PoolState, SpanKind};
+use crate::state::{PoolState, SegmentState, SpanKind};
 
 const USED: RGBColor = RGBColor(70, 130, 180);
 const PENDING: RGBColor = RGBColor(255, 165, 0);
@@ -54,29 +54,17 @@ pub fn memory_svg(history: &History, end_time_us: u64) -> Result<String, ReportE
     let max_bytes = peaks.reserved_bytes.max(peaks.allocated_bytes).max(1);
     let (byte_div, byte_name) = byte_unit(max_bytes);
     let (time_div, time_name) = time_unit(end_us);
-
-    type Pick = fn(&Totals) -> u64;
     // Allocated is drawn wide under requested: the two coincide where nothing is rounded.
     let series: [(&str, RGBColor, u32, Pick); 3] = [
         ("reserved", RESERVED, 2, |t| t.reserved_bytes),
         ("allocated", ALLOCATED, 6, |t| t.allocated_bytes),
         ("requested", REQUESTED, 2, |t| t.requested_bytes),
     ];
-    let steps = |pick: Pick| -> Vec<(f64, f64)> {
-        let x = |us: u64| us as f64 / time_div;
-        let y = |bytes: u64| bytes as f64 / byte_div;
-        let mut previous = pick(&history.baseline());
-        let mut points = vec![(x(start_us), y(previous))];
-        for (time_us, totals) in &timeline {
-            let value = pick(totals);
-            if value != previous {
-                points.push((x(*time_us), y(previous)));
-                points.push((x(*time_us), y(value)));
-                previous = value;
-            }
-        }
-        points.push((x(end_us), y(previous)));
-        points
+    let scaled_steps = |pick: Pick| {
+        let baseline = pick(&history.baseline());
+        let points = steps(baseline, &timeline, pick, start_us, end_us);
+        let scale = |(us, bytes): (u64, u64)| (us as f64 / time_div, bytes as f64 / byte_div);
+        points.into_iter().map(scale).collect::<Vec<_>>()
     };
 
     let mut svg = String::new();
@@ -84,18 +72,8 @@ pub fn memory_svg(history: &History, end_time_us: u64) -> Result<String, ReportE
         let error = plot_error("memory.svg");
         let root = SVGBackend::with_string(&mut svg, (1000, 520)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| error(e.to_string()))?;
-        let caption = format!(
-            "wgpu-pool memory over time (peak reserved {}, peak allocated {}{})",
-            format_bytes(peaks.reserved_bytes),
-            format_bytes(peaks.allocated_bytes),
-            if history.is_empty() {
-                "; no events recorded"
-            } else {
-                ""
-            }
-        );
         let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 18))
+            .caption(memory_caption(history, &peaks), ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
@@ -117,7 +95,7 @@ pub fn memory_svg(history: &History, end_time_us: u64) -> Result<String, ReportE
                 color.stroke_width(width)
             };
             chart
-                .draw_series(LineSeries::new(steps(pick), style))
+                .draw_series(LineSeries::new(scaled_steps(pick), style))
                 .map_err(|e| error(e.to_string()))?
                 .label(name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
@@ -134,8 +112,63 @@ pub fn memory_svg(history: &History, end_time_us: u64) -> Result<String, ReportE
     Ok(svg)
 }
 
+/// Picks one series of `memory.svg` out of the totals.
+type Pick = fn(&Totals) -> u64;
+
+/// One series of `memory.svg` as the corners of its steps, `(time_us, bytes)`: from `baseline`
+/// at `start_us`, through each change on `timeline`, to `end_us`.
+fn steps(
+    baseline: u64,
+    timeline: &[(u64, Totals)],
+    pick: Pick,
+    start_us: u64,
+    end_us: u64,
+) -> Vec<(u64, u64)> {
+    let mut previous = baseline;
+    let mut points = vec![(start_us, previous)];
+    for (time_us, totals) in timeline {
+        let value = pick(totals);
+        if value != previous {
+            points.push((*time_us, previous));
+            points.push((*time_us, value));
+            previous = value;
+        }
+    }
+    points.push((end_us, previous));
+    points
+}
+
+/// The caption of `memory.svg`: the peaks, and whether anything was recorded.
+fn memory_caption(history: &History, peaks: &Totals) -> String {
+    format!(
+        "wgpu-pool memory over time (peak reserved {}, peak allocated {}{})",
+        format_bytes(peaks.reserved_bytes),
+        format_bytes(peaks.allocated_bytes),
+        if history.is_empty() {
+            "; no events recorded"
+        } else {
+            ""
+        }
+    )
+}
+
 /// Rows drawn in `segments.svg` before the rest are counted instead.
 pub const SVG_MAX_SEGMENTS: usize = 200;
+
+/// The width of `segments.svg`, in pixels.
+const MAP_WIDTH: u32 = 1000;
+/// The height of one segment's row in `segments.svg`, in pixels.
+const MAP_ROW: i32 = 26;
+/// The space above the first row of `segments.svg` (title and legend), in pixels.
+const MAP_TOP: i32 = 64;
+/// Where the bars of `segments.svg` start (the labels are left of them), in pixels.
+const MAP_LEFT: i32 = 200;
+/// The margin right of the longest bar of `segments.svg`, in pixels.
+const MAP_RIGHT: i32 = 20;
+
+/// The drawing area of an SVG plot, and what drawing on it returns.
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+type Drawn = Result<(), DrawingAreaErrorKind<std::io::Error>>;
 
 /// `segments.svg`: one row per segment, its length proportional to its size, with its
 /// allocations (blue), pending frees (orange) and free blocks (grey).
@@ -144,13 +177,8 @@ pub const SVG_MAX_SEGMENTS: usize = 200;
 ///
 /// [`ReportError::Plot`] if plotters fails.
 pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
-    const WIDTH: u32 = 1000;
-    const ROW: i32 = 26;
-    const TOP: i32 = 64;
-    const LEFT: i32 = 200;
-    const RIGHT: i32 = 20;
     let shown = state.segments.len().min(SVG_MAX_SEGMENTS);
-    let height = TOP + ROW * (shown as i32 + 1) + 10;
+    let height = MAP_TOP + MAP_ROW * (shown as i32 + 1) + 10;
     let largest = state
         .segments
         .iter()
@@ -158,105 +186,26 @@ pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
         .max()
         .unwrap_or(1)
         .max(1);
-    let bar_width = f64::from(WIDTH as i32 - LEFT - RIGHT);
+    let bar_width = f64::from(MAP_WIDTH as i32 - MAP_LEFT - MAP_RIGHT);
     let x = |bytes: u64| {
-        LEFT.saturating_add((bytes as f64 / largest as f64 * bar_width).round() as i32)
+        MAP_LEFT.saturating_add((bytes as f64 / largest as f64 * bar_width).round() as i32)
     };
 
     let mut svg = String::new();
     {
         let error = plot_error("segments.svg");
         let draw = |e: DrawingAreaErrorKind<std::io::Error>| error(e.to_string());
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height as u32)).into_drawing_area();
+        let root =
+            SVGBackend::with_string(&mut svg, (MAP_WIDTH, height as u32)).into_drawing_area();
         root.fill(&WHITE).map_err(draw)?;
-        let stats = &state.stats;
-        root.draw(&Text::new(
-            format!(
-                "wgpu-pool segments: {} segments, {} reserved, {} allocated, {} requested",
-                state.segments.len(),
-                format_bytes(stats.reserved_bytes.current),
-                format_bytes(stats.allocated_bytes.current),
-                format_bytes(stats.requested_bytes.current)
-            ),
-            (10, 10),
-            ("sans-serif", 18).into_font(),
-        ))
-        .map_err(draw)?;
-        for (i, (name, color)) in [("used", USED), ("pending free", PENDING), ("free", FREE)]
-            .into_iter()
-            .enumerate()
-        {
-            let x0 = LEFT + i as i32 * 140;
-            root.draw(&Rectangle::new([(x0, 38), (x0 + 14, 52)], color.filled()))
-                .map_err(draw)?;
-            root.draw(&Text::new(
-                name,
-                (x0 + 20, 38),
-                ("sans-serif", 13).into_font(),
-            ))
-            .map_err(draw)?;
-        }
+        draw_map_heading(&root, state).map_err(draw)?;
         for (row, segment) in state.segments.iter().take(shown).enumerate() {
-            let y0 = TOP + row as i32 * ROW;
-            let y1 = y0 + ROW - 6;
-            root.draw(&Text::new(
-                format!(
-                    "seg {} {} {}",
-                    segment.id.0,
-                    format_bytes(segment.size_bytes),
-                    segment.kind()
-                ),
-                (10, y0 + 3),
-                ("sans-serif", 13).into_font(),
-            ))
-            .map_err(draw)?;
-            // Runs of one kind as one rectangle each.
-            let mut run_start = 0;
-            for (index, span) in segment.spans.iter().enumerate() {
-                let run_ends = segment
-                    .spans
-                    .get(index + 1)
-                    .is_none_or(|next| next.kind != span.kind);
-                if run_ends {
-                    let color = match span.kind {
-                        SpanKind::Allocated => USED,
-                        SpanKind::PendingFree => PENDING,
-                        SpanKind::Free => FREE,
-                    };
-                    let (x0, x1) = (
-                        x(run_start),
-                        x(span.end_bytes()).max(x(run_start).saturating_add(1)),
-                    );
-                    root.draw(&Rectangle::new([(x0, y0), (x1, y1)], color.filled()))
-                        .map_err(draw)?;
-                    run_start = span.end_bytes();
-                }
-            }
-            // Boundaries between neighbouring allocations, where there is room to see them.
-            let mut last_line: Option<i32> = None;
-            for pair in segment.spans.windows(2) {
-                if pair[0].kind != SpanKind::Free && pair[1].kind != SpanKind::Free {
-                    let line_x = x(pair[1].offset_bytes);
-                    if last_line.is_none_or(|last| line_x - last >= 3) {
-                        root.draw(&PathElement::new(
-                            vec![(line_x, y0), (line_x, y1)],
-                            WHITE.stroke_width(1),
-                        ))
-                        .map_err(draw)?;
-                        last_line = Some(line_x);
-                    }
-                }
-            }
-            root.draw(&Rectangle::new(
-                [(x(0), y0), (x(segment.size_bytes), y1)],
-                BLACK.stroke_width(1),
-            ))
-            .map_err(draw)?;
+            draw_map_row(&root, MAP_TOP + row as i32 * MAP_ROW, segment, &x).map_err(draw)?;
         }
         if shown < state.segments.len() {
             root.draw(&Text::new(
                 format!("... and {} more segments", state.segments.len() - shown),
-                (10, TOP + shown as i32 * ROW + 3),
+                (10, MAP_TOP + shown as i32 * MAP_ROW + 3),
                 ("sans-serif", 13).into_font(),
             ))
             .map_err(draw)?;
@@ -264,6 +213,94 @@ pub fn segments_svg(state: &PoolState) -> Result<String, ReportError> {
         root.present().map_err(draw)?;
     }
     Ok(svg)
+}
+
+/// The title of `segments.svg` (the pool's totals) and the legend of its colours.
+fn draw_map_heading(root: &Area<'_>, state: &PoolState) -> Drawn {
+    let stats = &state.stats;
+    root.draw(&Text::new(
+        format!(
+            "wgpu-pool segments: {} segments, {} reserved, {} allocated, {} requested",
+            state.segments.len(),
+            format_bytes(stats.reserved_bytes.current),
+            format_bytes(stats.allocated_bytes.current),
+            format_bytes(stats.requested_bytes.current)
+        ),
+        (10, 10),
+        ("sans-serif", 18).into_font(),
+    ))?;
+    for (i, (name, color)) in [("used", USED), ("pending free", PENDING), ("free", FREE)]
+        .into_iter()
+        .enumerate()
+    {
+        let x0 = MAP_LEFT + i as i32 * 140;
+        root.draw(&Rectangle::new([(x0, 38), (x0 + 14, 52)], color.filled()))?;
+        root.draw(&Text::new(
+            name,
+            (x0 + 20, 38),
+            ("sans-serif", 13).into_font(),
+        ))?;
+    }
+    Ok(())
+}
+
+/// One segment's row of `segments.svg`, from `y0` down: its label, its spans (runs of one kind
+/// as one rectangle each), the boundaries between neighbouring allocations where there is room
+/// to see them, and its outline. `x` is the abscissa of an offset, in pixels.
+fn draw_map_row(
+    root: &Area<'_>,
+    y0: i32,
+    segment: &SegmentState,
+    x: &impl Fn(u64) -> i32,
+) -> Drawn {
+    let y1 = y0 + MAP_ROW - 6;
+    root.draw(&Text::new(
+        format!(
+            "seg {} {} {}",
+            segment.id.0,
+            format_bytes(segment.size_bytes),
+            segment.kind()
+        ),
+        (10, y0 + 3),
+        ("sans-serif", 13).into_font(),
+    ))?;
+    let mut run_start = 0;
+    for (index, span) in segment.spans.iter().enumerate() {
+        let run_ends = segment
+            .spans
+            .get(index + 1)
+            .is_none_or(|next| next.kind != span.kind);
+        if run_ends {
+            let color = match span.kind {
+                SpanKind::Allocated => USED,
+                SpanKind::PendingFree => PENDING,
+                SpanKind::Free => FREE,
+            };
+            let (x0, x1) = (
+                x(run_start),
+                x(span.end_bytes()).max(x(run_start).saturating_add(1)),
+            );
+            root.draw(&Rectangle::new([(x0, y0), (x1, y1)], color.filled()))?;
+            run_start = span.end_bytes();
+        }
+    }
+    let mut last_line: Option<i32> = None;
+    for pair in segment.spans.windows(2) {
+        if pair[0].kind != SpanKind::Free && pair[1].kind != SpanKind::Free {
+            let line_x = x(pair[1].offset_bytes);
+            if last_line.is_none_or(|last| line_x - last >= 3) {
+                root.draw(&PathElement::new(
+                    vec![(line_x, y0), (line_x, y1)],
+                    WHITE.stroke_width(1),
+                ))?;
+                last_line = Some(line_x);
+            }
+        }
+    }
+    root.draw(&Rectangle::new(
+        [(x(0), y0), (x(segment.size_bytes), y1)],
+        BLACK.stroke_width(1),
+    ))
 }
 
 #[cfg(test)]

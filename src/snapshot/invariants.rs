@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use super::{BlockState, Snapshot, TraceAction};
+use super::{BlockState, Segment, Snapshot, TraceAction};
 
 /// One broken invariant; indices point into [`Snapshot::segments`], `blocks` and
 /// [`Snapshot::device_traces`].
@@ -162,92 +162,136 @@ pub struct InvariantError {
     pub violations: Vec<Violation>,
 }
 
+/// Every broken invariant of `snapshot`, in snapshot order: each segment's, then the overlaps
+/// of segments, then the unknown actions of the traces.
 pub(crate) fn check(snapshot: &Snapshot) -> Result<(), InvariantError> {
     let mut violations = Vec::new();
     for (segment_index, segment) in snapshot.segments.iter().enumerate() {
-        if !matches!(segment.segment_type.as_str(), "small" | "large") {
-            violations.push(Violation::UnknownSegmentType {
-                segment_index,
-                segment_type: segment.segment_type.clone(),
-            });
-        }
-        if segment.blocks.is_empty() {
-            violations.push(Violation::NoBlocks { segment_index });
-        }
-        let mut expected_address = u128::from(segment.address);
-        let (mut allocated, mut active, mut requested) = (0_u128, 0_u128, 0_u128);
-        for (block_index, block) in segment.blocks.iter().enumerate() {
-            if u128::from(block.address) != expected_address {
-                violations.push(Violation::BlockNotContiguous {
-                    segment_index,
-                    block_index,
-                    expected_address: u64::try_from(expected_address).unwrap_or(u64::MAX),
-                    found_address: block.address,
+        check_segment(segment_index, segment, &mut violations);
+    }
+    check_overlaps(&snapshot.segments, &mut violations);
+    for (device_index, trace) in snapshot.device_traces.iter().enumerate() {
+        for (event_index, event) in trace.iter().enumerate() {
+            if let TraceAction::Other(action) = &event.action {
+                violations.push(Violation::UnknownAction {
+                    device_index,
+                    event_index,
+                    action: action.clone(),
                 });
             }
-            expected_address = u128::from(block.address) + u128::from(block.size);
-            if let BlockState::Other(state) = &block.state {
-                violations.push(Violation::UnknownBlockState {
-                    segment_index,
-                    block_index,
-                    state: state.clone(),
-                });
-            }
-            if block.state == BlockState::ActiveAllocated {
-                allocated += u128::from(block.size);
-            }
-            if block.state.is_active() {
-                active += u128::from(block.size);
-                requested += u128::from(block.requested_size);
-            }
-        }
-        let blocks_bytes: u128 = segment
-            .blocks
-            .iter()
-            .map(|block| u128::from(block.size))
-            .sum();
-        if blocks_bytes != u128::from(segment.total_size) {
-            violations.push(Violation::BlockSizesMismatch {
-                segment_index,
-                blocks_bytes,
-                total_size_bytes: segment.total_size,
-            });
-        }
-        if allocated != u128::from(segment.allocated_size) {
-            violations.push(Violation::AllocatedSizeMismatch {
-                segment_index,
-                recorded_bytes: segment.allocated_size,
-                computed_bytes: allocated,
-            });
-        }
-        if active != u128::from(segment.active_size) {
-            violations.push(Violation::ActiveSizeMismatch {
-                segment_index,
-                recorded_bytes: segment.active_size,
-                computed_bytes: active,
-            });
-        }
-        if requested != u128::from(segment.requested_size) {
-            violations.push(Violation::RequestedSizeMismatch {
-                segment_index,
-                recorded_bytes: segment.requested_size,
-                computed_bytes: requested,
-            });
         }
     }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(InvariantError { violations })
+    }
+}
 
-    // Sorted by (device, address), a segment overlaps an earlier one exactly when it
-    // starts before the furthest end seen so far on its device.
-    let mut by_address: Vec<usize> = (0..snapshot.segments.len()).collect();
-    by_address.sort_by_key(|&index| {
-        (
-            snapshot.segments[index].device,
-            snapshot.segments[index].address,
-        )
-    });
+/// The bytes of a segment's blocks, summed by state as PyTorch sums them.
+#[derive(Default)]
+struct BlockSums {
+    /// The sizes of the `active_allocated` blocks, in bytes.
+    allocated_bytes: u128,
+    /// The sizes of the active (allocated or pending-free) blocks, in bytes.
+    active_bytes: u128,
+    /// The `requested_size` of the active blocks, in bytes.
+    requested_bytes: u128,
+}
+
+/// The invariants of one segment: a known type, blocks that tile it in known states, and sizes
+/// that add up.
+fn check_segment(segment_index: usize, segment: &Segment, violations: &mut Vec<Violation>) {
+    if !matches!(segment.segment_type.as_str(), "small" | "large") {
+        violations.push(Violation::UnknownSegmentType {
+            segment_index,
+            segment_type: segment.segment_type.clone(),
+        });
+    }
+    if segment.blocks.is_empty() {
+        violations.push(Violation::NoBlocks { segment_index });
+    }
+    let sums = check_blocks(segment_index, segment, violations);
+    let blocks_bytes: u128 = segment
+        .blocks
+        .iter()
+        .map(|block| u128::from(block.size))
+        .sum();
+    if blocks_bytes != u128::from(segment.total_size) {
+        violations.push(Violation::BlockSizesMismatch {
+            segment_index,
+            blocks_bytes,
+            total_size_bytes: segment.total_size,
+        });
+    }
+    if sums.allocated_bytes != u128::from(segment.allocated_size) {
+        violations.push(Violation::AllocatedSizeMismatch {
+            segment_index,
+            recorded_bytes: segment.allocated_size,
+            computed_bytes: sums.allocated_bytes,
+        });
+    }
+    if sums.active_bytes != u128::from(segment.active_size) {
+        violations.push(Violation::ActiveSizeMismatch {
+            segment_index,
+            recorded_bytes: segment.active_size,
+            computed_bytes: sums.active_bytes,
+        });
+    }
+    if sums.requested_bytes != u128::from(segment.requested_size) {
+        violations.push(Violation::RequestedSizeMismatch {
+            segment_index,
+            recorded_bytes: segment.requested_size,
+            computed_bytes: sums.requested_bytes,
+        });
+    }
+}
+
+/// The blocks of one segment, in order: each starts where the one before ended and has a known
+/// state. Returns their sums.
+fn check_blocks(
+    segment_index: usize,
+    segment: &Segment,
+    violations: &mut Vec<Violation>,
+) -> BlockSums {
+    let mut expected_address = u128::from(segment.address);
+    let mut sums = BlockSums::default();
+    for (block_index, block) in segment.blocks.iter().enumerate() {
+        if u128::from(block.address) != expected_address {
+            violations.push(Violation::BlockNotContiguous {
+                segment_index,
+                block_index,
+                expected_address: u64::try_from(expected_address).unwrap_or(u64::MAX),
+                found_address: block.address,
+            });
+        }
+        expected_address = u128::from(block.address) + u128::from(block.size);
+        if let BlockState::Other(state) = &block.state {
+            violations.push(Violation::UnknownBlockState {
+                segment_index,
+                block_index,
+                state: state.clone(),
+            });
+        }
+        if block.state == BlockState::ActiveAllocated {
+            sums.allocated_bytes += u128::from(block.size);
+        }
+        if block.state.is_active() {
+            sums.active_bytes += u128::from(block.size);
+            sums.requested_bytes += u128::from(block.requested_size);
+        }
+    }
+    sums
+}
+
+/// The segments of one device that overlap. Sorted by (device, address), a segment overlaps an
+/// earlier one exactly when it starts before the furthest end seen so far on its device.
+fn check_overlaps(segments: &[Segment], violations: &mut Vec<Violation>) {
+    let mut by_address: Vec<usize> = (0..segments.len()).collect();
+    by_address.sort_by_key(|&index| (segments[index].device, segments[index].address));
     let mut furthest: Option<(i64, u128, usize)> = None;
     for &index in &by_address {
-        let segment = &snapshot.segments[index];
+        let segment = &segments[index];
         let end = u128::from(segment.address) + u128::from(segment.total_size);
         match furthest {
             Some((device, furthest_end, first_index)) if device == segment.device => {
@@ -263,23 +307,5 @@ pub(crate) fn check(snapshot: &Snapshot) -> Result<(), InvariantError> {
             }
             _ => furthest = Some((segment.device, end, index)),
         }
-    }
-
-    for (device_index, trace) in snapshot.device_traces.iter().enumerate() {
-        for (event_index, event) in trace.iter().enumerate() {
-            if let TraceAction::Other(action) = &event.action {
-                violations.push(Violation::UnknownAction {
-                    device_index,
-                    event_index,
-                    action: action.clone(),
-                });
-            }
-        }
-    }
-
-    if violations.is_empty() {
-        Ok(())
-    } else {
-        Err(InvariantError { violations })
     }
 }

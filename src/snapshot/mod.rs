@@ -438,8 +438,7 @@ impl Snapshot {
             path: path.to_owned(),
             source,
         })?;
-        let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
-        if first == Some(&b'{') {
+        if bytes.trim_ascii_start().starts_with(b"{") {
             Snapshot::from_json_bytes(&bytes)
         } else {
             Snapshot::from_pickle_bytes(&bytes)

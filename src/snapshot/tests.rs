@@ -273,6 +273,7 @@ fn assert_malformed(bytes: &[u8]) {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+// One real trace checked figure by figure against the counts PyTorch reports: a list of facts.
 fn gpt_train_imports_with_pytorchs_counts_and_peaks() {
     // Through `from_path`, which must pick the pickle importer by content.
     let snapshot = Snapshot::from_path(GPT_TRAIN).expect("gpt_train imports");
@@ -949,6 +950,7 @@ fn missing_optional_fields_take_defaults_and_unknown_keys_are_ignored() {
 }
 
 #[test]
+// A table of wrongly typed inputs, one case each: split, it would read worse.
 fn wrong_types_are_schema_errors_with_a_path() {
     let with_block_field = |field: &str, value: serde_json::Value| {
         let mut segment = minimal_segment();
@@ -1184,6 +1186,7 @@ fn exporters_refuse_values_from_2_pow_53() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+// One case per kind of violation, in the order of the enum: a table, long by nature.
 fn check_invariants_names_each_violation() {
     let valid = || {
         let mut snapshot = sample_snapshot();
