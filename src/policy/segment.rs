@@ -51,6 +51,9 @@ impl SegmentClass {
 }
 
 /// How a segment's space is handed out: one variant per size class.
+// Inline, as the allocator was before the enum: a box would add an indirection to every packed
+// allocation, for the few segments of the other classes.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Layout {
     /// Packed by a buddy allocator.
