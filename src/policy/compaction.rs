@@ -14,8 +14,8 @@
 //! the segment's start or at a live allocation's end, or end at a free gap's end or at the
 //! segment's end (sliding a range down keeps or shrinks what it overlaps until its start meets an
 //! allocation's end), ranked alike; for a large request, only those where the class's own rules
-//! (fill and remainder, [`PolicyConfig::large_fill_eighths`](super::PolicyConfig::large_fill_eighths)) would then take the range the moves
-//! free, so that the request lands there. Each segment's [`COMPACTION_CANDIDATES`] cheapest windows
+//! (fill and remainder, [`large_fill_eighths`](super::PolicyConfig::large_fill_eighths)) would
+//! then take the range the moves free, so that the request lands there. Each segment's [`COMPACTION_CANDIDATES`] cheapest windows
 //! that can be emptied within the limits, moving only movable allocations, are candidates; all of
 //! them are tried cheapest first (bytes, then allocations, then slot, then offset): the first whose
 //! allocations fit, largest first, into the free space of the *other* segments of the class
@@ -29,8 +29,8 @@
 //! compacting never holds more than growing would. Destinations are never in the segment made room
 //! in, so they never overlap the window, a source or a live allocation. The bound: a plan moves at
 //! most `max_moved_factor` times the request's rounded size (1 by default: never more bytes than
-//! the request) in at most `max_moves` allocations. Requests of dedicated segments and the naive
-//! mode are never compacted for.
+//! the request) in at most `max_moves` allocations. Requests of the naive mode (dedicated segments)
+//! are never compacted for.
 //!
 //! The cost, only when a request would otherwise grow the pool: ranking examines at most two
 //! windows per live allocation (and per free gap) of the class, each O(log n + m) where m, the
@@ -55,7 +55,7 @@ use super::ranges::RangeClass;
 use super::segment::{Layout, Placement, SegmentClass, SegmentId};
 use super::storage::SegmentStorage;
 
-/// How many candidate windows [`PoolCore::compaction_plan`](super::PoolCore::compaction_plan) tries and sees fail, cheapest first,
+/// How many candidate windows [`PoolCore::compaction_plan`] tries and sees fail, cheapest first,
 /// before it gives up (windows passed over because an earlier failure says they would fail are not
 /// counted), and how many windows of each segment it ranks.
 pub const COMPACTION_CANDIDATES: usize = 8;
@@ -177,7 +177,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// Plans moves that make room for a request of `size_bytes` in the segments held, and
     /// reserves their destinations (see the algorithm above). `None` when no window of any segment
     /// of the request's class can be emptied within `limits`, or for a request compaction cannot
-    /// serve (0 bytes, too large, dedicated, naive mode). A plan with no moves means a free block already holds the
+    /// serve (0 bytes, too large, or in the naive mode). A plan with no moves means a free block already holds the
     /// request. Apply it with [`PoolCore::apply_moves`] once the bytes are copied, or cancel it
     /// with [`PoolCore::cancel_compaction`]; until then, allocate nothing else.
     pub fn compaction_plan(

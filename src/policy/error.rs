@@ -60,7 +60,7 @@ pub struct OutOfMemory {
     pub free_bytes: u64,
     /// When moving live allocations within [`CompactionLimits::default`](super::CompactionLimits::default) would have made room for
     /// the request in the segments held (see [`PoolCore::compaction_estimate`](super::PoolCore::compaction_estimate)): what it would
-    /// move. `None` when it would not, or for a request compaction cannot serve (a dedicated one).
+    /// move. `None` when it would not, or for a request compaction cannot serve (the naive mode's).
     pub compaction: Option<CompactionEstimate>,
 }
 

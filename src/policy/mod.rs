@@ -1,7 +1,8 @@
 //! The pool's policy: which segment serves a request, when to grow and by how much, when to give
 //! segments back, and the budget. It lays each segment out by the size class it serves
-//! ([`SegmentClass`]: a [`BuddyAllocator`](crate::buddy::BuddyAllocator) for packed ones, free ranges for mid-sized and large
-//! ones) and asks a [`SegmentStorage`] for the memory behind each segment.
+//! ([`SegmentClass`]: a [`BuddyAllocator`](crate::buddy::BuddyAllocator) for packed ones, free
+//! ranges for mid-sized and large ones) and asks a [`SegmentStorage`] for the memory behind each
+//! segment.
 //!
 //! Like the allocator core, this module knows nothing of wgpu: the GPU pool plugs in a storage
 //! that creates `wgpu::Buffer`s, and the replay plugs in a simulated one, so that both run the very
@@ -67,7 +68,6 @@
 //! up to `min_block_bytes` (the copy alignment, 4 bytes on a GPU), given back as soon as it is
 //! freed; nothing is reused or cached. The GPU pool, the replay and the reports run it through the
 //! same [`PoolCore`] as the pool, so their figures are counted the same way.
-//!
 //!
 //! # Where it is written
 //!

@@ -45,7 +45,7 @@ pub struct PoolStats {
     /// Allocations holding a range: live ones and pending frees (see
     /// [`PoolStats::live_allocations`]).
     pub allocations: Counter,
-    /// Segments held (dedicated ones included).
+    /// Segments held, of every class.
     pub segments: Counter,
     /// Calls to the storage's `create_segment` that succeeded (each a `create_buffer` on a GPU).
     pub create_segment_calls: u64,
