@@ -220,7 +220,7 @@ fn tensors_story(gpu: &Gpu, unit_bytes: u64, say: &dyn Fn(String)) -> Result<Ten
     let mut policy = policy(gpu, unit_bytes);
     policy.min_segment_bytes = TENSOR_SEGMENT_UNITS * unit_bytes;
     policy.max_segment_bytes = TENSOR_SEGMENT_UNITS * unit_bytes;
-    policy.dedicated_above_bytes = TENSOR_SEGMENT_UNITS * unit_bytes;
+    policy.large_above_bytes = TENSOR_SEGMENT_UNITS * unit_bytes;
     policy.growth_divisor = 0;
     policy.budget_bytes = Some(4 * TENSOR_SEGMENT_UNITS * unit_bytes);
     let pool = Pool::new(
@@ -311,7 +311,7 @@ fn policy(gpu: &Gpu, unit_bytes: u64) -> PolicyConfig {
         .next_power_of_two()
         .min(policy.max_segment_bytes);
     policy.min_segment_bytes = policy.min_segment_bytes.min(policy.max_segment_bytes);
-    policy.dedicated_above_bytes = 16 * unit_bytes;
+    policy.large_above_bytes = 16 * unit_bytes;
     policy.mid_above_bytes = 0;
     policy
 }

@@ -1,7 +1,7 @@
 //! Compaction's arithmetic, on plain offsets and sizes: which aligned block of a segment is the
 //! cheapest to empty by moving the live allocations that overlap it, and a model of the free blocks
 //! of the other segments that says whether those allocations would fit there. The policy
-//! (`PoolCore::compaction_plan` in the module above) turns this into a plan of moves.
+//! (`PoolCore::compaction_plan`, in `compaction.rs`) turns this into a plan of moves.
 
 use std::collections::BTreeMap;
 

@@ -244,7 +244,7 @@ pub(super) fn fill_state<S: SegmentStorage>(
         min_block_bytes: config.min_block_bytes,
         min_segment_bytes: config.min_segment_bytes,
         max_segment_bytes: config.max_segment_bytes,
-        dedicated_above_bytes: config.dedicated_above_bytes,
+        large_above_bytes: config.large_above_bytes,
         max_allocation_bytes: config.max_allocation_bytes,
         rounding: format!("{:?}", config.rounding),
         budget_bytes: config.budget_bytes,

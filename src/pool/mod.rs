@@ -464,8 +464,8 @@ impl Pool {
         self.shared.lock().core.config().clone()
     }
 
-    /// Per-segment figures: id, size, whether dedicated, and the buddy statistics, in slot order
-    /// (in the naive baseline, one dedicated segment per live allocation).
+    /// Per-segment figures: id, size, size class, the buddy statistics and the free spans, in
+    /// slot order (in the naive baseline, one dedicated segment per live allocation).
     pub fn segments(&self) -> Vec<SegmentInfo> {
         segment_infos(&self.shared.lock().core)
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::device::{Gpu, Ledger};
-use crate::policy::{SegmentStorage, StorageError};
+use crate::policy::{SegmentClass, SegmentStorage, StorageError};
 use crate::state::BufferRole;
 
 /// The usages of every segment buffer.
@@ -52,9 +52,9 @@ impl SegmentStorage for BufferStorage {
     fn create_segment(
         &mut self,
         size_bytes: u64,
-        dedicated: bool,
+        class: SegmentClass,
     ) -> Result<wgpu::Buffer, StorageError> {
-        let buffer = self.create(size_bytes, dedicated)?;
+        let buffer = self.create(size_bytes, class)?;
         self.ledger.add(BufferRole::PoolSegments, buffer.size());
         self.held_bytes += buffer.size();
         self.held_segments += 1;
@@ -84,7 +84,11 @@ impl Drop for BufferStorage {
 impl BufferStorage {
     /// The segment's buffer: in the naive mode a plain `create_buffer`, else one whose errors
     /// are caught.
-    fn create(&mut self, size_bytes: u64, dedicated: bool) -> Result<wgpu::Buffer, StorageError> {
+    fn create(
+        &mut self,
+        size_bytes: u64,
+        class: SegmentClass,
+    ) -> Result<wgpu::Buffer, StorageError> {
         if self.naive {
             // What a user writes without a pool: a plain `create_buffer` (sizes were checked
             // against the device's limits; a driver out-of-memory reaches wgpu's uncaptured-error
@@ -96,11 +100,7 @@ impl BufferStorage {
                 mapped_at_creation: false,
             }));
         }
-        let label = format!(
-            "{} {} segment ({size_bytes} B)",
-            self.label,
-            if dedicated { "dedicated" } else { "pooled" }
-        );
+        let label = format!("{} {} segment ({size_bytes} B)", self.label, class.name());
         create_buffer_checked(&self.device, &label, size_bytes, SEGMENT_USAGES)
     }
 }

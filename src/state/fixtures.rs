@@ -77,7 +77,7 @@ pub(crate) fn synthetic() -> (PoolState, History) {
             min_block_bytes: 256,
             min_segment_bytes: 2 * MIB,
             max_segment_bytes: 64 * MIB,
-            dedicated_above_bytes: 64 * MIB,
+            large_above_bytes: 64 * MIB,
             max_allocation_bytes: 256 * MIB,
             rounding: "Exact".into(),
             budget_bytes: Some(8 * MIB),

@@ -275,8 +275,10 @@ pub struct PolicySummary {
     pub min_segment_bytes: u64,
     /// Largest pooled segment, in bytes.
     pub max_segment_bytes: u64,
-    /// Requests above this get a dedicated segment, in bytes.
-    pub dedicated_above_bytes: u64,
+    /// Requests above this are large (they share large segments), in bytes. Read from older
+    /// files under its former name, `dedicated_above_bytes`.
+    #[serde(alias = "dedicated_above_bytes")]
+    pub large_above_bytes: u64,
     /// Largest request accepted, in bytes.
     pub max_allocation_bytes: u64,
     /// How requests are rounded (`Exact` or `PowerOfTwo`).
@@ -478,7 +480,7 @@ mod tests {
             min_block_bytes: 256,
             min_segment_bytes: 2 << 20,
             max_segment_bytes: 64 << 20,
-            dedicated_above_bytes: 64 << 20,
+            large_above_bytes: 64 << 20,
             max_allocation_bytes: 2 << 30,
             rounding: "Exact".into(),
             budget_bytes,

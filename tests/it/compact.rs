@@ -28,7 +28,7 @@ fn pool(gpu: &Gpu, budget_bytes: Option<u64>) -> Pool {
         min_segment_bytes: SEGMENT,
         max_segment_bytes: SEGMENT,
         growth_divisor: 0,
-        dedicated_above_bytes: SEGMENT,
+        large_above_bytes: SEGMENT,
         budget_bytes,
         ..PolicyConfig::for_limits(
             u64::from(limits.min_storage_buffer_offset_alignment),
@@ -346,7 +346,7 @@ fn ranges_pool(gpu: &Gpu, large: bool) -> Pool {
     let policy = if large {
         PolicyConfig {
             mid_above_bytes: 0,
-            dedicated_above_bytes: 8 << 10,
+            large_above_bytes: 8 << 10,
             large_fill_eighths: 1,
             large_remainder_divisor: 0,
             ..base
@@ -354,7 +354,7 @@ fn ranges_pool(gpu: &Gpu, large: bool) -> Pool {
     } else {
         PolicyConfig {
             mid_above_bytes: 8 << 10,
-            dedicated_above_bytes: SEGMENT,
+            large_above_bytes: SEGMENT,
             ..base
         }
     };

@@ -385,15 +385,14 @@ fn a_bounded_ring_keeps_the_newest_events_and_exact_totals() {
 }
 
 #[test]
-fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapshots() {
+fn immediate_reuse_large_segments_and_the_naive_baseline_export_valid_snapshots() {
     let gpu = gpu();
     let limits = gpu.device.limits();
-    // Small segments, so that 3 MiB gets a segment of its own (of the large class); given back
-    // at once when freed.
+    // Small segments, so that 3 MiB gets a segment of its own (of the large class); cached when
+    // freed, given back by a trim.
     let policy = PolicyConfig {
         max_segment_bytes: 2 * MIB,
-        dedicated_above_bytes: 2 * MIB,
-        dedicated_reuse_divisor: 0,
+        large_above_bytes: 2 * MIB,
         ..PolicyConfig::for_limits(
             u64::from(limits.min_storage_buffer_offset_alignment),
             limits.max_buffer_size,
@@ -414,21 +413,24 @@ fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapsh
         .expect("big");
     let small = pool.allocate(1000).expect("small");
     let state = pool.memory_state();
-    let dedicated = state
+    let large = state
         .segments
         .iter()
-        .find(|s| matches!(s.class, SegmentClass::Large | SegmentClass::Dedicated))
+        .find(|s| s.class == SegmentClass::Large)
         .expect("a segment of the large class");
-    assert_eq!(dedicated.spans.len(), 1);
-    assert_eq!(dedicated.spans[0].kind, SpanKind::Allocated);
+    assert_eq!(large.spans.len(), 1);
+    assert_eq!(large.spans[0].kind, SpanKind::Allocated);
     for segment in &state.segments {
         segment.check_tiling().expect("tiling");
     }
     check_snapshot_against_stats("immediate", &pool.snapshot(), &pool.stats(), &pool);
     drop(big);
     drop(small);
-    // Immediate reuse: released at the drop, no pending free; the dedicated segment is gone.
+    // Immediate reuse: released at the drop, no pending free; the segments stay cached until a
+    // trim gives them back (the large one and the packed one).
     assert_eq!(pool.pending_frees(), (0, 0));
+    check_snapshot_against_stats("immediate, freed", &pool.snapshot(), &pool.stats(), &pool);
+    assert_eq!(pool.trim(), pool.stats().reserved_bytes.peak);
     let history = pool.history().expect("history");
     let tail: Vec<EventKind> = history
         .events()
@@ -440,12 +442,12 @@ fn immediate_reuse_dedicated_segments_and_the_naive_baseline_export_valid_snapsh
     assert_eq!(
         tail,
         [
-            EventKind::FreeCompleted,
-            EventKind::FreeRequested,
-            EventKind::SegmentFree
+            EventKind::SegmentFree,
+            EventKind::SegmentFree,
+            EventKind::FreeCompleted
         ]
     );
-    check_snapshot_against_stats("immediate, freed", &pool.snapshot(), &pool.stats(), &pool);
+    check_snapshot_against_stats("immediate, trimmed", &pool.snapshot(), &pool.stats(), &pool);
 
     let naive = Pool::naive(gpu, with_history(1000));
     let live = churn(&naive, 11, 60);

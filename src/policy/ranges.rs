@@ -1,12 +1,22 @@
-//! The large class's segments: each an exact-fit free list of address-ordered ranges that coalesce
-//! on free, so that the space a large request frees serves later requests of any size up to it.
-//! The pool keeps one index of every free range of every large segment, by size, and takes the
-//! smallest that fits (best fit; ties to the lowest slot, then the lowest offset), cutting the
-//! request from the range's start.
+//! The segments of free ranges (the mid-sized and the large class): each an exact-fit free list of
+//! address-ordered ranges that coalesce on free, so that the space a request frees serves later
+//! requests of any size up to it. The pool keeps, per class, one index of every free range of
+//! every segment of that class, by size, and takes the smallest that fits (best fit; ties to the
+//! lowest slot, then the lowest offset), cutting the request from the range's start.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::{Index, IndexMut};
 
-/// The free ranges and live bytes of one large segment.
+/// Which of the two classes of free ranges a segment serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RangeClass {
+    /// Mid-sized requests (above `mid_above_bytes`, up to `large_above_bytes`).
+    Mid,
+    /// Large requests (above `large_above_bytes`).
+    Large,
+}
+
+/// The free ranges and live bytes of one segment of free ranges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Ranges {
     /// Free ranges as `offset -> length`, in bytes; never two adjacent ones (they coalesce).
@@ -14,24 +24,24 @@ pub(crate) struct Ranges {
     size_bytes: u64,
     allocated_bytes: u64,
     allocations: u64,
-    mid: bool,
+    class: RangeClass,
 }
 
 impl Ranges {
     /// A segment of `size_bytes`, all free.
-    pub(crate) fn new(size_bytes: u64, mid: bool) -> Self {
+    pub(crate) fn new(size_bytes: u64, class: RangeClass) -> Self {
         Self {
             free: BTreeMap::from([(0, size_bytes)]),
             size_bytes,
             allocated_bytes: 0,
             allocations: 0,
-            mid,
+            class,
         }
     }
 
-    /// True for a segment of the mid-sized class.
-    pub(crate) fn is_mid(&self) -> bool {
-        self.mid
+    /// The class the segment serves.
+    pub(crate) fn class(&self) -> RangeClass {
+        self.class
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -108,7 +118,7 @@ impl Ranges {
     }
 }
 
-/// Every free range of every large segment, as `(length, slot, offset)`: the smallest that fits a
+/// Every free range of every segment of one class, as `(length, slot, offset)`: the smallest that fits a
 /// request is the first at or after `(request, 0, 0)`.
 #[derive(Debug, Default)]
 pub(crate) struct FreeIndex {
@@ -187,5 +197,40 @@ impl FreeIndex {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.ranges.len()
+    }
+}
+
+/// The free-range index of each class of free ranges.
+#[derive(Debug, Default)]
+pub(crate) struct ClassIndexes {
+    mid: FreeIndex,
+    large: FreeIndex,
+}
+
+impl ClassIndexes {
+    /// The number of free ranges listed in both classes.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.mid.len() + self.large.len()
+    }
+}
+
+impl Index<RangeClass> for ClassIndexes {
+    type Output = FreeIndex;
+
+    fn index(&self, class: RangeClass) -> &FreeIndex {
+        match class {
+            RangeClass::Mid => &self.mid,
+            RangeClass::Large => &self.large,
+        }
+    }
+}
+
+impl IndexMut<RangeClass> for ClassIndexes {
+    fn index_mut(&mut self, class: RangeClass) -> &mut FreeIndex {
+        match class {
+            RangeClass::Mid => &mut self.mid,
+            RangeClass::Large => &mut self.large,
+        }
     }
 }
