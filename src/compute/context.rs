@@ -28,18 +28,20 @@
 //! This module knows dispatches and allocations, not tensors: the context's methods that make,
 //! write and read tensors are in [`super::tensor`], its ops in [`super::ops`].
 
-use std::collections::{HashMap, HashSet};
-use std::num::NonZeroU64;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{
     Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak,
 };
 
 use super::kernels::Kernels;
+use super::record::{
+    storage_group, BindGroups, Encoded, LayoutId, ParamsRing, PassRecorder, Range,
+};
 use super::timing::{KernelTiming, Timer, TimestampSupport};
+use super::user_kernel::{UserBindGroup, UserKernel};
 use super::vocab::{
-    ComputeError, DType, KernelKey, MatmulOptions, ParamsBlock, TunedChoices, MAX_STORAGE_BINDINGS,
-    PARAMS_BYTES,
+    ComputeError, DType, KernelKey, MatmulOptions, ParamsBlock, TunedChoices, PARAMS_BYTES,
 };
 use crate::device::{AccountedBuffer, Gpu};
 use crate::policy::{CompactionEstimate, CompactionLimits, OutOfMemory};
@@ -47,9 +49,6 @@ use crate::pool::{AllocOptions, Allocation, Compaction, Pool, PoolError};
 use crate::state::BufferRole;
 
 pub use super::vocab::ShaderChecks;
-
-/// The most user pipelines a context remembers as checked ([`Shared::check_bindings_once`]).
-const MAX_CHECKED_PIPELINES: usize = 1024;
 
 /// How a [`Context`] records, submits and compiles.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,6 +130,10 @@ pub struct ContextStats {
     pub cached_bind_groups: u64,
     /// Bytes of op parameters written to the uniform ring.
     pub params_bytes_written: u64,
+    /// Dispatches of kernels of the user's recorded (counted in `dispatches` too).
+    pub user_dispatches: u64,
+    /// Kernels of the user's made ([`Context::user_kernel`]).
+    pub user_kernels: u64,
 }
 
 /// The memory of a tensor: a pool allocation of its context, shared by the tensor's clones (and
@@ -337,12 +340,13 @@ pub(crate) enum Step {
     },
     /// A clear to zeros ([`Context::zeros`]).
     Clear(Arc<Storage>),
-    /// A pipeline of the user's ([`Context::dispatch_with`]): `storage` at bindings `0..` of
-    /// group 0, `groups` at groups `1..`.
+    /// A kernel of the user's ([`Context::dispatch_with`]): `params` at binding 0 and `storage`
+    /// at bindings `1..` of group 0, `groups` at groups `1..`.
     Custom {
-        pipeline: wgpu::ComputePipeline,
+        kernel: UserKernel,
+        params: Vec<u8>,
         storage: Vec<Arc<Storage>>,
-        groups: Vec<wgpu::BindGroup>,
+        groups: Vec<UserBindGroup>,
         workgroups: [u32; 3],
     },
 }
@@ -357,95 +361,18 @@ pub(crate) struct Tape {
 /// Capture ids, unique in the process (0 is "not capturing").
 static NEXT_CAPTURE: AtomicU64 = AtomicU64::new(1);
 
-/// The storage ranges of one bind group: `(buffer, offset, size)` per binding.
-#[derive(PartialEq, Eq, Hash)]
-struct BindKey([Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS]);
-
-/// Op parameters of the open batch (or of a plan, written once): slots of a uniform buffer, filled
-/// on the CPU while recording and written with one `queue.write_buffer` before the batch is
-/// submitted (the write lands at the start of that submission, before the batch's commands).
-/// Identical parameters share a slot.
-pub(crate) struct ParamsRing {
-    pub(crate) buffer: AccountedBuffer,
-    slot_bytes: u64,
-    staging: Vec<u8>,
-    used_slots: u64,
-    slots_by_params: HashMap<ParamsBlock, u32>,
-}
-
-impl ParamsRing {
-    /// The most slots of a ring: their offsets fit a `u32`.
-    pub(crate) const MAX_SLOTS: u32 = 65_536;
-
-    /// A ring of `slots` (1..=[`Self::MAX_SLOTS`]) slots of `max(PARAMS_BYTES, alignment)` bytes.
-    pub(crate) fn new(gpu: &Gpu, slots: u32, alignment: u32) -> Self {
-        let slot_bytes = PARAMS_BYTES.max(u64::from(alignment));
-        let size = slot_bytes * u64::from(slots);
-        Self {
-            buffer: gpu.create_accounted_buffer(
-                BufferRole::Parameters,
-                &wgpu::BufferDescriptor {
-                    label: Some("wgpu-pool compute params ring"),
-                    size,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                },
-            ),
-            slot_bytes,
-            staging: vec![0; size as usize],
-            used_slots: 0,
-            slots_by_params: HashMap::new(),
-        }
-    }
-
-    /// The dynamic offset of a slot holding `params`. The ring has a slot per dispatch of a batch
-    /// (per step of a plan), so it never fills before the batch does.
-    pub(crate) fn push(&mut self, params: &ParamsBlock) -> u32 {
-        if let Some(&offset) = self.slots_by_params.get(params) {
-            return offset;
-        }
-        let start = (self.used_slots * self.slot_bytes) as usize;
-        self.staging[start..start + PARAMS_BYTES as usize].copy_from_slice(params.bytes());
-        self.used_slots += 1;
-        let offset = u32::try_from(start)
-            .expect("the ring has at most 65,536 slots of at most 256 bytes: offsets fit a u32");
-        self.slots_by_params.insert(*params, offset);
-        offset
-    }
-
-    fn used_bytes(&self) -> usize {
-        (self.used_slots * self.slot_bytes) as usize
-    }
-
-    /// Writes the slots filled so far to the buffer (landing at the start of the next
-    /// submission); returns the bytes written.
-    pub(crate) fn write(&self, queue: &wgpu::Queue) -> usize {
-        let used = self.used_bytes();
-        if used > 0 {
-            queue.write_buffer(&self.buffer, 0, &self.staging[..used]);
-        }
-        used
-    }
-
-    fn reset(&mut self) {
-        self.used_slots = 0;
-        self.slots_by_params.clear();
-    }
-}
-
 /// The open batch.
 #[derive(Default)]
 struct Batch {
     encoder: Option<wgpu::CommandEncoder>,
-    pass: Option<wgpu::ComputePass<'static>>,
-    /// The pipeline set in the open pass.
-    pipeline: Option<KernelKey>,
+    /// The open pass and the pipeline set in it.
+    recorder: PassRecorder,
     dispatches: u32,
 }
 
 struct State {
     kernels: Kernels,
-    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    bind_groups: BindGroups,
     ring: ParamsRing,
     batch: Batch,
     timer: Option<Timer>,
@@ -463,8 +390,6 @@ pub(crate) struct Shared {
     options: ContextOptions,
     limits: wgpu::Limits,
     timestamps: TimestampSupport,
-    /// Whether bind groups are cached: `max_cached_bind_groups > 0` and the pool is not naive.
-    cache_bind_groups: bool,
     /// Bytes of tensors dropped since the last submission.
     pub(crate) freed_bytes: AtomicU64,
     /// The allocations of tensors dropped since the last submission, by size in bytes: the open
@@ -472,9 +397,6 @@ pub(crate) struct Shared {
     /// ([`Pool::free_submitted`]), whoever else submits to the pool meanwhile. Until then an op
     /// of the batch may take one for its output ([`Shared::take_deferred`]).
     deferred: Mutex<HashMap<u64, Vec<Allocation>>>,
-    /// The user's pipelines (with the number of tensors they bind) whose storage bindings were
-    /// checked with every tensor in one buffer ([`Shared::check_bindings_once`]).
-    checked_pipelines: Mutex<HashSet<(wgpu::ComputePipeline, usize)>>,
     /// The buffer this context's plans read their outputs back through ([`Context::plan_read_back`]).
     plan_read_back: Mutex<Option<AccountedBuffer>>,
     /// The allocations of exposed tensors dropped since the last submission (see
@@ -543,57 +465,6 @@ impl Shared {
         ));
     }
 
-    /// Refuses a user's pipeline that binds a tensor read-only beside a read-write one
-    /// ([`ComputeError::ReadOnlyBinding`]) whatever the placement of `allocations`: the first
-    /// time a pipeline is dispatched over this many tensors, the dispatch is encoded once more
-    /// (never submitted) with every tensor binding over one range of one buffer (the largest
-    /// tensor's, so that each binding's minimum size holds), as the pool may place them.
-    fn check_bindings_once(
-        &self,
-        pipeline: &wgpu::ComputePipeline,
-        allocations: &[TensorAllocation<'_>],
-        groups: &[&wgpu::BindGroup],
-    ) -> Result<(), ComputeError> {
-        let key = (pipeline.clone(), allocations.len());
-        let mut checked = self
-            .checked_pipelines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if checked.contains(&key) {
-            return Ok(());
-        }
-        let Some(largest) = allocations
-            .iter()
-            .max_by_key(|allocation| allocation.binding_size())
-        else {
-            return Ok(());
-        };
-        let device = &self.gpu.device;
-        let resources = allocations
-            .iter()
-            .map(|_| largest.as_binding_resource())
-            .collect();
-        let one_buffer = custom_group(device, pipeline, resources)?;
-        let all_groups: Vec<&wgpu::BindGroup> = std::iter::once(&one_buffer)
-            .chain(groups.iter().copied())
-            .collect();
-        // The groups passed the check with the tensors where they are: what fails now is the
-        // tensors' sharing of one buffer.
-        match check_custom_dispatch(device, pipeline, &all_groups) {
-            Ok(()) => {}
-            Err(ComputeError::Config(message)) => {
-                return Err(ComputeError::ReadOnlyBinding { message })
-            }
-            Err(error) => return Err(error),
-        }
-        // Bounded: a program that makes pipelines without end checks each again.
-        if checked.len() >= MAX_CHECKED_PIPELINES {
-            checked.clear();
-        }
-        checked.insert(key);
-        Ok(())
-    }
-
     /// The allocation of `bytes` of a tensor dropped in the open batch most recently, handed to
     /// an op's output labelled `label` ([`Pool::reuse`]); `None` when there is none. Sound because
     /// the op records its dispatch, which writes the output first, into the same open batch after
@@ -646,7 +517,7 @@ impl Drop for Shared {
             .state
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        state.batch.pass = None;
+        state.batch.recorder.end();
         let buffers: Vec<_> = state
             .batch
             .encoder
@@ -700,7 +571,7 @@ impl Context {
         };
         let state = State {
             kernels: Kernels::new(&gpu.device, options.shader_checks),
-            bind_groups: HashMap::new(),
+            bind_groups: BindGroups::new(options.max_cached_bind_groups, !pool.is_naive()),
             ring: ParamsRing::new(
                 &gpu,
                 options.max_ops_per_batch,
@@ -717,7 +588,6 @@ impl Context {
             shared: Arc::new(Shared {
                 pool: pool.clone(),
                 timestamps: TimestampSupport::of(&gpu.device),
-                cache_bind_groups: options.max_cached_bind_groups > 0 && !pool.is_naive(),
                 gpu,
                 options,
                 limits,
@@ -725,7 +595,6 @@ impl Context {
                 deferred: Mutex::new(HashMap::new()),
                 deferred_exposed: Mutex::new(Vec::new()),
                 plan_read_back: Mutex::new(None),
-                checked_pipelines: Mutex::new(HashSet::new()),
                 batch_open: AtomicBool::new(false),
                 capturing: AtomicU64::new(0),
                 registry: Mutex::new(HashMap::new()),
@@ -765,8 +634,11 @@ impl Context {
     pub fn stats(&self) -> ContextStats {
         let state = self.shared.lock();
         ContextStats {
-            pipelines_created: state.kernels.pipelines_created,
+            pipelines_created: state.kernels.pipelines_created + state.stats.user_kernels,
             cached_bind_groups: state.bind_groups.len() as u64,
+            bind_groups_created: state.bind_groups.created,
+            bind_group_cache_hits: state.bind_groups.hits,
+            passes: state.batch.recorder.passes,
             ..state.stats
         }
     }
@@ -1034,21 +906,21 @@ impl Context {
             });
             return Ok(());
         }
-        let allocations: Vec<TensorAllocation<'_>> = allocations.into_iter().flatten().collect();
-        let allocations: Vec<&Allocation> = allocations.iter().map(|a| &**a).collect();
-        self.flush_if_full_locked(state)?;
-        // The batch uses the dispatch's tensors from here on.
-        self.shared.batch_open.store(true, Ordering::Release);
-        let params_offset = state.ring.push(&dispatch.params);
-        let bind_group = self.bind_group(state, storage, &allocations);
-        self.encode_locked(
+        let ranges = allocations.iter().flatten().map(range_of).collect();
+        let layout = state.kernels.layouts(storage).bind_group.clone();
+        let kernel = dispatch.kernel;
+        self.record_locked(
             state,
-            &pipeline,
-            Some(dispatch.kernel),
-            &[(0, &bind_group, &[params_offset])],
-            dispatch.workgroups,
-        );
-        Ok(())
+            RecordedOp {
+                pipeline: &pipeline,
+                layout: (LayoutId::Builtin(storage), &layout),
+                params: Params::Block(&dispatch.params),
+                ranges,
+                more_groups: &[],
+                workgroups: dispatch.workgroups,
+                label: &|| kernel.label(),
+            },
+        )
     }
 
     /// The allocations of `storages` (`None` for symbolic tensors of the open capture). A
@@ -1161,70 +1033,63 @@ impl Context {
         Ok(Some(index))
     }
 
-    /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` (at least
-    /// one allocation) bound at bindings `0..` of group 0 (a bind group made here from the
-    /// pipeline's layout of group 0, so that exactly the allocations the context tracks are
-    /// bound), then `groups` at groups `1..`. The allocations are those of live tensors: the batch holds their ranges from here
-    /// until it is submitted (a tensor dropped meanwhile is kept, see [`Shared::free_tensor`]).
-    pub(crate) fn record_custom(
+    /// Records a dispatch of a user's `kernel` into the open pass (or the open capture's tape):
+    /// `params` at binding 0 and `storage` at bindings `1..` of group 0, `groups` at groups `1..`.
+    /// The allocations are those of live tensors: the batch holds their ranges from here until it
+    /// is submitted (a tensor dropped meanwhile is kept, see [`Shared::free_tensor`]).
+    pub(crate) fn record_user(
         &self,
-        pipeline: &wgpu::ComputePipeline,
+        kernel: &UserKernel,
+        params: &[u8],
         storage: &[&Arc<Storage>],
-        groups: &[&wgpu::BindGroup],
+        groups: &[&UserBindGroup],
         workgroups: [u32; 3],
     ) -> Result<(), ComputeError> {
         const OP: &str = "dispatch";
         self.check_workgroups(OP, workgroups)?;
-        if storage.is_empty() {
-            return Err(ComputeError::Config(format!(
-                "{OP}: a dispatch binds at least one tensor (at binding 0 of group 0)"
-            )));
-        }
+        kernel.check_dispatch(params, storage.iter().map(|s| s.bytes), groups)?;
         let allocations = self.allocations(OP, storage)?;
-        if self.capture_id().is_some() {
-            let mut state = self.shared.lock();
-            if let Some(tape) = &mut state.tape {
-                // Group 0 is made (and checked) when the plan is built, over the arena.
-                tape.steps.push(Step::Custom {
-                    pipeline: pipeline.clone(),
-                    storage: storage.iter().map(|&s| s.clone()).collect(),
-                    groups: groups.iter().map(|&g| g.clone()).collect(),
-                    workgroups,
-                });
-                return Ok(());
-            }
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        if let Some(tape) = &mut state.tape {
+            tape.steps.push(Step::Custom {
+                kernel: kernel.clone(),
+                params: params.to_vec(),
+                storage: storage.iter().map(|&s| s.clone()).collect(),
+                groups: groups.iter().map(|&g| g.clone()).collect(),
+                workgroups,
+            });
+            return Ok(());
         }
         let Some(allocations) = allocations.into_iter().collect::<Option<Vec<_>>>() else {
             return Err(ComputeError::Symbolic { op: OP });
         };
-        // Made before the batch is touched, so that a refused bind group records nothing.
-        let resources = allocations
-            .iter()
-            .map(|allocation| allocation.as_binding_resource())
-            .collect();
-        let own_group = custom_group(&self.shared.gpu.device, pipeline, resources)?;
-        let all_groups: Vec<&wgpu::BindGroup> = std::iter::once(&own_group)
-            .chain(groups.iter().copied())
-            .collect();
-        check_custom_dispatch(&self.shared.gpu.device, pipeline, &all_groups)?;
-        self.shared
-            .check_bindings_once(pipeline, &allocations, groups)?;
-        let bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
-            std::iter::once((0, &own_group, &[] as &[u32]))
-                .chain(
-                    (1u32..)
-                        .zip(groups)
-                        .map(|(index, &group)| (index, group, &[] as &[u32])),
-                )
-                .collect();
-
-        let mut guard = self.shared.lock();
-        let state = &mut *guard;
-        self.flush_if_full_locked(state)?;
-        // The batch uses the allocations from here on.
-        self.shared.batch_open.store(true, Ordering::Release);
-        self.encode_locked(state, pipeline, None, &bind_groups, workgroups);
+        let ranges = allocations.iter().map(range_of).collect();
+        let more_groups: Vec<wgpu::BindGroup> = groups.iter().map(|g| g.group.clone()).collect();
+        let inner = &*kernel.inner;
+        self.record_locked(
+            state,
+            RecordedOp {
+                pipeline: &inner.pipeline,
+                layout: (LayoutId::User(inner.id), &inner.layout),
+                params: if inner.params_bytes > 0 {
+                    Params::Bytes(params, inner.params_binding_bytes)
+                } else {
+                    Params::None
+                },
+                ranges,
+                more_groups: &more_groups,
+                workgroups,
+                label: &|| inner.label.clone(),
+            },
+        )?;
+        state.stats.user_dispatches += 1;
         Ok(())
+    }
+
+    /// Counts a user's kernel made by the context.
+    pub(crate) fn count_user_kernel(&self) {
+        self.shared.lock().stats.user_kernels += 1;
     }
 
     /// Records a clear of `storage` to zeros into the open batch, between passes (or into the
@@ -1242,11 +1107,10 @@ impl Context {
         let Some(allocation) = allocation else {
             return Err(ComputeError::Symbolic { op: "zeros" });
         };
-        self.flush_if_full_locked(state)?;
+        self.flush_if_full_locked(state, 0)?;
         self.shared.batch_open.store(true, Ordering::Release);
-        // A clear is not a compute command: end the open pass (dropping it records its end).
-        state.batch.pass = None;
-        state.batch.pipeline = None;
+        // A clear is not a compute command: end the open pass.
+        state.batch.recorder.end();
         let device = &self.shared.gpu.device;
         let encoder = state.batch.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -1264,7 +1128,11 @@ impl Context {
     }
 
     /// Refuses a grid beyond the device's `max_compute_workgroups_per_dimension`.
-    fn check_workgroups(&self, op: &'static str, workgroups: [u32; 3]) -> Result<(), ComputeError> {
+    pub(crate) fn check_workgroups(
+        &self,
+        op: &'static str,
+        workgroups: [u32; 3],
+    ) -> Result<(), ComputeError> {
         let limit = self.shared.limits.max_compute_workgroups_per_dimension;
         for (&count, name) in workgroups.iter().zip(["x", "y", "z"]) {
             if count > limit {
@@ -1280,154 +1148,73 @@ impl Context {
         Ok(())
     }
 
-    /// Submits the open batch if it holds `max_ops_per_batch` dispatches or the timer is full.
-    fn flush_if_full_locked(&self, state: &mut State) -> Result<(), ComputeError> {
+    /// Submits the open batch if it holds `max_ops_per_batch` dispatches, the timer is full, or
+    /// the parameter ring has no room for `params_slots` more slots.
+    fn flush_if_full_locked(
+        &self,
+        state: &mut State,
+        params_slots: u64,
+    ) -> Result<(), ComputeError> {
         let timer_full = state.timer.as_ref().is_some_and(Timer::is_full);
-        if state.batch.dispatches >= self.shared.options.max_ops_per_batch || timer_full {
+        if state.batch.dispatches >= self.shared.options.max_ops_per_batch
+            || timer_full
+            || !state.ring.has_room(params_slots)
+        {
             self.flush_locked(state)?;
         }
         Ok(())
     }
 
-    /// Encodes one dispatch of `pipeline` into the open pass (opening the encoder and pass if
-    /// needed), each of `bind_groups` set at its group index with its dynamic offsets. `kernel` is the
-    /// context's kernel, `None` for a pipeline of the user's own.
-    fn encode_locked(
-        &self,
-        state: &mut State,
-        pipeline: &wgpu::ComputePipeline,
-        kernel: Option<KernelKey>,
-        bind_groups: &[(u32, &wgpu::BindGroup, &[u32])],
-        workgroups: [u32; 3],
-    ) {
+    /// Records one dispatch into the open pass (opening the encoder and pass if needed): its
+    /// parameters into the ring, its bind group from the cache or made, then the dispatch. The
+    /// one recording path of the context's kernels and users' kernels alike.
+    fn record_locked(&self, state: &mut State, op: RecordedOp<'_>) -> Result<(), ComputeError> {
+        let slots = match op.params {
+            Params::Bytes(_, binding) => state.ring.slots_for(binding),
+            Params::Block(_) | Params::None => 1,
+        };
+        self.flush_if_full_locked(state, slots)?;
+        // The batch uses the dispatch's tensors from here on.
+        self.shared.batch_open.store(true, Ordering::Release);
+        let State {
+            ring,
+            bind_groups,
+            batch,
+            timer,
+            ..
+        } = state;
+        let (params_offset, params_bytes) = match op.params {
+            Params::Block(block) => (Some(ring.push(block)), Some(PARAMS_BYTES)),
+            Params::Bytes(bytes, binding) => (Some(ring.push_bytes(bytes, binding)), Some(binding)),
+            Params::None => (None, None),
+        };
         let device = &self.shared.gpu.device;
-        let encoder = state.batch.encoder.get_or_insert_with(|| {
+        let (layout_id, layout) = op.layout;
+        let group = bind_groups.get_or_make(layout_id, op.ranges, |ranges| {
+            let params = params_bytes.map(|bytes| (&*ring.buffer, bytes));
+            storage_group(device, "wgpu-pool compute", layout, params, ranges)
+        });
+        let encoder = batch.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("wgpu-pool compute batch"),
             })
         });
-        let label = || kernel.map_or_else(|| "custom dispatch".to_owned(), |key| key.label());
-        let timing = match &mut state.timer {
-            Some(timer) => Some((timer.support, timer.next_pair(label()))),
-            None => None,
-        };
-        let set_bind_groups = |pass: &mut wgpu::ComputePass<'_>| {
-            for &(index, bind_group, offsets) in bind_groups {
-                pass.set_bind_group(index, bind_group, offsets);
-            }
-        };
-        let [x, y, z] = workgroups;
-        match timing {
-            Some((TimestampSupport::PassBoundaries, (begin, end))) => {
-                // A pass of its own, timed at its boundaries.
-                state.batch.pass = None;
-                let timer = state.timer.as_ref().expect("timing implies a timer");
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("wgpu-pool compute (timed)"),
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &timer.query_set,
-                        beginning_of_pass_write_index: Some(begin),
-                        end_of_pass_write_index: Some(end),
-                    }),
-                });
-                state.stats.passes += 1;
-                pass.set_pipeline(pipeline);
-                set_bind_groups(&mut pass);
-                pass.dispatch_workgroups(x, y, z);
-                state.batch.pipeline = None;
-            }
-            timing => {
-                let pass = match &mut state.batch.pass {
-                    Some(pass) => pass,
-                    none => {
-                        state.stats.passes += 1;
-                        state.batch.pipeline = None;
-                        none.insert(
-                            encoder
-                                .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                                    label: Some("wgpu-pool compute"),
-                                    timestamp_writes: None,
-                                })
-                                .forget_lifetime(),
-                        )
-                    }
-                };
-                let query_set = state.timer.as_ref().map(|timer| &timer.query_set);
-                if let (Some((_, (begin, _))), Some(query_set)) = (timing, query_set) {
-                    pass.write_timestamp(query_set, begin);
-                }
-                if kernel.is_none() || state.batch.pipeline != kernel {
-                    pass.set_pipeline(pipeline);
-                    // A user's pipeline is set again by the next dispatch whatever it is.
-                    state.batch.pipeline = kernel;
-                }
-                set_bind_groups(pass);
-                pass.dispatch_workgroups(x, y, z);
-                if let (Some((_, (_, end))), Some(query_set)) = (timing, query_set) {
-                    pass.write_timestamp(query_set, end);
-                }
-            }
-        }
-        state.batch.dispatches += 1;
+        let timing = timer.as_mut().map(|timer| (timer, (op.label)()));
+        batch.recorder.dispatch(
+            encoder,
+            "wgpu-pool compute",
+            &Encoded {
+                pipeline: op.pipeline,
+                group: &group,
+                params_offset,
+                more_groups: op.more_groups,
+                workgroups: op.workgroups,
+            },
+            timing,
+        );
+        batch.dispatches += 1;
         state.stats.dispatches += 1;
-    }
-
-    /// The bind group of `bindings` (after the parameter ring), from the cache or new.
-    fn bind_group(
-        &self,
-        state: &mut State,
-        storage: usize,
-        bindings: &[&Allocation],
-    ) -> wgpu::BindGroup {
-        // A naive pool's tensors are new buffers: nothing to look up, nothing worth keeping.
-        let key = self.shared.cache_bind_groups.then(|| {
-            let mut ranges: [Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS] =
-                Default::default();
-            for (range, allocation) in ranges.iter_mut().zip(bindings) {
-                *range = Some((
-                    allocation.buffer().clone(),
-                    allocation.offset(),
-                    allocation.binding_size(),
-                ));
-            }
-            BindKey(ranges)
-        });
-        if let Some(bind_group) = key.as_ref().and_then(|key| state.bind_groups.get(key)) {
-            state.stats.bind_group_cache_hits += 1;
-            return bind_group.clone();
-        }
-        let mut entries = Vec::with_capacity(storage + 1);
-        entries.push(wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &state.ring.buffer,
-                offset: 0,
-                size: NonZeroU64::new(PARAMS_BYTES),
-            }),
-        });
-        for (binding, allocation) in (1u32..).zip(bindings) {
-            entries.push(wgpu::BindGroupEntry {
-                binding,
-                resource: allocation.as_binding_resource(),
-            });
-        }
-        let bind_group = self
-            .shared
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("wgpu-pool compute"),
-                layout: &state.kernels.layouts(storage).bind_group,
-                entries: &entries,
-            });
-        state.stats.bind_groups_created += 1;
-        if let Some(key) = key {
-            if state.bind_groups.len() >= self.shared.options.max_cached_bind_groups {
-                state.bind_groups.clear();
-            }
-            state.bind_groups.insert(key, bind_group.clone());
-        }
-        bind_group
+        Ok(())
     }
 
     fn flush_locked(&self, state: &mut State) -> Result<(), ComputeError> {
@@ -1442,8 +1229,7 @@ impl Context {
     /// batch resolves timestamps.
     fn finish_batch_locked(&self, state: &mut State) -> (Vec<wgpu::CommandBuffer>, bool) {
         // Ends the pass (dropping it records its end into the encoder).
-        state.batch.pass = None;
-        state.batch.pipeline = None;
+        state.batch.recorder.end();
         let mut buffers = Vec::with_capacity(1);
         let mut timed = false;
         if let Some(mut encoder) = state.batch.encoder.take() {
@@ -1501,70 +1287,35 @@ fn movable(storages: &[Arc<Storage>]) -> Vec<RwLockWriteGuard<'_, Option<Allocat
         .collect()
 }
 
-/// Encodes a dispatch of `pipeline` with `groups` at groups `0..` into a command buffer that is
-/// never submitted, to catch what wgpu checks only at a dispatch — a group the pipeline expects
-/// and was not given, a group whose layout it does not take, a tensor bound read-only beside a
-/// read-write one of the same segment buffer — as a [`ComputeError::Config`] before anything is
-/// recorded, instead of a validation error that would lose the whole batch at its submission.
-/// (On wasm32 error scopes resolve asynchronously and this checks nothing.)
-pub(crate) fn check_custom_dispatch(
-    device: &wgpu::Device,
-    pipeline: &wgpu::ComputePipeline,
-    groups: &[&wgpu::BindGroup],
-) -> Result<(), ComputeError> {
-    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-        label: Some("wgpu-pool dispatch check"),
-    });
-    {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        pass.set_pipeline(pipeline);
-        for (index, group) in (0u32..).zip(groups) {
-            pass.set_bind_group(index, *group, &[]);
-        }
-        // wgpu checks the groups and their usages at any dispatch, an empty one included.
-        pass.dispatch_workgroups(0, 0, 0);
-    }
-    drop(encoder.finish());
-    match crate::device::caught(validation) {
-        None => Ok(()),
-        // wgpu names the usages that conflict: a read-only storage binding beside a read-write
-        // one of the same buffer is the user's declaration, whatever else differs.
-        Some(error) if error.to_string().contains("STORAGE_READ_ONLY") => {
-            Err(ComputeError::ReadOnlyBinding {
-                message: error.to_string(),
-            })
-        }
-        Some(error) => Err(ComputeError::Config(format!(
-            "dispatch: wgpu refuses this dispatch: {error}"
-        ))),
-    }
+/// The storage range a dispatch binds for a tensor's allocation.
+fn range_of(allocation: &TensorAllocation<'_>) -> Range {
+    (
+        allocation.buffer().clone(),
+        allocation.offset(),
+        allocation.binding_size(),
+    )
 }
 
-/// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked
-/// under an error scope: a layout that does not take them is [`ComputeError::Config`].
-pub(crate) fn custom_group(
-    device: &wgpu::Device,
-    pipeline: &wgpu::ComputePipeline,
-    resources: Vec<wgpu::BindingResource<'_>>,
-) -> Result<wgpu::BindGroup, ComputeError> {
-    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let count = resources.len();
-    let entries: Vec<_> = (0u32..)
-        .zip(resources)
-        .map(|(binding, resource)| wgpu::BindGroupEntry { binding, resource })
-        .collect();
-    let layout = pipeline.get_bind_group_layout(0);
-    let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("wgpu-pool custom dispatch"),
-        layout: &layout,
-        entries: &entries,
-    });
-    match crate::device::caught(validation) {
-        None => Ok(group),
-        Some(error) => Err(ComputeError::Config(format!(
-            "dispatch: the pipeline's group 0 does not take {count} storage buffers at bindings \
-             0..{count}: {error}"
-        ))),
-    }
+/// A dispatch's parameters.
+#[derive(Clone, Copy)]
+enum Params<'a> {
+    /// A kernel of the context's: one slot.
+    Block(&'a ParamsBlock),
+    /// A user's kernel's: its bytes and the bytes of its binding.
+    Bytes(&'a [u8], u64),
+    /// None (a user's kernel without parameters).
+    None,
+}
+
+/// One dispatch for [`Context::record_locked`].
+struct RecordedOp<'a> {
+    pipeline: &'a wgpu::ComputePipeline,
+    /// Group 0's layout and its key in the bind-group cache.
+    layout: (LayoutId, &'a wgpu::BindGroupLayout),
+    params: Params<'a>,
+    ranges: Vec<Range>,
+    more_groups: &'a [wgpu::BindGroup],
+    workgroups: [u32; 3],
+    /// The kernel's name, for timings.
+    label: &'a dyn Fn() -> String,
 }
