@@ -121,12 +121,15 @@
 //! - [`graph`]: captures and plans (capture, fusion, planning, replay);
 //! - [`cpu`]: the CPU twins of the kernels.
 
+mod compaction;
 pub mod context;
 pub mod cpu;
 pub mod graph;
 mod kernels;
 pub mod ops;
+mod options;
 mod record;
+mod shared;
 pub mod tensor;
 pub mod timing;
 mod user_kernel;

@@ -124,7 +124,7 @@ impl UserKernel {
             ));
         }
         let params_binding_bytes = desc.params_bytes.next_multiple_of(16);
-        let max_params = max_params_bytes.min(u64::from(limits.max_uniform_buffer_binding_size));
+        let max_params = max_params_bytes.min(limits.max_uniform_buffer_binding_size);
         if params_binding_bytes > max_params {
             return Err(ComputeError::ExceedsLimit {
                 op: OP,

@@ -2,7 +2,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use crate::compute::context::{Context, Shared};
+use crate::compute::context::Context;
+use crate::compute::shared::Shared;
 use crate::compute::vocab::ComputeError;
 use crate::plan::Buffer;
 use crate::pool::{AllocOptions, Allocation, Pool};

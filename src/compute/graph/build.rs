@@ -9,9 +9,10 @@ use super::arena::PlanArena;
 use super::fusion::step_storages;
 use super::ir::{Binding, CaptureOptions, PlanDispatch, PlanStats, PlanStep, Slot, COPY};
 use super::replay::Plan;
-use crate::compute::context::{Context, Step, Storage};
+use crate::compute::context::Context;
 use crate::compute::ops::grid_1d;
 use crate::compute::record::ParamsRing;
+use crate::compute::shared::{Step, Storage};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{
     kernel_u32, ComputeError, ElementwiseParams, ParamsBlock, PARAMS_BYTES,

@@ -8,7 +8,8 @@ use super::build::Planner;
 use super::fusion::fuse;
 use super::ir::CaptureOptions;
 use super::replay::Plan;
-use crate::compute::context::{Context, Step, Storage};
+use crate::compute::context::Context;
+use crate::compute::shared::{Step, Storage};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{element_count, ComputeError, DType};
 
@@ -49,7 +50,7 @@ impl Capture {
     }
 
     /// [`Capture::input`] with elements stored as `dtype`: a replay rounds the values of a
-    /// [`Feed::Data`] to it, and takes a [`Feed::Tensor`] of that type only.
+    /// [`Feed::Data`](crate::compute::Feed::Data) to it, and takes a [`Feed::Tensor`](crate::compute::Feed::Tensor) of that type only.
     /// [`ComputeError::ShaderF16Unavailable`] for f16 on a device without
     /// [`wgpu::Features::SHADER_F16`].
     pub fn input_with(&mut self, shape: &[usize], dtype: DType) -> Result<Tensor, ComputeError> {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::compute::context::{Step, Storage};
+use crate::compute::shared::{Step, Storage};
 use crate::compute::vocab::{
     Activation, ElementwiseParams, KernelKey, MatmulParams, NarrowParams, ReduceParams, Source,
     Variant,
@@ -55,6 +55,7 @@ fn activation_of(kernel: &KernelKey) -> Option<Activation> {
 /// Folds bias adds and activations into the matmul (or split-K reduction) that produces their
 /// operand, when nothing else uses the intermediate (`keep`: inputs and outputs) — the same
 /// kernels the eager `matmul_with` runs with an epilogue.
+// Over 80 lines: moved as it was; the kernels' variant table (issue 25, item 1) will reshape it.
 pub(super) fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> Vec<Step> {
     let mut uses: HashMap<*const Storage, usize> = HashMap::new();
     for step in &steps {

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::arena::PlanArena;
-use crate::compute::context::Storage;
 use crate::compute::record::Range;
+use crate::compute::shared::Storage;
 use crate::compute::vocab::{DType, KernelKey, Source};
 
 /// How [`Capture::finish_with`](super::Capture::finish_with) builds a plan.

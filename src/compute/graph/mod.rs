@@ -4,7 +4,7 @@
 //! A model served many times runs the same ops on the same shapes for every request. Eagerly,
 //! each request allocates every intermediate, looks up bind groups and uploads parameters. A
 //! [`Capture`] records the ops of one forward instead, on *symbolic* tensors (a shape, no
-//! memory): [`Context::capture`] opens it, [`Capture::input`] makes the inputs, the context's
+//! memory): [`Context::capture`](crate::compute::Context::capture) opens it, [`Capture::input`] makes the inputs, the context's
 //! ordinary ops (the same code that runs eagerly) record into it, and [`Capture::finish`] turns
 //! the recording into a [`Plan`]:
 //!
@@ -31,8 +31,8 @@
 //! submissions that use it).
 //!
 //! Tensors the forward binds that existed before the capture (weights, constants made during it
-//! with [`Context::tensor`]) are bound as they are, and the plan keeps them alive: write new
-//! weights with [`Context::write`] and the next replay reads them.
+//! with [`Context::tensor`](crate::compute::Context::tensor)) are bound as they are, and the plan keeps them alive: write new
+//! weights with [`Context::write`](crate::compute::Context::write) and the next replay reads them.
 //!
 //! Batches of varying size: capture one plan per size, all in one [`PlanArena`]
 //! ([`CaptureOptions::arena`]). Each size keeps the matmul plan chosen for its shape (the narrow
