@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::vocab::ComputeError;
-use wgpu::naga;
 
 /// The op name of a user's kernel in errors.
 pub(crate) const OP: &str = "dispatch";
