@@ -26,296 +26,30 @@
 //! again (kept in the GPU's cache) instead of a new one per op.
 //!
 //! This module knows dispatches and allocations, not tensors: the context's methods that make,
-//! write and read tensors are in [`super::tensor`], its ops in [`super::ops`].
+//! write and read tensors are in [`super::tensor`], its ops in [`super::ops`]. It is the batch
+//! engine: what its handles share (the recording state, the tensors' storages and their
+//! registry, the hand-over of dropped tensors' ranges) is in the private module `shared`, its
+//! options and statistics in `options`, how a dispatch is recorded (bind groups, passes, the
+//! uniform ring) in `record`, and its compaction entry points in `compaction`.
 
-use std::collections::{HashMap, HashSet};
-use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{
-    Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak,
-};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::kernels::Kernels;
-use super::timing::{KernelTiming, Timer, TimestampSupport};
-use super::vocab::{
-    ComputeError, DType, KernelKey, MatmulOptions, ParamsBlock, TunedChoices, MAX_STORAGE_BINDINGS,
-    PARAMS_BYTES,
+use super::record::{storage_group, BindGroups, Encoded, LayoutId, ParamsRing, Range};
+use super::shared::{
+    lock_ignoring_poison, Batch, PlanReadBack, Shared, State, Step, Storage, Tape,
 };
-use crate::device::{AccountedBuffer, Gpu};
-use crate::policy::{CompactionEstimate, CompactionLimits, OutOfMemory};
-use crate::pool::{AllocOptions, Allocation, Compaction, Pool, PoolError};
+use super::timing::{KernelTiming, Timer, TimestampSupport};
+use super::user_kernel::{UserBindGroup, UserKernel};
+use super::vocab::{ComputeError, KernelKey, ParamsBlock, PARAMS_BYTES};
+use crate::device::Gpu;
+use crate::pool::{Allocation, Pool};
 use crate::state::BufferRole;
 
-pub use super::vocab::ShaderChecks;
-
-/// The most user pipelines a context remembers as checked ([`Shared::check_bindings_once`]).
-const MAX_CHECKED_PIPELINES: usize = 1024;
-
-/// How a [`Context`] records, submits and compiles.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ContextOptions {
-    /// Bounds checks in the kernels.
-    pub shader_checks: ShaderChecks,
-    /// A batch is submitted once it holds this many dispatches (1..=65,536). Each dispatch takes
-    /// one slot of the parameter ring (`max(32, min_uniform_buffer_offset_alignment)` bytes).
-    pub max_ops_per_batch: u32,
-    /// Submit the batch before an op when tensors of more than this many bytes were dropped since
-    /// the last submission, so that the op's output can reuse them. `None` (the default): only
-    /// the other triggers submit, and a batch's dropped tensors are reused in the next batch.
-    pub flush_when_freed_bytes_exceed: Option<u64>,
-    /// Time every dispatch with GPU timestamps (see [`super::timing`]); read them with
-    /// [`Context::take_kernel_timings`]. Makes every submission wait for the GPU, and the
-    /// timestamps themselves cost time: on the H200 under Vulkan, several µs per dispatch (8 ×
-    /// 1024² products back to back ran 2.09 TFLOP/s without them, 0.82 with them, in two runs at
-    /// the same 1,980 MHz). Profile to see
-    /// where time goes, not to serve.
-    pub profile: bool,
-    /// How matmuls choose tiles and split-K.
-    pub matmul: MatmulOptions,
-    /// Bind groups kept for reuse; the cache is emptied when it reaches this size. Not used with
-    /// a naive pool ([`Pool::naive`]): there every tensor is a new buffer, so no bind group would
-    /// be asked for twice and the cache would only hash and hold dropped buffers.
-    pub max_cached_bind_groups: usize,
-    /// Caps the x dimension of element-wise, row and matmul grids below the device's
-    /// `max_compute_workgroups_per_dimension`, so that tests reach the 2-D grids (and the matmul's
-    /// grid over rows of block tiles) with small tensors. `None`: the device's limit.
-    pub max_grid_x: Option<u32>,
-    /// When a tensor's allocation fails with out of memory and moving the context's tensors
-    /// would make room for it ([`Context::compact_for`]), compact and try once more. Off by
-    /// default: a compaction flushes the batch and copies memory.
-    pub compact_on_oom: bool,
-}
-
-impl Default for ContextOptions {
-    fn default() -> Self {
-        Self {
-            shader_checks: ShaderChecks::Checked,
-            max_ops_per_batch: 1024,
-            flush_when_freed_bytes_exceed: None,
-            profile: false,
-            matmul: MatmulOptions::default(),
-            max_cached_bind_groups: 4096,
-            max_grid_x: None,
-            compact_on_oom: false,
-        }
-    }
-}
-
-impl ContextOptions {
-    /// The defaults with unchecked kernels, for benchmarks.
-    pub fn unchecked() -> Self {
-        Self {
-            shader_checks: ShaderChecks::Unchecked,
-            ..Self::default()
-        }
-    }
-}
-
-/// What a context did, since it was created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ContextStats {
-    /// Dispatches recorded.
-    pub dispatches: u64,
-    /// Batches submitted (including empty ones that only released dropped tensors).
-    pub submissions: u64,
-    /// Compute passes begun.
-    pub passes: u64,
-    /// Pipelines compiled.
-    pub pipelines_created: u64,
-    /// Bind groups created.
-    pub bind_groups_created: u64,
-    /// Dispatches that found their bind group in the cache.
-    pub bind_group_cache_hits: u64,
-    /// Bind groups in the cache when the stats were read (a current count, not a total; always
-    /// 0 with a naive pool).
-    pub cached_bind_groups: u64,
-    /// Bytes of op parameters written to the uniform ring.
-    pub params_bytes_written: u64,
-}
-
-/// The memory of a tensor: a pool allocation of its context, shared by the tensor's clones (and
-/// by a [`Plan`](super::graph::Plan) that binds it), given back when the last holder drops it —
-/// after the open batch is submitted if one is open (see [`Shared::free_tensor`]). A tensor made
-/// while the context captures has no memory (its allocation is `None`): it names a buffer of the
-/// capture, which the plan places in its arena.
-///
-/// The allocation sits behind a lock so that compaction ([`Context::compact`]) can move it: a
-/// compaction takes the lock for writing only if no one holds it (`try_write`), so a tensor whose
-/// allocation is borrowed at that moment ([`Tensor::allocation`](super::Tensor::allocation)) is
-/// simply not moved, and readers wait at most for one compaction.
-pub(crate) struct Storage {
-    allocation: RwLock<Option<Allocation>>,
-    /// Pins ([`Storage::pin`]) that keep compaction from moving the tensor without a lock held.
-    pins: AtomicUsize,
-    /// Set once the allocation was handed to the user ([`Tensor::allocation`](super::Tensor::allocation)):
-    /// work the context does not see (the user's own encoder) may use it, so when the tensor is
-    /// dropped its range waits for the pool's next submission, like any dropped allocation, and
-    /// no op's output takes it.
-    exposed: AtomicBool,
-    /// The capture that made it, for a tensor without memory.
-    pub(crate) capture: Option<u64>,
-    /// Bytes the tensor's allocation takes (or will take, in a plan's arena).
-    pub(crate) bytes: u64,
-    /// What its elements are stored as (shared by the clones and reshapes of a tensor).
-    pub(crate) dtype: DType,
-    pub(crate) shared: Arc<Shared>,
-}
-
-impl Storage {
-    /// A tensor's storage of `bytes` holding `dtype` elements: with memory, registered with the
-    /// context (so that compaction can find and move it); without, a symbolic tensor of
-    /// `capture`.
-    pub(crate) fn new(
-        shared: &Arc<Shared>,
-        allocation: Option<Allocation>,
-        capture: Option<u64>,
-        bytes: u64,
-        dtype: DType,
-    ) -> Arc<Self> {
-        let registered = allocation.is_some();
-        Arc::new_cyclic(|weak: &Weak<Storage>| {
-            if registered {
-                shared
-                    .registry()
-                    .insert(weak.as_ptr() as usize, weak.clone());
-            }
-            Storage {
-                allocation: RwLock::new(allocation),
-                pins: AtomicUsize::new(0),
-                exposed: AtomicBool::new(false),
-                capture,
-                bytes,
-                dtype,
-                shared: shared.clone(),
-            }
-        })
-    }
-
-    /// The allocation, `None` for a tensor of a capture. Held for reading: a compaction does not
-    /// move it while the guard lives.
-    pub(crate) fn allocation(&self) -> Option<TensorAllocation<'_>> {
-        let guard = self
-            .allocation
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        guard.is_some().then_some(TensorAllocation { guard })
-    }
-
-    /// [`Storage::allocation`] for the user: from now on the allocation may be used by work the
-    /// context does not see, so its range is never handed on before the pool's next submission
-    /// after the tensor is dropped.
-    pub(crate) fn expose(&self) -> Option<TensorAllocation<'_>> {
-        let allocation = self.allocation()?;
-        self.exposed.store(true, Ordering::Release);
-        Some(allocation)
-    }
-
-    /// Whether the tensor has memory (it is not a symbolic tensor of a capture).
-    pub(crate) fn has_memory(&self) -> bool {
-        self.capture.is_none()
-    }
-
-    /// The allocation's range, pinned where it is until the pin is dropped (compaction passes a
-    /// pinned tensor over), without holding a lock: for reads across an `await`. `None` for a
-    /// tensor of a capture.
-    pub(crate) fn pin(&self) -> Option<PinnedRange<'_>> {
-        let allocation = self.allocation()?;
-        // Taken under the read lock: a compaction, which takes the write lock, sees it.
-        self.pins.fetch_add(1, Ordering::AcqRel);
-        Some(PinnedRange {
-            storage: self,
-            buffer: allocation.buffer().clone(),
-            offset: allocation.offset(),
-            binding_size: allocation.binding_size(),
-            size: allocation.size(),
-        })
-    }
-}
-
-/// A tensor's range, kept in place until dropped ([`Storage::pin`]).
-pub(crate) struct PinnedRange<'a> {
-    storage: &'a Storage,
-    pub(crate) buffer: wgpu::Buffer,
-    pub(crate) offset: u64,
-    pub(crate) binding_size: u64,
-    pub(crate) size: u64,
-}
-
-impl Drop for PinnedRange<'_> {
-    fn drop(&mut self) {
-        self.storage.pins.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Drop for Storage {
-    fn drop(&mut self) {
-        let allocation = self
-            .allocation
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        // An open batch may still use it: the context gives it back after submitting that.
-        if let Some(allocation) = allocation {
-            self.shared
-                .registry()
-                .remove(&(std::ptr::from_ref::<Storage>(self) as usize));
-            self.shared
-                .freed_bytes
-                .fetch_add(allocation.size(), Ordering::Relaxed);
-            self.shared.free_tensor(allocation, *self.exposed.get_mut());
-        }
-    }
-}
-
-/// The context's plan read-back buffer, held ([`Context::plan_read_back`]); derefs to it.
-pub(crate) struct PlanReadBack<'a> {
-    slot: MutexGuard<'a, Option<AccountedBuffer>>,
-}
-
-impl PlanReadBack<'_> {
-    /// Forgets the buffer (a failed read may leave it mapped): the next read makes another.
-    pub(crate) fn discard(mut self) {
-        *self.slot = None;
-    }
-}
-
-impl std::ops::Deref for PlanReadBack<'_> {
-    type Target = wgpu::Buffer;
-
-    fn deref(&self) -> &wgpu::Buffer {
-        self.slot.as_ref().expect("made when the guard was taken")
-    }
-}
-
-/// Locks `mutex`, carrying on with the data of a thread that panicked while holding it.
-fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A tensor's pool allocation, borrowed ([`Tensor::allocation`](super::Tensor::allocation)):
-/// derefs to the [`Allocation`]. While it lives, compaction leaves the tensor where it is; drop
-/// it before calling [`Context::compact`] if the tensor should be movable.
-pub struct TensorAllocation<'a> {
-    guard: RwLockReadGuard<'a, Option<Allocation>>,
-}
-
-impl std::ops::Deref for TensorAllocation<'_> {
-    type Target = Allocation;
-
-    fn deref(&self) -> &Allocation {
-        self.guard
-            .as_ref()
-            .expect("a TensorAllocation is made only over an allocation")
-    }
-}
-
-impl std::fmt::Debug for TensorAllocation<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&**self, f)
-    }
-}
+pub use super::options::{ContextOptions, ContextStats, ShaderChecks};
+pub use super::shared::TensorAllocation;
 
 /// One dispatch, validated by its op.
 pub(crate) struct Dispatch<'a> {
@@ -326,341 +60,8 @@ pub(crate) struct Dispatch<'a> {
     pub(crate) workgroups: [u32; 3],
 }
 
-/// One step recorded while the context captures, in the order recorded.
-pub(crate) enum Step {
-    /// A kernel of the context's, as an op asked for it.
-    Kernel {
-        kernel: KernelKey,
-        params: ParamsBlock,
-        bindings: Vec<Arc<Storage>>,
-        workgroups: [u32; 3],
-    },
-    /// A clear to zeros ([`Context::zeros`]).
-    Clear(Arc<Storage>),
-    /// A pipeline of the user's ([`Context::dispatch_with`]): `storage` at bindings `0..` of
-    /// group 0, `groups` at groups `1..`.
-    Custom {
-        pipeline: wgpu::ComputePipeline,
-        storage: Vec<Arc<Storage>>,
-        groups: Vec<wgpu::BindGroup>,
-        workgroups: [u32; 3],
-    },
-}
-
-/// What a capture recorded: its steps, which hold every tensor they use (so that no range they
-/// name is given back while the capture lasts).
-pub(crate) struct Tape {
-    pub(crate) id: u64,
-    pub(crate) steps: Vec<Step>,
-}
-
 /// Capture ids, unique in the process (0 is "not capturing").
 static NEXT_CAPTURE: AtomicU64 = AtomicU64::new(1);
-
-/// The storage ranges of one bind group: `(buffer, offset, size)` per binding.
-#[derive(PartialEq, Eq, Hash)]
-struct BindKey([Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS]);
-
-/// Op parameters of the open batch (or of a plan, written once): slots of a uniform buffer, filled
-/// on the CPU while recording and written with one `queue.write_buffer` before the batch is
-/// submitted (the write lands at the start of that submission, before the batch's commands).
-/// Identical parameters share a slot.
-pub(crate) struct ParamsRing {
-    pub(crate) buffer: AccountedBuffer,
-    slot_bytes: u64,
-    staging: Vec<u8>,
-    used_slots: u64,
-    slots_by_params: HashMap<ParamsBlock, u32>,
-}
-
-impl ParamsRing {
-    /// The most slots of a ring: their offsets fit a `u32`.
-    pub(crate) const MAX_SLOTS: u32 = 65_536;
-
-    /// A ring of `slots` (1..=[`Self::MAX_SLOTS`]) slots of `max(PARAMS_BYTES, alignment)` bytes.
-    pub(crate) fn new(gpu: &Gpu, slots: u32, alignment: u32) -> Self {
-        let slot_bytes = PARAMS_BYTES.max(u64::from(alignment));
-        let size = slot_bytes * u64::from(slots);
-        Self {
-            buffer: gpu.create_accounted_buffer(
-                BufferRole::Parameters,
-                &wgpu::BufferDescriptor {
-                    label: Some("wgpu-pool compute params ring"),
-                    size,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                },
-            ),
-            slot_bytes,
-            staging: vec![0; size as usize],
-            used_slots: 0,
-            slots_by_params: HashMap::new(),
-        }
-    }
-
-    /// The dynamic offset of a slot holding `params`. The ring has a slot per dispatch of a batch
-    /// (per step of a plan), so it never fills before the batch does.
-    pub(crate) fn push(&mut self, params: &ParamsBlock) -> u32 {
-        if let Some(&offset) = self.slots_by_params.get(params) {
-            return offset;
-        }
-        let start = (self.used_slots * self.slot_bytes) as usize;
-        self.staging[start..start + PARAMS_BYTES as usize].copy_from_slice(params.bytes());
-        self.used_slots += 1;
-        let offset = u32::try_from(start)
-            .expect("the ring has at most 65,536 slots of at most 256 bytes: offsets fit a u32");
-        self.slots_by_params.insert(*params, offset);
-        offset
-    }
-
-    fn used_bytes(&self) -> usize {
-        (self.used_slots * self.slot_bytes) as usize
-    }
-
-    /// Writes the slots filled so far to the buffer (landing at the start of the next
-    /// submission); returns the bytes written.
-    pub(crate) fn write(&self, queue: &wgpu::Queue) -> usize {
-        let used = self.used_bytes();
-        if used > 0 {
-            queue.write_buffer(&self.buffer, 0, &self.staging[..used]);
-        }
-        used
-    }
-
-    fn reset(&mut self) {
-        self.used_slots = 0;
-        self.slots_by_params.clear();
-    }
-}
-
-/// The open batch.
-#[derive(Default)]
-struct Batch {
-    encoder: Option<wgpu::CommandEncoder>,
-    pass: Option<wgpu::ComputePass<'static>>,
-    /// The pipeline set in the open pass.
-    pipeline: Option<KernelKey>,
-    dispatches: u32,
-}
-
-struct State {
-    kernels: Kernels,
-    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
-    ring: ParamsRing,
-    batch: Batch,
-    timer: Option<Timer>,
-    timings: Vec<KernelTiming>,
-    stats: ContextStats,
-    /// The pool's count of segments given back, when the bind-group cache was last checked.
-    segments_freed_seen: u64,
-    /// The open capture's steps.
-    tape: Option<Tape>,
-}
-
-pub(crate) struct Shared {
-    pool: Pool,
-    gpu: Gpu,
-    options: ContextOptions,
-    limits: wgpu::Limits,
-    timestamps: TimestampSupport,
-    /// Whether bind groups are cached: `max_cached_bind_groups > 0` and the pool is not naive.
-    cache_bind_groups: bool,
-    /// Bytes of tensors dropped since the last submission.
-    pub(crate) freed_bytes: AtomicU64,
-    /// The allocations of tensors dropped since the last submission, by size in bytes: the open
-    /// batch may still use them, so they go back to the pool only after the batch is submitted
-    /// ([`Pool::free_submitted`]), whoever else submits to the pool meanwhile. Until then an op
-    /// of the batch may take one for its output ([`Shared::take_deferred`]).
-    deferred: Mutex<HashMap<u64, Vec<Allocation>>>,
-    /// The user's pipelines (with the number of tensors they bind) whose storage bindings were
-    /// checked with every tensor in one buffer ([`Shared::check_bindings_once`]).
-    checked_pipelines: Mutex<HashSet<(wgpu::ComputePipeline, usize)>>,
-    /// The buffer this context's plans read their outputs back through ([`Context::plan_read_back`]).
-    plan_read_back: Mutex<Option<AccountedBuffer>>,
-    /// The allocations of exposed tensors dropped since the last submission (see
-    /// [`Shared::free_tensor`]): kept until the batch is submitted, taken by no op.
-    deferred_exposed: Mutex<Vec<Allocation>>,
-    /// Set from the first op recorded into a batch until that batch is submitted: while it is
-    /// clear, a dropped tensor's last use is submitted and its range is reusable at once.
-    batch_open: AtomicBool,
-    /// The id of the open capture, 0 when none: while set, ops make symbolic tensors and record
-    /// into the capture's tape instead of the batch.
-    capturing: AtomicU64,
-    /// The storages with memory of the context's live tensors, by address: what compaction may
-    /// move.
-    registry: Mutex<HashMap<usize, Weak<Storage>>>,
-    /// Bumped whenever a compaction moved tensors: plans that bind tensors make their bind groups
-    /// again when it changed.
-    moved: AtomicU64,
-    /// The matmul autotuner's choices for this device and these options, found in the
-    /// process-wide registry at the first tuned matmul (so a matmul looks up its shape class
-    /// alone).
-    pub(crate) tuned: OnceLock<Arc<TunedChoices>>,
-    state: Mutex<State>,
-}
-
-impl Shared {
-    /// Gives a dropped tensor's allocation back: at once if no batch is open, else after the
-    /// open batch (which may use it) is submitted. An `exposed` one (handed to the user, who may
-    /// have recorded work on it that the context does not see) is dropped as any allocation
-    /// is: its range waits for the pool's next submission (after the open batch's, if one is
-    /// open), and no op's output takes it.
-    pub(crate) fn free_tensor(&self, allocation: Allocation, exposed: bool) {
-        let batch_open = self.batch_open.load(Ordering::Acquire);
-        match (batch_open, exposed) {
-            (true, false) => self
-                .deferred
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .entry(allocation.size())
-                .or_default()
-                .push(allocation),
-            (true, true) => self
-                .deferred_exposed
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .push(allocation),
-            (false, false) => self.pool.free_submitted([allocation]),
-            (false, true) => drop(allocation),
-        }
-    }
-
-    /// Gives the deferred allocations back: the batch that last used them is submitted. The
-    /// exposed ones are dropped, to wait for the pool's next submission.
-    fn release_deferred(&self) {
-        let deferred = std::mem::take(
-            &mut *self
-                .deferred
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
-        self.pool.free_submitted(deferred.into_values().flatten());
-        drop(std::mem::take(
-            &mut *self
-                .deferred_exposed
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        ));
-    }
-
-    /// Refuses a user's pipeline that binds a tensor read-only beside a read-write one
-    /// ([`ComputeError::ReadOnlyBinding`]) whatever the placement of `allocations`: the first
-    /// time a pipeline is dispatched over this many tensors, the dispatch is encoded once more
-    /// (never submitted) with every tensor binding over one range of one buffer (the largest
-    /// tensor's, so that each binding's minimum size holds), as the pool may place them.
-    fn check_bindings_once(
-        &self,
-        pipeline: &wgpu::ComputePipeline,
-        allocations: &[TensorAllocation<'_>],
-        groups: &[&wgpu::BindGroup],
-    ) -> Result<(), ComputeError> {
-        let key = (pipeline.clone(), allocations.len());
-        let mut checked = self
-            .checked_pipelines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if checked.contains(&key) {
-            return Ok(());
-        }
-        let Some(largest) = allocations
-            .iter()
-            .max_by_key(|allocation| allocation.binding_size())
-        else {
-            return Ok(());
-        };
-        let device = &self.gpu.device;
-        let resources = allocations
-            .iter()
-            .map(|_| largest.as_binding_resource())
-            .collect();
-        let one_buffer = custom_group(device, pipeline, resources)?;
-        let all_groups: Vec<&wgpu::BindGroup> = std::iter::once(&one_buffer)
-            .chain(groups.iter().copied())
-            .collect();
-        // The groups passed the check with the tensors where they are: what fails now is the
-        // tensors' sharing of one buffer.
-        match check_custom_dispatch(device, pipeline, &all_groups) {
-            Ok(()) => {}
-            Err(ComputeError::Config(message)) => {
-                return Err(ComputeError::ReadOnlyBinding { message })
-            }
-            Err(error) => return Err(error),
-        }
-        // Bounded: a program that makes pipelines without end checks each again.
-        if checked.len() >= MAX_CHECKED_PIPELINES {
-            checked.clear();
-        }
-        checked.insert(key);
-        Ok(())
-    }
-
-    /// The allocation of `bytes` of a tensor dropped in the open batch most recently, handed to
-    /// an op's output labelled `label` ([`Pool::reuse`]); `None` when there is none. Sound because
-    /// the op records its dispatch, which writes the output first, into the same open batch after
-    /// every use of the dropped tensor (wgpu puts a barrier between them), and the output is
-    /// written from the host only through [`Context::write`], which submits the batch first.
-    pub(crate) fn take_deferred(&self, bytes: u64, label: &str) -> Option<Allocation> {
-        if !self.batch_open.load(Ordering::Acquire) {
-            return None;
-        }
-        let allocation = {
-            let mut deferred = self
-                .deferred
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let same_size = deferred.get_mut(&bytes)?;
-            let allocation = same_size.pop()?;
-            if same_size.is_empty() {
-                deferred.remove(&bytes);
-            }
-            allocation
-        };
-        // No longer dropped: it does not count towards `flush_when_freed_bytes_exceed`.
-        let _ = self
-            .freed_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |freed| {
-                Some(freed.saturating_sub(bytes))
-            });
-        Some(self.pool.reuse(allocation, label))
-    }
-
-    fn registry(&self) -> MutexGuard<'_, HashMap<usize, Weak<Storage>>> {
-        self.registry
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while recording leaves at worst a batch that fails validation on submit.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // The last handle (context or tensor) is gone: submit what was recorded so that the ranges
-        // it used become reusable. Nothing can read the results any more; errors are moot.
-        let state = self
-            .state
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        state.batch.pass = None;
-        let buffers: Vec<_> = state
-            .batch
-            .encoder
-            .take()
-            .map(|e| e.finish())
-            .into_iter()
-            .collect();
-        if !buffers.is_empty() {
-            state.ring.write(&self.gpu.queue);
-            self.pool.submit(buffers);
-        }
-        self.release_deferred();
-    }
-}
 
 /// Records ops on [`Tensor`](super::Tensor)s into batched command buffers. Cheap to clone (clones share one
 /// context); `Send + Sync` (ops from several threads are recorded one at a time).
@@ -700,7 +101,7 @@ impl Context {
         };
         let state = State {
             kernels: Kernels::new(&gpu.device, options.shader_checks),
-            bind_groups: HashMap::new(),
+            bind_groups: BindGroups::new(options.max_cached_bind_groups, !pool.is_naive()),
             ring: ParamsRing::new(
                 &gpu,
                 options.max_ops_per_batch,
@@ -717,7 +118,6 @@ impl Context {
             shared: Arc::new(Shared {
                 pool: pool.clone(),
                 timestamps: TimestampSupport::of(&gpu.device),
-                cache_bind_groups: options.max_cached_bind_groups > 0 && !pool.is_naive(),
                 gpu,
                 options,
                 limits,
@@ -725,7 +125,6 @@ impl Context {
                 deferred: Mutex::new(HashMap::new()),
                 deferred_exposed: Mutex::new(Vec::new()),
                 plan_read_back: Mutex::new(None),
-                checked_pipelines: Mutex::new(HashSet::new()),
                 batch_open: AtomicBool::new(false),
                 capturing: AtomicU64::new(0),
                 registry: Mutex::new(HashMap::new()),
@@ -765,8 +164,11 @@ impl Context {
     pub fn stats(&self) -> ContextStats {
         let state = self.shared.lock();
         ContextStats {
-            pipelines_created: state.kernels.pipelines_created,
+            pipelines_created: state.kernels.pipelines_created + state.stats.user_kernels,
             cached_bind_groups: state.bind_groups.len() as u64,
+            bind_groups_created: state.bind_groups.created,
+            bind_group_cache_hits: state.bind_groups.hits,
+            passes: state.batch.recorder.passes,
             ..state.stats
         }
     }
@@ -852,123 +254,6 @@ impl Context {
         PlanReadBack { slot }
     }
 
-    /// Moves the context's tensors out of sparsely used segments of the pool into free space of
-    /// the others, and gives each segment so emptied back to the device
-    /// ([`Pool::compact_segments`]), least occupied first, until no further segment can be
-    /// emptied. Returns what moved and what was given back.
-    ///
-    /// Safe against work in flight: the open batch is submitted first, the copies are submitted
-    /// after it (and after everything submitted before), and the old ranges are reused only
-    /// after that submission. The context's cached bind groups are forgotten and plans that bind
-    /// moved tensors make their bind groups again at their next replay. Only tensors with memory
-    /// of this context move: allocations of other users of the pool, plan arenas, tensors whose
-    /// allocation is borrowed at the time ([`Tensor::allocation`](super::Tensor::allocation))
-    /// and tensors being read asynchronously stay where they are, and a segment holding one is
-    /// never emptied. Bind groups or ranges of your own over a tensor's allocation do not follow
-    /// it: make them again after a compaction.
-    pub fn compact(&self) -> Result<Compaction, ComputeError> {
-        let limits = CompactionLimits {
-            max_moved_factor: 1,
-            max_moves: usize::MAX,
-        };
-        self.compact_with(|pool, allocations| pool.compact_segments(allocations, limits))
-    }
-
-    /// Moves the context's tensors so that a request of `size_bytes` fits in the segments the
-    /// pool holds, without a new segment ([`Pool::compact_for`] within
-    /// [`CompactionLimits::default`]: at most the request's size is copied). Nothing moves when it
-    /// already fits, or when no plan over the context's tensors makes room (an out-of-memory
-    /// error's [`OutOfMemory::compaction`](crate::policy::OutOfMemory::compaction) says whether
-    /// one would). The same guarantees as [`Context::compact`].
-    pub fn compact_for(&self, size_bytes: u64) -> Result<Compaction, ComputeError> {
-        self.compact_with(|pool, allocations| {
-            pool.compact_for(size_bytes, allocations, CompactionLimits::default())
-        })
-    }
-
-    /// What [`Context::compact_for`] would move to make room for `size_bytes`, without moving
-    /// anything (over the tensors that would move now); `None` when it would not make room.
-    pub fn compaction_estimate(&self, size_bytes: u64) -> Option<CompactionEstimate> {
-        let storages = self.live_storages();
-        // The tensors a compaction would move now: those it could lock for writing.
-        let guards = movable(&storages);
-        let allocations: Vec<&Allocation> = guards.iter().filter_map(|g| g.as_ref()).collect();
-        self.shared
-            .pool
-            .compaction_estimate(size_bytes, &allocations)
-    }
-
-    /// How many compactions moved tensors: plans compare it with the count their bind groups
-    /// were made at.
-    pub(crate) fn moved_generation(&self) -> u64 {
-        self.shared.moved.load(Ordering::Acquire)
-    }
-
-    /// The storages of the context's live tensors with memory.
-    fn live_storages(&self) -> Vec<Arc<Storage>> {
-        self.shared
-            .registry()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect()
-    }
-
-    /// Runs a compaction of the pool over the context's movable tensors, under the context's lock
-    /// (no op records meanwhile) and after submitting the open batch; forgets the bind groups
-    /// when something moved.
-    fn compact_with(
-        &self,
-        compact: impl FnOnce(&Pool, &mut [&mut Allocation]) -> Result<Compaction, PoolError>,
-    ) -> Result<Compaction, ComputeError> {
-        let mut state = self.shared.lock();
-        self.flush_locked(&mut state)?;
-        let storages = self.live_storages();
-        let mut guards = movable(&storages);
-        let mut allocations: Vec<&mut Allocation> =
-            guards.iter_mut().filter_map(|g| g.as_mut()).collect();
-        let outcome = compact(&self.shared.pool, &mut allocations);
-        drop(allocations);
-        if outcome.as_ref().is_ok_and(|o| o.moves > 0) {
-            // Cached groups name the old ranges (and keep given-back segments alive).
-            state.bind_groups.clear();
-            self.shared.moved.fetch_add(1, Ordering::AcqRel);
-        }
-        drop(guards);
-        drop(state);
-        drop(storages);
-        Ok(outcome?)
-    }
-
-    /// An op's allocation of `bytes` failed with `oom`: with [`ContextOptions::compact_on_oom`],
-    /// compacts and tries once more when that would make room; else (or when it still fails) the
-    /// error, saying whether compacting the context's tensors would make room.
-    pub(crate) fn after_out_of_memory(
-        &self,
-        bytes: u64,
-        label: &'static str,
-        mut oom: Box<OutOfMemory>,
-    ) -> Result<Allocation, ComputeError> {
-        let mut estimate = self.compaction_estimate(bytes);
-        if self.shared.options.compact_on_oom && estimate.is_some() {
-            self.compact_for(bytes)?;
-            match self
-                .shared
-                .pool
-                .allocate_with(bytes, AllocOptions::labeled(label))
-            {
-                Err(PoolError::OutOfMemory(again)) => {
-                    oom = again;
-                    estimate = self.compaction_estimate(bytes);
-                }
-                result => return Ok(result?),
-            }
-        }
-        // The pool's estimate counts every allocation as movable; the context moves only its
-        // own tensors.
-        oom.compaction = estimate;
-        Err(PoolError::OutOfMemory(oom).into())
-    }
-
     /// The largest x dimension of a grid.
     pub(crate) fn max_grid_x(&self) -> u32 {
         let device = self.shared.limits.max_compute_workgroups_per_dimension;
@@ -1034,21 +319,21 @@ impl Context {
             });
             return Ok(());
         }
-        let allocations: Vec<TensorAllocation<'_>> = allocations.into_iter().flatten().collect();
-        let allocations: Vec<&Allocation> = allocations.iter().map(|a| &**a).collect();
-        self.flush_if_full_locked(state)?;
-        // The batch uses the dispatch's tensors from here on.
-        self.shared.batch_open.store(true, Ordering::Release);
-        let params_offset = state.ring.push(&dispatch.params);
-        let bind_group = self.bind_group(state, storage, &allocations);
-        self.encode_locked(
+        let ranges = allocations.iter().flatten().map(range_of).collect();
+        let layout = state.kernels.layouts(storage).bind_group.clone();
+        let kernel = dispatch.kernel;
+        self.record_locked(
             state,
-            &pipeline,
-            Some(dispatch.kernel),
-            &[(0, &bind_group, &[params_offset])],
-            dispatch.workgroups,
-        );
-        Ok(())
+            RecordedOp {
+                pipeline: &pipeline,
+                layout: (LayoutId::Builtin(storage), &layout),
+                params: Params::Block(&dispatch.params),
+                ranges,
+                more_groups: &[],
+                workgroups: dispatch.workgroups,
+                label: &|| kernel.label(),
+            },
+        )
     }
 
     /// The allocations of `storages` (`None` for symbolic tensors of the open capture). A
@@ -1161,70 +446,63 @@ impl Context {
         Ok(Some(index))
     }
 
-    /// Records a dispatch of a pipeline of the user's own into the open pass: `storage` (at least
-    /// one allocation) bound at bindings `0..` of group 0 (a bind group made here from the
-    /// pipeline's layout of group 0, so that exactly the allocations the context tracks are
-    /// bound), then `groups` at groups `1..`. The allocations are those of live tensors: the batch holds their ranges from here
-    /// until it is submitted (a tensor dropped meanwhile is kept, see [`Shared::free_tensor`]).
-    pub(crate) fn record_custom(
+    /// Records a dispatch of a user's `kernel` into the open pass (or the open capture's tape):
+    /// `params` at binding 0 and `storage` at bindings `1..` of group 0, `groups` at groups `1..`.
+    /// The allocations are those of live tensors: the batch holds their ranges from here until it
+    /// is submitted (a tensor dropped meanwhile is kept, see [`Shared::free_tensor`]).
+    pub(crate) fn record_user(
         &self,
-        pipeline: &wgpu::ComputePipeline,
+        kernel: &UserKernel,
+        params: &[u8],
         storage: &[&Arc<Storage>],
-        groups: &[&wgpu::BindGroup],
+        groups: &[&UserBindGroup],
         workgroups: [u32; 3],
     ) -> Result<(), ComputeError> {
         const OP: &str = "dispatch";
         self.check_workgroups(OP, workgroups)?;
-        if storage.is_empty() {
-            return Err(ComputeError::Config(format!(
-                "{OP}: a dispatch binds at least one tensor (at binding 0 of group 0)"
-            )));
-        }
+        kernel.check_dispatch(params, storage.iter().map(|s| s.bytes), groups)?;
         let allocations = self.allocations(OP, storage)?;
-        if self.capture_id().is_some() {
-            let mut state = self.shared.lock();
-            if let Some(tape) = &mut state.tape {
-                // Group 0 is made (and checked) when the plan is built, over the arena.
-                tape.steps.push(Step::Custom {
-                    pipeline: pipeline.clone(),
-                    storage: storage.iter().map(|&s| s.clone()).collect(),
-                    groups: groups.iter().map(|&g| g.clone()).collect(),
-                    workgroups,
-                });
-                return Ok(());
-            }
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        if let Some(tape) = &mut state.tape {
+            tape.steps.push(Step::Custom {
+                kernel: kernel.clone(),
+                params: params.to_vec(),
+                storage: storage.iter().map(|&s| s.clone()).collect(),
+                groups: groups.iter().map(|&g| g.clone()).collect(),
+                workgroups,
+            });
+            return Ok(());
         }
         let Some(allocations) = allocations.into_iter().collect::<Option<Vec<_>>>() else {
             return Err(ComputeError::Symbolic { op: OP });
         };
-        // Made before the batch is touched, so that a refused bind group records nothing.
-        let resources = allocations
-            .iter()
-            .map(|allocation| allocation.as_binding_resource())
-            .collect();
-        let own_group = custom_group(&self.shared.gpu.device, pipeline, resources)?;
-        let all_groups: Vec<&wgpu::BindGroup> = std::iter::once(&own_group)
-            .chain(groups.iter().copied())
-            .collect();
-        check_custom_dispatch(&self.shared.gpu.device, pipeline, &all_groups)?;
-        self.shared
-            .check_bindings_once(pipeline, &allocations, groups)?;
-        let bind_groups: Vec<(u32, &wgpu::BindGroup, &[u32])> =
-            std::iter::once((0, &own_group, &[] as &[u32]))
-                .chain(
-                    (1u32..)
-                        .zip(groups)
-                        .map(|(index, &group)| (index, group, &[] as &[u32])),
-                )
-                .collect();
-
-        let mut guard = self.shared.lock();
-        let state = &mut *guard;
-        self.flush_if_full_locked(state)?;
-        // The batch uses the allocations from here on.
-        self.shared.batch_open.store(true, Ordering::Release);
-        self.encode_locked(state, pipeline, None, &bind_groups, workgroups);
+        let ranges = allocations.iter().map(range_of).collect();
+        let more_groups: Vec<wgpu::BindGroup> = groups.iter().map(|g| g.group.clone()).collect();
+        let inner = &*kernel.inner;
+        self.record_locked(
+            state,
+            RecordedOp {
+                pipeline: &inner.pipeline,
+                layout: (LayoutId::User(inner.id), &inner.layout),
+                params: if inner.params_bytes > 0 {
+                    Params::Bytes(params, inner.params_binding_bytes)
+                } else {
+                    Params::None
+                },
+                ranges,
+                more_groups: &more_groups,
+                workgroups,
+                label: &|| inner.label.clone(),
+            },
+        )?;
+        state.stats.user_dispatches += 1;
         Ok(())
+    }
+
+    /// Counts a user's kernel made by the context.
+    pub(crate) fn count_user_kernel(&self) {
+        self.shared.lock().stats.user_kernels += 1;
     }
 
     /// Records a clear of `storage` to zeros into the open batch, between passes (or into the
@@ -1242,11 +520,10 @@ impl Context {
         let Some(allocation) = allocation else {
             return Err(ComputeError::Symbolic { op: "zeros" });
         };
-        self.flush_if_full_locked(state)?;
+        self.flush_if_full_locked(state, 0)?;
         self.shared.batch_open.store(true, Ordering::Release);
-        // A clear is not a compute command: end the open pass (dropping it records its end).
-        state.batch.pass = None;
-        state.batch.pipeline = None;
+        // A clear is not a compute command: end the open pass.
+        state.batch.recorder.end();
         let device = &self.shared.gpu.device;
         let encoder = state.batch.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -1264,7 +541,11 @@ impl Context {
     }
 
     /// Refuses a grid beyond the device's `max_compute_workgroups_per_dimension`.
-    fn check_workgroups(&self, op: &'static str, workgroups: [u32; 3]) -> Result<(), ComputeError> {
+    pub(crate) fn check_workgroups(
+        &self,
+        op: &'static str,
+        workgroups: [u32; 3],
+    ) -> Result<(), ComputeError> {
         let limit = self.shared.limits.max_compute_workgroups_per_dimension;
         for (&count, name) in workgroups.iter().zip(["x", "y", "z"]) {
             if count > limit {
@@ -1280,157 +561,76 @@ impl Context {
         Ok(())
     }
 
-    /// Submits the open batch if it holds `max_ops_per_batch` dispatches or the timer is full.
-    fn flush_if_full_locked(&self, state: &mut State) -> Result<(), ComputeError> {
+    /// Submits the open batch if it holds `max_ops_per_batch` dispatches, the timer is full, or
+    /// the parameter ring has no room for `params_slots` more slots.
+    fn flush_if_full_locked(
+        &self,
+        state: &mut State,
+        params_slots: u64,
+    ) -> Result<(), ComputeError> {
         let timer_full = state.timer.as_ref().is_some_and(Timer::is_full);
-        if state.batch.dispatches >= self.shared.options.max_ops_per_batch || timer_full {
+        if state.batch.dispatches >= self.shared.options.max_ops_per_batch
+            || timer_full
+            || !state.ring.has_room(params_slots)
+        {
             self.flush_locked(state)?;
         }
         Ok(())
     }
 
-    /// Encodes one dispatch of `pipeline` into the open pass (opening the encoder and pass if
-    /// needed), each of `bind_groups` set at its group index with its dynamic offsets. `kernel` is the
-    /// context's kernel, `None` for a pipeline of the user's own.
-    fn encode_locked(
-        &self,
-        state: &mut State,
-        pipeline: &wgpu::ComputePipeline,
-        kernel: Option<KernelKey>,
-        bind_groups: &[(u32, &wgpu::BindGroup, &[u32])],
-        workgroups: [u32; 3],
-    ) {
+    /// Records one dispatch into the open pass (opening the encoder and pass if needed): its
+    /// parameters into the ring, its bind group from the cache or made, then the dispatch. The
+    /// one recording path of the context's kernels and users' kernels alike.
+    fn record_locked(&self, state: &mut State, op: RecordedOp<'_>) -> Result<(), ComputeError> {
+        let slots = match op.params {
+            Params::Bytes(_, binding) => state.ring.slots_for(binding),
+            Params::Block(_) | Params::None => 1,
+        };
+        self.flush_if_full_locked(state, slots)?;
+        // The batch uses the dispatch's tensors from here on.
+        self.shared.batch_open.store(true, Ordering::Release);
+        let State {
+            ring,
+            bind_groups,
+            batch,
+            timer,
+            ..
+        } = state;
+        let (params_offset, params_bytes) = match op.params {
+            Params::Block(block) => (Some(ring.push(block)), Some(PARAMS_BYTES)),
+            Params::Bytes(bytes, binding) => (Some(ring.push_bytes(bytes, binding)), Some(binding)),
+            Params::None => (None, None),
+        };
         let device = &self.shared.gpu.device;
-        let encoder = state.batch.encoder.get_or_insert_with(|| {
+        let (layout_id, layout) = op.layout;
+        let group = bind_groups.get_or_make(layout_id, op.ranges, |ranges| {
+            let params = params_bytes.map(|bytes| (&*ring.buffer, bytes));
+            storage_group(device, "wgpu-pool compute", layout, params, ranges)
+        });
+        let encoder = batch.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("wgpu-pool compute batch"),
             })
         });
-        let label = || kernel.map_or_else(|| "custom dispatch".to_owned(), |key| key.label());
-        let timing = match &mut state.timer {
-            Some(timer) => Some((timer.support, timer.next_pair(label()))),
-            None => None,
-        };
-        let set_bind_groups = |pass: &mut wgpu::ComputePass<'_>| {
-            for &(index, bind_group, offsets) in bind_groups {
-                pass.set_bind_group(index, bind_group, offsets);
-            }
-        };
-        let [x, y, z] = workgroups;
-        match timing {
-            Some((TimestampSupport::PassBoundaries, (begin, end))) => {
-                // A pass of its own, timed at its boundaries.
-                state.batch.pass = None;
-                let timer = state.timer.as_ref().expect("timing implies a timer");
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("wgpu-pool compute (timed)"),
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &timer.query_set,
-                        beginning_of_pass_write_index: Some(begin),
-                        end_of_pass_write_index: Some(end),
-                    }),
-                });
-                state.stats.passes += 1;
-                pass.set_pipeline(pipeline);
-                set_bind_groups(&mut pass);
-                pass.dispatch_workgroups(x, y, z);
-                state.batch.pipeline = None;
-            }
-            timing => {
-                let pass = match &mut state.batch.pass {
-                    Some(pass) => pass,
-                    none => {
-                        state.stats.passes += 1;
-                        state.batch.pipeline = None;
-                        none.insert(
-                            encoder
-                                .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                                    label: Some("wgpu-pool compute"),
-                                    timestamp_writes: None,
-                                })
-                                .forget_lifetime(),
-                        )
-                    }
-                };
-                let query_set = state.timer.as_ref().map(|timer| &timer.query_set);
-                if let (Some((_, (begin, _))), Some(query_set)) = (timing, query_set) {
-                    pass.write_timestamp(query_set, begin);
-                }
-                if kernel.is_none() || state.batch.pipeline != kernel {
-                    pass.set_pipeline(pipeline);
-                    // A user's pipeline is set again by the next dispatch whatever it is.
-                    state.batch.pipeline = kernel;
-                }
-                set_bind_groups(pass);
-                pass.dispatch_workgroups(x, y, z);
-                if let (Some((_, (_, end))), Some(query_set)) = (timing, query_set) {
-                    pass.write_timestamp(query_set, end);
-                }
-            }
-        }
-        state.batch.dispatches += 1;
+        let timing = timer.as_mut().map(|timer| (timer, (op.label)()));
+        batch.recorder.dispatch(
+            encoder,
+            "wgpu-pool compute",
+            &Encoded {
+                pipeline: op.pipeline,
+                group: &group,
+                params_offset,
+                more_groups: op.more_groups,
+                workgroups: op.workgroups,
+            },
+            timing,
+        );
+        batch.dispatches += 1;
         state.stats.dispatches += 1;
+        Ok(())
     }
 
-    /// The bind group of `bindings` (after the parameter ring), from the cache or new.
-    fn bind_group(
-        &self,
-        state: &mut State,
-        storage: usize,
-        bindings: &[&Allocation],
-    ) -> wgpu::BindGroup {
-        // A naive pool's tensors are new buffers: nothing to look up, nothing worth keeping.
-        let key = self.shared.cache_bind_groups.then(|| {
-            let mut ranges: [Option<(wgpu::Buffer, u64, u64)>; MAX_STORAGE_BINDINGS] =
-                Default::default();
-            for (range, allocation) in ranges.iter_mut().zip(bindings) {
-                *range = Some((
-                    allocation.buffer().clone(),
-                    allocation.offset(),
-                    allocation.binding_size(),
-                ));
-            }
-            BindKey(ranges)
-        });
-        if let Some(bind_group) = key.as_ref().and_then(|key| state.bind_groups.get(key)) {
-            state.stats.bind_group_cache_hits += 1;
-            return bind_group.clone();
-        }
-        let mut entries = Vec::with_capacity(storage + 1);
-        entries.push(wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &state.ring.buffer,
-                offset: 0,
-                size: NonZeroU64::new(PARAMS_BYTES),
-            }),
-        });
-        for (binding, allocation) in (1u32..).zip(bindings) {
-            entries.push(wgpu::BindGroupEntry {
-                binding,
-                resource: allocation.as_binding_resource(),
-            });
-        }
-        let bind_group = self
-            .shared
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("wgpu-pool compute"),
-                layout: &state.kernels.layouts(storage).bind_group,
-                entries: &entries,
-            });
-        state.stats.bind_groups_created += 1;
-        if let Some(key) = key {
-            if state.bind_groups.len() >= self.shared.options.max_cached_bind_groups {
-                state.bind_groups.clear();
-            }
-            state.bind_groups.insert(key, bind_group.clone());
-        }
-        bind_group
-    }
-
-    fn flush_locked(&self, state: &mut State) -> Result<(), ComputeError> {
+    pub(crate) fn flush_locked(&self, state: &mut State) -> Result<(), ComputeError> {
         let (buffers, timed) = self.finish_batch_locked(state);
         // Through the pool: ranges of tensors dropped so far become reusable after this.
         self.shared.pool.submit(buffers);
@@ -1442,8 +642,7 @@ impl Context {
     /// batch resolves timestamps.
     fn finish_batch_locked(&self, state: &mut State) -> (Vec<wgpu::CommandBuffer>, bool) {
         // Ends the pass (dropping it records its end into the encoder).
-        state.batch.pass = None;
-        state.batch.pipeline = None;
+        state.batch.recorder.end();
         let mut buffers = Vec::with_capacity(1);
         let mut timed = false;
         if let Some(mut encoder) = state.batch.encoder.take() {
@@ -1485,86 +684,35 @@ impl Context {
     }
 }
 
-/// The allocations of `storages` that a compaction may move, locked for writing. Never waits: a
-/// tensor borrowed ([`Storage::allocation`]) or pinned ([`Storage::pin`]) elsewhere is left out.
-fn movable(storages: &[Arc<Storage>]) -> Vec<RwLockWriteGuard<'_, Option<Allocation>>> {
-    storages
-        .iter()
-        .filter_map(|storage| {
-            let guard = match storage.allocation.try_write() {
-                Ok(guard) => guard,
-                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                Err(TryLockError::WouldBlock) => return None,
-            };
-            (storage.pins.load(Ordering::Acquire) == 0).then_some(guard)
-        })
-        .collect()
+/// The storage range a dispatch binds for a tensor's allocation.
+fn range_of(allocation: &TensorAllocation<'_>) -> Range {
+    (
+        allocation.buffer().clone(),
+        allocation.offset(),
+        allocation.binding_size(),
+    )
 }
 
-/// Encodes a dispatch of `pipeline` with `groups` at groups `0..` into a command buffer that is
-/// never submitted, to catch what wgpu checks only at a dispatch — a group the pipeline expects
-/// and was not given, a group whose layout it does not take, a tensor bound read-only beside a
-/// read-write one of the same segment buffer — as a [`ComputeError::Config`] before anything is
-/// recorded, instead of a validation error that would lose the whole batch at its submission.
-/// (On wasm32 error scopes resolve asynchronously and this checks nothing.)
-pub(crate) fn check_custom_dispatch(
-    device: &wgpu::Device,
-    pipeline: &wgpu::ComputePipeline,
-    groups: &[&wgpu::BindGroup],
-) -> Result<(), ComputeError> {
-    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-        label: Some("wgpu-pool dispatch check"),
-    });
-    {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        pass.set_pipeline(pipeline);
-        for (index, group) in (0u32..).zip(groups) {
-            pass.set_bind_group(index, *group, &[]);
-        }
-        // wgpu checks the groups and their usages at any dispatch, an empty one included.
-        pass.dispatch_workgroups(0, 0, 0);
-    }
-    drop(encoder.finish());
-    match crate::device::caught(validation) {
-        None => Ok(()),
-        // wgpu names the usages that conflict: a read-only storage binding beside a read-write
-        // one of the same buffer is the user's declaration, whatever else differs.
-        Some(error) if error.to_string().contains("STORAGE_READ_ONLY") => {
-            Err(ComputeError::ReadOnlyBinding {
-                message: error.to_string(),
-            })
-        }
-        Some(error) => Err(ComputeError::Config(format!(
-            "dispatch: wgpu refuses this dispatch: {error}"
-        ))),
-    }
+/// A dispatch's parameters.
+#[derive(Clone, Copy)]
+enum Params<'a> {
+    /// A kernel of the context's: one slot.
+    Block(&'a ParamsBlock),
+    /// A user's kernel's: its bytes and the bytes of its binding.
+    Bytes(&'a [u8], u64),
+    /// None (a user's kernel without parameters).
+    None,
 }
 
-/// The bind group of a user's pipeline's group 0 over `resources` (bindings `0..`), checked
-/// under an error scope: a layout that does not take them is [`ComputeError::Config`].
-pub(crate) fn custom_group(
-    device: &wgpu::Device,
-    pipeline: &wgpu::ComputePipeline,
-    resources: Vec<wgpu::BindingResource<'_>>,
-) -> Result<wgpu::BindGroup, ComputeError> {
-    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let count = resources.len();
-    let entries: Vec<_> = (0u32..)
-        .zip(resources)
-        .map(|(binding, resource)| wgpu::BindGroupEntry { binding, resource })
-        .collect();
-    let layout = pipeline.get_bind_group_layout(0);
-    let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("wgpu-pool custom dispatch"),
-        layout: &layout,
-        entries: &entries,
-    });
-    match crate::device::caught(validation) {
-        None => Ok(group),
-        Some(error) => Err(ComputeError::Config(format!(
-            "dispatch: the pipeline's group 0 does not take {count} storage buffers at bindings \
-             0..{count}: {error}"
-        ))),
-    }
+/// One dispatch for [`Context::record_locked`].
+struct RecordedOp<'a> {
+    pipeline: &'a wgpu::ComputePipeline,
+    /// Group 0's layout and its key in the bind-group cache.
+    layout: (LayoutId, &'a wgpu::BindGroupLayout),
+    params: Params<'a>,
+    ranges: Vec<Range>,
+    more_groups: &'a [wgpu::BindGroup],
+    workgroups: [u32; 3],
+    /// The kernel's name, for timings.
+    label: &'a dyn Fn() -> String,
 }

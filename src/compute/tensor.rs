@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use super::context::{Context, Storage, TensorAllocation};
+use super::context::Context;
+use super::shared::{Storage, TensorAllocation};
 use super::vocab::{
     decode_elements, element_count, encode_elements, tensor_bytes, ComputeError, DType,
 };

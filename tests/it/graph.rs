@@ -9,10 +9,11 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{
     CaptureOptions, ComputeError, Context, ContextOptions, Feed, MatmulOptions, Tensor,
+    UserKernelDesc,
 };
 use wgpu_pool::{Gpu, Pool, PoolOptions};
 
-use crate::gpu::{both, gpu, wgsl_pipeline};
+use crate::gpu::{both, gpu};
 
 fn context(gpu: &Gpu) -> Context {
     let pool = Pool::new(gpu, PoolOptions::default()).expect("pool");
@@ -517,15 +518,19 @@ fn an_intermediate_used_twice_is_not_fused() {
 fn zeros_and_custom_dispatches_are_captured() {
     let gpu = gpu();
     let ctx = context(gpu);
-    let pipeline = wgsl_pipeline(
-        gpu,
-        "test triple",
-        "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
-                 @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-                     if id.x < arrayLength(&x) { y[id.x] = y[id.x] + 3.0 * x[id.x]; }
-                 }",
-    );
+    let pipeline = ctx
+        .user_kernel(&UserKernelDesc {
+            label: "test triple",
+            wgsl: "@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+                   @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+                   @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                       if id.x < arrayLength(&x) { y[id.x] = y[id.x] + 3.0 * x[id.x]; }
+                   }",
+            entry_point: "main",
+            tensors: 2,
+            ..UserKernelDesc::default()
+        })
+        .expect("kernel");
     let mut capture = ctx.capture().expect("capture");
     let x = capture.input(&[8]).expect("input");
     let y = ctx.zeros(&[8]).expect("zeros");
@@ -541,30 +546,52 @@ fn zeros_and_custom_dispatches_are_captured() {
         assert_eq!(got[0], want, "round {round}");
     }
 
-    // A captured dispatch that wgpu would refuse (group 1 expected, none given) is refused when
-    // the plan binds its arena, with a typed error, not at a submission.
-    let scaled = wgsl_pipeline(
-        gpu,
-        "test scaled",
-        "@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-                 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
-                 @group(1) @binding(0) var<uniform> k: vec4<f32>;
-                 @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-                     if id.x < arrayLength(&x) { y[id.x] = k.x * x[id.x]; }
-                 }",
-    );
+    // A captured dispatch that wgpu would refuse (group 1 expected, none given) is refused at
+    // the call, with a typed error, not at a submission; the capture goes on.
+    let layout = gpu
+        .device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("test uniform"),
+            entries: &[wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            }],
+        });
+    let scaled = ctx
+        .user_kernel(&UserKernelDesc {
+            label: "test scaled",
+            wgsl: "@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+                   @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+                   @group(1) @binding(0) var<uniform> k: vec4<f32>;
+                   @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                       if id.x < arrayLength(&x) { y[id.x] = k.x * x[id.x]; }
+                   }",
+            entry_point: "main",
+            tensors: 2,
+            groups: &[&layout],
+            ..UserKernelDesc::default()
+        })
+        .expect("kernel");
     let mut capture = ctx.capture().expect("capture");
     let x = capture.input(&[8]).expect("input");
     let y = ctx.empty(&[8]).expect("empty");
-    ctx.dispatch(&scaled, &[&x, &y], [1, 1, 1])
-        .expect("recorded on the tape");
-    let z = ctx.neg(&y).expect("neg");
-    let refused = capture
-        .finish(&[&z])
-        .and_then(|mut plan| plan.run(&[Feed::Data(&[1.0; 8])]));
+    let refused = ctx.dispatch(&scaled, &[&x, &y], [1, 1, 1]);
     assert!(
         matches!(refused, Err(ComputeError::Config(_))),
         "{refused:?}"
+    );
+    let z = ctx.neg(&x).expect("neg");
+    let mut plan = capture.finish(&[&z]).expect("plan");
+    assert_eq!(plan.stats().steps, 1, "the refused dispatch was captured");
+    assert_eq!(
+        plan.run(&[Feed::Data(&[1.0; 8])]).expect("run")[0],
+        [-1.0; 8]
     );
     // The context runs on.
     assert_eq!(

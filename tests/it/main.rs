@@ -3,6 +3,7 @@
 
 mod compact;
 mod compute;
+mod custom;
 mod examples;
 mod f16;
 mod gpu;

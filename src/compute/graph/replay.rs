@@ -1,0 +1,482 @@
+//! Replaying a plan: [`Plan`] binds its arena (bind groups made again when the arena grew or its
+//! tensors moved) and records each replay through the context's one recording path.
+
+use super::arena::PlanArena;
+use super::ir::{binding_range, Binding, PlanStats, PlanStep, Slot};
+use crate::compute::context::Context;
+use crate::compute::record::{storage_group, Encoded, PassRecorder, Range};
+use crate::compute::tensor::Tensor;
+use crate::compute::vocab::{decode_elements, encode_elements, ComputeError, PARAMS_BYTES};
+use crate::device::AccountedBuffer;
+use crate::plan::Buffer;
+
+/// The bind groups of a plan over one generation of its arena.
+pub(super) struct Bound {
+    generation: u64,
+    /// The context's count of compactions that moved tensors, when the groups were made: the
+    /// tensors the plan binds (weights) may have moved since.
+    moved: u64,
+    /// The arena's allocations: `(buffer, offset)` per arena index.
+    arenas: Vec<(wgpu::Buffer, u64)>,
+    /// One per step (`None` for clears).
+    groups: Vec<Option<wgpu::BindGroup>>,
+}
+
+/// Where an input of a replay comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum Feed<'a> {
+    /// Values uploaded into the input's range (`queue.write_buffer`).
+    Data(&'a [f32]),
+    /// A tensor of the context, copied into the input's range on the GPU.
+    Tensor(&'a Tensor),
+}
+
+/// Where a replay puts its outputs.
+#[derive(Clone, Copy)]
+enum Outputs<'a> {
+    /// Copied into these tensors ([`Plan::run_into`]).
+    Tensors(&'a [&'a Tensor]),
+    /// Copied one after another into this buffer, to be read back ([`Plan::run`]).
+    ReadBack(&'a wgpu::Buffer),
+}
+
+/// A captured forward, planned: see the [module documentation](crate::compute::graph).
+pub struct Plan {
+    pub(super) context: Context,
+    pub(super) steps: Vec<PlanStep>,
+    pub(super) inputs: Vec<Slot>,
+    pub(super) outputs: Vec<Slot>,
+    pub(super) arena: PlanArena,
+    pub(super) bound: Option<Bound>,
+    pub(super) params: AccountedBuffer,
+    /// The copy kernel's pipeline and layout.
+    pub(super) copy: wgpu::ComputePipeline,
+    pub(super) copy_layout: wgpu::BindGroupLayout,
+    /// The outputs' bytes: what [`Plan::run`] reads back (through the context's read-back
+    /// buffer, shared by its plans).
+    pub(super) output_bytes: u64,
+    pub(super) stats: PlanStats,
+    pub(super) bind_groups_created: u64,
+    /// The tensors' lifetimes and sizes, as planned (ids in order of first use).
+    pub(super) lifetimes: Vec<Buffer>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("inputs", &self.input_shapes())
+            .field("outputs", &self.output_shapes())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Plan {
+    /// What building the plan found and cost.
+    pub fn stats(&self) -> &PlanStats {
+        &self.stats
+    }
+
+    /// The arena the plan's tensors live in.
+    pub fn arena(&self) -> &PlanArena {
+        &self.arena
+    }
+
+    /// The shapes of the inputs, in order.
+    pub fn input_shapes(&self) -> Vec<&[usize]> {
+        self.inputs
+            .iter()
+            .map(|slot| slot.shape.as_slice())
+            .collect()
+    }
+
+    /// The shapes of the outputs, in order.
+    pub fn output_shapes(&self) -> Vec<&[usize]> {
+        self.outputs
+            .iter()
+            .map(|slot| slot.shape.as_slice())
+            .collect()
+    }
+
+    /// The planned tensors: sizes in bytes and lifetimes `[lower, upper)` in steps (0: the inputs
+    /// written; step `i` is the `i`-th dispatch or clear; the last: the outputs read), ids in order
+    /// of first use.
+    pub fn lifetimes(&self) -> &[Buffer] {
+        &self.lifetimes
+    }
+
+    /// [`Plan::lifetimes`] as MiniMalloc's CSV (`id,lower,upper,size` and a line per tensor), the
+    /// format `examples/plan.rs` reads.
+    pub fn lifetimes_csv(&self) -> String {
+        let mut csv = String::from("id,lower,upper,size\n");
+        for buffer in &self.lifetimes {
+            csv.push_str(&format!(
+                "{},{},{},{}\n",
+                buffer.id, buffer.lower, buffer.upper, buffer.size
+            ));
+        }
+        csv
+    }
+
+    /// Bind groups made since the plan was built (at build, and again after its arena grew).
+    pub fn bind_groups_created(&self) -> u64 {
+        self.bind_groups_created
+    }
+
+    /// Replays the forward on `inputs` and reads the outputs back as f32 values (f16 outputs
+    /// widened exactly): one submission (after the context's open batch), then waits for it.
+    /// Errors: [`ComputeError::Capture`] when the inputs are not one per input,
+    /// [`ComputeError::DataLength`] or [`ComputeError::ShapeMismatch`] for an input of the wrong
+    /// size, and the errors of a read. Nothing is submitted on a refused input.
+    pub fn run(&mut self, inputs: &[Feed<'_>]) -> Result<Vec<Vec<f32>>, ComputeError> {
+        // The context's read-back buffer, shared by its plans, held from the copies to the read.
+        let context = self.context.clone();
+        let read_back = context.plan_read_back(self.output_bytes);
+        self.replay(inputs, Outputs::ReadBack(&read_back))?;
+        let outputs = &self.outputs;
+        // Straight from the mapped read-back buffer into the outputs' vectors.
+        let read = crate::device::read_mapped_with(
+            &self.context.gpu().device,
+            &read_back,
+            self.output_bytes,
+            |bytes| {
+                let mut start = 0usize;
+                outputs
+                    .iter()
+                    .map(|slot| {
+                        let values = decode_elements(&bytes[start..], slot.len, slot.dtype);
+                        start += slot.bytes as usize;
+                        values
+                    })
+                    .collect()
+            },
+        );
+        if read.is_err() {
+            read_back.discard();
+        }
+        read.map_err(ComputeError::Wait)
+    }
+
+    /// Replays the forward on `inputs` and copies the outputs into `outputs` (tensors of the
+    /// context with the outputs' lengths and element types), without waiting: read them when
+    /// needed. Errors as [`Plan::run`], [`ComputeError::ShapeMismatch`] for an output tensor of
+    /// another length and [`ComputeError::DTypeMismatch`] for one of another element type.
+    pub fn run_into(
+        &mut self,
+        inputs: &[Feed<'_>],
+        outputs: &[&Tensor],
+    ) -> Result<(), ComputeError> {
+        if outputs.len() != self.outputs.len() {
+            return Err(ComputeError::Capture(format!(
+                "the plan has {} outputs, {} tensors given",
+                self.outputs.len(),
+                outputs.len()
+            )));
+        }
+        for (tensor, slot) in outputs.iter().zip(&self.outputs) {
+            self.check_tensor("plan output", tensor, slot)?;
+        }
+        self.replay(inputs, Outputs::Tensors(outputs))
+    }
+
+    /// Checks that `tensor` has memory, belongs to the plan's context and has `slot`'s length.
+    fn check_tensor(
+        &self,
+        op: &'static str,
+        tensor: &Tensor,
+        slot: &Slot,
+    ) -> Result<(), ComputeError> {
+        self.context.check_owner(op, tensor)?;
+        if tensor.is_symbolic() {
+            return Err(ComputeError::Symbolic { op });
+        }
+        if tensor.len() != slot.len {
+            return Err(ComputeError::ShapeMismatch {
+                op,
+                left: tensor.shape().to_vec(),
+                right: slot.shape.clone(),
+                expected: "as many elements as the plan's tensor",
+            });
+        }
+        if tensor.dtype() != slot.dtype {
+            return Err(ComputeError::DTypeMismatch {
+                op,
+                left: slot.dtype,
+                right: tensor.dtype(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes the bind groups if the arena changed since they were made.
+    pub(super) fn bind(&mut self) -> Result<(), ComputeError> {
+        // Read before the tensors' ranges are: a compaction after this makes the next bind redo
+        // the groups.
+        let moved = self.context.moved_generation();
+        let (generation, arenas) =
+            {
+                let state = self.arena.lock();
+                if self.bound.as_ref().is_some_and(|bound| {
+                    bound.generation == state.generation && bound.moved == moved
+                }) {
+                    return Ok(());
+                }
+                let arenas: Vec<(wgpu::Buffer, u64)> = state
+                    .allocations
+                    .iter()
+                    .map(|a| (a.buffer().clone(), a.offset()))
+                    .collect();
+                (state.generation, arenas)
+            };
+        let device = &self.context.gpu().device;
+        let groups: Vec<Option<wgpu::BindGroup>> = self
+            .steps
+            .iter()
+            .map(|step| match step {
+                PlanStep::Dispatch(dispatch) => {
+                    let ranges: Vec<Range> = dispatch
+                        .bindings
+                        .iter()
+                        .map(|binding| binding_range(binding, &arenas))
+                        .collect();
+                    let params = dispatch.params.map(|(_, bytes)| (&*self.params, bytes));
+                    Some(storage_group(
+                        device,
+                        "wgpu-pool plan",
+                        &dispatch.layout,
+                        params,
+                        &ranges,
+                    ))
+                }
+                PlanStep::Clear(_) => None,
+            })
+            .collect();
+        self.bind_groups_created += groups.iter().flatten().count() as u64;
+        self.bound = Some(Bound {
+            generation,
+            moved,
+            arenas,
+            groups,
+        });
+        Ok(())
+    }
+
+    /// Records and submits one replay: inputs in, the steps, outputs out (to `outputs`, or to
+    /// the read-back buffer).
+    fn replay(&mut self, feeds: &[Feed<'_>], outputs: Outputs<'_>) -> Result<(), ComputeError> {
+        if feeds.len() != self.inputs.len() {
+            return Err(ComputeError::Capture(format!(
+                "the plan has {} inputs, {} given",
+                self.inputs.len(),
+                feeds.len()
+            )));
+        }
+        for (feed, slot) in feeds.iter().zip(&self.inputs) {
+            match feed {
+                Feed::Data(data) if data.len() != slot.len => {
+                    return Err(ComputeError::DataLength {
+                        shape: slot.shape.clone(),
+                        data_len: data.len(),
+                        expected_len: slot.len,
+                    })
+                }
+                Feed::Data(_) => {}
+                Feed::Tensor(tensor) => self.check_tensor("plan input", tensor, slot)?,
+            }
+        }
+        // A compaction on another thread between binding and submitting moves tensors the
+        // replay names: record it again over their new ranges (bounded, in case they keep moving).
+        for _ in 0..8 {
+            if self.record_and_submit(feeds, outputs)? {
+                return Ok(());
+            }
+        }
+        Err(ComputeError::Capture(
+            "the plan's tensors were moved by compactions 8 times while it was being replayed"
+                .into(),
+        ))
+    }
+
+    /// Binds, records and submits one replay (see [`Plan::replay`]); `false` when a compaction
+    /// moved tensors since the bind groups were made, and nothing was submitted.
+    fn record_and_submit(
+        &mut self,
+        feeds: &[Feed<'_>],
+        outputs: Outputs<'_>,
+    ) -> Result<bool, ComputeError> {
+        self.bind()?;
+        let bound = self.bound.as_ref().expect("bound above");
+        let device = &self.context.gpu().device;
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("wgpu-pool plan replay"),
+        });
+        let mut recorder = PassRecorder::default();
+        // Tensors copied in and out: with a buffer copy, or with the copy kernel where the tensor
+        // lies in the arena's own buffer.
+        let copies_in: Vec<(&Slot, &Tensor)> = feeds
+            .iter()
+            .zip(&self.inputs)
+            .filter_map(|(feed, slot)| match feed {
+                Feed::Tensor(tensor) => Some((slot, *tensor)),
+                Feed::Data(_) => None,
+            })
+            .collect();
+        let copies_out: Vec<(&Slot, &Tensor)> = match outputs {
+            Outputs::Tensors(tensors) => self.outputs.iter().zip(tensors.iter().copied()).collect(),
+            Outputs::ReadBack(_) => Vec::new(),
+        };
+        for &(slot, tensor) in &copies_in {
+            self.copy_tensor(
+                bound,
+                &mut encoder,
+                &mut recorder,
+                slot,
+                tensor,
+                Direction::In,
+            );
+        }
+        self.record_steps(bound, &mut encoder, &mut recorder);
+        for &(slot, tensor) in &copies_out {
+            self.copy_tensor(
+                bound,
+                &mut encoder,
+                &mut recorder,
+                slot,
+                tensor,
+                Direction::Out,
+            );
+        }
+        recorder.end();
+        if let Outputs::ReadBack(read_back) = outputs {
+            let mut at = 0;
+            for slot in &self.outputs {
+                let (buffer, offset, _) = slot_range(slot, bound);
+                encoder.copy_buffer_to_buffer(&buffer, offset, read_back, at, slot.bytes);
+                at += slot.bytes;
+            }
+        }
+        let commands = encoder.finish();
+        let queue = &self.context.gpu().queue;
+        let writes = || {
+            for (feed, slot) in feeds.iter().zip(&self.inputs) {
+                if let Feed::Data(data) = feed {
+                    let (buffer, offset, _) = slot_range(slot, bound);
+                    queue.write_buffer(&buffer, offset, &encode_elements(data, slot.dtype));
+                }
+            }
+            Ok(())
+        };
+        let submitted = self
+            .context
+            .submit_after_batch(writes, vec![commands], bound.moved)?;
+        Ok(submitted.is_some())
+    }
+
+    /// Records the plan's steps through the one recording path: dispatches into the open pass,
+    /// clears between passes.
+    fn record_steps(
+        &self,
+        bound: &Bound,
+        encoder: &mut wgpu::CommandEncoder,
+        recorder: &mut PassRecorder,
+    ) {
+        for (step, group) in self.steps.iter().zip(&bound.groups) {
+            match (step, group) {
+                (PlanStep::Dispatch(dispatch), Some(group)) => recorder.dispatch(
+                    encoder,
+                    "wgpu-pool plan",
+                    &Encoded {
+                        pipeline: &dispatch.pipeline,
+                        group,
+                        params_offset: dispatch.params.map(|(offset, _)| offset),
+                        more_groups: &dispatch.more_groups,
+                        workgroups: dispatch.workgroups,
+                    },
+                    None,
+                ),
+                (PlanStep::Clear(binding), _) => {
+                    recorder.end();
+                    let (buffer, offset, size) = binding_range(binding, &bound.arenas);
+                    encoder.clear_buffer(&buffer, offset, Some(size));
+                }
+                (PlanStep::Dispatch(_), None) => unreachable!("bind makes a group per dispatch"),
+            }
+        }
+    }
+
+    /// Copies `tensor` into (or out of) the arena's range of `slot`: a buffer copy between
+    /// passes, or the copy kernel (with a bind group made for this replay) where the tensor lies
+    /// in the arena's own buffer (a buffer cannot be copied into itself). Inputs are copied before
+    /// the steps; outputs after them, by the kernel first and then by buffer copies once the pass
+    /// has ended.
+    fn copy_tensor(
+        &self,
+        bound: &Bound,
+        encoder: &mut wgpu::CommandEncoder,
+        recorder: &mut PassRecorder,
+        slot: &Slot,
+        tensor: &Tensor,
+        direction: Direction,
+    ) {
+        let arena = slot_range(slot, bound);
+        let allocation = tensor
+            .storage
+            .allocation()
+            .expect("a plan's inputs and outputs have memory");
+        let outside = (allocation.buffer().clone(), allocation.offset(), slot.bytes);
+        let (from, to) = match direction {
+            Direction::In => (outside, arena),
+            Direction::Out => (arena, outside),
+        };
+        drop(allocation);
+        if from.0 != to.0 {
+            // Outputs are copied once the pass has ended (see `record_and_submit`): a copy ends
+            // the pass anyway.
+            recorder.end();
+            encoder.copy_buffer_to_buffer(&from.0, from.1, &to.0, to.1, slot.bytes);
+            return;
+        }
+        let device = &self.context.gpu().device;
+        let params = Some((&*self.params, PARAMS_BYTES));
+        let group = storage_group(
+            device,
+            "wgpu-pool plan copy",
+            &self.copy_layout,
+            params,
+            &[from, to],
+        );
+        recorder.dispatch(
+            encoder,
+            "wgpu-pool plan",
+            &Encoded {
+                pipeline: &self.copy,
+                group: &group,
+                params_offset: Some(slot.copy.0),
+                more_groups: &[],
+                workgroups: slot.copy.1,
+            },
+            None,
+        );
+    }
+}
+
+/// Which way [`Plan::copy_tensor`] copies.
+#[derive(Clone, Copy)]
+enum Direction {
+    /// From a fed tensor into the arena.
+    In,
+    /// From the arena into a tensor of the caller's.
+    Out,
+}
+
+/// The range of the arena a slot takes, in the bound arena.
+fn slot_range(slot: &Slot, bound: &Bound) -> Range {
+    binding_range(
+        &Binding::Arena {
+            arena: slot.arena,
+            offset: slot.offset,
+            size: slot.bytes,
+        },
+        &bound.arenas,
+    )
+}
