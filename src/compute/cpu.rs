@@ -4,7 +4,8 @@
 //! Element-wise twins compute in f32 like the kernels (one correctly rounded operation each;
 //! `gelu` in f64, rounded once). Accumulating twins (`matmul`, `sum`, `softmax`) accumulate in
 //! f64, so they are the reference the kernels' f32 accumulation is measured against.
-//! Keep in sync with `shaders/`.
+//! Keep in sync with `shaders/`: a test (`cpu/tests.rs`) checks that every entry point of every
+//! kernel module has a twin here of its name, or is a listed exception with its reason.
 //!
 //! On f16 tensors the kernels load f16, compute in f32 and round once as they store: their twin
 //! is the f32 twin on the f16 values ([`rounded`] inputs, as uploaded), its result [`rounded`]
@@ -125,6 +126,31 @@ pub fn binary_scalar(op: BinaryOp, x: &[f32], scalar: f32) -> Vec<f32> {
     x.iter().map(|&v| apply(op, v, scalar)).collect()
 }
 
+/// `x + scalar`, element-wise.
+pub fn add_scalar(x: &[f32], scalar: f32) -> Vec<f32> {
+    binary_scalar(BinaryOp::Add, x, scalar)
+}
+
+/// `x - scalar`, element-wise.
+pub fn sub_scalar(x: &[f32], scalar: f32) -> Vec<f32> {
+    binary_scalar(BinaryOp::Sub, x, scalar)
+}
+
+/// `x * scalar`, element-wise.
+pub fn mul_scalar(x: &[f32], scalar: f32) -> Vec<f32> {
+    binary_scalar(BinaryOp::Mul, x, scalar)
+}
+
+/// `x / scalar`, element-wise.
+pub fn div_scalar(x: &[f32], scalar: f32) -> Vec<f32> {
+    binary_scalar(BinaryOp::Div, x, scalar)
+}
+
+/// `max(x, scalar)`, element-wise.
+pub fn maximum_scalar(x: &[f32], scalar: f32) -> Vec<f32> {
+    binary_scalar(BinaryOp::Maximum, x, scalar)
+}
+
 /// `x[r, c] + bias[c]` for `x` of rows of `bias.len()` values.
 ///
 /// # Panics
@@ -234,6 +260,47 @@ pub fn matmul_with(
         .collect()
 }
 
+/// The split-K reduction: `act(Σ_s partials[s, i, j] + bias[j])` for `partials` of `splits`
+/// products `[m, n]` one after another (`splits · m · n` values at least; the kernel's scratch
+/// may hold more), summed in f64.
+///
+/// # Panics
+///
+/// When `partials` holds fewer than `splits · m · n` values or `bias` (if any) not `n` (a test
+/// oracle's precondition), including sizes whose products overflow.
+pub fn matmul_reduce(
+    partials: &[f32],
+    splits: usize,
+    m: usize,
+    n: usize,
+    bias: Option<&[f32]>,
+    activation: Activation,
+) -> Vec<f32> {
+    let len = m
+        .checked_mul(n)
+        .expect("matmul_reduce twin: m × n overflows a usize");
+    assert!(
+        splits
+            .checked_mul(len)
+            .is_some_and(|all| all <= partials.len()),
+        "matmul_reduce twin: fewer than splits × m × n partial products"
+    );
+    if let Some(bias) = bias {
+        assert_eq!(
+            bias.len(),
+            n,
+            "matmul_reduce twin: the bias is not of length n"
+        );
+    }
+    (0..len)
+        .map(|i| {
+            let sum: f64 = (0..splits).map(|s| f64::from(partials[s * len + i])).sum();
+            let with_bias = sum + bias.map_or(0.0, |bias| f64::from(bias[i % n]));
+            activate(activation, with_bias as f32)
+        })
+        .collect()
+}
+
 /// `Σ_k |a_ik · b_kj|` for every element: the scale of the rounding error of `A · B`.
 pub fn matmul_magnitude(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let abs_a: Vec<f32> = a.iter().map(|v| v.abs()).collect();
@@ -291,3 +358,6 @@ fn assert_rows(twin: &str, x: &[f32], cols: usize) {
         x.len()
     );
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,7 +8,7 @@ pub mod rows;
 
 use super::context::Context;
 use super::tensor::Tensor;
-use super::vocab::{kernel_u32, ComputeError, DType};
+use super::vocab::{grid_1d_within, ComputeError, DType};
 
 /// The element type all of an op's `operands` share, or [`ComputeError::DTypeMismatch`] naming
 /// the first and the first that differs from it.
@@ -24,32 +24,14 @@ pub(crate) fn common_dtype(op: &'static str, operands: &[&Tensor]) -> Result<DTy
     }
 }
 
-/// The grid of `workgroups` workgroups of a 1-D kernel: `[x, 1, 1]`, or `[x, y, 1]` with
-/// `x · y ≥ workgroups` when more than the x dimension holds (kernels recover the linear index
-/// from `x`, passed in their parameters). Returns the grid and `x`.
+/// The grid of `workgroups` workgroups of a 1-D kernel on `context`'s device, its x capped by
+/// [`ContextOptions::max_grid_x`](crate::compute::ContextOptions::max_grid_x) (see
+/// [`grid_1d_within`]). Returns the grid and `x`.
 pub(crate) fn grid_1d(
     context: &Context,
     op: &'static str,
     workgroups: u64,
 ) -> Result<([u32; 3], u32), ComputeError> {
-    let max_x = u64::from(context.max_grid_x());
-    let max_y = u64::from(context.limits().max_compute_workgroups_per_dimension);
-    if workgroups <= max_x {
-        let x = kernel_u32(op, "workgroups", workgroups)?;
-        return Ok(([x, 1, 1], x));
-    }
-    let y = workgroups.div_ceil(max_x);
-    if y > max_y {
-        return Err(ComputeError::ExceedsLimit {
-            op,
-            what: "workgroups",
-            value: workgroups,
-            limit_name: "max_compute_workgroups_per_dimension squared",
-            limit: max_x * max_y,
-        });
-    }
-    let x = workgroups.div_ceil(y);
-    let x = kernel_u32(op, "workgroups along x", x)?;
-    let y = kernel_u32(op, "workgroups along y", y)?;
-    Ok(([x, y, 1], x))
+    let max_y = context.limits().max_compute_workgroups_per_dimension;
+    grid_1d_within(op, workgroups, context.max_grid_x(), max_y)
 }

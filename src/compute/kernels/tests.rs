@@ -1,0 +1,540 @@
+//! Tests of the kernels' WGSL (no GPU): every variant parses and validates with naga, reads the
+//! parameters of its Rust twin, translates to SPIR-V, and unrolls what it should.
+
+use std::mem::{offset_of, size_of};
+
+use super::*;
+use crate::compute::vocab::{
+    Activation, DType, ElementwiseParams, MatmulOptions, MatmulParams, NarrowParams, ReduceParams,
+    RowsParams,
+};
+
+/// The subgroup sizes of the narrow matmul's variants (0: none).
+const NARROW_SUBGROUPS: [u32; 7] = [0, 4, 8, 16, 32, 64, 128];
+
+/// Every tile the kernel takes ([`MatmulTiles::check`] on a device without limits): 8×8,
+/// 16×8, 8×16, 4×8, 8×4, 4×16 or 16×4 outputs per invocation, 8 or 16 deep, 1, 2 or 4 loads of each tile.
+fn every_tile() -> Vec<MatmulTiles> {
+    let unlimited = wgpu::Limits {
+        max_compute_invocations_per_workgroup: u32::MAX,
+        max_compute_workgroup_size_x: u32::MAX,
+        max_compute_workgroup_storage_size: u32::MAX,
+        ..wgpu::Limits::default()
+    };
+    let mut tiles = Vec::new();
+    for (tm, tn) in [(8, 8), (16, 8), (8, 16), (4, 8), (8, 4), (4, 16), (16, 4)] {
+        for bk in [8, 16] {
+            for bm in (8..=1024).step_by(8) {
+                for bn in (8..=1024).step_by(8) {
+                    let tile = MatmulTiles::new(bm, bn, bk).per_invocation(tm, tn);
+                    if tile.check(&unlimited).is_ok() {
+                        tiles.push(tile);
+                    }
+                }
+            }
+        }
+    }
+    tiles
+}
+
+/// Every module the crate compiles: each kernel in every variant an op can ask for, with
+/// every tile of [`MatmulTiles::ALL`] and of the defaults; the other tiles the kernel takes
+/// (which only a forced [`MatmulOptions::tiles`] runs) with one epilogue, and the order of
+/// block tiles (`group_rows`, the value of one constant) with one tile.
+///
+/// Each in f32, and those of [`f16_types`] in f16.
+fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
+    let mut modules = vec![
+        (Source::Unary, Variant::Plain),
+        (Source::Binary, Variant::Plain),
+        (Source::Rows, Variant::Plain),
+    ];
+    let epilogues = || {
+        [false, true]
+            .into_iter()
+            .flat_map(|bias| Activation::ALL.map(|activation| (bias, activation)))
+    };
+    let defaults = MatmulOptions::default();
+    let mut main_tiles = MatmulTiles::ALL.to_vec();
+    main_tiles.extend(defaults.large_tiles.iter().chain([&defaults.small_tiles]));
+    for tiles in every_tile() {
+        let group_rows: &[u32] = if tiles == MatmulTiles::ALL[0] {
+            &[1, defaults.group_rows]
+        } else {
+            &[defaults.group_rows]
+        };
+        let epilogues: Vec<_> = if main_tiles.contains(&tiles) {
+            epilogues().collect()
+        } else {
+            vec![(true, Activation::Gelu)]
+        };
+        for &group_rows in group_rows {
+            for vec4 in [false, true] {
+                for edges in [false, true] {
+                    for &(bias, activation) in &epilogues {
+                        // The linear grid's test at the entry point, with one epilogue.
+                        let grids: &[bool] = if bias && activation == Activation::Gelu {
+                            &[false, true]
+                        } else {
+                            &[false]
+                        };
+                        for &linear_grid in grids {
+                            let variant = Variant::Matmul {
+                                tiles,
+                                group_rows,
+                                vec4,
+                                edges,
+                                bias,
+                                activation,
+                                linear_grid,
+                            };
+                            modules.push((Source::Matmul, variant));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
+        for lanes in (0..=MatmulOptions::NARROW_MAX_LANES.ilog2()).map(|power| 1 << power) {
+            for (bias, activation) in epilogues() {
+                let variant = Variant::Narrow {
+                    rows,
+                    lanes,
+                    subgroup: 0,
+                    split: false,
+                    bias,
+                    activation,
+                };
+                modules.push((Source::MatmulNarrow, variant));
+            }
+            // Split along K: partial products, no epilogue (the reduction runs it); and
+            // subgroups of every size wider than the lanes (the host asks for no other), with
+            // one epilogue and split.
+            for subgroup in NARROW_SUBGROUPS {
+                if subgroup != 0 && subgroup <= lanes {
+                    continue;
+                }
+                for split in [false, true] {
+                    if subgroup == 0 && !split {
+                        continue;
+                    }
+                    let variant = Variant::Narrow {
+                        rows,
+                        lanes,
+                        subgroup,
+                        split,
+                        bias: !split,
+                        activation: if split {
+                            Activation::None
+                        } else {
+                            Activation::Gelu
+                        },
+                    };
+                    modules.push((Source::MatmulNarrow, variant));
+                }
+            }
+        }
+    }
+    for (bias, activation) in epilogues() {
+        modules.push((Source::MatmulReduce, Variant::Reduce { bias, activation }));
+    }
+    let f16_modules: Vec<_> = modules
+        .iter()
+        .flat_map(|&(source, variant)| {
+            f16_types(source, &variant)
+                .into_iter()
+                .map(move |types| (source, variant, types))
+        })
+        .collect();
+    modules
+        .into_iter()
+        .map(|(source, variant)| (source, variant, ElementTypes::F32))
+        .chain(f16_modules)
+        .collect()
+}
+
+/// The f16 element types an op asks for with `variant` of `source`: f16 in and out; f16 in
+/// and f32 out for the matmul kernels that write partial products (and the cast to f32),
+/// f32 in and f16 out for the cast to f16. The tiled matmul's with the tiles of
+/// [`MatmulTiles::ALL`] and the default order of block tiles only (the types do not touch
+/// the tile code).
+fn f16_types(source: Source, variant: &Variant) -> Vec<ElementTypes> {
+    let f16 = ElementTypes::same(DType::F16);
+    let partials = ElementTypes {
+        input: DType::F16,
+        output: DType::F32,
+    };
+    match *variant {
+        Variant::Plain if source == Source::Unary => vec![
+            f16,
+            partials,
+            ElementTypes {
+                input: DType::F32,
+                output: DType::F16,
+            },
+        ],
+        Variant::Plain | Variant::Reduce { .. } => vec![f16],
+        Variant::Matmul {
+            tiles,
+            group_rows,
+            bias,
+            activation,
+            ..
+        } if MatmulTiles::ALL.contains(&tiles)
+            && group_rows == MatmulOptions::default().group_rows =>
+        {
+            if !bias && activation == Activation::None {
+                vec![f16, partials]
+            } else {
+                vec![f16]
+            }
+        }
+        Variant::Matmul { .. } => vec![],
+        Variant::Narrow { split, .. } => vec![if split { partials } else { f16 }],
+    }
+}
+
+/// A parameter struct as the test compares it: its name, `(member, offset, type)` in order,
+/// and its size.
+struct Layout {
+    name: &'static str,
+    members: Vec<(&'static str, usize, &'static str)>,
+    size: usize,
+}
+
+/// The layout of a `#[repr(C)]` struct of `vocab.rs`, from the compiler.
+macro_rules! layout {
+    ($name:ident { $($member:ident: $ty:ident),* $(,)? }) => {{
+        // The members listed here are the struct's: a struct literal names every one.
+        let _complete = |value: $name| $name { $($member: value.$member),* };
+        Layout {
+            name: stringify!($name),
+            members: vec![$((stringify!($member), offset_of!($name, $member), stringify!($ty))),*],
+            size: size_of::<$name>(),
+        }
+    }};
+}
+
+/// The Rust twin of the parameter struct that `source` reads at binding 0.
+fn params_layout(source: Source) -> Layout {
+    match source {
+        Source::Unary | Source::Binary => layout!(ElementwiseParams {
+            len_vec4: u32,
+            grid_x: u32,
+            cols: u32,
+            scalar: f32,
+        }),
+        Source::Matmul => layout!(MatmulParams {
+            m: u32,
+            n: u32,
+            k: u32,
+            k_chunk: u32,
+            tiles_n: u32,
+            tiles_m: u32,
+            grid_x: u32,
+            pad: u32,
+        }),
+        Source::MatmulNarrow => layout!(NarrowParams {
+            n4: u32,
+            k4: u32,
+            grid_x: u32,
+            k_chunk4: u32,
+        }),
+        Source::MatmulReduce => layout!(ReduceParams {
+            len: u32,
+            n: u32,
+            splits: u32,
+            grid_x: u32,
+        }),
+        Source::Rows => layout!(RowsParams {
+            rows: u32,
+            cols: u32,
+            grid_x: u32,
+            pad: u32,
+        }),
+    }
+}
+
+/// Parses and validates `text` with naga; the error as naga prints it, with the source.
+fn validate(text: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
+    let module = naga::front::wgsl::parse_str(text).map_err(|error| error.emit_to_string(text))?;
+    // Subgroup operations and f16 are capabilities (the device's SUBGROUP and SHADER_F16
+    // features).
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::default()
+            | naga::valid::Capabilities::SUBGROUP
+            | naga::valid::Capabilities::SHADER_FLOAT16,
+    )
+    .validate(&module)
+    .map_err(|error| error.emit_to_string(text))?;
+    Ok((module, info))
+}
+
+/// Checks that the module reads its parameters at binding 0 as a uniform of the struct of
+/// `expected`'s name and layout, and has `storage` read-write storage bindings 1 to `storage`.
+fn check_bindings(module: &naga::Module, expected: &Layout, storage: usize) -> Result<(), String> {
+    let mut uniform = None;
+    let mut storage_bindings = Vec::new();
+    for (_, global) in module.global_variables.iter() {
+        let Some(binding) = &global.binding else {
+            continue;
+        };
+        if binding.group != 0 {
+            return Err(format!("binding in group {}", binding.group));
+        }
+        match global.space {
+            naga::AddressSpace::Uniform if binding.binding == 0 => uniform = Some(global.ty),
+            naga::AddressSpace::Storage { access }
+                if access.contains(naga::StorageAccess::LOAD | naga::StorageAccess::STORE) =>
+            {
+                storage_bindings.push(binding.binding)
+            }
+            space => return Err(format!("binding {} in {space:?}", binding.binding)),
+        }
+    }
+    storage_bindings.sort_unstable();
+    if storage_bindings != (1..=storage as u32).collect::<Vec<_>>() {
+        return Err(format!(
+            "read_write storage bindings {storage_bindings:?}, expected 1 to {storage}"
+        ));
+    }
+    let ty = &module.types[uniform.ok_or("no uniform at binding 0")?];
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        return Err(format!("the uniform at binding 0 is a {:?}", ty.inner));
+    };
+    let name = ty.name.as_deref().unwrap_or_default();
+    let wgsl: Vec<_> = members
+        .iter()
+        .map(|member| {
+            let ty = match module.types[member.ty].inner {
+                naga::TypeInner::Scalar(naga::Scalar::U32) => "u32",
+                naga::TypeInner::Scalar(naga::Scalar::I32) => "i32",
+                naga::TypeInner::Scalar(naga::Scalar::F32) => "f32",
+                _ => "another type",
+            };
+            let name = member.name.as_deref().unwrap_or_default();
+            (name, member.offset as usize, ty)
+        })
+        .collect();
+    if name != expected.name || wgsl != expected.members || *span as usize != expected.size {
+        return Err(format!(
+            "the parameters at binding 0 are `{name}` {wgsl:?} of {span} bytes in WGSL, but \
+             `{}` {:?} of {} bytes in Rust (src/compute/vocab.rs)",
+            expected.name, expected.members, expected.size
+        ));
+    }
+    if expected.size > PARAMS_BYTES as usize {
+        return Err(format!("{name} is larger than the uniform binding"));
+    }
+    Ok(())
+}
+
+#[test]
+fn every_variant_is_valid_wgsl_with_the_parameters_of_its_rust_struct() {
+    let modules = every_module();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = modules
+            .chunks(modules.len().div_ceil(threads))
+            .map(|chunk| {
+                scope.spawn(move || {
+                    let mut failures = Vec::new();
+                    for (source, variant, types) in chunk {
+                        let text = module_source(*source, variant, *types);
+                        let checked = validate(&text).and_then(|(module, _)| {
+                            let layout = params_layout(*source);
+                            check_bindings(&module, &layout, source.storage_bindings())
+                        });
+                        if let Err(error) = checked {
+                            failures.push(format!(
+                                "{source:?}{}{}: {error}",
+                                variant.label(),
+                                types.label()
+                            ));
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| worker.join().expect("a validating thread panicked"))
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} modules failed; the first:\n{}",
+        failures.len(),
+        modules.len(),
+        failures[..failures.len().min(8)].join("\n")
+    );
+    // Every tile of `MatmulTiles::ALL` and of the defaults is among those checked.
+    let tiles = every_tile();
+    let defaults = MatmulOptions::default();
+    for tile in MatmulTiles::ALL
+        .iter()
+        .chain(&defaults.large_tiles)
+        .chain([&defaults.small_tiles])
+    {
+        assert!(tiles.contains(tile), "{tile} is not checked");
+    }
+}
+
+/// What wgpu's Vulkan backend asks of naga in each mode (wgpu-hal 30 on a device without
+/// robust buffer access; the pipelines do not zero workgroup memory).
+fn spirv_options(checks: ShaderChecks) -> naga::back::spv::Options<'static> {
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+    let policy = match checks {
+        ShaderChecks::Checked => BoundsCheckPolicy::Restrict,
+        ShaderChecks::Unchecked => BoundsCheckPolicy::Unchecked,
+    };
+    naga::back::spv::Options {
+        lang_version: (1, 3),
+        bounds_check_policies: BoundsCheckPolicies {
+            index: policy,
+            buffer: policy,
+            image_load: policy,
+            binding_array: BoundsCheckPolicy::Unchecked,
+        },
+        force_loop_bounding: checks == ShaderChecks::Checked,
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn kernels_translate_to_spirv_with_and_without_bounds_checks() {
+    // The tiled matmul with every tile of `MatmulTiles::ALL` in its vec4, scalar and edge
+    // forms, the narrow one with every number of rows: the code the checks act on.
+    let modules = every_module()
+        .into_iter()
+        .filter(|(_, variant, _)| match *variant {
+            Variant::Matmul {
+                tiles,
+                group_rows,
+                bias,
+                activation,
+                ..
+            } => {
+                MatmulTiles::ALL.contains(&tiles)
+                    && group_rows == MatmulOptions::default().group_rows
+                    && bias
+                    && activation == Activation::Gelu
+            }
+            Variant::Narrow {
+                lanes,
+                subgroup,
+                split,
+                bias,
+                activation,
+                ..
+            } => {
+                [1, 4, 64, 256].contains(&lanes)
+                    && (split || subgroup > 0 || (bias && activation == Activation::Gelu))
+            }
+            Variant::Plain | Variant::Reduce { .. } => true,
+        });
+    for (source, variant, types) in modules {
+        let text = module_source(source, &variant, types);
+        let (module, info) = validate(&text).unwrap_or_else(|error| panic!("{error}"));
+        for checks in [ShaderChecks::Checked, ShaderChecks::Unchecked] {
+            let options = spirv_options(checks);
+            if let Err(error) = naga::back::spv::write_vec(&module, &info, &options, None) {
+                panic!(
+                    "{source:?}{}{} {checks:?}: {error}",
+                    variant.label(),
+                    types.label()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_steps_and_outputs_are_unrolled_for_every_tile() {
+    for tiles in MatmulTiles::ALL {
+        let variant = Variant::Matmul {
+            tiles,
+            group_rows: 8,
+            vec4: true,
+            edges: false,
+            bias: false,
+            activation: Activation::None,
+            linear_grid: false,
+        };
+        // The code, without comments.
+        let text: String = module_source(Source::Matmul, &variant, ElementTypes::F32)
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let accumulators = tiles.tm * tiles.tn / 4;
+        let fmas = text.matches("] = fma(").count() as u32;
+        assert_eq!(fmas, accumulators * tiles.bk, "{tiles}");
+        assert_eq!(
+            text.matches("    store_c(").count() as u32,
+            accumulators,
+            "{tiles}"
+        );
+        let last = accumulators - 1;
+        let (i, j) = (tiles.tm / 4 - 1, tiles.tn / 4 - 1);
+        let line = format!("acc[{last}u] = fma(vec4<f32>(a{i}[3u]), b{j}, acc[{last}u]);");
+        assert!(text.contains(&line), "{tiles}: no {line}");
+    }
+}
+
+#[test]
+fn narrow_rows_steps_and_shuffles_are_unrolled() {
+    for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
+        for (lanes, subgroup, shuffles, sum_rows) in
+            [(8, 0, 0, 4), (4, 32, 3, 8), (1, 8, 3, 8), (16, 8, 0, 4)]
+        {
+            let variant = Variant::Narrow {
+                rows,
+                lanes,
+                subgroup,
+                split: false,
+                bias: true,
+                activation: Activation::Gelu,
+            };
+            let text = module_source(Source::MatmulNarrow, &variant, ElementTypes::F32);
+            if std::env::var_os("PRINT_NARROW").is_some() && rows == 5 {
+                println!("{text}");
+            }
+            // The code, without comments.
+            let text: String = text
+                .lines()
+                .map(|line| line.split("//").next().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n");
+            // Four multiply-adds per row and step: the main loop's steps and the blocks of
+            // the steps left (NARROW_STEPS - 1 down to 1).
+            let fmas = text.matches(" = fma(vec4<f32>(a").count() as u32;
+            let steps = NARROW_STEPS + NARROW_STEPS * (NARROW_STEPS - 1) / 2;
+            assert_eq!(fmas, rows * 4 * steps, "{rows} rows");
+            assert_eq!(text.matches("    var acc").count() as u32, rows);
+            // log2(subgroup / lanes) shuffles per row.
+            assert_eq!(
+                text.matches("= subgroupShuffleXor(").count() as u32,
+                rows * shuffles,
+                "{rows} rows, {lanes} lanes, subgroup {subgroup}"
+            );
+            // Every row is reduced and stored once, in groups of as many as fit.
+            assert_eq!(narrow_sum_rows(rows, lanes, subgroup), rows.min(sum_rows));
+            assert_eq!(
+                text.matches("    reduce_and_store(").count() as u32,
+                rows.div_ceil(sum_rows)
+            );
+            for r in 0..rows {
+                assert_eq!(
+                    text.matches(&format!("= acc{r};")).count(),
+                    1,
+                    "{rows} rows"
+                );
+            }
+        }
+    }
+}

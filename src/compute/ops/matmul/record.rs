@@ -1,0 +1,258 @@
+//! Recording a matmul: [`Context::matmul`], [`Context::matmul_with`] and its [`Epilogue`], the
+//! kernel and parameters of a plan, and split-K's partial products and reduction.
+
+use super::select::MatmulPlan;
+use crate::compute::context::{Context, Dispatch};
+use crate::compute::ops::{common_dtype, grid_1d};
+use crate::compute::tensor::Tensor;
+use crate::compute::vocab::{
+    element_count, kernel_u32, tensor_bytes, Activation, ComputeError, DType, ElementTypes,
+    FusedEpilogue, KernelKey, MatmulParams, NarrowParams, ParamsBlock, ReduceParams, Variant,
+};
+
+/// What a matmul does to its result before storing it: `act(A·B + bias)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Epilogue<'a> {
+    /// A bias of shape `[N]`, added to every row.
+    pub bias: Option<&'a Tensor>,
+    /// The activation applied last.
+    pub activation: Activation,
+}
+
+impl Context {
+    /// `C = A · B` for `A` of shape `[M, K]` and `B` of shape `[K, N]`.
+    pub fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor, ComputeError> {
+        self.matmul_with(a, b, Epilogue::default())
+    }
+
+    /// `C = act(A · B + bias)`, the epilogue fused into the matmul's stores.
+    ///
+    /// A, B and the bias share one element type, which C takes
+    /// ([`ComputeError::DTypeMismatch`] otherwise). On f16 the kernels load f16, accumulate in
+    /// f32 (split-K partial products too) and round once to f16 as they store C.
+    pub fn matmul_with(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        epilogue: Epilogue<'_>,
+    ) -> Result<Tensor, ComputeError> {
+        const OP: &str = "matmul";
+        self.check_owner(OP, a)?;
+        self.check_owner(OP, b)?;
+        let (&[m, k], &[k_b, n]) = (a.shape(), b.shape()) else {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: a.shape().to_vec(),
+                right: b.shape().to_vec(),
+                expected: "A of shape [M, K] and B of shape [K, N]",
+            });
+        };
+        if k != k_b {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: a.shape().to_vec(),
+                right: b.shape().to_vec(),
+                expected: "A's columns equal to B's rows",
+            });
+        }
+        match epilogue.bias {
+            Some(bias) => common_dtype(OP, &[a, b, bias])?,
+            None => common_dtype(OP, &[a, b])?,
+        };
+        if let Some(bias) = epilogue.bias {
+            self.check_owner(OP, bias)?;
+            if bias.shape() != [n] {
+                return Err(ComputeError::ShapeMismatch {
+                    op: OP,
+                    left: vec![m, n],
+                    right: bias.shape().to_vec(),
+                    expected: "bias of shape [N]",
+                });
+            }
+        }
+        let plan = self.matmul_plan(m, n, k)?;
+        self.matmul_planned(a, b, epilogue, plan)
+    }
+
+    /// [`Context::matmul_with`] following `plan` (one of [`Context::matmul_plan`]'s, or of the
+    /// autotuner's candidates, for these operands' shapes).
+    pub(crate) fn matmul_planned(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        epilogue: Epilogue<'_>,
+        plan: MatmulPlan,
+    ) -> Result<Tensor, ComputeError> {
+        const OP: &str = "matmul";
+        let (&[m, _], &[_, n]) = (a.shape(), b.shape()) else {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: a.shape().to_vec(),
+                right: b.shape().to_vec(),
+                expected: "A of shape [M, K] and B of shape [K, N]",
+            });
+        };
+        let len = element_count(OP, &[m, n])?;
+        let split = plan.splits > 1;
+        let dtype = a.dtype();
+        let (kernel, params) = self.product_kernel(a, b, &plan, epilogue)?;
+        // Compile before recording anything, so that a refused kernel records nothing.
+        self.prepare(&kernel)?;
+        // The matmul (or narrow) kernel writing `out`; `bias` is bound even when unused.
+        let record_product = |out: &Tensor, bias: &Tensor| {
+            self.record(Dispatch {
+                kernel,
+                params,
+                bindings: &[&a.storage, &b.storage, &out.storage, &bias.storage],
+                workgroups: plan.workgroups,
+            })
+        };
+        if !split {
+            self.before_op()?;
+            let c = self.allocate_output(OP, vec![m, n], len, dtype)?;
+            record_product(&c, epilogue.bias.unwrap_or(a))?;
+            return Ok(c);
+        }
+        let reduce = KernelKey::generated(
+            Variant::Reduce {
+                bias: epilogue.bias.is_some(),
+                activation: epilogue.activation,
+            },
+            ElementTypes::same(dtype),
+        )
+        .ok_or_else(|| ComputeError::Config("the split-K reduction has no kernel".into()))?;
+        self.prepare(&reduce)?;
+        let (reduce_workgroups, grid_x) = grid_1d(self, OP, (len as u64).div_ceil(256))?;
+        let splits = plan.splits as usize;
+        let partial_len = element_count(OP, &[splits, m, n])?;
+        // f32 partial products whatever the operands.
+        if tensor_bytes(partial_len, DType::F32) > self.limits().max_storage_buffer_binding_size {
+            return Err(ComputeError::ExceedsLimit {
+                op: OP,
+                what: "bytes of split-K partial products",
+                value: tensor_bytes(partial_len, DType::F32),
+                limit_name: "max_storage_buffer_binding_size",
+                limit: self.limits().max_storage_buffer_binding_size,
+            });
+        }
+        self.before_op()?;
+        let c = self.allocate_output(OP, vec![m, n], len, dtype)?;
+        let partial = self.split_k_partial(splits, m, n, partial_len)?;
+        record_product(&partial, a)?;
+        let bias = epilogue.bias.unwrap_or(&partial);
+        let reduce_params = ReduceParams {
+            len: kernel_u32(OP, "M · N", len)?,
+            n: kernel_u32(OP, "N", n)?,
+            splits: plan.splits,
+            grid_x,
+        };
+        self.record(Dispatch {
+            kernel: reduce,
+            params: ParamsBlock::new(&reduce_params),
+            bindings: &[&partial.storage, &bias.storage, &c.storage],
+            workgroups: reduce_workgroups,
+        })?;
+        // Dropped here: reusable after the submission that carries the reduction.
+        drop(partial);
+        Ok(c)
+    }
+
+    /// The split-K partial products `[splits, m, n]` (`partial_len` f32s). Outside a capture
+    /// they are scratch, given back once the reduction is recorded: their size is rounded up to
+    /// a power of two (where one binding holds it), so that products whose sizes vary (a
+    /// server's batches, the tuner's splits) reuse a few sizes of pool segments rather than
+    /// asking for a new size each time. A plan lays them out exactly.
+    fn split_k_partial(
+        &self,
+        splits: usize,
+        m: usize,
+        n: usize,
+        partial_len: usize,
+    ) -> Result<Tensor, ComputeError> {
+        const PARTIAL: &str = "matmul split-K partial";
+        let scratch_len = partial_len.checked_next_power_of_two().filter(|&rounded| {
+            tensor_bytes(rounded, DType::F32) <= self.limits().max_storage_buffer_binding_size
+        });
+        match scratch_len {
+            Some(rounded) if self.capture_id().is_none() => {
+                self.allocate_output(PARTIAL, vec![rounded], rounded, DType::F32)
+            }
+            _ => self.allocate_output(PARTIAL, vec![splits, m, n], partial_len, DType::F32),
+        }
+    }
+
+    /// The product's kernel (tiled or narrow, as `plan` says) and its parameters, for A and B
+    /// (shapes checked) and `epilogue`: with a split, the kernel writes f32 partial products and
+    /// folds no epilogue (the reduction runs it).
+    fn product_kernel(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        plan: &MatmulPlan,
+        epilogue: Epilogue<'_>,
+    ) -> Result<(KernelKey, ParamsBlock), ComputeError> {
+        const OP: &str = "matmul";
+        let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+        let split = plan.splits > 1;
+        // The operands' element type; the product kernel writes f32 partial products where it
+        // splits K (the reduction rounds once, as it stores C).
+        let dtype = a.dtype();
+        let types = ElementTypes {
+            input: dtype,
+            output: if split { DType::F32 } else { dtype },
+        };
+        // With a split the reduction runs the epilogue.
+        let fused = if split {
+            FusedEpilogue::default()
+        } else {
+            FusedEpilogue {
+                bias: epilogue.bias.is_some(),
+                activation: epilogue.activation,
+            }
+        };
+        let (variant, params) = if plan.narrow_lanes > 0 {
+            let variant = Variant::Narrow {
+                rows: kernel_u32(OP, "rows", m)?,
+                lanes: plan.narrow_lanes,
+                subgroup: plan.narrow_subgroup,
+                split,
+                bias: fused.bias,
+                activation: fused.activation,
+            };
+            let params = NarrowParams {
+                n4: kernel_u32(OP, "N / 4", n / 4)?,
+                k4: kernel_u32(OP, "K / 4", k / 4)?,
+                grid_x: plan.workgroups[0],
+                k_chunk4: plan.k_chunk / 4,
+            };
+            (variant, ParamsBlock::new(&params))
+        } else {
+            let tiles_n = kernel_u32(OP, "tiles along N", n.div_ceil(plan.tiles.bn as usize))?;
+            let tiles_m = kernel_u32(OP, "tiles along M", m.div_ceil(plan.tiles.bm as usize))?;
+            let variant = Variant::Matmul {
+                tiles: plan.tiles,
+                group_rows: self.options().matmul.group_rows,
+                vec4: plan.vec4,
+                edges: plan.edges,
+                bias: fused.bias,
+                activation: fused.activation,
+                // The grid is not [tiles along N, tiles along M]: rows of linear ids.
+                linear_grid: plan.workgroups[..2] != [tiles_n, tiles_m],
+            };
+            let params = MatmulParams {
+                m: kernel_u32(OP, "M", m)?,
+                n: kernel_u32(OP, "N", n)?,
+                k: kernel_u32(OP, "K", k)?,
+                k_chunk: plan.k_chunk,
+                tiles_n,
+                tiles_m,
+                grid_x: plan.workgroups[0],
+                pad: 0,
+            };
+            (variant, ParamsBlock::new(&params))
+        };
+        let kernel = KernelKey::generated(variant, types)
+            .ok_or_else(|| ComputeError::Config("a matmul variant has no kernel".into()))?;
+        Ok((kernel, params))
+    }
+}

@@ -1,0 +1,162 @@
+//! [`ComputeError`], what an op, an upload or a read-back refuses with.
+
+use super::dtype::DType;
+use crate::pool::PoolError;
+
+/// Why an op, an upload or a read-back was refused. Nothing is recorded when an op fails.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ComputeError {
+    /// The pool refused an allocation or a transfer (out of memory, too large for one binding...).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// The shapes of an op's operands do not fit together.
+    #[error("{op}: shapes {left:?} and {right:?} do not fit: {expected}")]
+    ShapeMismatch {
+        /// The op.
+        op: &'static str,
+        /// The first operand's shape.
+        left: Vec<usize>,
+        /// The second operand's shape.
+        right: Vec<usize>,
+        /// What the op expects.
+        expected: &'static str,
+    },
+    /// A shape the op cannot take (wrong rank, no elements, too many elements).
+    #[error("{op}: shape {shape:?} is not valid: {reason}")]
+    InvalidShape {
+        /// The op.
+        op: &'static str,
+        /// The shape given.
+        shape: Vec<usize>,
+        /// Why not.
+        reason: &'static str,
+    },
+    /// Uploaded data does not have the shape's number of elements.
+    #[error("data of {data_len} values does not fill shape {shape:?} ({expected_len} values)")]
+    DataLength {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// Values given.
+        data_len: usize,
+        /// Values the shape holds.
+        expected_len: usize,
+    },
+    /// A size beyond what the device can dispatch or bind.
+    #[error(
+        "{op}: {what} = {value} exceeds the device's {limit_name} ({limit}); split the work into smaller ops"
+    )]
+    ExceedsLimit {
+        /// The op.
+        op: &'static str,
+        /// What was too large.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The device limit that refused it.
+        limit_name: &'static str,
+        /// The limit's value.
+        limit: u64,
+    },
+    /// A size beyond what a kernel's 32-bit parameters hold.
+    #[error("{op}: {what} = {value} does not fit the kernels' 32-bit parameters")]
+    ParameterOverflow {
+        /// The op.
+        op: &'static str,
+        /// What was too large.
+        what: &'static str,
+        /// Its value (`u64::MAX` if even that does not hold it).
+        value: u64,
+    },
+    /// A symbolic tensor (made by an op while its context captured: no memory, no data) was
+    /// read, written, or passed to an op outside its capture.
+    #[error(
+        "{op}: the tensor is symbolic (made while its context captured): it has no memory; run the \
+         capture's plan instead"
+    )]
+    Symbolic {
+        /// The op.
+        op: &'static str,
+    },
+    /// A capture or a plan was used in a way it cannot be (see [`Context::capture`](crate::compute::Context::capture)).
+    #[error("capture: {0}")]
+    Capture(String),
+    /// The memory planner refused the captured buffers (a device limit they do not fit).
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    /// A capture was given the [`PlanArena`](crate::compute::PlanArena) of another context
+    /// ([`CaptureOptions::arena`](crate::compute::CaptureOptions::arena)). Plans sharing an arena
+    /// must never replay at the same time; only the replays of one context are ordered one after
+    /// another, so an arena is shared only by plans of the context that made it
+    /// ([`Context::plan_arena`](crate::compute::Context::plan_arena)). Nothing was built.
+    #[error(
+        "capture: the plan arena belongs to another context; replays of two contexts are not \
+         ordered, so plans sharing an arena must be of one context: make one with this \
+         context's plan_arena()"
+    )]
+    ForeignArena,
+    /// A tensor of another context was passed to an op.
+    #[error("{op}: the tensor belongs to another context")]
+    ForeignTensor {
+        /// The op.
+        op: &'static str,
+    },
+    /// The operands of an op are stored as different element types (an f16 tensor and an f32
+    /// one). Convert one first with [`Context::cast`](crate::compute::Context::cast).
+    #[error(
+        "{op}: operands of different element types ({left} and {right}); convert one with \
+         Context::cast first"
+    )]
+    DTypeMismatch {
+        /// The op.
+        op: &'static str,
+        /// The first operand's element type.
+        left: DType,
+        /// The element type of the operand that differs from it.
+        right: DType,
+    },
+    /// An f16 tensor or op on a device without [`wgpu::Features::SHADER_F16`]: f16 storage
+    /// needs it in every kernel that reads or writes such a tensor.
+    #[error(
+        "{op}: f16 tensors need wgpu::Features::SHADER_F16, which this device lacks (the adapter \
+         does not offer it, or the device was opened without it: `request_gpu` asks for it \
+         where the adapter has it); use DType::F32"
+    )]
+    ShaderF16Unavailable {
+        /// The op.
+        op: &'static str,
+    },
+    /// A configuration the device or the kernels cannot run.
+    #[error("invalid compute configuration: {0}")]
+    Config(String),
+    /// A kernel of the user's ([`Context::dispatch`](crate::compute::Context::dispatch))
+    /// declares a storage binding of its tensors `var<storage, read>` beside one declared
+    /// `read_write`. Tensors may share one segment buffer, and wgpu refuses one buffer bound
+    /// read-only and read-write in one dispatch, so such a kernel would run or fail depending on
+    /// where the pool placed its tensors: it is refused at its first dispatch, whatever the
+    /// placement.
+    #[error(
+        "dispatch: a storage binding of group 0 is declared `var<storage, read>` beside one \
+         declared `read_write`; tensors may share a segment buffer, and wgpu refuses a buffer \
+         bound both ways in one dispatch, so this kernel would fail whenever the pool places \
+         its tensors together: declare every tensor binding `var<storage, read_write>` \
+         (wgpu: {message})"
+    )]
+    ReadOnlyBinding {
+        /// What wgpu said of the dispatch with every tensor in one buffer.
+        message: String,
+    },
+    /// wgpu refused a kernel (a compile or pipeline error on this backend).
+    #[error("kernel {kernel} was refused by the device: {message}")]
+    Kernel {
+        /// The kernel's entry point and variant.
+        kernel: String,
+        /// What wgpu said.
+        message: String,
+    },
+    /// Waiting for the GPU failed.
+    #[error("waiting for the GPU failed: {0}")]
+    Wait(String),
+    /// Reading GPU timestamps back failed.
+    #[error("reading GPU timestamps failed: {0}")]
+    Timing(String),
+}

@@ -1,0 +1,492 @@
+//! Which kernel runs: [`Source`], [`Variant`], [`KernelKey`].
+//!
+//! # A variant's facts, in one place
+//!
+//! Every fact about a kernel variant is read from `impl Variant` below, and nowhere else:
+//!
+//! | fact | read by | method |
+//! |---|---|---|
+//! | its source file and entry point (the generated kernels) | the ops that build keys | [`Variant::kernel`] |
+//! | its WGSL constants (name, value), in module order | `kernels.rs` (module text) | [`Variant::constants`] |
+//! | its label (reports, errors, pipeline labels) | [`KernelKey::label`] | [`Variant::label`] |
+//! | the epilogue it folds (bias, activation), and setting it | fusion in `graph.rs` | [`Variant::epilogue`], [`Variant::with_epilogue`] |
+//! | where that epilogue writes and reads its bias | fusion in `graph.rs` | [`KernelKey::epilogue_bindings`] |
+//! | the columns of the product it writes | fusion in `graph.rs` | [`KernelKey::product_columns`] |
+//! | the activation a unary kernel computes, which an epilogue can fold | fusion in `graph.rs` | [`KernelKey::activation`] |
+//!
+//! Adding a field to a variant is then a change to this file (and to the WGSL that reads the
+//! constant), plus the op that fills it.
+
+use super::dtype::ElementTypes;
+use super::options::{Activation, MatmulOptions};
+use super::params::{MatmulParams, NarrowParams, ParamsBlock, ReduceParams};
+use super::tiles::MatmulTiles;
+
+/// A WGSL file of `shaders/` with entry points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Source {
+    Unary,
+    Binary,
+    Matmul,
+    MatmulNarrow,
+    MatmulReduce,
+    Rows,
+}
+
+impl Source {
+    /// Storage bindings (after the parameters at binding 0).
+    pub(crate) fn storage_bindings(self) -> usize {
+        match self {
+            Self::Unary | Self::Rows => 2,
+            Self::Binary | Self::MatmulReduce => 3,
+            Self::Matmul | Self::MatmulNarrow => 4,
+        }
+    }
+}
+
+/// The compile-time choices of one variant of a kernel (WGSL constants the host writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Variant {
+    /// No constants.
+    Plain,
+    /// The tiled matmul (`shaders/matmul.wgsl`).
+    Matmul {
+        tiles: MatmulTiles,
+        group_rows: u32,
+        vec4: bool,
+        edges: bool,
+        bias: bool,
+        activation: Activation,
+        /// The grid is laid out as rows of linear workgroup ids (beyond the device's
+        /// per-dimension limit): the entry point returns at once for ids past the last tile.
+        /// Off, the entry point has no such test.
+        linear_grid: bool,
+    },
+    /// The matmul kernel for a few rows (`shaders/matmul_narrow.wgsl`).
+    Narrow {
+        rows: u32,
+        lanes: u32,
+        /// The device's subgroup size, fixed, wider than `lanes`: each subgroup adds the slices it
+        /// holds by shuffles before workgroup memory. 0: no subgroup operations.
+        subgroup: u32,
+        /// K is split over the grid's z: the kernel writes partial products (no epilogue) that
+        /// the split-K reduction adds.
+        split: bool,
+        bias: bool,
+        activation: Activation,
+    },
+    /// The split-K reduction (`shaders/matmul_reduce.wgsl`).
+    Reduce { bias: bool, activation: Activation },
+}
+
+/// The epilogue a matmul variant folds into its stores: `act(x + bias)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct FusedEpilogue {
+    /// A bias over columns is added.
+    pub(crate) bias: bool,
+    /// The activation applied last.
+    pub(crate) activation: Activation,
+}
+
+/// The value of one WGSL constant of a variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConstantValue {
+    /// A `u32`.
+    U32(u32),
+    /// A `bool`.
+    Bool(bool),
+}
+
+impl ConstantValue {
+    /// The WGSL declaration `const {name}: ... = ...;` of this value, with its newline.
+    pub(crate) fn declare(self, name: &str) -> String {
+        match self {
+            Self::U32(value) => format!("const {name}: u32 = {value}u;\n"),
+            Self::Bool(value) => format!("const {name}: bool = {value};\n"),
+        }
+    }
+}
+
+/// vec4s of workgroup memory the narrow matmul adds its slices in: 16 KiB, WebGPU's default
+/// limit.
+pub(crate) const NARROW_SUM_VEC4S: u32 = 1024;
+
+/// Slices of each lane that one subgroup of the narrow matmul holds and adds by shuffles (1:
+/// none, without subgroups or with a subgroup no wider than the lanes).
+pub(crate) fn narrow_grouped(lanes: u32, subgroup: u32) -> u32 {
+    if subgroup > lanes {
+        subgroup / lanes.max(1)
+    } else {
+        1
+    }
+}
+
+/// Rows of the narrow matmul whose slices are added at once in workgroup memory: as many as
+/// [`NARROW_SUM_VEC4S`] hold, each taking `256 / grouped` vec4s.
+pub(crate) fn narrow_sum_rows(rows: u32, lanes: u32, subgroup: u32) -> u32 {
+    let row_vec4s = MatmulOptions::NARROW_THREADS / narrow_grouped(lanes, subgroup);
+    rows.min(NARROW_SUM_VEC4S / row_vec4s).max(1)
+}
+
+impl Variant {
+    /// The source file and entry point of a generated variant (every one but
+    /// [`Variant::Plain`], whose ops name their entry point).
+    pub(crate) fn kernel(&self) -> Option<(Source, &'static str)> {
+        match self {
+            Self::Plain => None,
+            Self::Matmul { .. } => Some((Source::Matmul, "matmul")),
+            Self::Narrow { .. } => Some((Source::MatmulNarrow, "matmul_narrow")),
+            Self::Reduce { .. } => Some((Source::MatmulReduce, "matmul_reduce")),
+        }
+    }
+
+    /// The WGSL constants of the variant, in the order the module declares them: `(name,
+    /// value)`.
+    pub(crate) fn constants(&self) -> Vec<(&'static str, ConstantValue)> {
+        use ConstantValue::{Bool, U32};
+        match *self {
+            Self::Plain => Vec::new(),
+            Self::Matmul {
+                tiles,
+                group_rows,
+                vec4,
+                edges,
+                bias,
+                activation,
+                linear_grid: _,
+            } => vec![
+                ("GROUP_M", U32(group_rows)),
+                ("BM", U32(tiles.bm)),
+                ("BN", U32(tiles.bn)),
+                ("BK", U32(tiles.bk)),
+                ("TM", U32(tiles.tm)),
+                ("TN", U32(tiles.tn)),
+                ("THREADS", U32(tiles.threads())),
+                ("A_LOADS", U32(tiles.a_loads())),
+                ("B_LOADS", U32(tiles.b_loads())),
+                ("ACT", U32(activation.code())),
+                ("VEC4", Bool(vec4)),
+                ("EDGES", Bool(edges)),
+                ("BIAS", Bool(bias)),
+            ],
+            Self::Narrow {
+                rows,
+                lanes,
+                subgroup,
+                split,
+                bias,
+                activation,
+            } => vec![
+                ("ROWS", U32(rows)),
+                ("LANES", U32(lanes)),
+                ("SUBGROUP", U32(subgroup)),
+                ("GROUPED", U32(narrow_grouped(lanes, subgroup))),
+                ("SUM_ROWS", U32(narrow_sum_rows(rows, lanes, subgroup))),
+                ("ACT", U32(activation.code())),
+                ("SPLIT", Bool(split)),
+                ("BIAS", Bool(bias)),
+            ],
+            Self::Reduce { bias, activation } => {
+                vec![("ACT", U32(activation.code())), ("BIAS", Bool(bias))]
+            }
+        }
+    }
+
+    /// The epilogue the variant folds into its stores; `None` for a kernel that folds none.
+    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn epilogue(&self) -> Option<FusedEpilogue> {
+        match *self {
+            Self::Matmul {
+                bias, activation, ..
+            }
+            | Self::Narrow {
+                bias, activation, ..
+            }
+            | Self::Reduce { bias, activation } => Some(FusedEpilogue { bias, activation }),
+            Self::Plain => None,
+        }
+    }
+
+    /// The variant folding `epilogue` instead of its own (a kernel that folds none is
+    /// returned as it is).
+    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn with_epilogue(mut self, epilogue: FusedEpilogue) -> Self {
+        match &mut self {
+            Self::Matmul {
+                bias, activation, ..
+            }
+            | Self::Narrow {
+                bias, activation, ..
+            }
+            | Self::Reduce { bias, activation } => {
+                *bias = epilogue.bias;
+                *activation = epilogue.activation;
+            }
+            Self::Plain => {}
+        }
+        self
+    }
+
+    /// A short label for reports and errors.
+    pub(crate) fn label(&self) -> String {
+        match *self {
+            Self::Plain => String::new(),
+            Self::Matmul {
+                tiles,
+                group_rows: _,
+                vec4,
+                edges,
+                bias,
+                activation,
+                linear_grid,
+            } => format!(
+                " {tiles}{}{}{}{}{}",
+                if vec4 { " vec4" } else { " scalar" },
+                if edges { " edges" } else { "" },
+                if bias { " +bias" } else { "" },
+                activation.suffix(),
+                if linear_grid { " linear grid" } else { "" }
+            ),
+            Self::Narrow {
+                rows,
+                lanes,
+                subgroup,
+                split,
+                bias,
+                activation,
+            } => format!(
+                " {rows} rows x{lanes} lanes{}{}{}{}",
+                if subgroup > 0 {
+                    format!(" subgroup {subgroup}")
+                } else {
+                    String::new()
+                },
+                if split { " split" } else { "" },
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+            Self::Reduce { bias, activation } => format!(
+                "{}{}",
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
+        }
+    }
+}
+
+/// Which kernel: a source, an entry point and a variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KernelKey {
+    pub(crate) source: Source,
+    pub(crate) entry: &'static str,
+    pub(crate) variant: Variant,
+    /// What the kernel loads and stores.
+    pub(crate) types: ElementTypes,
+}
+
+impl KernelKey {
+    /// A kernel without constants, on f32.
+    pub(crate) const fn plain(source: Source, entry: &'static str) -> Self {
+        Self {
+            source,
+            entry,
+            variant: Variant::Plain,
+            types: ElementTypes::F32,
+        }
+    }
+
+    /// The kernel of a generated `variant` (see [`Variant::kernel`]) loading and storing
+    /// `types`; `None` for a [`Variant::Plain`], which names no kernel of its own.
+    pub(crate) fn generated(variant: Variant, types: ElementTypes) -> Option<Self> {
+        let (source, entry) = variant.kernel()?;
+        Some(Self {
+            source,
+            entry,
+            variant,
+            types,
+        })
+    }
+
+    /// This kernel folding `epilogue` instead of its own ([`Variant::with_epilogue`]).
+    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn with_epilogue(self, epilogue: FusedEpilogue) -> Self {
+        Self {
+            variant: self.variant.with_epilogue(epilogue),
+            ..self
+        }
+    }
+
+    /// Where the kernel's epilogue writes and reads its bias: `(output, bias)` indices of its
+    /// storage bindings, for the kernels whose variants fold an epilogue.
+    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn epilogue_bindings(&self) -> Option<(usize, usize)> {
+        match self.variant {
+            Variant::Matmul { .. } | Variant::Narrow { .. } => Some((2, 3)),
+            Variant::Reduce { .. } => Some((2, 1)),
+            Variant::Plain => None,
+        }
+    }
+
+    /// The columns (N) of the product a matmul, narrow or reduction kernel writes, read from
+    /// its parameters; `None` for the other kernels.
+    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn product_columns(&self, params: &ParamsBlock) -> Option<u32> {
+        match self.variant {
+            Variant::Matmul { .. } => Some(params.read::<MatmulParams>().n),
+            Variant::Narrow { .. } => Some(params.read::<NarrowParams>().n4.saturating_mul(4)),
+            Variant::Reduce { .. } => Some(params.read::<ReduceParams>().n),
+            Variant::Plain => None,
+        }
+    }
+
+    /// The activation a unary kernel computes, where a matmul's epilogue can fold it.
+    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn activation(&self) -> Option<Activation> {
+        match (self.source, self.entry) {
+            (Source::Unary, "relu") => Some(Activation::Relu),
+            (Source::Unary, "gelu") => Some(Activation::Gelu),
+            _ => None,
+        }
+    }
+
+    /// This kernel loading and storing `types`.
+    pub(crate) const fn typed(self, types: ElementTypes) -> Self {
+        Self { types, ..self }
+    }
+
+    /// The kernel's label: its entry point, its variant's label and its element types'.
+    pub(crate) fn label(&self) -> String {
+        format!(
+            "{}{}{}",
+            self.entry,
+            self.variant.label(),
+            self.types.label()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::vocab::DType;
+
+    /// One variant of each kind, epilogue off.
+    fn variants() -> [Variant; 4] {
+        [
+            Variant::Plain,
+            Variant::Matmul {
+                tiles: MatmulTiles::T64X64X8,
+                group_rows: 8,
+                vec4: true,
+                edges: true,
+                bias: false,
+                activation: Activation::None,
+                linear_grid: true,
+            },
+            Variant::Narrow {
+                rows: 3,
+                lanes: 4,
+                subgroup: 32,
+                split: false,
+                bias: false,
+                activation: Activation::None,
+            },
+            Variant::Reduce {
+                bias: false,
+                activation: Activation::None,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_generated_variant_folds_every_epilogue_and_names_its_kernel() {
+        for variant in variants() {
+            let key = KernelKey::generated(variant, ElementTypes::same(DType::F16));
+            assert_eq!(key.is_some(), variant != Variant::Plain);
+            assert_eq!(variant.epilogue().is_some(), variant != Variant::Plain);
+            for bias in [false, true] {
+                for activation in Activation::ALL {
+                    let epilogue = FusedEpilogue { bias, activation };
+                    let folded = variant.with_epilogue(epilogue);
+                    if variant == Variant::Plain {
+                        assert_eq!(folded, variant);
+                        continue;
+                    }
+                    assert_eq!(folded.epilogue(), Some(epilogue));
+                    // The constants and the label say so.
+                    let constants = folded.constants();
+                    assert!(constants.contains(&("BIAS", ConstantValue::Bool(bias))));
+                    let act = ConstantValue::U32(activation.code());
+                    assert!(constants.contains(&("ACT", act)));
+                    assert_eq!(folded.label().contains(" +bias"), bias);
+                    assert!(folded.label().contains(activation.suffix()));
+                    let key = KernelKey::generated(folded, ElementTypes::F32).unwrap();
+                    assert_eq!(key.with_epilogue(FusedEpilogue::default()).variant, variant);
+                    assert!(key.epilogue_bindings().is_some());
+                }
+            }
+        }
+        let names: Vec<_> = variants().iter().filter_map(Variant::kernel).collect();
+        assert_eq!(
+            names,
+            [
+                (Source::Matmul, "matmul"),
+                (Source::MatmulNarrow, "matmul_narrow"),
+                (Source::MatmulReduce, "matmul_reduce")
+            ]
+        );
+    }
+
+    #[test]
+    fn fusion_reads_bindings_columns_and_activations_from_the_keys() {
+        let [_, matmul, narrow, reduce] = variants();
+        let key = |variant| KernelKey::generated(variant, ElementTypes::F32).unwrap();
+        assert_eq!(key(matmul).epilogue_bindings(), Some((2, 3)));
+        assert_eq!(key(narrow).epilogue_bindings(), Some((2, 3)));
+        assert_eq!(key(reduce).epilogue_bindings(), Some((2, 1)));
+        let plain = KernelKey::plain(Source::Unary, "relu");
+        assert_eq!(plain.epilogue_bindings(), None);
+        assert_eq!(plain.activation(), Some(Activation::Relu));
+        assert_eq!(
+            KernelKey::plain(Source::Unary, "gelu").activation(),
+            Some(Activation::Gelu)
+        );
+        assert_eq!(
+            KernelKey::plain(Source::Unary, "exp_kernel").activation(),
+            None
+        );
+        assert_eq!(KernelKey::plain(Source::Binary, "relu").activation(), None);
+        let params = ParamsBlock::new(&MatmulParams {
+            m: 1,
+            n: 7,
+            k: 2,
+            k_chunk: 2,
+            tiles_n: 1,
+            tiles_m: 1,
+            grid_x: 1,
+            pad: 0,
+        });
+        assert_eq!(key(matmul).product_columns(&params), Some(7));
+        let params = ParamsBlock::new(&NarrowParams {
+            n4: 3,
+            k4: 1,
+            grid_x: 1,
+            k_chunk4: 1,
+        });
+        assert_eq!(key(narrow).product_columns(&params), Some(12));
+        let params = ParamsBlock::new(&ReduceParams {
+            len: 10,
+            n: 5,
+            splits: 2,
+            grid_x: 1,
+        });
+        assert_eq!(key(reduce).product_columns(&params), Some(5));
+        assert_eq!(plain.product_columns(&params), None);
+    }
+}
