@@ -889,6 +889,9 @@ pub fn measured_in_a_dip(probe_us: &[f64]) -> Vec<usize> {
         .collect()
 }
 
+/// The clock probe's size (a `size³` product) and its fastest time in microseconds.
+type ProbeFigures = (usize, f64);
+
 /// One matmul case measured, with the clock probe's slower time around it.
 struct Measured {
     case: MatmulCase,
@@ -906,7 +909,7 @@ fn measure_matmuls(
     bench: &Bench,
     cases: Vec<MatmulCase>,
     rng: &mut StdRng,
-) -> anyhow::Result<(Vec<Measured>, Option<(usize, f64)>)> {
+) -> anyhow::Result<(Vec<Measured>, Option<ProbeFigures>)> {
     if cases.is_empty() {
         return Ok((Vec::new(), None));
     }

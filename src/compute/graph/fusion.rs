@@ -5,57 +5,56 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::compute::shared::{Step, Storage};
-use crate::compute::vocab::{
-    Activation, ElementwiseParams, KernelKey, MatmulParams, NarrowParams, ReduceParams, Source,
-    Variant,
-};
+use crate::compute::vocab::{Activation, ElementwiseParams, FusedEpilogue, Source};
 
-/// Where a kernel step writes its result and reads its bias: `(output, bias)` binding indices,
-/// for the matmul kernels whose epilogue can take a bias and an activation.
-fn epilogue_slots(kernel: &KernelKey) -> Option<(usize, usize, bool, Activation)> {
-    match kernel.variant {
-        Variant::Matmul {
-            bias, activation, ..
-        }
-        | Variant::Narrow {
-            bias, activation, ..
-        } => Some((2, 3, bias, activation)),
-        Variant::Reduce { bias, activation } => Some((2, 1, bias, activation)),
-        Variant::Plain => None,
-    }
+/// What an element-wise step would fold into the epilogue of the step that produced its
+/// operand: a bias add (the bias and the result) or an activation (and the result).
+enum Fold {
+    Bias {
+        bias: Arc<Storage>,
+        result: Arc<Storage>,
+    },
+    Activation {
+        activation: Activation,
+        result: Arc<Storage>,
+    },
 }
 
-/// The epilogue of `kernel` set to `bias` and `activation`.
-fn with_epilogue(mut kernel: KernelKey, with_bias: bool, with: Activation) -> KernelKey {
-    match &mut kernel.variant {
-        Variant::Matmul {
-            bias, activation, ..
-        }
-        | Variant::Narrow {
-            bias, activation, ..
-        }
-        | Variant::Reduce { bias, activation } => {
-            *bias = with_bias;
-            *activation = with;
-        }
-        Variant::Plain => {}
+impl Fold {
+    /// The fold a step offers, with the operand it reads; `None` for a step that offers none.
+    fn of(step: &Step) -> Option<(Arc<Storage>, Fold)> {
+        let Step::Kernel {
+            kernel, bindings, ..
+        } = step
+        else {
+            return None;
+        };
+        let fold = match (kernel.source, kernel.entry, kernel.activation()) {
+            (Source::Binary, "add_bias", _) => Fold::Bias {
+                bias: bindings[1].clone(),
+                result: bindings[2].clone(),
+            },
+            (_, _, Some(activation)) => Fold::Activation {
+                activation,
+                result: bindings[1].clone(),
+            },
+            _ => return None,
+        };
+        Some((bindings[0].clone(), fold))
     }
-    kernel
-}
 
-/// The activation a unary kernel computes, if the matmul epilogue has it.
-fn activation_of(kernel: &KernelKey) -> Option<Activation> {
-    match (kernel.source, kernel.entry) {
-        (Source::Unary, "relu") => Some(Activation::Relu),
-        (Source::Unary, "gelu") => Some(Activation::Gelu),
-        _ => None,
+    fn result(&self) -> &Arc<Storage> {
+        match self {
+            Fold::Bias { result, .. } | Fold::Activation { result, .. } => result,
+        }
     }
 }
 
 /// Folds bias adds and activations into the matmul (or split-K reduction) that produces their
 /// operand, when nothing else uses the intermediate (`keep`: inputs and outputs) — the same
-/// kernels the eager `matmul_with` runs with an epilogue.
-// Over 80 lines: moved as it was; the kernels' variant table (issue 25, item 1) will reshape it.
+/// kernels the eager `matmul_with` runs with an epilogue. Which kernels fold what, and where
+/// their epilogue binds, is read from the kernel's variant (`KernelKey::epilogue_bindings`,
+/// `Variant::epilogue`).
 pub(super) fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> Vec<Step> {
     let mut uses: HashMap<*const Storage, usize> = HashMap::new();
     for step in &steps {
@@ -67,29 +66,13 @@ pub(super) fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> V
     // The step that wrote each storage through a fusable epilogue, by pointer.
     let mut producer: HashMap<*const Storage, usize> = HashMap::new();
     for index in 0..steps.len() {
-        let (operand, extra, activation) = match &steps[index] {
-            Some(Step::Kernel {
-                kernel, bindings, ..
-            }) => {
-                if let Some((out, _, _, _)) = epilogue_slots(kernel) {
-                    producer.insert(Arc::as_ptr(&bindings[out]), index);
-                    continue;
-                }
-                match (kernel.source, kernel.entry, activation_of(kernel)) {
-                    (Source::Binary, "add_bias", _) => (
-                        bindings[0].clone(),
-                        Some((bindings[1].clone(), bindings[2].clone())),
-                        None,
-                    ),
-                    (_, _, Some(activation)) => (
-                        bindings[0].clone(),
-                        None,
-                        Some((activation, bindings[1].clone())),
-                    ),
-                    _ => continue,
-                }
-            }
-            _ => continue,
+        let Some(step) = &steps[index] else { continue };
+        if let Some((out, _)) = epilogue_of(step) {
+            producer.insert(Arc::as_ptr(&out), index);
+            continue;
+        }
+        let Some((operand, fold)) = Fold::of(step) else {
+            continue;
         };
         let operand_ptr = Arc::as_ptr(&operand);
         let private = operand.capture == Some(capture)
@@ -98,63 +81,96 @@ pub(super) fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> V
         let Some(&at) = producer.get(&operand_ptr).filter(|_| private) else {
             continue;
         };
-        let Some(Step::Kernel { kernel, .. }) = &steps[at] else {
-            continue;
-        };
-        let Some((out, bias_slot, has_bias, has_activation)) = epilogue_slots(kernel) else {
-            continue;
-        };
-        if has_activation != Activation::None {
+        if !movable(&steps, at, index, &fold) || !fold_into(&mut steps[at], &fold) {
             continue;
         }
-        // The fused step writes the result where the producer ran, earlier than the op did:
-        // nothing between may bind the result or (for a bias) write the bias, and a bias add
-        // must add along the product's own columns (not a reshape of them).
-        let bound_between = |storage: &Arc<Storage>| {
-            let ptr = Arc::as_ptr(storage);
-            steps[at + 1..index]
-                .iter()
-                .flatten()
-                .any(|step| step_storages(step).iter().any(|s| Arc::as_ptr(s) == ptr))
-        };
-        let movable = match (&extra, &activation) {
-            (Some((bias, result)), None) => {
-                !bound_between(bias)
-                    && !bound_between(result)
-                    && steps[index].as_ref().and_then(bias_columns)
-                        == steps[at].as_ref().and_then(product_columns)
-            }
-            (None, Some((_, result))) => !bound_between(result),
-            _ => false,
-        };
-        if !movable {
-            continue;
-        }
-        let Some(Step::Kernel {
-            kernel, bindings, ..
-        }) = &mut steps[at]
-        else {
-            continue;
-        };
-        let result = match (extra, activation) {
-            (Some((bias, result)), None) if !has_bias => {
-                *kernel = with_epilogue(*kernel, true, Activation::None);
-                bindings[bias_slot] = bias;
-                result
-            }
-            (None, Some((activation, result))) => {
-                *kernel = with_epilogue(*kernel, has_bias, activation);
-                result
-            }
-            _ => continue,
-        };
         producer.remove(&operand_ptr);
         uses.remove(&operand_ptr);
-        producer.insert(Arc::as_ptr(&result), at);
-        bindings[out] = result;
+        producer.insert(Arc::as_ptr(fold.result()), at);
         steps[index] = None;
     }
     steps.into_iter().flatten().collect()
+}
+
+/// A step's epilogue output storage and the epilogue it folds now, for the kernels that fold
+/// one.
+fn epilogue_of(step: &Step) -> Option<(Arc<Storage>, FusedEpilogue)> {
+    let Step::Kernel {
+        kernel, bindings, ..
+    } = step
+    else {
+        return None;
+    };
+    let (out, _) = kernel.epilogue_bindings()?;
+    Some((bindings[out].clone(), kernel.variant.epilogue()?))
+}
+
+/// Whether the fold of step `index` may move into the producer at `at`: the fused step writes
+/// the result where the producer ran, earlier than the op did, so nothing between may bind the
+/// result or (for a bias) the bias, and a bias add must add along the product's own columns
+/// (not a reshape of them); a producer folds one activation at most.
+fn movable(steps: &[Option<Step>], at: usize, index: usize, fold: &Fold) -> bool {
+    let Some((_, epilogue)) = steps[at].as_ref().and_then(epilogue_of) else {
+        return false;
+    };
+    if epilogue.activation != Activation::None {
+        return false;
+    }
+    let bound_between = |storage: &Arc<Storage>| {
+        let ptr = Arc::as_ptr(storage);
+        steps[at + 1..index]
+            .iter()
+            .flatten()
+            .any(|step| step_storages(step).iter().any(|s| Arc::as_ptr(s) == ptr))
+    };
+    match fold {
+        Fold::Bias { bias, result } => {
+            !epilogue.bias
+                && !bound_between(bias)
+                && !bound_between(result)
+                && steps[index].as_ref().and_then(bias_columns)
+                    == steps[at].as_ref().and_then(product_columns)
+        }
+        Fold::Activation { result, .. } => !bound_between(result),
+    }
+}
+
+/// Folds `fold` into the producer `step`'s epilogue and points its output at the fold's
+/// result; false (nothing changed) where the step folds no epilogue.
+fn fold_into(step: &mut Option<Step>, fold: &Fold) -> bool {
+    let Some(Step::Kernel {
+        kernel, bindings, ..
+    }) = step
+    else {
+        return false;
+    };
+    let (Some((out, bias_slot)), Some(epilogue)) =
+        (kernel.epilogue_bindings(), kernel.variant.epilogue())
+    else {
+        return false;
+    };
+    let (epilogue, result) = match fold {
+        Fold::Bias { bias, result } => {
+            bindings[bias_slot] = bias.clone();
+            (
+                FusedEpilogue {
+                    bias: true,
+                    activation: Activation::None,
+                },
+                result,
+            )
+        }
+        Fold::Activation { activation, result } => (
+            FusedEpilogue {
+                bias: epilogue.bias,
+                activation: *activation,
+            },
+            result,
+        ),
+    };
+    *kernel = kernel.with_epilogue(epilogue);
+    bindings[out] = result.clone();
+    true
 }
 
 /// The columns of the product a matmul, narrow or reduction step writes (its N).
@@ -162,12 +178,7 @@ fn product_columns(step: &Step) -> Option<u32> {
     let Step::Kernel { kernel, params, .. } = step else {
         return None;
     };
-    match kernel.variant {
-        Variant::Matmul { .. } => Some(params.read::<MatmulParams>().n),
-        Variant::Narrow { .. } => Some(params.read::<NarrowParams>().n4.saturating_mul(4)),
-        Variant::Reduce { .. } => Some(params.read::<ReduceParams>().n),
-        Variant::Plain => None,
-    }
+    kernel.product_columns(params)
 }
 
 /// The columns (bias length) an `add_bias` step adds along.

@@ -193,8 +193,6 @@ impl Variant {
     }
 
     /// The epilogue the variant folds into its stores; `None` for a kernel that folds none.
-    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn epilogue(&self) -> Option<FusedEpilogue> {
         match *self {
             Self::Matmul {
@@ -210,8 +208,6 @@ impl Variant {
 
     /// The variant folding `epilogue` instead of its own (a kernel that folds none is
     /// returned as it is).
-    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn with_epilogue(mut self, epilogue: FusedEpilogue) -> Self {
         match &mut self {
             Self::Matmul {
@@ -310,8 +306,6 @@ impl KernelKey {
     }
 
     /// This kernel folding `epilogue` instead of its own ([`Variant::with_epilogue`]).
-    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn with_epilogue(self, epilogue: FusedEpilogue) -> Self {
         Self {
             variant: self.variant.with_epilogue(epilogue),
@@ -321,8 +315,6 @@ impl KernelKey {
 
     /// Where the kernel's epilogue writes and reads its bias: `(output, bias)` indices of its
     /// storage bindings, for the kernels whose variants fold an epilogue.
-    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn epilogue_bindings(&self) -> Option<(usize, usize)> {
         match self.variant {
             Variant::Matmul { .. } | Variant::Narrow { .. } => Some((2, 3)),
@@ -333,8 +325,6 @@ impl KernelKey {
 
     /// The columns (N) of the product a matmul, narrow or reduction kernel writes, read from
     /// its parameters; `None` for the other kernels.
-    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn product_columns(&self, params: &ParamsBlock) -> Option<u32> {
         match self.variant {
             Variant::Matmul { .. } => Some(params.read::<MatmulParams>().n),
@@ -345,8 +335,6 @@ impl KernelKey {
     }
 
     /// The activation a unary kernel computes, where a matmul's epilogue can fold it.
-    // For graph.rs's fusion, which still matches variants itself (issue 25: it is to call this).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn activation(&self) -> Option<Activation> {
         match (self.source, self.entry) {
             (Source::Unary, "relu") => Some(Activation::Relu),
