@@ -27,6 +27,7 @@ pub const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
 
 /// Why no device could be had.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     /// No adapter answered for the enabled backends.
     #[error(

@@ -4,6 +4,7 @@ use std::num::NonZeroU64;
 
 /// Why a request could not be served. Every variant carries the figures needed to explain it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AllocError {
     /// A request of zero bytes.
     #[error("cannot allocate 0 bytes")]

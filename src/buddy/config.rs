@@ -17,6 +17,7 @@ pub enum Rounding {
 
 /// Why a [`BuddyAllocator`](super::BuddyAllocator) could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// `min_block` must be a power of two of at least 1 byte.
     #[error("min_block must be a power of two, got {min_block_bytes} bytes")]

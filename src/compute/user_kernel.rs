@@ -170,7 +170,7 @@ impl UserKernel {
     }
 
     /// A bind group of group `group` (1 or more) of the kernel over `entries`, made with the
-    /// layout given for it. Errors: [`ComputeError::Config`] for a group the kernel does not
+    /// layout given for it. Errors: [`ComputeError::UserKernel`] for a group the kernel does not
     /// have, or entries its layout does not take.
     pub fn bind_group(
         &self,
@@ -181,11 +181,13 @@ impl UserKernel {
             .checked_sub(1)
             .and_then(|index| self.inner.groups.get(index as usize))
             .ok_or_else(|| {
-                ComputeError::Config(format!(
-                    "{OP} {}: the kernel has no group {group} (groups 1..={} were given layouts)",
-                    self.inner.label,
-                    self.inner.groups.len()
-                ))
+                refused(
+                    &self.inner.label,
+                    format!(
+                        "the kernel has no group {group} (groups 1..={} were given layouts)",
+                        self.inner.groups.len()
+                    ),
+                )
             })?;
         let device = &self.inner.device;
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -199,10 +201,10 @@ impl UserKernel {
                 group: bind_group,
                 layout: layout.clone(),
             }),
-            Some(error) => Err(ComputeError::Config(format!(
-                "{OP} {}: group {group} does not take these entries: {error}",
-                self.inner.label
-            ))),
+            Some(error) => Err(refused(
+                &self.inner.label,
+                format!("group {group} does not take these entries: {error}",),
+            )),
         }
     }
 
@@ -217,49 +219,77 @@ impl UserKernel {
         let kernel = &*self.inner;
         let label = &kernel.label;
         if tensor_bytes.len() != kernel.min_tensor_bytes.len() {
-            return Err(ComputeError::Config(format!(
-                "{OP} {label}: the kernel binds {} tensors, {} given",
-                kernel.min_tensor_bytes.len(),
-                tensor_bytes.len()
-            )));
+            return Err(refused(
+                label,
+                format!(
+                    "the kernel binds {} tensors, {} given",
+                    kernel.min_tensor_bytes.len(),
+                    tensor_bytes.len()
+                ),
+            ));
         }
         for ((binding, bytes), &least) in (1..).zip(tensor_bytes).zip(&kernel.min_tensor_bytes) {
             if bytes < least {
-                return Err(ComputeError::Config(format!(
-                    "{OP} {label}: the tensor at binding {binding} has {bytes} bytes; its WGSL \
+                return Err(refused(
+                    label,
+                    format!(
+                        "the tensor at binding {binding} has {bytes} bytes; its WGSL \
                      type needs at least {least}"
-                )));
+                    ),
+                ));
             }
         }
         let given = params.len() as u64;
         if given > kernel.params_bytes || (kernel.params_bytes > 0) != (given > 0) {
-            return Err(ComputeError::Config(format!(
-                "{OP} {label}: parameters of {given} bytes given; the kernel takes {}",
-                kernel.params_bytes
-            )));
+            return Err(refused(
+                label,
+                format!(
+                    "parameters of {given} bytes given; the kernel takes {}",
+                    kernel.params_bytes
+                ),
+            ));
         }
         if groups.len() != kernel.groups.len() {
-            return Err(ComputeError::Config(format!(
-                "{OP} {label}: the kernel takes groups 1..={}, {} bind groups given",
-                kernel.groups.len(),
-                groups.len()
-            )));
+            return Err(refused(
+                label,
+                format!(
+                    "the kernel takes groups 1..={}, {} bind groups given",
+                    kernel.groups.len(),
+                    groups.len()
+                ),
+            ));
         }
         for (index, (group, layout)) in (1..).zip(groups.iter().zip(&kernel.groups)) {
             if group.layout != *layout {
-                return Err(ComputeError::Config(format!(
-                    "{OP} {label}: the bind group given for group {index} was made for another \
+                return Err(refused(
+                    label,
+                    format!(
+                        "the bind group given for group {index} was made for another \
                      layout"
-                )));
+                    ),
+                ));
             }
         }
         Ok(())
     }
 }
 
-/// A [`ComputeError::Config`] about the kernel of `desc`.
+/// A [`ComputeError::UserKernel`] about the kernel of `desc`, refused as it is made.
 fn config(desc: &UserKernelDesc<'_>, message: String) -> ComputeError {
-    ComputeError::Config(format!("{OP} {}: {message}", desc.label))
+    ComputeError::UserKernel {
+        op: "user_kernel",
+        kernel: desc.label.to_string(),
+        reason: message,
+    }
+}
+
+/// A [`ComputeError::UserKernel`] about the kernel `label`, refused at a dispatch.
+pub(crate) fn refused(label: &str, reason: String) -> ComputeError {
+    ComputeError::UserKernel {
+        op: OP,
+        kernel: label.to_string(),
+        reason,
+    }
 }
 
 /// Checks the bindings `module` declares against `desc` (group 0: the parameters' uniform at

@@ -252,6 +252,7 @@ impl Plan {
 
 /// Why a planning problem or a plan was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PlanError {
     /// A buffer's lifetime `[lower, upper)` is empty (`lower == upper`).
     #[error("buffer {id} has an empty lifetime [{lower}, {upper})")]

@@ -10,6 +10,7 @@ use super::segment::SegmentId;
 
 /// Why the policy refused a request. Each variant carries the figures that explain it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// A request of zero bytes.
     #[error("cannot allocate 0 bytes")]
@@ -129,6 +130,7 @@ impl fmt::Display for OutOfMemory {
 
 /// Why [`PoolCore::apply_moves`](super::PoolCore::apply_moves) refused a plan. The plan is cancelled: nothing moved.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CompactionError {
     /// The placements given did not include an allocation the plan moves.
     #[error("the placement at offset {offset} of segment {segment:?}, which the plan moves, was not given")]

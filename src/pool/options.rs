@@ -88,6 +88,7 @@ impl<'a> AllocOptions<'a> {
 
 /// Why the pool refused a request or an operation.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PoolError {
     /// A request of zero bytes.
     #[error("cannot allocate 0 bytes")]

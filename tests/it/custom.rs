@@ -271,7 +271,7 @@ fn a_users_kernel_recorded_through_the_context_keeps_its_tensors_ranges() {
     );
     let wrong_layout = context.dispatch(&kernel, &[&w], [1, 1, 1]);
     assert!(
-        matches!(wrong_layout, Err(ComputeError::Config(_))),
+        matches!(wrong_layout, Err(ComputeError::UserKernel { .. })),
         "{wrong_layout:?}"
     );
     assert_eq!(context.pending_dispatches(), pending);
@@ -316,7 +316,7 @@ fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
     assert_eq!(z.to_vec().unwrap(), expected);
     assert!(matches!(
         context.dispatch_with(&kernel, &Launch::new([1, 1, 1]).groups(&groups)),
-        Err(ComputeError::Config(_))
+        Err(ComputeError::UserKernel { .. })
     ));
 
     // What wgpu checks only at a dispatch is refused at the call, and the open batch survives:
@@ -324,7 +324,10 @@ fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
     let before = context.neg(&x).unwrap();
     let pending = context.pending_dispatches();
     let missing = context.dispatch(&kernel, &[&x, &y], [2, 1, 1]);
-    let Err(ComputeError::Config(message)) = missing else {
+    let Err(ComputeError::UserKernel {
+        reason: message, ..
+    }) = missing
+    else {
         panic!("a dispatch without group 1: {missing:?}");
     };
     assert!(message.contains("groups 1..=1"), "{message}");
@@ -363,11 +366,14 @@ fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
             .tensors(&[&x, &y])
             .groups(&[&other_group]),
     );
-    assert!(matches!(wrong, Err(ComputeError::Config(_))), "{wrong:?}");
+    assert!(
+        matches!(wrong, Err(ComputeError::UserKernel { .. })),
+        "{wrong:?}"
+    );
     // A bind group of a group the kernel does not have, or of entries its layout refuses.
     assert!(matches!(
         kernel.bind_group(2, &[]),
-        Err(ComputeError::Config(_))
+        Err(ComputeError::UserKernel { .. })
     ));
     assert!(matches!(
         kernel.bind_group(
@@ -377,7 +383,7 @@ fn a_users_kernel_takes_its_own_bind_groups_after_the_tensors() {
                 resource: other.as_entire_binding(),
             }]
         ),
-        Err(ComputeError::Config(_))
+        Err(ComputeError::UserKernel { .. })
     ));
     assert_eq!(context.pending_dispatches(), pending, "a refusal recorded");
     let negated: Vec<f32> = data.iter().map(|v| -v).collect();
@@ -546,7 +552,9 @@ fn a_users_kernel_is_checked_once_against_its_wgsl() {
     let gpu = gpu();
     let context = context(gpu);
     let config = |result: Result<UserKernel, ComputeError>| match result {
-        Err(ComputeError::Config(message)) => message,
+        Err(ComputeError::UserKernel {
+            reason: message, ..
+        }) => message,
         other => panic!("{other:?}"),
     };
     // Refused when made: WGSL that does not parse, a group without a layout, binding 0 not the
@@ -619,13 +627,16 @@ fn a_users_kernel_is_checked_once_against_its_wgsl() {
     ] {
         let refused = context.dispatch_with(&kernel, &launch);
         assert!(
-            matches!(refused, Err(ComputeError::Config(_))),
+            matches!(refused, Err(ComputeError::UserKernel { .. })),
             "{what}: {refused:?}"
         );
     }
     // A tensor smaller than its binding's WGSL type (64 vec4s).
     let small = context.dispatch(&fixed, &[&x], [1, 1, 1]);
-    assert!(matches!(small, Err(ComputeError::Config(_))), "{small:?}");
+    assert!(
+        matches!(small, Err(ComputeError::UserKernel { .. })),
+        "{small:?}"
+    );
     assert_eq!(context.pending_dispatches(), pending, "a refusal recorded");
     assert_eq!(
         context.pool().stats().allocations.current,

@@ -58,7 +58,7 @@
 
 use crate::compute::context::Context;
 use crate::compute::tensor::Tensor;
-use crate::compute::user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};
+use crate::compute::user_kernel::{refused, UserBindGroup, UserKernel, UserKernelDesc};
 use crate::compute::vocab::{element_count, tensor_bytes, ComputeError, DType, PARAMS_BYTES};
 
 /// One dispatch of a user's kernel ([`Context::dispatch_with`]): its grid, parameters, tensors,
@@ -127,7 +127,7 @@ impl Context {
     /// Errors: [`ComputeError::ReadOnlyBinding`] for a tensor binding declared
     /// `var<storage, read>`; [`ComputeError::ExceedsLimit`] for parameters larger than the
     /// context's uniform ring binds (its slots times `max_ops_per_batch`) or than the device's
-    /// `max_uniform_buffer_binding_size`; [`ComputeError::Config`] for WGSL that does not parse,
+    /// `max_uniform_buffer_binding_size`; [`ComputeError::UserKernel`] for WGSL that does not parse,
     /// a binding of group 0 other than the parameters' uniform and the tensors, a group without
     /// a layout, or a tensor count beyond the device's `max_storage_buffers_per_shader_stage`;
     /// [`ComputeError::Kernel`] when wgpu refuses the shader or the pipeline.
@@ -163,7 +163,7 @@ impl Context {
     ///
     /// Errors, with nothing recorded: [`ComputeError::ForeignTensor`] for a tensor of another
     /// context; [`ComputeError::ExceedsLimit`] for a grid beyond the device's
-    /// `max_compute_workgroups_per_dimension`; [`ComputeError::Config`] for a kernel of another
+    /// `max_compute_workgroups_per_dimension`; [`ComputeError::UserKernel`] for a kernel of another
     /// device, another number of tensors than the kernel binds, a tensor smaller than its WGSL
     /// type, parameters missing or larger than the kernel's, or bind groups other than one per
     /// group `1..` made for that group; the errors of making the outputs.
@@ -174,10 +174,10 @@ impl Context {
     ) -> Result<Vec<Tensor>, ComputeError> {
         const OP: &str = "dispatch";
         if kernel.inner.device != self.gpu().device {
-            return Err(ComputeError::Config(format!(
-                "{OP} {}: the kernel was made for another device",
-                kernel.label()
-            )));
+            return Err(refused(
+                kernel.label(),
+                "the kernel was made for another device".to_string(),
+            ));
         }
         for tensor in &launch.tensors {
             self.check_owner(OP, tensor)?;

@@ -5,6 +5,7 @@ use crate::pool::PoolError;
 
 /// Why an op, an upload or a read-back was refused. Nothing is recorded when an op fails.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ComputeError {
     /// The pool refused an allocation or a transfer (out of memory, too large for one binding...).
     #[error(transparent)]
@@ -125,24 +126,37 @@ pub enum ComputeError {
         /// The op.
         op: &'static str,
     },
-    /// A configuration the device or the kernels cannot run.
+    /// An option (of [`ContextOptions`](crate::compute::ContextOptions),
+    /// [`MatmulOptions`](crate::compute::MatmulOptions), a tile) that the device or the kernels
+    /// cannot take.
     #[error("invalid compute configuration: {0}")]
     Config(String),
-    /// A kernel of the user's ([`Context::dispatch`](crate::compute::Context::dispatch))
-    /// declares a storage binding of its tensors `var<storage, read>` beside one declared
-    /// `read_write`. Tensors may share one segment buffer, and wgpu refuses one buffer bound
-    /// read-only and read-write in one dispatch, so such a kernel would run or fail depending on
-    /// where the pool placed its tensors: it is refused at its first dispatch, whatever the
-    /// placement.
+    /// A user's kernel refused: made from WGSL whose bindings do not follow the crate's
+    /// convention or that does not compile ([`Context::user_kernel`](crate::compute::Context::user_kernel)),
+    /// or dispatched with tensors, parameters or bind groups that do not fit what it declared
+    /// ([`Context::dispatch_with`](crate::compute::Context::dispatch_with)). Nothing is recorded.
+    #[error("{op} {kernel}: {reason}")]
+    UserKernel {
+        /// The call that refused it (`user_kernel`, `dispatch`).
+        op: &'static str,
+        /// The kernel's label.
+        kernel: String,
+        /// Why.
+        reason: String,
+    },
+    /// A kernel of the user's ([`Context::user_kernel`](crate::compute::Context::user_kernel))
+    /// declares a storage binding of its tensors `var<storage, read>`. Tensors may share one
+    /// segment buffer, and wgpu refuses one buffer bound read-only and read-write in one
+    /// dispatch, so such a kernel would run or fail depending on where the pool placed its
+    /// tensors: it is refused when it is made, from its WGSL, whatever the placement.
     #[error(
-        "dispatch: a storage binding of group 0 is declared `var<storage, read>` beside one \
-         declared `read_write`; tensors may share a segment buffer, and wgpu refuses a buffer \
-         bound both ways in one dispatch, so this kernel would fail whenever the pool places \
-         its tensors together: declare every tensor binding `var<storage, read_write>` \
-         (wgpu: {message})"
+        "user_kernel: a tensor binding of group 0 is declared `var<storage, read>`; tensors may \
+         share a segment buffer, and wgpu refuses a buffer bound both ways in one dispatch, so \
+         this kernel would fail whenever the pool places its tensors together: declare every \
+         tensor binding `var<storage, read_write>` ({message})"
     )]
     ReadOnlyBinding {
-        /// What wgpu said of the dispatch with every tensor in one buffer.
+        /// Which binding of which kernel.
         message: String,
     },
     /// wgpu refused a kernel (a compile or pipeline error on this backend).
