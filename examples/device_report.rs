@@ -17,9 +17,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use wgpu_pool::device::{self, LimitsChoice};
+use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::report::{format_bytes, write_exports, AllocatorReport, DeviceCounters, Report};
-use wgpu_pool::{AllocOptions, Gpu, HistoryOptions, Pool, PoolOptions};
+use wgpu_pool::{self as device, LimitsChoice};
+use wgpu_pool::{AllocOptions, Gpu, Pool, PoolOptions};
 
 /// Command-line options.
 struct Args {

@@ -8,7 +8,8 @@
 
 use std::error::Error;
 
-use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions, Report};
+use wgpu_pool::report::Report;
+use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
 
 /// The kernel: each invocation doubles one value. Storage bindings of pool allocations are
 /// declared `read_write`, since allocations share buffers (see README's rules).

@@ -28,11 +28,11 @@
 
 use anyhow::{bail, ensure, Result};
 use wgpu_pool::compute::{ComputeError, Context, ContextOptions, Tensor};
+use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::policy::PolicyConfig;
 use wgpu_pool::report::segment_map;
 use wgpu_pool::{
-    request_gpu, AllocOptions, Allocation, Gpu, HistoryOptions, LimitsChoice, Pool, PoolError,
-    PoolOptions,
+    request_gpu, AllocOptions, Allocation, Gpu, LimitsChoice, Pool, PoolError, PoolOptions,
 };
 
 /// The program: sizes allocated in order, in units; then which of them are freed; then the request.

@@ -50,8 +50,9 @@ use serde::Serialize;
 use wgpu_pool::compute::{
     Autotune, CaptureOptions, Context, ContextOptions, Feed, KernelTiming, Plan, Tensor,
 };
+use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::report::{write_exports, AllocatorReport, Report};
-use wgpu_pool::{request_gpu, Gpu, HistoryOptions, LimitsChoice, Pool, PoolOptions};
+use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
 
 /// One workload: the layer widths, the batch sizes drawn, and how many requests.
 #[derive(Debug, Clone, Serialize)]

@@ -67,7 +67,7 @@ pub enum EventKind {
     /// An allocation was handed out.
     Alloc,
     /// An allocation was dropped; its range waits for a submission before it can be reused (see
-    /// the [`pool`](crate::pool) module's reuse safety). PyTorch's `free_requested`.
+    /// the pool's [`ReuseSafety`](crate::ReuseSafety)). PyTorch's `free_requested`.
     FreeRequested,
     /// A dropped allocation's range was given back to its segment for reuse. PyTorch's
     /// `free_completed`.

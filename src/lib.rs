@@ -2,21 +2,21 @@
 
 pub mod buddy;
 pub mod compute;
-pub mod device;
+mod device;
 pub mod history;
 pub mod plan;
 pub mod policy;
-pub mod pool;
+mod pool;
 pub mod replay;
 pub mod report;
 pub mod snapshot;
 pub mod state;
 
-pub use buddy::{BuddyAllocator, Rounding};
-pub use device::{request_gpu, Gpu, LimitsChoice};
-pub use history::{History, HistoryOptions};
-pub use policy::{PolicyConfig, PoolStats};
-pub use pool::{
-    AllocOptions, Allocation, Compaction, OpScope, Pool, PoolError, PoolOptions, ReuseSafety,
+pub use device::{
+    adapters, adapters_async, fresh_instance, instance, open, open_async, request_gpu,
+    request_gpu_async, DeviceError, Gpu, LimitsChoice, OPTIONAL_FEATURES, SPIN_BEFORE_BLOCKING,
 };
-pub use report::Report;
+pub use pool::{
+    AllocOptions, Allocation, Compaction, OomObserver, OomReport, OpScope, Pool, PoolError,
+    PoolOptions, ReuseSafety, MAX_STAGING_BYTES, SEGMENT_USAGES,
+};

@@ -48,7 +48,7 @@ use crate::device::Gpu;
 use crate::pool::{Allocation, Pool};
 use crate::state::BufferRole;
 
-pub use super::options::{ContextOptions, ContextStats, ShaderChecks};
+pub use super::options::{ContextOptions, ContextStats};
 pub use super::shared::TensorAllocation;
 
 /// One dispatch, validated by its op.

@@ -79,7 +79,7 @@
 //!
 //! To bind tensors in a kernel of your own, make it with [`Context::user_kernel`] and record it
 //! with [`Context::dispatch`] (or [`Context::dispatch_with`]): it then joins the open batch and
-//! its tensors are kept as above, as an op of the context's (see [`ops::custom`]).
+//! its tensors are kept as above, as an op of the context's (see `ops::custom`).
 //! Work recorded in an encoder of your own that binds [`Tensor::allocation`] is not tracked: a
 //! tensor dropped before that work is submitted can have its range reused at once.
 //!
@@ -106,32 +106,32 @@
 //!   one `#[repr(C)]` parameter struct per kernel, size helpers, f16 conversions on the host;
 //! - `kernels` (private): the WGSL of each kernel variant (`shaders/` plus the constants and the
 //!   unrolled matmul entry point written on the host), pipelines and layouts;
-//! - [`timing`]: GPU timestamps per dispatch;
+//! - `timing`: GPU timestamps per dispatch;
 //! - `record` (private): the one recording path of every dispatch — the bind group of
 //!   "parameters + storage ranges", the cache of those, pass bookkeeping, the uniform ring;
 //! - `user_kernel` (private; [`UserKernel`], [`UserKernelDesc`], [`UserBindGroup`] re-exported
 //!   here): a kernel of the user's, read with naga and compiled once, and what its dispatches
 //!   must give;
-//! - [`context`]: [`Context`], its options and statistics; records dispatches into batches and
+//! - `context`: [`Context`], its options and statistics; records dispatches into batches and
 //!   submits them through the pool; keeps the storages of its tensors (for compaction);
-//! - [`tensor`]: [`Tensor`], [`ReshapeError`], and the context's methods that upload, make
+//! - `tensor`: [`Tensor`], [`ReshapeError`], and the context's methods that upload, make
 //!   ([`Context::zeros`], [`Context::empty`]), overwrite and read tensors;
-//! - [`ops`]: the context's ops (element-wise, matmul, row reductions) and the dispatch of
+//! - `ops`: the context's ops (element-wise, matmul, row reductions) and the dispatch of
 //!   kernels of your own ([`Context::dispatch`]);
-//! - [`graph`]: captures and plans (capture, fusion, planning, replay);
+//! - `graph`: captures and plans (capture, fusion, planning, replay);
 //! - [`cpu`]: the CPU twins of the kernels.
 
 mod compaction;
-pub mod context;
+mod context;
 pub mod cpu;
-pub mod graph;
+mod graph;
 mod kernels;
-pub mod ops;
+mod ops;
 mod options;
 mod record;
 mod shared;
-pub mod tensor;
-pub mod timing;
+mod tensor;
+mod timing;
 mod user_kernel;
 mod vocab;
 

@@ -15,7 +15,7 @@ pub struct ContextOptions {
     /// the last submission, so that the op's output can reuse them. `None` (the default): only
     /// the other triggers submit, and a batch's dropped tensors are reused in the next batch.
     pub flush_when_freed_bytes_exceed: Option<u64>,
-    /// Time every dispatch with GPU timestamps (see [`super::timing`](crate::compute::timing)); read them with
+    /// Time every dispatch with GPU timestamps (see [`KernelTiming`](crate::compute::KernelTiming)); read them with
     /// [`Context::take_kernel_timings`](crate::compute::Context::take_kernel_timings). Makes every submission wait for the GPU, and the
     /// timestamps themselves cost time: on the H200 under Vulkan, several µs per dispatch (8 ×
     /// 1024² products back to back ran 2.09 TFLOP/s without them, 0.82 with them, in two runs at

@@ -21,7 +21,8 @@ use wgpu_pool::compute::{
     UnaryOp,
 };
 use wgpu_pool::history::EventKind;
-use wgpu_pool::{Gpu, HistoryOptions, Pool, PoolError, PoolOptions};
+use wgpu_pool::history::HistoryOptions;
+use wgpu_pool::{Gpu, Pool, PoolError, PoolOptions};
 
 use crate::gpu::{both, gpu, history_replays_into_the_counters};
 

@@ -1,12 +1,12 @@
 //! The shared GPU test helper: one device per limits choice for the whole test binary.
 //!
 //! A GPU test never passes without a GPU: when no adapter is found the helper panics with the
-//! message of [`wgpu_pool::device::DeviceError`], which says what to install.
+//! message of [`wgpu_pool::DeviceError`], which says what to install.
 
 use std::sync::OnceLock;
 
-use wgpu_pool::device::{request_gpu, Gpu, LimitsChoice};
 use wgpu_pool::Pool;
+use wgpu_pool::{request_gpu, Gpu, LimitsChoice};
 
 /// The device with the adapter's own limits.
 pub fn gpu() -> &'static Gpu {

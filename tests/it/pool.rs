@@ -1062,7 +1062,7 @@ fn trim_gives_the_read_back_staging_buffer_back() {
     // The staging buffer is device memory outside the statistics: the state shows it.
     let staging = pool.memory_state().staging_bytes;
     assert_eq!(staging, 8 << 20, "a power of two above the read");
-    let summary = wgpu_pool::Report::from_pool(&pool).to_string();
+    let summary = wgpu_pool::report::Report::from_pool(&pool).to_string();
     assert!(
         summary.contains("Read-back staging buffer: 8.00 MiB"),
         "{summary}"
@@ -1198,9 +1198,11 @@ fn statistics_tell_live_allocations_from_pending_frees() {
     // The state (and so the JSON and the snapshot) carries the same figures.
     let state = pool.memory_state();
     assert_eq!(state.stats.pending_free_bytes, dropped_bytes);
-    let json = wgpu_pool::Report::from_pool(&pool).to_json().unwrap();
+    let json = wgpu_pool::report::Report::from_pool(&pool)
+        .to_json()
+        .unwrap();
     assert!(json.contains("\"pending_free_bytes\""), "{json}");
-    let summary = wgpu_pool::Report::from_pool(&pool).to_string();
+    let summary = wgpu_pool::report::Report::from_pool(&pool).to_string();
     assert!(
         summary.contains("Live allocated memory: 4.00 KiB"),
         "{summary}"
@@ -1241,7 +1243,7 @@ fn a_pool_over_a_device_made_elsewhere() {
     let x = context.tensor(&[1.0, -2.0, 3.0], &[3]).unwrap();
     let y = context.add(&x, &x).unwrap();
     assert_eq!(context.read(&y).unwrap(), [2.0, -4.0, 6.0]);
-    let report = wgpu_pool::Report::from_pool(&pool).to_string();
+    let report = wgpu_pool::report::Report::from_pool(&pool).to_string();
     assert!(report.contains(&base.info.name), "{report}");
 }
 
@@ -1284,7 +1286,7 @@ fn async_reads_return_what_the_blocking_ones_do() {
 #[test]
 fn a_device_can_be_had_without_blocking() {
     // Issue 13, item 12: the device request as a future (what a browser runs).
-    let gpu = pollster::block_on(wgpu_pool::device::request_gpu_async(
+    let gpu = pollster::block_on(wgpu_pool::request_gpu_async(
         wgpu_pool::LimitsChoice::WebGpuDefault,
     ))
     .unwrap_or_else(|error| panic!("this test needs a GPU adapter and found none: {error}"));
@@ -1301,12 +1303,9 @@ fn a_device_can_be_had_without_blocking() {
 fn request_gpu_shares_one_instance() {
     // Issue 13, item 8: one instance per process, which `request_gpu` takes its adapters from
     // (on GL each device needs an instance of its own: `device::fresh_instance`).
-    let shared = wgpu_pool::device::instance();
-    assert!(
-        shared == wgpu_pool::device::instance(),
-        "instance() is shared"
-    );
-    assert!(shared != wgpu_pool::device::fresh_instance());
+    let shared = wgpu_pool::instance();
+    assert!(shared == wgpu_pool::instance(), "instance() is shared");
+    assert!(shared != wgpu_pool::fresh_instance());
     // Two devices from it at once, each with a pool that works.
     let gpus: Vec<_> = (0..2)
         .map(|_| {

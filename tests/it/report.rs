@@ -8,15 +8,15 @@ use std::path::Path;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::history::{EventKind, HistoryOptions, Totals};
+use wgpu_pool::policy::PoolStats;
 use wgpu_pool::policy::{PolicyConfig, SegmentClass};
+use wgpu_pool::report::Report;
 use wgpu_pool::report::{
     pytorch_snapshot, write_exports, AllocatorReport, DeviceCounters, DeviceReport, PoolFigures,
     SpanKind,
 };
 use wgpu_pool::snapshot::{BlockState, Snapshot, TraceAction};
-use wgpu_pool::{
-    AllocOptions, Allocation, Pool, PoolError, PoolOptions, PoolStats, Report, ReuseSafety,
-};
+use wgpu_pool::{AllocOptions, Allocation, Pool, PoolError, PoolOptions, ReuseSafety};
 
 use crate::gpu::{both, gpu};
 
@@ -491,7 +491,7 @@ fn exports_are_written_and_read_back() {
         let text = String::from_utf8(read(svg)).expect("utf-8");
         assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
     }
-    let recorded: wgpu_pool::History =
+    let recorded: wgpu_pool::history::History =
         serde_json::from_slice(&read(&history.history_json)).expect("history json");
     assert_eq!(Some(recorded), pool.history());
     let report: serde_json::Value =
@@ -515,7 +515,7 @@ fn the_replay_reads_the_pools_own_recorded_history() {
     let pool = wgpu_pool::Pool::new(
         gpu,
         wgpu_pool::PoolOptions {
-            history: Some(wgpu_pool::HistoryOptions::default()),
+            history: Some(wgpu_pool::history::HistoryOptions::default()),
             ..Default::default()
         },
     )
@@ -572,7 +572,7 @@ fn check_tiled(name: &str, pool: &Pool) {
 fn check_spans(
     name: &str,
     state: &wgpu_pool::report::PoolState,
-    history: Option<&wgpu_pool::History>,
+    history: Option<&wgpu_pool::history::History>,
 ) -> Snapshot {
     for segment in &state.segments {
         segment
@@ -638,7 +638,10 @@ fn spans_tile_every_segment_of_every_class() {
 
     // Churn over every class (4 B to 40 MiB), under both roundings, checked at every 25th step
     // and after compaction.
-    for rounding in [wgpu_pool::Rounding::Exact, wgpu_pool::Rounding::PowerOfTwo] {
+    for rounding in [
+        wgpu_pool::buddy::Rounding::Exact,
+        wgpu_pool::buddy::Rounding::PowerOfTwo,
+    ] {
         let gpu = gpu();
         let limits = gpu.device.limits();
         let policy = PolicyConfig {

@@ -29,7 +29,7 @@ pub struct Capture {
 }
 
 impl Context {
-    /// Opens a capture (see [`crate::compute::graph`]): submits the open batch, then records ops until
+    /// Opens a capture (see [`Plan`](crate::compute::Plan)): submits the open batch, then records ops until
     /// the capture is finished or dropped. [`ComputeError::Capture`] if one is already open.
     pub fn capture(&self) -> Result<Capture, ComputeError> {
         let id = self.begin_tape()?;

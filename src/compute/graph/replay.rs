@@ -40,7 +40,7 @@ enum Outputs<'a> {
     ReadBack(&'a wgpu::Buffer),
 }
 
-/// A captured forward, planned: see the [module documentation](crate::compute::graph).
+/// A captured forward, planned: see [`Context::capture`](crate::compute::Context::capture) and the `compute` module's documentation.
 pub struct Plan {
     pub(super) context: Context,
     pub(super) steps: Vec<PlanStep>,

@@ -122,7 +122,7 @@ impl<'a> Launch<'a> {
 
 impl Context {
     /// Compiles a kernel of the user's for this context's device, checking once what wgpu
-    /// would otherwise check at each dispatch (see [`crate::compute::ops::custom`]).
+    /// would otherwise check at each dispatch (see [`Context::user_kernel`](crate::compute::Context::user_kernel)).
     ///
     /// Errors: [`ComputeError::ReadOnlyBinding`] for a tensor binding declared
     /// `var<storage, read>`; [`ComputeError::ExceedsLimit`] for parameters larger than the

@@ -1,10 +1,10 @@
 //! The ops: each validates its operands on the host, allocates its output from the pool and
 //! records its dispatches into the context's open pass.
 
-pub mod custom;
-pub mod elementwise;
-pub mod matmul;
-pub mod rows;
+pub(crate) mod custom;
+pub(crate) mod elementwise;
+pub(crate) mod matmul;
+pub(crate) mod rows;
 
 use super::context::Context;
 use super::tensor::Tensor;

@@ -56,7 +56,7 @@ impl Activation {
 /// When matmuls choose their tile and split-K by measurement ([`MatmulOptions::autotune`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Autotune {
-    /// Never: the rules of [`crate::compute::ops::matmul`] choose.
+    /// Never: the rules of `src/compute/ops/matmul` choose.
     Off,
     /// On every adapter that is not a software one ([`wgpu::DeviceType::Cpu`], where timing the
     /// candidates costs seconds and says nothing about a GPU), and not in a browser (where
@@ -78,11 +78,11 @@ impl Autotune {
     }
 }
 
-/// How matmuls choose their tiles and split-K (see [`crate::compute::ops::matmul`]).
+/// How matmuls choose their tiles and split-K (see `src/compute/ops/matmul`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MatmulOptions {
     /// Use this tile for every matmul (`None`: choose per shape, see
-    /// [`crate::compute::ops::matmul`]).
+    /// `src/compute/ops/matmul`).
     pub tiles: Option<MatmulTiles>,
     /// The tiles for shapes that fill the GPU, in order of preference: the first that the
     /// device's limits allow is used.
@@ -139,7 +139,7 @@ pub struct MatmulOptions {
     /// matmul of a shape class (M rounded up to a power of two, N, K) times a few candidate plans
     /// on the device, and the fastest serves the class from then on, in every context of the
     /// process on the same device (adapter, driver, backend) with the same options
-    /// ([`crate::compute::ops::matmul`]). By default ([`Autotune::Gpu`]) on every adapter but a
+    /// (`src/compute/ops/matmul`). By default ([`Autotune::Gpu`]) on every adapter but a
     /// software one; the first matmul of each class then runs each of its few dozen candidates
     /// eleven times (one warm-up, five rounds of two) before it runs itself. Ignored where
     /// `tiles` or `split_k` is forced, and where the automatic plan is the large tile without a

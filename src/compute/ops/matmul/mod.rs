@@ -128,6 +128,5 @@ mod record;
 mod select;
 mod tune;
 
-pub use crate::compute::vocab::{Activation, Autotune, MatmulOptions, MatmulTiles};
 pub use record::Epilogue;
 pub use select::MatmulPlan;
