@@ -158,87 +158,17 @@ pub(super) fn fill_state<S: SegmentStorage>(
     time_us: u64,
     limits: StateLimits,
 ) -> PoolState {
-    let mut by_segment: HashMap<SegmentId, Vec<Span>> = HashMap::new();
     let mut stats = core.stats();
+    let mut by_segment: HashMap<SegmentId, Vec<Span>> = HashMap::new();
     for live in live.iter() {
-        let placement = &live.placement;
         if live.pending {
             stats.pending_frees += 1;
-            stats.pending_free_bytes += placement.allocated_size();
+            stats.pending_free_bytes += live.placement.allocated_size();
         }
-        let spans = by_segment.entry(placement.segment()).or_default();
-        let kind = if live.pending {
-            SpanKind::PendingFree
-        } else {
-            SpanKind::Allocated
-        };
-        let op = live.op.as_ref().map(|op| op.to_string());
-        if live.parts.is_empty() {
-            spans.push(Span {
-                offset_bytes: placement.offset(),
-                size_bytes: placement.allocated_size(),
-                requested_bytes: placement.requested_size(),
-                kind,
-                label: live.label.to_string(),
-                op,
-            });
-            continue;
-        }
-        // One span per part, and one per gap between them (and for the rounding at the end),
-        // so that the allocation's spans still tile its range and hold its requested bytes.
-        let mut at = 0;
-        let mut requested_left = placement.requested_size();
-        let ends = live
-            .parts
-            .iter()
-            .map(|(offset, size, label)| (*offset, *size, format!("{}: {label}", live.label)))
-            .chain(std::iter::once((
-                placement.allocated_size(),
-                0,
-                String::new(),
-            )));
-        for (offset, size, label) in ends {
-            for (start, bytes, label) in [
-                (at, offset - at, format!("{} (between parts)", live.label)),
-                (offset, size, label),
-            ] {
-                if bytes == 0 {
-                    continue;
-                }
-                let requested = bytes.min(requested_left);
-                requested_left -= requested;
-                spans.push(Span {
-                    offset_bytes: placement.offset() + start,
-                    size_bytes: bytes,
-                    requested_bytes: requested,
-                    kind,
-                    label,
-                    op: op.clone(),
-                });
-            }
-            at = offset + size;
-        }
+        let spans = by_segment.entry(live.placement.segment()).or_default();
+        push_live_spans(live, spans);
     }
-    let mut segments: Vec<SegmentState> = core
-        .segments()
-        .map(|segment| {
-            let mut spans = by_segment.remove(&segment.id).unwrap_or_default();
-            spans.extend(
-                segment
-                    .free_spans()
-                    .into_iter()
-                    .map(|(offset_bytes, size_bytes)| Span::free(offset_bytes, size_bytes)),
-            );
-            spans.sort_unstable_by_key(|span| span.offset_bytes);
-            SegmentState {
-                id: segment.id,
-                size_bytes: segment.size_bytes,
-                class: segment.class(),
-                spans,
-            }
-        })
-        .collect();
-    segments.sort_unstable_by_key(|segment| segment.id);
+    let segments = tiled_segments(core, by_segment);
     let config = core.config();
     let policy = (!config.is_naive()).then(|| PolicySummary {
         min_block_bytes: config.min_block_bytes,
@@ -264,6 +194,91 @@ pub(super) fn fill_state<S: SegmentStorage>(
         }),
         segments,
     }
+}
+
+/// The spans of one live allocation: one for the whole, or for an allocation of parts (a plan
+/// arena) one per part and one per gap between them (and for the rounding at the end), so that
+/// its spans still tile its range and hold its requested bytes.
+fn push_live_spans(live: &LiveAllocation, spans: &mut Vec<Span>) {
+    let placement = &live.placement;
+    let kind = if live.pending {
+        SpanKind::PendingFree
+    } else {
+        SpanKind::Allocated
+    };
+    let op = live.op.as_ref().map(|op| op.to_string());
+    if live.parts.is_empty() {
+        spans.push(Span {
+            offset_bytes: placement.offset(),
+            size_bytes: placement.allocated_size(),
+            requested_bytes: placement.requested_size(),
+            kind,
+            label: live.label.to_string(),
+            op,
+        });
+        return;
+    }
+    let mut at = 0;
+    let mut requested_left = placement.requested_size();
+    let ends = live
+        .parts
+        .iter()
+        .map(|(offset, size, label)| (*offset, *size, format!("{}: {label}", live.label)))
+        .chain(std::iter::once((
+            placement.allocated_size(),
+            0,
+            String::new(),
+        )));
+    for (offset, size, label) in ends {
+        for (start, bytes, label) in [
+            (at, offset - at, format!("{} (between parts)", live.label)),
+            (offset, size, label),
+        ] {
+            if bytes == 0 {
+                continue;
+            }
+            let requested = bytes.min(requested_left);
+            requested_left -= requested;
+            spans.push(Span {
+                offset_bytes: placement.offset() + start,
+                size_bytes: bytes,
+                requested_bytes: requested,
+                kind,
+                label,
+                op: op.clone(),
+            });
+        }
+        at = offset + size;
+    }
+}
+
+/// Every segment tiled, in address order, by the spans of its live allocations (`by_segment`)
+/// and its free spans; segments in id order.
+fn tiled_segments<S: SegmentStorage>(
+    core: &PoolCore<S>,
+    mut by_segment: HashMap<SegmentId, Vec<Span>>,
+) -> Vec<SegmentState> {
+    let mut segments: Vec<SegmentState> = core
+        .segments()
+        .map(|segment| {
+            let mut spans = by_segment.remove(&segment.id).unwrap_or_default();
+            spans.extend(
+                segment
+                    .free_spans()
+                    .into_iter()
+                    .map(|(offset_bytes, size_bytes)| Span::free(offset_bytes, size_bytes)),
+            );
+            spans.sort_unstable_by_key(|span| span.offset_bytes);
+            SegmentState {
+                id: segment.id,
+                size_bytes: segment.size_bytes,
+                class: segment.class(),
+                spans,
+            }
+        })
+        .collect();
+    segments.sort_unstable_by_key(|segment| segment.id);
+    segments
 }
 
 /// Per-segment figures: id, size, class, the buddy statistics and the free spans, in slot order.
