@@ -38,11 +38,10 @@
 //! storage bindings, so bind groups are shared by every kernel with that many.
 
 use std::collections::HashMap;
-use std::num::NonZeroU64;
 
 use super::vocab::{
-    narrow_grouped, narrow_sum_rows, ComputeError, ElementTypes, KernelKey, MatmulTiles,
-    ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    group0_entries, narrow_grouped, narrow_sum_rows, ComputeError, ElementTypes, KernelKey,
+    MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -535,29 +534,7 @@ impl Kernels {
 }
 
 fn layouts(device: &wgpu::Device, storage: usize) -> Layouts {
-    let mut entries = vec![wgpu::BindGroupLayoutEntry {
-        binding: 0,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Uniform,
-            has_dynamic_offset: true,
-            min_binding_size: NonZeroU64::new(PARAMS_BYTES),
-        },
-        count: None,
-    }];
-    for binding in 1..=storage as u32 {
-        entries.push(wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                // read_write always: see the module docs of `compute`.
-                ty: wgpu::BufferBindingType::Storage { read_only: false },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        });
-    }
+    let entries = group0_entries(PARAMS_BYTES, storage);
     let label = format!("wgpu-pool compute: {storage} storage bindings");
     let bind_group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(&label),

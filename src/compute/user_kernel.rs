@@ -11,11 +11,10 @@
 //! dispatch must give (how many tensors, the least bytes of each, the parameters' size, which
 //! groups) is kept and checked on the host at each dispatch.
 
-use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::vocab::ComputeError;
+use super::vocab::{group0_entries, ComputeError};
 
 /// The op name of a user's kernel in errors.
 pub(crate) const OP: &str = "dispatch";
@@ -370,31 +369,7 @@ fn group_layout(
     desc: &UserKernelDesc<'_>,
     params_binding_bytes: u64,
 ) -> wgpu::BindGroupLayout {
-    let mut entries = Vec::with_capacity(desc.tensors + 1);
-    if params_binding_bytes > 0 {
-        entries.push(wgpu::BindGroupLayoutEntry {
-            binding: 0,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Uniform,
-                has_dynamic_offset: true,
-                min_binding_size: NonZeroU64::new(params_binding_bytes),
-            },
-            count: None,
-        });
-    }
-    for binding in (1u32..).take(desc.tensors) {
-        entries.push(wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage { read_only: false },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        });
-    }
+    let entries = group0_entries(params_binding_bytes, desc.tensors);
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(desc.label),
         entries: &entries,

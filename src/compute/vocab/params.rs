@@ -8,6 +8,40 @@ use super::error::ComputeError;
 /// dynamic offset into the context's ring): room for the largest parameter struct.
 pub(crate) const PARAMS_BYTES: u64 = 32;
 
+/// The entries of group 0 of every kernel, the crate's and the user's: the parameters' uniform
+/// at binding 0 (dynamic offset, `params_binding_bytes` bound; none where that is 0), then
+/// `storage` storage buffers at bindings `1..=storage`, always `read_write` (allocations share
+/// segment buffers: see the module docs of `compute`).
+pub(crate) fn group0_entries(
+    params_binding_bytes: u64,
+    storage: usize,
+) -> Vec<wgpu::BindGroupLayoutEntry> {
+    let params =
+        std::num::NonZeroU64::new(params_binding_bytes).map(|bytes| wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: Some(bytes),
+            },
+            count: None,
+        });
+    let tensors = (1u32..)
+        .take(storage)
+        .map(|binding| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    params.into_iter().chain(tensors).collect()
+}
+
 /// Most storage bindings of any kernel.
 pub(crate) const MAX_STORAGE_BINDINGS: usize = 4;
 
