@@ -1,13 +1,13 @@
 //! Replay: run a recorded allocation trace offline, on the CPU, through several allocation
 //! strategies, and compare the memory each would have reserved.
 //!
-//! The `pool` strategy is the very policy the GPU pool runs ([`crate::policy::PoolCore`]), over a
-//! [`SimulatedStorage`]; `pool_pow2` is the same with power-of-two rounding; `naive` is one buffer per
+//! The `pool` strategy is the very policy the GPU pool runs (`crate::policy::PoolCore`), over a
+//! `SimulatedStorage`; `pool_pow2` is the same with power-of-two rounding; `naive` is one buffer per
 //! allocation, the policy's naive mode over the same storage. PyTorch's own reserved memory comes from the trace's `segment_alloc` and
 //! `segment_free` events.
 //!
 //! `pool_compact` is the pool that, when a request would otherwise grow the pool (or fail), first
-//! asks the policy for a compaction plan ([`crate::policy::PoolCore::compaction_plan`]) and
+//! asks the policy for a compaction plan (`crate::policy::PoolCore::compaction_plan`) and
 //! applies it: live allocations move out of an aligned block so that the request fits in the
 //! segments held. The replay copies nothing; it counts the bytes the copies would cover.
 

@@ -55,7 +55,7 @@ use super::ranges::RangeClass;
 use super::segment::{Layout, Placement, SegmentClass, SegmentId};
 use super::storage::SegmentStorage;
 
-/// How many candidate windows [`PoolCore::compaction_plan`] tries and sees fail, cheapest first,
+/// How many candidate windows `PoolCore::compaction_plan` tries and sees fail, cheapest first,
 /// before it gives up (windows passed over because an earlier failure says they would fail are not
 /// counted), and how many windows of each segment it ranks.
 pub const COMPACTION_CANDIDATES: usize = 8;
@@ -139,7 +139,7 @@ enum CompactionTarget {
 
 impl<S: SegmentStorage> PoolCore<S> {
     /// What a compaction within `limits` would move to make room for `size_bytes` in the segments
-    /// held, without moving anything: the plan [`PoolCore::compaction_plan`] would try first. A
+    /// held, without moving anything: the plan `PoolCore::compaction_plan` would try first. A
     /// prediction (the model of free blocks may differ from the buddy core's choices); `None` when
     /// no block can be emptied within the limits, or for a request compaction cannot serve.
     pub fn compaction_estimate(
@@ -150,7 +150,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.compaction_estimate_where(size_bytes, limits, |_, _| true)
     }
 
-    /// [`PoolCore::compaction_estimate`] moving only the allocations for which `movable(segment,
+    /// `PoolCore::compaction_estimate` moving only the allocations for which `movable(segment,
     /// offset)` is true: a block that overlaps another one is never chosen.
     pub fn compaction_estimate_where(
         &self,
@@ -178,8 +178,8 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// reserves their destinations (see the algorithm above). `None` when no window of any segment
     /// of the request's class can be emptied within `limits`, or for a request compaction cannot
     /// serve (0 bytes, too large, or in the naive mode). A plan with no moves means a free block already holds the
-    /// request. Apply it with [`PoolCore::apply_moves`] once the bytes are copied, or cancel it
-    /// with [`PoolCore::cancel_compaction`]; until then, allocate nothing else.
+    /// request. Apply it with `PoolCore::apply_moves` once the bytes are copied, or cancel it
+    /// with `PoolCore::cancel_compaction`; until then, allocate nothing else.
     pub fn compaction_plan(
         &mut self,
         size_bytes: u64,
@@ -188,7 +188,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.compaction_plan_where(size_bytes, limits, |_, _| true)
     }
 
-    /// [`PoolCore::compaction_plan`] moving only the allocations for which `movable(segment,
+    /// `PoolCore::compaction_plan` moving only the allocations for which `movable(segment,
     /// offset)` is true (the GPU pool moves only those whose owner can follow them: a compute
     /// context's tensors).
     pub fn compaction_plan_where(
@@ -222,7 +222,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// Carries out `plan` in the books: each moved placement (found among `placements` by its
     /// segment and offset; others are passed over) now names its destination, and its source
     /// range is freed. Call it once the caller has copied every move's bytes. Afterwards the
-    /// request fits in the plan's segment: [`PoolCore::allocate`] places it without growing. The
+    /// request fits in the plan's segment: `PoolCore::allocate` places it without growing. The
     /// statistics do not change (the same allocations hold the same bytes). Returns the bytes
     /// moved.
     ///
@@ -299,11 +299,11 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     /// Plans moves that empty the segment `id` (packed, or of free ranges): every live allocation
     /// in it, each `movable(segment, offset)`, moved into free space of the other segments of its
-    /// kind (as [`PoolCore::compaction_plan`] places them), at most `limits.max_moves` of them.
+    /// kind (as `PoolCore::compaction_plan` places them), at most `limits.max_moves` of them.
     /// `None` when the slot holds a dedicated segment or none, one of its allocations is not
     /// movable, there are too many, or they do not fit elsewhere. An empty segment gives a plan with no moves. Apply it
-    /// with [`PoolCore::apply_moves`]; the emptied segment can then be given back
-    /// ([`PoolCore::release_if_empty`]).
+    /// with `PoolCore::apply_moves`; the emptied segment can then be given back
+    /// (`PoolCore::release_if_empty`).
     pub fn evacuation_plan(
         &mut self,
         id: SegmentId,
@@ -581,7 +581,7 @@ impl<S: SegmentStorage> PoolCore<S> {
 
     /// Reserves a destination for an allocation like `live` in the tightest free range of the
     /// class of free ranges `class` outside the segment in `excluded`, where
-    /// [`PoolCore::destination_ok`] allows it for a request of `request_bytes`: `(slot, offset)`.
+    /// `PoolCore::destination_ok` allows it for a request of `request_bytes`: `(slot, offset)`.
     fn reserve_range(
         &mut self,
         class: RangeClass,

@@ -1,6 +1,6 @@
 //! The policy engine's books: the segments held, their slots, the statistics and the events;
 //! creating and giving back segments. Placement and growth (`place.rs`, `growth.rs`) and
-//! compaction (`compaction.rs`) are further `impl` blocks of [`PoolCore`].
+//! compaction (`compaction.rs`) are further `impl` blocks of `PoolCore`.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -73,6 +73,10 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// The storage.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn storage(&self) -> &S {
         &self.storage
     }

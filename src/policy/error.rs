@@ -60,7 +60,7 @@ pub struct OutOfMemory {
     /// Free bytes in all segments when it failed.
     pub free_bytes: u64,
     /// When moving live allocations within [`CompactionLimits::default`](super::CompactionLimits::default) would have made room for
-    /// the request in the segments held (see [`PoolCore::compaction_estimate`](super::PoolCore::compaction_estimate)): what it would
+    /// the request in the segments held (see `PoolCore::compaction_estimate`): what it would
     /// move. `None` when it would not, or for a request compaction cannot serve (the naive mode's).
     pub compaction: Option<CompactionEstimate>,
 }
@@ -128,7 +128,7 @@ impl fmt::Display for OutOfMemory {
     }
 }
 
-/// Why [`PoolCore::apply_moves`](super::PoolCore::apply_moves) refused a plan. The plan is cancelled: nothing moved.
+/// Why `PoolCore::apply_moves` refused a plan. The plan is cancelled: nothing moved.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CompactionError {

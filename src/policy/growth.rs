@@ -134,7 +134,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// Before growing by a segment of `segment_bytes` for a request that holds `rounded_bytes`:
     /// gives back empty segments (none of which could serve the request), least recently used
     /// first, until the pool with the new segment keeps within the cache's headroom over its
-    /// demand ([`PoolCore::cache_ceiling`]).
+    /// demand (`PoolCore::cache_ceiling`).
     fn release_for_growth(&mut self, rounded_bytes: u64, segment_bytes: u64) {
         if self.config.is_naive() {
             // Nothing to give back: a naive segment is given back as soon as it is freed.

@@ -1,7 +1,7 @@
 //! The pool's policy: which segment serves a request, when to grow and by how much, when to give
 //! segments back, and the budget. It lays each segment out by the size class it serves
 //! ([`SegmentClass`]: a [`BuddyAllocator`](crate::buddy::BuddyAllocator) for packed ones, free
-//! ranges for mid-sized and large ones) and asks a [`SegmentStorage`] for the memory behind each
+//! ranges for mid-sized and large ones) and asks a `SegmentStorage` for the memory behind each
 //! segment.
 //!
 //! Like the allocator core, this module knows nothing of wgpu: the GPU pool plugs in a storage
@@ -52,12 +52,12 @@
 //!   refuse that too, nothing is given back: the refusal leaves the statistics as they were (but
 //!   for the OOM count). When the storage refuses, the empty segments given back while trying stay
 //!   given back, and the error says how many bytes that was ([`OutOfMemory::released_bytes`]).
-//! - **Compaction**, when the caller asks for it: [`PoolCore::compaction_plan`] moves live
+//! - **Compaction**, when the caller asks for it: `PoolCore::compaction_plan` moves live
 //!   allocations (at most the request's size by default) out of one range of a segment of the
 //!   request's class (an aligned block of a packed segment; a range of the request's size of a
 //!   mid-sized or large one) into free space of the other segments of that class, so that a
 //!   request fits without a new segment; the caller copies the bytes and applies the plan
-//!   ([`PoolCore::apply_moves`]). The pool does not compact on its own; the replay's
+//!   (`PoolCore::apply_moves`). The pool does not compact on its own; the replay's
 //!   `pool_compact` does before every growth.
 //!
 //! # The naive mode
@@ -67,7 +67,7 @@
 //! ([`SegmentClass::Dedicated`], the only class of that mode), of the request rounded
 //! up to `min_block_bytes` (the copy alignment, 4 bytes on a GPU), given back as soon as it is
 //! freed; nothing is reused or cached. The GPU pool, the replay and the reports run it through the
-//! same [`PoolCore`] as the pool, so their figures are counted the same way.
+//! same `PoolCore` as the pool, so their figures are counted the same way.
 //!
 //! # Where it is written
 //!
@@ -106,9 +106,11 @@ mod tests;
 pub use compact::CompactionLimits;
 pub use compaction::COMPACTION_CANDIDATES;
 pub use config::{PolicyConfig, PolicyMode, DEFAULT_MAX_SEGMENT_BYTES};
-pub use engine::PoolCore;
+pub(crate) use engine::PoolCore;
 pub use error::{CompactionError, OutOfMemory, PolicyError};
-pub use moves::{CompactionEstimate, CompactionPlan, Move};
-pub use segment::{Placement, Segment, SegmentClass, SegmentEvent, SegmentId};
+pub use moves::CompactionEstimate;
+pub(crate) use moves::CompactionPlan;
+pub(crate) use segment::{Placement, SegmentEvent};
+pub use segment::{SegmentClass, SegmentId};
 pub use stats::{Counter, PoolStats};
-pub use storage::{SegmentStorage, SimulatedStorage, StorageError};
+pub(crate) use storage::{SegmentStorage, SimulatedStorage, StorageError};

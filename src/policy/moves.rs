@@ -5,7 +5,7 @@ use crate::buddy;
 
 use super::segment::{Placement, SegmentId};
 
-/// One move of a [`CompactionPlan`]: a live allocation's bytes copied from one range to another.
+/// One move of a `CompactionPlan`: a live allocation's bytes copied from one range to another.
 /// The destination is reserved by the plan: free before it, disjoint from every live allocation
 /// (the one moved included) and from the other moves' destinations, and never in the segment the
 /// plan makes room in. So the copies of a plan may run in any order, or at once.
@@ -13,7 +13,7 @@ use super::segment::{Placement, SegmentId};
 pub struct Move {
     /// The segment the allocation is in.
     pub from_segment: SegmentId,
-    /// That segment's slot ([`Placement::slot`]).
+    /// That segment's slot (`Placement::slot`).
     pub from_slot: usize,
     /// The allocation's offset there, in bytes (with `from_segment`, it names the allocation).
     pub from_offset: u64,
@@ -31,7 +31,7 @@ pub struct Move {
 }
 
 /// What compaction would do to make room for a request, without doing it
-/// ([`PoolCore::compaction_estimate`](super::PoolCore::compaction_estimate), [`OutOfMemory::compaction`](super::OutOfMemory::compaction)).
+/// (`PoolCore::compaction_estimate`, [`OutOfMemory::compaction`](super::OutOfMemory::compaction)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct CompactionEstimate {
     /// The segment the request would fit in.
@@ -47,9 +47,9 @@ pub struct CompactionEstimate {
     pub moved_bytes: u64,
 }
 
-/// Moves that make room for one request in the segments held ([`PoolCore::compaction_plan`](super::PoolCore::compaction_plan)).
+/// Moves that make room for one request in the segments held (`PoolCore::compaction_plan`).
 /// Their destinations are reserved in the pool until the plan is applied
-/// ([`PoolCore::apply_moves`](super::PoolCore::apply_moves)) or cancelled ([`PoolCore::cancel_compaction`](super::PoolCore::cancel_compaction)): the caller copies
+/// (`PoolCore::apply_moves`) or cancelled (`PoolCore::cancel_compaction`): the caller copies
 /// each move's bytes while the sources are still live, then applies the plan, which updates the
 /// moved placements and frees the sources. Not `Clone`; dropping it keeps the destinations
 /// reserved.
@@ -72,26 +72,46 @@ impl CompactionPlan {
     }
 
     /// The bytes all the moves copy (allocated sizes).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn moved_bytes(&self) -> u64 {
         self.estimate.moved_bytes
     }
 
     /// The request the plan makes room for, in bytes.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn request_bytes(&self) -> u64 {
         self.request_bytes
     }
 
     /// The segment, block and cost of the plan.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn estimate(&self) -> CompactionEstimate {
         self.estimate
     }
 
     /// The slot of the segment the request will fit in.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn slot(&self) -> usize {
         self.slot
     }
 
     /// True when the plan moves `placement`.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn moves_placement(&self, placement: &Placement) -> bool {
         self.moves
             .iter()

@@ -68,7 +68,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// Places a request only where the pool has room now (free space of a segment of its class,
     /// or of the other of the packed and the mid-sized classes): never creates or gives back a
     /// segment. `None` when it would have to grow, or for a request of 0 bytes or too large
-    /// (which [`PoolCore::allocate`] explains).
+    /// (which `PoolCore::allocate` explains).
     pub fn allocate_existing(&mut self, size_bytes: u64) -> Option<Placement> {
         if !self.placeable(size_bytes) {
             return None;
@@ -86,7 +86,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// Places a packed or mid-sized request where the pool has room now, in the order
-    /// [`PoolCore::allocate`] tries: the request's own class first, then the other's free space.
+    /// `PoolCore::allocate` tries: the request's own class first, then the other's free space.
     fn place_packed_or_mid_existing(&mut self, size_bytes: u64) -> Option<Placement> {
         let mid = self.config.mid_above_bytes > 0;
         let rounded = self.rounded_size(size_bytes);
@@ -298,7 +298,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         placement
     }
 
-    /// Gives an allocation back. Its segment stays (cached, for reuse) until [`PoolCore::trim`] or
+    /// Gives an allocation back. Its segment stays (cached, for reuse) until `PoolCore::trim` or
     /// growth releases it; a dedicated segment (the naive mode's) is given back at once.
     ///
     /// # Panics

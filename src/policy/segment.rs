@@ -118,6 +118,10 @@ impl<M> Segment<M> {
     /// The ranges held in a packed segment or one of free ranges as `(offset, allocated bytes)`,
     /// in address order: its live allocations, and the destinations of a compaction plan not yet
     /// applied or cancelled. Empty for a dedicated segment.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn live_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.live
             .iter()
@@ -222,7 +226,7 @@ impl<M> Segment<M> {
     }
 }
 
-/// Where an allocation lives. Not `Clone`: give it back with [`PoolCore::free`](super::PoolCore::free).
+/// Where an allocation lives. Not `Clone`: give it back with `PoolCore::free`.
 #[derive(Debug)]
 #[must_use = "a placement that is dropped instead of freed stays allocated"]
 pub struct Placement {
@@ -243,7 +247,7 @@ impl Placement {
         self.segment
     }
 
-    /// The index of the segment in [`PoolCore::segments`](super::PoolCore::segments).
+    /// The index of the segment in `PoolCore::segments`.
     pub fn slot(&self) -> usize {
         self.slot
     }
@@ -265,6 +269,10 @@ impl Placement {
 
     /// Which of the policy's size classes its segment serves. Compaction moves allocations of
     /// packed segments and of segments of free ranges, never of dedicated ones.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the policy's tests only")
+    )]
     pub fn class(&self) -> SegmentClass {
         self.class
     }

@@ -1,5 +1,5 @@
-//! Compaction on the GPU: the policy's plans ([`crate::policy::PoolCore::compaction_plan_where`],
-//! [`crate::policy::PoolCore::evacuation_plan`]) carried out over the allocations a caller hands
+//! Compaction on the GPU: the policy's plans (`crate::policy::PoolCore::compaction_plan_where`,
+//! `crate::policy::PoolCore::evacuation_plan`) carried out over the allocations a caller hands
 //! in — the only ones that may move, since their handles are re-pointed here. Each plan's copies
 //! are recorded into one command encoder (`copy_buffer_to_buffer`: a plan's destinations are never
 //! in its sources' segment, so never in their buffer) and submitted on the queue, under the pool's

@@ -1,5 +1,5 @@
 //! The live allocations (and dropped ones waiting for a submission) in a slab, each record owning
-//! its [`Placement`]; the history events made from them; and the filling of the plain-data
+//! its `Placement`; the history events made from them; and the filling of the plain-data
 //! [`PoolState`] and [`SegmentInfo`]s from the policy's segments and these records.
 
 use std::collections::HashMap;

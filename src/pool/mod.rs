@@ -348,7 +348,7 @@ impl Pool {
     }
 
     /// Moves allocations among `allocations` (and only those) so that a request of `size_bytes`
-    /// fits in the segments the pool holds, within `limits` ([`PoolCore::compaction_plan_where`]),
+    /// fits in the segments the pool holds, within `limits` (`PoolCore::compaction_plan_where`),
     /// and re-points their handles: each moved handle names its new buffer, offset and segment;
     /// data, size and label stay. The copies are submitted on the queue (after everything
     /// submitted before) and the old ranges become reusable after that submission. Work recorded
@@ -368,7 +368,7 @@ impl Pool {
 
     /// Empties packed segments and segments of free ranges by moving their allocations — all of
     /// them among `allocations`, at most `limits.max_moves` per segment — into free space of the
-    /// other segments of their kind (least occupied first, [`PoolCore::evacuation_plan`]), and gives each emptied segment back, until
+    /// other segments of their kind (least occupied first, `PoolCore::evacuation_plan`), and gives each emptied segment back, until
     /// no further one can be emptied. Moved handles are re-pointed, with the same rules as
     /// [`Pool::compact_for`].
     pub fn compact_segments(

@@ -1,4 +1,4 @@
-//! The pool's [`SegmentStorage`]: every segment is one `wgpu::Buffer`. Pooled segments are created
+//! The pool's `SegmentStorage`: every segment is one `wgpu::Buffer`. Pooled segments are created
 //! with out-of-memory and validation errors caught ([`create_buffer_checked`]); in the naive mode a
 //! segment is what a user writes without a pool, a plain `create_buffer`.
 
@@ -105,7 +105,7 @@ impl BufferStorage {
     }
 }
 
-/// `create_buffer` with out-of-memory and validation errors caught as a [`StorageError`] instead
+/// `create_buffer` with out-of-memory and validation errors caught as a `StorageError` instead
 /// of reaching the device's uncaptured-error handler.
 ///
 /// Native only: the error scopes answer through a future that is waited for here. A browser
