@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use wgpu_pool::compute::{Context, ContextOptions, Launch, Tensor, UserKernel, UserKernelDesc};
-use wgpu_pool::{request_gpu, LimitsChoice, Pool, PoolOptions};
+use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
 
 /// The user's kernel: `y = a + b` (tensors at bindings 1, 2 and 3 of group 0, the convention of
 /// the context's own kernels; the parameters' uniform at binding 0).
@@ -47,13 +47,13 @@ struct Args {
     rounds: usize,
 }
 
-fn parse_args() -> anyhow::Result<Args> {
+fn parse_args(list: &[String]) -> anyhow::Result<Args> {
     let mut args = Args {
         ops: 1000,
         len: 1024,
         rounds: 21,
     };
-    let mut iter = std::env::args().skip(1);
+    let mut iter = list.iter();
     while let Some(arg) = iter.next() {
         let mut value =
             || -> anyhow::Result<usize> { Ok(iter.next().context("a number")?.parse()?) };
@@ -95,9 +95,21 @@ fn time_stream(
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
-    let gpu = request_gpu(LimitsChoice::Adapter)?;
-    let pool = Pool::new(&gpu, PoolOptions::default())?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let report = run(&request_gpu(LimitsChoice::Adapter)?, &args)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// The measurement on `gpu` with these command-line arguments (without the program's name): the
+/// JSON object `main` prints.
+pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<serde_json::Value> {
+    let args = parse_args(list)?;
+    anyhow::ensure!(
+        args.ops > 0 && args.len > 0 && args.rounds > 0,
+        "--ops, --len and --rounds must be at least 1"
+    );
+    let pool = Pool::new(gpu, PoolOptions::default())?;
     let context = Context::new(&pool, ContextOptions::default())?;
     anyhow::ensure!(
         args.ops < context.options().max_ops_per_batch as usize,
@@ -138,8 +150,7 @@ fn main() -> anyhow::Result<()> {
         "user_bind_groups_created": after.bind_groups_created - before.bind_groups_created,
         "user_bind_group_cache_hits": after.bind_group_cache_hits - before.bind_group_cache_hits,
     });
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
+    Ok(report)
 }
 
 /// The user's kernel, made by the context.

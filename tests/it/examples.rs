@@ -478,3 +478,43 @@ fn bench_kernels_example_refuses_bad_arguments_with_a_message() {
     std::fs::remove_file(&torch).ok();
     assert!(error.to_string().contains("--dtype float"), "{error:#}");
 }
+
+#[expect(dead_code, reason = "the example's main() is not called here")]
+#[path = "../../examples/dispatch_cost.rs"]
+mod dispatch_cost;
+
+#[test]
+fn dispatch_cost_example_times_a_users_kernel_beside_add_from_cached_bind_groups() {
+    let (ops, rounds) = (40, 3);
+    let json = dispatch_cost::run(
+        gpu(),
+        &strings(&[
+            "--ops",
+            &ops.to_string(),
+            "--len",
+            "1000",
+            "--rounds",
+            &rounds.to_string(),
+        ]),
+    )
+    .expect("the user's kernel computes the sum");
+    for key in [
+        "add_ns_per_dispatch",
+        "user_ns_per_dispatch",
+        "user_over_add",
+    ] {
+        assert!(json[key].as_f64().unwrap() > 0.0, "{json}");
+    }
+    // The warm-up's 64 dispatches and the timed ones, each counted; the bind groups of the two
+    // ranges the outputs alternate between are made once and then found in the cache.
+    let dispatches = json["user_dispatches"].as_u64().unwrap();
+    assert_eq!(dispatches, 64 + ops * rounds, "{json}");
+    let created = json["user_bind_groups_created"].as_u64().unwrap();
+    let hits = json["user_bind_group_cache_hits"].as_u64().unwrap();
+    assert_eq!(created + hits, dispatches, "{json}");
+    assert!(created <= 4, "{json}");
+    // Bad arguments are refused with a message.
+    let error = dispatch_cost::run(gpu(), &strings(&["--rounds", "0"])).unwrap_err();
+    assert!(error.to_string().contains("at least 1"), "{error}");
+    assert!(dispatch_cost::run(gpu(), &strings(&["--frobnicate"])).is_err());
+}
