@@ -1,8 +1,12 @@
 // Embedding gather: y[t, c] = table[ids[t], c] for a table [vocab, width] and token ids stored as
-// f32 values of exact integers (the crate has no integer element type). An id that is not an
-// integer in [0, vocab) (negative, fractional, too large, NaN) gives a row of NaN: the kernel
-// never reads outside the table. One invocation per element of y, workgroups of 256 (a 2-D grid
-// past the x limit). CPU twin: `embedding` in src/compute/cpu.rs.
+// f32 values of exact integers (the crate has no integer element type). A table too large for
+// one binding comes as blocks of rows, one dispatch each: this dispatch's `table` holds the rows
+// [first, first + rows); it writes the outputs of the ids among them, and, where `fill` is 1
+// (the first block's dispatch), NaN for every other id, which a later block overwrites if the id
+// is one of its rows. So an id that is not an integer row of the whole table (negative,
+// fractional, too large, NaN) gives a row of NaN, and the kernel never reads outside its block.
+// One invocation per element of y, workgroups of 256 (a 2-D grid past the x limit). CPU twin:
+// `embedding` in src/compute/cpu.rs (of the whole table).
 // `Input`, `Output` (f32 or f16, written by the host): what the table and y hold; the ids are
 // always f32. Every storage binding is read_write.
 
@@ -10,8 +14,12 @@
 struct EmbeddingParams {
     len: u32,
     width: u32,
-    vocab: u32,
+    rows: u32,
     grid_x: u32,
+    first: u32,
+    fill: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: EmbeddingParams;
@@ -27,11 +35,12 @@ fn embedding(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocat
     }
     let token = i / params.width;
     let col = i % params.width;
-    let id = ids[token];
-    // A quiet NaN, as bits: WGSL has no NaN literal.
-    var value = bitcast<f32>(0x7fc00000u);
-    if (id >= 0.0 && id < f32(params.vocab) && floor(id) == id) {
-        value = f32(table[u32(id) * params.width + col]);
+    // The id's row within this block (exact: the host keeps rows below 2^24).
+    let row = ids[token] - f32(params.first);
+    if (row >= 0.0 && row < f32(params.rows) && floor(row) == row) {
+        y[i] = Output(f32(table[u32(row) * params.width + col]));
+    } else if (params.fill != 0u) {
+        // A quiet NaN, as bits: WGSL has no NaN literal.
+        y[i] = Output(bitcast<f32>(0x7fc00000u));
     }
-    y[i] = Output(value);
 }

@@ -213,6 +213,27 @@ fn embedding_gathers_the_rows_of_its_ids() {
                 assert_eq!(y.shape(), [1, tokens, width]);
                 assert_same(&what, &y.to_vec().unwrap(), &expected);
             }
+            // A table in blocks of rows (as one beyond the largest binding): the same rows.
+            let (vocab, width) = (23, 9);
+            let table = random(&mut rng, vocab * width, -4.0, 4.0);
+            let blocks: Vec<Tensor> = [(0, 10), (10, 11), (11, 23)]
+                .iter()
+                .map(|&(from, to)| {
+                    let rows = &table[from * width..to * width];
+                    context.tensor(rows, &[to - from, width]).unwrap()
+                })
+                .collect();
+            let ids = [22.0, 0.0, 10.0, 9.0, 11.0, 23.0, -1.0, 10.5, 5.0];
+            let tids = context.tensor(&ids, &[3, 3]).unwrap();
+            let y = context
+                .embedding_blocks(&blocks.iter().collect::<Vec<_>>(), &tids)
+                .unwrap();
+            assert_eq!(y.shape(), [3, 3, width]);
+            assert_same(
+                &format!("embedding in blocks ({limits})"),
+                &y.to_vec().unwrap(),
+                &cpu::embedding(&table, width, &ids),
+            );
             // Ids on the GPU that are no row give NaN rows, the others their rows.
             let table = random(&mut rng, 11 * 5, -4.0, 4.0);
             let tt = context.tensor(&table, &[11, 5]).unwrap();
@@ -304,6 +325,7 @@ fn bad_input_is_a_typed_error_that_records_nothing() {
     let four = context.tensor(&[1.0; 4], &[4]).unwrap();
     let three = context.tensor(&[1.0; 3], &[3]).unwrap();
     let square = context.tensor(&[1.0; 16], &[4, 4]).unwrap();
+    let wide = context.tensor(&[1.0; 12], &[2, 6]).unwrap();
     context.flush().unwrap();
     let shape = |e: &ComputeError| matches!(e, ComputeError::ShapeMismatch { .. });
     let scalar = |e: &ComputeError| matches!(e, ComputeError::InvalidScalar { .. });
@@ -358,6 +380,18 @@ fn bad_input_is_a_typed_error_that_records_nothing() {
     );
     refused(
         &context,
+        "no blocks",
+        || context.embedding_blocks(&[], &three),
+        invalid,
+    );
+    refused(
+        &context,
+        "blocks of two widths",
+        || context.embedding_blocks(&[&x, &wide], &three),
+        shape,
+    );
+    refused(
+        &context,
         "an id past the table",
         || context.embedding_ids(&x, &[0, 2, 3, 1]),
         |e| {
@@ -396,13 +430,14 @@ fn bad_input_is_a_typed_error_that_records_nothing() {
     }
 }
 
-/// The forward the plan test captures: layer norm, causal scaled softmax, argmax, embedding.
-fn forward(context: &Context, x: &Tensor, ids: &Tensor, weights: &[Tensor; 3]) -> [Tensor; 3] {
-    let [gamma, beta, table] = weights;
+/// The forward the plan test captures: layer norm, causal scaled softmax, argmax, embedding of
+/// a table in two blocks.
+fn forward(context: &Context, x: &Tensor, ids: &Tensor, weights: &[Tensor; 4]) -> [Tensor; 3] {
+    let [gamma, beta, low, high] = weights;
     let normed = context.layer_norm(x, gamma, beta, 1e-5).unwrap();
     let probabilities = context.softmax_rows(&normed, 0.5, Some(1)).unwrap();
     let next = context.argmax_rows(&probabilities).unwrap();
-    let embedded = context.embedding(table, ids).unwrap();
+    let embedded = context.embedding_blocks(&[low, high], ids).unwrap();
     [probabilities, next, embedded]
 }
 
@@ -420,7 +455,13 @@ fn the_transformer_ops_replay_in_a_plan_as_eagerly() {
                 .tensor(&random(&mut rng, cols, -1.0, 1.0), &[cols])
                 .unwrap(),
             context
-                .tensor(&random(&mut rng, vocab * cols, -1.0, 1.0), &[vocab, cols])
+                .tensor(&random(&mut rng, 6 * cols, -1.0, 1.0), &[6, cols])
+                .unwrap(),
+            context
+                .tensor(
+                    &random(&mut rng, (vocab - 6) * cols, -1.0, 1.0),
+                    &[vocab - 6, cols],
+                )
                 .unwrap(),
         ];
         let mut capture = context.capture().unwrap();
@@ -461,7 +502,16 @@ fn the_transformer_ops_replay_in_a_plan_as_eagerly() {
                 &expected,
                 |i| 1e-4 * f64::from(expected[i]).abs() + 1e-6,
             );
-            let table = weights[2].to_vec().unwrap();
+            assert_eq!(
+                got[1],
+                cpu::argmax_rows(&got[0], cols)
+                    .iter()
+                    .map(|&i| i as f32)
+                    .collect::<Vec<_>>(),
+                "planned argmax_rows ({limits})"
+            );
+            let mut table = weights[2].to_vec().unwrap();
+            table.extend(weights[3].to_vec().unwrap());
             assert_same(
                 "planned embedding",
                 &got[2],

@@ -272,8 +272,12 @@ fn params_layout(source: Source) -> Layout {
         Source::Embedding => layout!(EmbeddingParams {
             len: u32,
             width: u32,
-            vocab: u32,
+            rows: u32,
             grid_x: u32,
+            first: u32,
+            fill: u32,
+            pad0: u32,
+            pad1: u32,
         }),
         Source::Rows | Source::ArgmaxRows => layout!(RowsParams {
             rows: u32,

@@ -144,16 +144,36 @@ impl Context {
     /// (exact integers, any shape): shape `ids.shape() + [width]`, of the table's element type.
     /// The ids are read on the GPU, so this is the form a plan captures (an input of ids fed
     /// each replay). An id that is not an integer in `[0, vocab)` gives a row of NaN (the kernel
-    /// never reads outside the table); [`Context::embedding_ids`] checks host ids instead.
+    /// never reads outside the table); [`Context::embedding_ids`] checks host ids instead. A
+    /// table too large for one binding: [`Context::embedding_blocks`].
     ///
     /// Errors: [`ComputeError::InvalidShape`] for a table that is not 2-D or has more than 2²⁴
     /// rows (ids are exact f32 integers below that); [`ComputeError::DTypeMismatch`] for ids
     /// that are not f32.
     pub fn embedding(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor, ComputeError> {
+        self.embedding_blocks(&[table], ids)
+    }
+
+    /// [`Context::embedding`] of a table given as blocks of rows, one after another (block `b`
+    /// holds the ids from the sum of the rows before it): for a table beyond the device's
+    /// largest binding (GPT-2's 50,257 × 768 f32 token table is 154 MB, above WebGPU's default
+    /// 128 MiB), split by rows. One dispatch per block; the first writes NaN for every id that
+    /// is none of its rows, each later one the rows of its ids.
+    ///
+    /// Errors: those of [`Context::embedding`] (the rows of all blocks together at most 2²⁴);
+    /// [`ComputeError::InvalidShape`] for no blocks, [`ComputeError::ShapeMismatch`] for blocks
+    /// of different widths, [`ComputeError::DTypeMismatch`] for blocks of different element
+    /// types.
+    pub fn embedding_blocks(
+        &self,
+        blocks: &[&Tensor],
+        ids: &Tensor,
+    ) -> Result<Tensor, ComputeError> {
         const OP: &str = "embedding";
-        self.check_owner(OP, table)?;
-        self.check_owner(OP, ids)?;
-        let (vocab, width) = embedding_table(OP, table)?;
+        for tensor in blocks.iter().chain([&ids]) {
+            self.check_owner(OP, tensor)?;
+        }
+        let (_, width) = embedding_table(OP, blocks)?;
         if ids.dtype() != DType::F32 {
             return Err(ComputeError::DTypeMismatch {
                 op: OP,
@@ -161,25 +181,41 @@ impl Context {
                 right: ids.dtype(),
             });
         }
+        let dtype = common_dtype(OP, blocks)?;
         let mut shape = ids.shape().to_vec();
         shape.push(width);
         let len = element_count(OP, &shape)?;
         let (workgroups, grid_x) = grid_1d(self, OP, (len as u64).div_ceil(WORKGROUP_SIZE))?;
-        let params = EmbeddingParams {
-            len: kernel_u32(OP, "elements", len)?,
-            width: kernel_u32(OP, "width", width)?,
-            vocab: kernel_u32(OP, "vocab", vocab)?,
-            grid_x,
-        };
-        let dtype = table.dtype();
+        let kernel = KernelKey::plain(Source::Embedding, OP).typed(ElementTypes::same(dtype));
+        // Compiled before the first block is recorded: the blocks are recorded whole or not at
+        // all (sizes, grids and the kernel are checked here).
+        self.prepare(&kernel)?;
+        let mut first = 0;
+        let mut params = Vec::with_capacity(blocks.len());
+        for (index, block) in blocks.iter().enumerate() {
+            let rows = block.shape()[0];
+            params.push(EmbeddingParams {
+                len: kernel_u32(OP, "elements", len)?,
+                width: kernel_u32(OP, "width", width)?,
+                rows: kernel_u32(OP, "rows", rows)?,
+                grid_x,
+                first: kernel_u32(OP, "rows", first)?,
+                fill: u32::from(index == 0),
+                pad0: 0,
+                pad1: 0,
+            });
+            first += rows;
+        }
         self.before_op()?;
         let output = self.allocate_output(OP, shape, len, dtype)?;
-        self.record(Dispatch {
-            kernel: KernelKey::plain(Source::Embedding, OP).typed(ElementTypes::same(dtype)),
-            params: ParamsBlock::new(&params),
-            bindings: &[&table.storage, &ids.storage, &output.storage],
-            workgroups,
-        })?;
+        for (block, params) in blocks.iter().zip(&params) {
+            self.record(Dispatch {
+                kernel,
+                params: ParamsBlock::new(params),
+                bindings: &[&block.storage, &ids.storage, &output.storage],
+                workgroups,
+            })?;
+        }
         Ok(output)
     }
 
@@ -194,7 +230,7 @@ impl Context {
     pub fn embedding_ids(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor, ComputeError> {
         const OP: &str = "embedding_ids";
         self.check_owner(OP, table)?;
-        let (vocab, _) = embedding_table(OP, table)?;
+        let (vocab, _) = embedding_table(OP, &[table])?;
         if ids.is_empty() {
             return Err(ComputeError::InvalidShape {
                 op: OP,
@@ -276,18 +312,40 @@ impl Context {
     }
 }
 
-/// `(vocab, width)` of an embedding table: 2-D, with rows whose indices are exact f32.
-fn embedding_table(op: &'static str, table: &Tensor) -> Result<(usize, usize), ComputeError> {
-    let invalid = |reason| ComputeError::InvalidShape {
-        op,
-        shape: table.shape().to_vec(),
-        reason,
+/// `(vocab, width)` of an embedding table given as `blocks` of rows: each 2-D, of one width,
+/// their rows together at most 2²⁴ (ids are exact f32 integers below that).
+fn embedding_table(op: &'static str, blocks: &[&Tensor]) -> Result<(usize, usize), ComputeError> {
+    let Some(first) = blocks.first() else {
+        return Err(ComputeError::InvalidShape {
+            op,
+            shape: vec![0],
+            reason: "an embedding table of no blocks",
+        });
     };
-    match *table.shape() {
-        [vocab, _] if vocab > EXACT_F32_INTEGERS => Err(invalid(
-            "a table of more than 2^24 rows (token ids are f32, exact below 2^24)",
-        )),
-        [vocab, width] => Ok((vocab, width)),
-        _ => Err(invalid("an embedding table is [vocab, width]")),
+    let mut vocab = 0usize;
+    for block in blocks {
+        let invalid = |reason| ComputeError::InvalidShape {
+            op,
+            shape: block.shape().to_vec(),
+            reason,
+        };
+        let [rows, width] = *block.shape() else {
+            return Err(invalid("an embedding table (or block) is [vocab, width]"));
+        };
+        if width != first.shape()[1] {
+            return Err(ComputeError::ShapeMismatch {
+                op,
+                left: first.shape().to_vec(),
+                right: block.shape().to_vec(),
+                expected: "blocks of one width",
+            });
+        }
+        vocab = vocab.saturating_add(rows);
+        if vocab > EXACT_F32_INTEGERS {
+            return Err(invalid(
+                "a table of more than 2^24 rows (token ids are f32, exact below 2^24)",
+            ));
+        }
     }
+    Ok((vocab, first.shape()[1]))
 }

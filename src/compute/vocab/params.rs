@@ -151,10 +151,18 @@ pub(crate) struct EmbeddingParams {
     pub(crate) len: u32,
     /// Columns of the table.
     pub(crate) width: u32,
-    /// Rows of the table.
-    pub(crate) vocab: u32,
+    /// Rows of this dispatch's block of the table.
+    pub(crate) rows: u32,
     /// Workgroups per row of the grid.
     pub(crate) grid_x: u32,
+    /// The id of the block's first row.
+    pub(crate) first: u32,
+    /// 1: ids outside the block write NaN (the first block's dispatch); 0: they write nothing.
+    pub(crate) fill: u32,
+    /// Unused (0).
+    pub(crate) pad0: u32,
+    /// Unused (0).
+    pub(crate) pad1: u32,
 }
 
 /// The elements of `shape`; refuses shapes without elements and overflowing ones.
