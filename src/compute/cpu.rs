@@ -346,6 +346,131 @@ pub fn softmax(x: &[f32], cols: usize) -> Vec<f32> {
     y
 }
 
+/// Layer normalization of each row of `cols` values: `(x − mean) / √(var + eps) · gamma + beta`
+/// with the biased variance (over `cols`, as PyTorch's `layer_norm`), in f64. No rows for
+/// `cols` 0.
+///
+/// # Panics
+///
+/// When `x` is not a whole number of rows, or `gamma` or `beta` does not hold `cols` values.
+pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], cols: usize, eps: f32) -> Vec<f32> {
+    assert_rows("layer_norm", x, cols);
+    assert_eq!(
+        gamma.len(),
+        cols,
+        "layer_norm twin: gamma is not of length cols"
+    );
+    assert_eq!(
+        beta.len(),
+        cols,
+        "layer_norm twin: beta is not of length cols"
+    );
+    if cols == 0 {
+        return Vec::new();
+    }
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(cols) {
+        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / cols as f64;
+        let variance = row
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / cols as f64;
+        let inverse = 1.0 / (variance + f64::from(eps)).sqrt();
+        y.extend(
+            row.iter()
+                .zip(gamma.iter().zip(beta))
+                .map(|(&v, (&g, &b))| {
+                    ((f64::from(v) - mean) * inverse * f64::from(g) + f64::from(b)) as f32
+                }),
+        );
+    }
+    y
+}
+
+/// Softmax of each row of `cols` values of `scale · x` (the product rounded to f32, as the
+/// kernel computes it, then in f64), the kept maximum subtracted first. With `causal` =
+/// `Some(offset)`, row `r` is query `i = r mod queries` and keeps the columns `c ≤ i + offset`,
+/// writing 0 at the others; `None` keeps every column. No rows for `cols` 0.
+///
+/// # Panics
+///
+/// When `x` is not a whole number of rows, or `queries` is 0 with a causal mask.
+pub fn softmax_rows(
+    x: &[f32],
+    cols: usize,
+    queries: usize,
+    scale: f32,
+    causal: Option<usize>,
+) -> Vec<f32> {
+    assert_rows("softmax_rows", x, cols);
+    if cols == 0 {
+        return Vec::new();
+    }
+    let mut y = Vec::with_capacity(x.len());
+    for (r, row) in x.chunks_exact(cols).enumerate() {
+        let kept = causal.map_or(cols, |offset| {
+            (r % queries)
+                .saturating_add(offset)
+                .saturating_add(1)
+                .min(cols)
+        });
+        let scores: Vec<f64> = row[..kept].iter().map(|&v| f64::from(scale * v)).collect();
+        let max = scores.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+        let exps: Vec<f64> = scores.iter().map(|&v| (v - max).exp()).collect();
+        let total: f64 = exps.iter().sum();
+        y.extend(exps.iter().map(|e| (e / total) as f32));
+        y.extend(std::iter::repeat_n(0.0, cols - kept));
+    }
+    y
+}
+
+/// Rows of `table` (`[vocab, width]`, row-major) selected by `ids`, f32 values of exact
+/// integers: `ids.len() · width` values. An id that is not an integer in `[0, vocab)` gives a
+/// row of NaN, as the kernel.
+///
+/// # Panics
+///
+/// When `table` is not a whole number of rows of `width`.
+pub fn embedding(table: &[f32], width: usize, ids: &[f32]) -> Vec<f32> {
+    assert_rows("embedding", table, width);
+    let vocab = table.len().checked_div(width).unwrap_or(0);
+    let mut y = Vec::with_capacity(ids.len() * width);
+    for &id in ids {
+        if id >= 0.0 && (id as f64) < vocab as f64 && id.floor() == id {
+            let row = id as usize;
+            y.extend_from_slice(&table[row * width..(row + 1) * width]);
+        } else {
+            y.extend(std::iter::repeat_n(f32::NAN, width));
+        }
+    }
+    y
+}
+
+/// The index of the largest value of each row of `cols` values, the first on ties (NaN never
+/// larger). No rows for `cols` 0.
+///
+/// # Panics
+///
+/// When `x` is not a whole number of rows.
+pub fn argmax_rows(x: &[f32], cols: usize) -> Vec<u32> {
+    assert_rows("argmax_rows", x, cols);
+    if cols == 0 {
+        return Vec::new();
+    }
+    x.chunks_exact(cols)
+        .map(|row| {
+            let mut best = 0;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}
+
 fn assert_rows(twin: &str, x: &[f32], cols: usize) {
     let whole = if cols == 0 {
         x.is_empty()

@@ -55,6 +55,16 @@ fn source_text(source: Source) -> &'static str {
         Source::MatmulNarrow => include_str!("../../shaders/matmul_narrow.wgsl"),
         Source::MatmulReduce => include_str!("../../shaders/matmul_reduce.wgsl"),
         Source::Rows => include_str!("../../shaders/rows.wgsl"),
+        Source::LayerNorm => concat!(
+            include_str!("../../shaders/workgroup_reduce.wgsl"),
+            include_str!("../../shaders/layer_norm.wgsl")
+        ),
+        Source::SoftmaxRows => concat!(
+            include_str!("../../shaders/workgroup_reduce.wgsl"),
+            include_str!("../../shaders/softmax_rows.wgsl")
+        ),
+        Source::Embedding => include_str!("../../shaders/embedding.wgsl"),
+        Source::ArgmaxRows => include_str!("../../shaders/argmax_rows.wgsl"),
     }
 }
 

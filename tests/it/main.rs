@@ -12,3 +12,4 @@ mod layering;
 mod pool;
 mod report;
 mod smoke;
+mod transformer;

@@ -32,13 +32,23 @@ fn every_source() -> Vec<(Source, Variant)> {
         Source::MatmulNarrow,
         Source::MatmulReduce,
         Source::Rows,
+        Source::LayerNorm,
+        Source::SoftmaxRows,
+        Source::Embedding,
+        Source::ArgmaxRows,
     ];
     sources
         .into_iter()
         .map(|source| {
             // Exhaustive: a new source must be listed above.
             let variant = match source {
-                Source::Unary | Source::Binary | Source::Rows => Variant::Plain,
+                Source::Unary
+                | Source::Binary
+                | Source::Rows
+                | Source::LayerNorm
+                | Source::SoftmaxRows
+                | Source::Embedding
+                | Source::ArgmaxRows => Variant::Plain,
                 Source::Matmul => Variant::Matmul {
                     tiles: MatmulTiles::T64X64X8,
                     group_rows: 8,
@@ -101,6 +111,10 @@ fn every_entry_point_has_a_cpu_twin_of_its_name_or_a_reason() {
         "add",
         "relu",
         "softmax",
+        "layer_norm",
+        "softmax_rows",
+        "embedding",
+        "argmax_rows",
     ] {
         assert!(
             entries.iter().any(|e| e == expected),

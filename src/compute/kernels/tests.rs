@@ -5,8 +5,8 @@ use std::mem::{offset_of, size_of};
 
 use super::*;
 use crate::compute::vocab::{
-    Activation, DType, ElementwiseParams, MatmulOptions, MatmulParams, NarrowParams, ReduceParams,
-    RowsParams,
+    Activation, DType, ElementwiseParams, EmbeddingParams, LayerNormParams, MatmulOptions,
+    MatmulParams, NarrowParams, ReduceParams, RowsParams, SoftmaxRowsParams,
 };
 
 /// The subgroup sizes of the narrow matmul's variants (0: none).
@@ -48,6 +48,10 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         (Source::Unary, Variant::Plain),
         (Source::Binary, Variant::Plain),
         (Source::Rows, Variant::Plain),
+        (Source::LayerNorm, Variant::Plain),
+        (Source::SoftmaxRows, Variant::Plain),
+        (Source::Embedding, Variant::Plain),
+        (Source::ArgmaxRows, Variant::Plain),
     ];
     let epilogues = || {
         [false, true]
@@ -174,6 +178,8 @@ fn f16_types(source: Source, variant: &Variant) -> Vec<ElementTypes> {
                 output: DType::F16,
             },
         ],
+        // Indices are stored as f32 whatever the input.
+        Variant::Plain if source == Source::ArgmaxRows => vec![partials],
         Variant::Plain | Variant::Reduce { .. } => vec![f16],
         Variant::Matmul {
             tiles,
@@ -247,7 +253,33 @@ fn params_layout(source: Source) -> Layout {
             splits: u32,
             grid_x: u32,
         }),
-        Source::Rows => layout!(RowsParams {
+        Source::LayerNorm => layout!(LayerNormParams {
+            rows: u32,
+            cols: u32,
+            grid_x: u32,
+            eps: f32,
+        }),
+        Source::SoftmaxRows => layout!(SoftmaxRowsParams {
+            rows: u32,
+            cols: u32,
+            grid_x: u32,
+            scale: f32,
+            queries: u32,
+            offset: u32,
+            causal: u32,
+            pad: u32,
+        }),
+        Source::Embedding => layout!(EmbeddingParams {
+            len: u32,
+            width: u32,
+            rows: u32,
+            grid_x: u32,
+            first: u32,
+            fill: u32,
+            pad0: u32,
+            pad1: u32,
+        }),
+        Source::Rows | Source::ArgmaxRows => layout!(RowsParams {
             rows: u32,
             cols: u32,
             grid_x: u32,

@@ -5,6 +5,7 @@ pub(crate) mod custom;
 pub(crate) mod elementwise;
 pub(crate) mod matmul;
 pub(crate) mod rows;
+pub(crate) mod transformer;
 
 use super::context::Context;
 use super::tensor::Tensor;

@@ -32,6 +32,32 @@ pub enum ComputeError {
         /// Why not.
         reason: &'static str,
     },
+    /// A scalar argument an op cannot take (a layer norm's `eps` that is not finite or is
+    /// negative, a softmax's scale that is not finite). Nothing is recorded.
+    #[error("{op}: {what} = {value} is not valid: {expected}")]
+    InvalidScalar {
+        /// The op.
+        op: &'static str,
+        /// Which argument.
+        what: &'static str,
+        /// Its value.
+        value: f32,
+        /// What the op takes.
+        expected: &'static str,
+    },
+    /// An index given on the host (a token id) outside the rows it indexes. Nothing is
+    /// uploaded or recorded.
+    #[error("{op}: index {index} at position {position} is outside the {len} rows it indexes")]
+    IndexOutOfRange {
+        /// The op.
+        op: &'static str,
+        /// Where in the indices given.
+        position: usize,
+        /// The index.
+        index: u64,
+        /// Rows there are.
+        len: usize,
+    },
     /// Uploaded data does not have the shape's number of elements.
     #[error("data of {data_len} values does not fill shape {shape:?} ({expected_len} values)")]
     DataLength {

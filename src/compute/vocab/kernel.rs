@@ -31,15 +31,23 @@ pub(crate) enum Source {
     MatmulNarrow,
     MatmulReduce,
     Rows,
+    /// `shaders/layer_norm.wgsl` (after `shaders/workgroup_reduce.wgsl`).
+    LayerNorm,
+    /// `shaders/softmax_rows.wgsl` (after `shaders/workgroup_reduce.wgsl`).
+    SoftmaxRows,
+    /// `shaders/embedding.wgsl`.
+    Embedding,
+    /// `shaders/argmax_rows.wgsl`.
+    ArgmaxRows,
 }
 
 impl Source {
     /// Storage bindings (after the parameters at binding 0).
     pub(crate) fn storage_bindings(self) -> usize {
         match self {
-            Self::Unary | Self::Rows => 2,
-            Self::Binary | Self::MatmulReduce => 3,
-            Self::Matmul | Self::MatmulNarrow => 4,
+            Self::Unary | Self::Rows | Self::SoftmaxRows | Self::ArgmaxRows => 2,
+            Self::Binary | Self::MatmulReduce | Self::Embedding => 3,
+            Self::Matmul | Self::MatmulNarrow | Self::LayerNorm => 4,
         }
     }
 }

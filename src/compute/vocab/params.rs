@@ -144,6 +144,61 @@ pub(crate) struct RowsParams {
     pub(crate) pad: u32,
 }
 
+/// The parameters of the layer norm; WGSL `LayerNormParams` in `shaders/layer_norm.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct LayerNormParams {
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// Added to the variance before its square root.
+    pub(crate) eps: f32,
+}
+
+/// The parameters of the scaled, optionally causal softmax; WGSL `SoftmaxRowsParams` in
+/// `shaders/softmax_rows.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct SoftmaxRowsParams {
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// What the scores are multiplied by before the softmax.
+    pub(crate) scale: f32,
+    /// Rows per block of queries: row `r` is query `r mod queries`.
+    pub(crate) queries: u32,
+    /// Query `i` keeps the columns `≤ i + offset` (at most `cols`).
+    pub(crate) offset: u32,
+    /// 1: the causal mask is on; 0: off.
+    pub(crate) causal: u32,
+    /// Unused (0).
+    pub(crate) pad: u32,
+}
+
+/// The parameters of the embedding gather; WGSL `EmbeddingParams` in `shaders/embedding.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct EmbeddingParams {
+    /// Elements of the output: ids · width.
+    pub(crate) len: u32,
+    /// Columns of the table.
+    pub(crate) width: u32,
+    /// Rows of this dispatch's block of the table.
+    pub(crate) rows: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// The id of the block's first row.
+    pub(crate) first: u32,
+    /// 1: ids outside the block write NaN (the first block's dispatch); 0: they write nothing.
+    pub(crate) fill: u32,
+    /// Unused (0).
+    pub(crate) pad0: u32,
+    /// Unused (0).
+    pub(crate) pad1: u32,
+}
+
 /// The elements of `shape`; refuses shapes without elements and overflowing ones.
 pub(crate) fn element_count(op: &'static str, shape: &[usize]) -> Result<usize, ComputeError> {
     let invalid = |reason| ComputeError::InvalidShape {
