@@ -60,7 +60,7 @@ impl Gpt2Config {
                 return Err(ConfigError::Zero { field });
             }
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(ConfigError::HeadsDoNotDivideWidth {
                 n_embd: self.n_embd,
                 n_head: self.n_head,
