@@ -33,6 +33,8 @@ pub struct LoadedWeights {
 
 impl Gpt2Weights {
     /// Reads a safetensors file in Hugging Face's GPT-2 layout (see [`from_bytes`](Self::from_bytes)).
+    /// The whole file is read into memory (no memory map: this layer denies unsafe code), so the
+    /// peak is about the file's size plus the weights' in f32 (1 GB for GPT-2 small in f32).
     pub fn load(
         path: impl AsRef<Path>,
         config: Option<&Gpt2Config>,
