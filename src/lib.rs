@@ -4,6 +4,7 @@ pub mod buddy;
 pub mod compute;
 mod device;
 pub mod history;
+pub mod model;
 pub mod plan;
 pub mod policy;
 mod pool;

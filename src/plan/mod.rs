@@ -98,3 +98,5 @@ mod tests;
 pub use buffers::{max_live_bytes, Buffer, Placement, Plan, PlanError, PlanOptions};
 pub use greedy::greedy_by_size;
 pub use search::plan;
+// The model's seeded random weights draw from the same generator.
+pub(crate) use rng::SplitMix64;

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, bool)] = &[
     ("state", true),
     ("replay", true),
     ("plan", true),
+    ("model", true),
     ("device", false),
     ("pool", false),
     ("report", false),

@@ -1,0 +1,60 @@
+#![deny(unsafe_code)]
+//! GPT-2's weights on the host, read from and written to safetensors files in Hugging Face's
+//! layout (the format users have: `model.safetensors` of the `gpt2` checkpoints). Pure: no GPU,
+//! no wgpu; the compute layers upload what this reads.
+//!
+//! - [`Gpt2Config`]: layers, width, heads, context, vocabulary ([`Gpt2Config::gpt2_small`],
+//!   [`Gpt2Config::tiny`]), validated ([`ConfigError`]), stored as strings in the file's
+//!   `__metadata__` under the names of Hugging Face's `config.json` ([`METADATA_KEYS`]).
+//! - [`gpt2_layout`]: every tensor's name and shape (`wte.weight`, `wpe.weight`,
+//!   `h.{i}.attn.c_attn.weight` in `Conv1D`'s `[in, out]` layout, ...), and GPT-2's
+//!   initialisation of each; `lm_head` is tied to `wte` and not in the file.
+//! - [`Gpt2Weights`]: one `Vec<f32>` per tensor. [`Gpt2Weights::load`] /
+//!   [`Gpt2Weights::from_bytes`] read F32, F16 or BF16 files (names with or without a
+//!   `transformer.` prefix) and widen them to f32; [`Gpt2Weights::random`] makes seeded random
+//!   weights; [`Gpt2Weights::write`] / [`Gpt2Weights::to_bytes`] write them back, and
+//!   [`write_random`] writes a seeded random checkpoint where no real one is at hand.
+//!
+//! A bad file is a [`WeightsError`] naming the tensor at fault (missing, wrong shape, wrong
+//! type, running past the end of a truncated file), never a panic; tensors outside the layout
+//! are ignored and listed ([`LoadedWeights::ignored`]).
+//!
+//! ```
+//! use wgpu_pool::model::{Gpt2Config, Gpt2Weights, StoredDtype};
+//!
+//! let config = Gpt2Config::tiny();
+//! let weights = Gpt2Weights::random(&config, 7)?;
+//! let bytes = weights.to_bytes(StoredDtype::F32)?;
+//! let loaded = Gpt2Weights::from_bytes(&bytes, None)?; // the configuration is in the file
+//! assert_eq!(loaded.weights, weights);
+//! assert_eq!(loaded.weights.tensor("h.1.attn.c_attn.weight").map(<[f32]>::len), Some(64 * 192));
+//! # Ok::<(), wgpu_pool::model::WeightsError>(())
+//! ```
+//!
+//! # Files
+//!
+//! Bottom up; each file uses only those above it in this list.
+//!
+//! - `error.rs`: [`ConfigError`], [`WeightsError`].
+//! - `config.rs`: [`Gpt2Config`], its validation and its `__metadata__` entries.
+//! - `layout.rs`: [`gpt2_layout`], [`TensorSpec`], [`Init`].
+//! - `weights.rs`: [`Gpt2Weights`], [`Gpt2Block`].
+//! - `read.rs`: [`Gpt2Weights::load`], [`Gpt2Weights::from_bytes`], [`LoadedWeights`].
+//! - `write.rs`: [`Gpt2Weights::random`], [`Gpt2Weights::write`], [`Gpt2Weights::to_bytes`],
+//!   [`write_random`], [`StoredDtype`] (its random numbers: the planner's SplitMix64).
+
+mod config;
+mod error;
+mod layout;
+mod read;
+#[cfg(test)]
+mod tests;
+mod weights;
+mod write;
+
+pub use config::{Gpt2Config, METADATA_KEYS};
+pub use error::{ConfigError, WeightsError};
+pub use layout::{gpt2_layout, Init, TensorSpec};
+pub use read::{LoadedWeights, TRANSFORMER_PREFIX};
+pub use weights::{Gpt2Block, Gpt2Weights};
+pub use write::{write_random, StoredDtype};
