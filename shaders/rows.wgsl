@@ -6,7 +6,7 @@
 // `Input`, `Output` (f32 or f16, written by the host): what x and y hold; sums and the softmax are
 // computed in f32. Every storage binding is read_write (pool rule).
 
-// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
 struct RowsParams {
     rows: u32,
     cols: u32,
@@ -18,37 +18,7 @@ struct RowsParams {
 @group(0) @binding(1) var<storage, read_write> x: array<Input>;
 @group(0) @binding(2) var<storage, read_write> y: array<Output>;
 
-var<workgroup> scratch: array<f32, 256>;
-
-// The sum of `value` over the workgroup, returned to every invocation.
-fn workgroup_sum(value: f32, local: u32) -> f32 {
-    scratch[local] = value;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (local < stride) {
-            scratch[local] += scratch[local + stride];
-        }
-        workgroupBarrier();
-    }
-    let total = scratch[0];
-    workgroupBarrier();
-    return total;
-}
-
-// The maximum of `value` over the workgroup, returned to every invocation.
-fn workgroup_max(value: f32, local: u32) -> f32 {
-    scratch[local] = value;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (local < stride) {
-            scratch[local] = max(scratch[local], scratch[local + stride]);
-        }
-        workgroupBarrier();
-    }
-    let total = scratch[0];
-    workgroupBarrier();
-    return total;
-}
+// `workgroup_sum` and `workgroup_max`: shaders/workgroup_reduce.wgsl, put before this file.
 
 @compute @workgroup_size(256)
 fn sum(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {

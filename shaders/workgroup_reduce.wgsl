@@ -1,5 +1,5 @@
-// Workgroup reductions of f32 over 256 invocations, shared by the row kernels of the transformer
-// ops (layer_norm.wgsl, softmax_rows.wgsl): the host puts this file before each of them
+// Workgroup reductions of f32 over 256 invocations, shared by the row kernels (rows.wgsl,
+// layer_norm.wgsl, softmax_rows.wgsl): the host puts this file before each of them
 // (src/compute/kernels.rs).
 
 var<workgroup> scratch: array<f32, 256>;

@@ -54,7 +54,10 @@ fn source_text(source: Source) -> &'static str {
         Source::Matmul => include_str!("../../shaders/matmul.wgsl"),
         Source::MatmulNarrow => include_str!("../../shaders/matmul_narrow.wgsl"),
         Source::MatmulReduce => include_str!("../../shaders/matmul_reduce.wgsl"),
-        Source::Rows => include_str!("../../shaders/rows.wgsl"),
+        Source::Rows => concat!(
+            include_str!("../../shaders/workgroup_reduce.wgsl"),
+            include_str!("../../shaders/rows.wgsl")
+        ),
         Source::LayerNorm => concat!(
             include_str!("../../shaders/workgroup_reduce.wgsl"),
             include_str!("../../shaders/layer_norm.wgsl")
