@@ -1,15 +1,15 @@
 //! Attention over a paged KV cache (`kv_write`, `paged_attention_decode`) against their CPU
 //! twins: tokens of three sequences of different lengths written one step at a time through
 //! shuffled block tables (blocks neither contiguous nor in order), then one decode step's
-//! attention; out-of-range positions, lengths and block ids; typed errors that record
-//! nothing. Every test runs on the backend `WGPU_BACKEND` selects.
+//! attention; a decode step captured in a plan and replayed; out-of-range positions, lengths
+//! and block ids; typed errors that record nothing. Every test runs on the backend `WGPU_BACKEND` selects.
 //!
 //! Tolerances: the cache is compared exactly (a copy); attention within 1e−5·(|cpu| + 1) (the
 //! twin computes in f64; the values are in [−1, 1], so the output's scale is 1).
 
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use wgpu_pool::compute::cpu::{self, KvLayout};
-use wgpu_pool::compute::{ComputeError, Context, ContextOptions, Tensor};
+use wgpu_pool::compute::{BinaryOp, ComputeError, Context, ContextOptions, Feed, Tensor};
 
 use crate::compute::{assert_close, context_with, random};
 use crate::gpu::both;
@@ -347,5 +347,76 @@ fn bad_shapes_are_typed_errors_that_record_nothing() {
             || context.paged_attention_decode(&new, &k, &v, &table, &per, scale),
             scalar,
         );
+    }
+}
+
+/// One decode step: the new tokens written, then attention over the caches.
+fn decode_step(context: &Context, caches: [&Tensor; 2], step: [&Tensor; 5]) -> Tensor {
+    let [k_cache, v_cache] = caches;
+    let [k_new, v_new, q, table, positions] = step;
+    context
+        .kv_write(k_cache, v_cache, k_new, v_new, table, positions)
+        .unwrap();
+    let lens = context
+        .binary_scalar(BinaryOp::Add, positions, 1.0)
+        .unwrap();
+    context
+        .paged_attention_decode(q, k_cache, v_cache, table, &lens, 0.25)
+        .unwrap()
+}
+
+#[test]
+fn a_captured_decode_step_replays_as_eagerly() {
+    let (_, gpu) = both()[0];
+    let context = context_with(gpu, ContextOptions::default());
+    let mut rng = StdRng::seed_from_u64(29);
+    let shape = [6, 3, 2, 5];
+    let cache_len = 6 * 3 * 2 * 5;
+    let init = random(&mut rng, cache_len, -1.0, 1.0);
+    // Two copies of the cache: one the plan writes, one the eager ops write.
+    let planned = [0, 1].map(|_| context.tensor(&init, &shape).unwrap());
+    let eager = [0, 1].map(|_| context.tensor(&init, &shape).unwrap());
+    let table = [4.0, 1.0, 5.0, 0.0, 3.0, 2.0];
+    let t_table = context.tensor(&table, &[2, 3]).unwrap();
+    let mut capture = context.capture().unwrap();
+    let k_new = capture.input(&[2, 2, 5]).unwrap();
+    let v_new = capture.input(&[2, 2, 5]).unwrap();
+    let q = capture.input(&[2, 2, 5]).unwrap();
+    let positions = capture.input(&[2]).unwrap();
+    let out = decode_step(
+        &context,
+        [&planned[0], &planned[1]],
+        [&k_new, &v_new, &q, &t_table, &positions],
+    );
+    let mut plan = capture.finish(&[&out]).unwrap();
+    for step in 0..7usize {
+        let values: Vec<Vec<f32>> = (0..3).map(|_| random(&mut rng, 20, -1.0, 1.0)).collect();
+        let positions = [step as f32, (step / 2) as f32];
+        let feeds: Vec<Feed<'_>> = values
+            .iter()
+            .map(|v| Feed::Data(v))
+            .chain([Feed::Data(&positions)])
+            .collect();
+        let got = plan.run(&feeds).unwrap();
+        let step_tensors: Vec<Tensor> = values
+            .iter()
+            .map(|v| context.tensor(v, &[2, 2, 5]).unwrap())
+            .collect();
+        let tp = context.tensor(&positions, &[2]).unwrap();
+        let expected = decode_step(
+            &context,
+            [&eager[0], &eager[1]],
+            [
+                &step_tensors[0],
+                &step_tensors[1],
+                &step_tensors[2],
+                &t_table,
+                &tp,
+            ],
+        );
+        assert_eq!(got[0], context.read(&expected).unwrap(), "step {step}");
+    }
+    for (planned, eager) in planned.iter().zip(&eager) {
+        assert_eq!(context.read(planned).unwrap(), context.read(eager).unwrap());
     }
 }
