@@ -1,15 +1,17 @@
 //! Attention over a paged KV cache (`kv_write`, `paged_attention_decode`) against their CPU
 //! twins: tokens of three sequences of different lengths written one step at a time through
 //! shuffled block tables (blocks neither contiguous nor in order), then one decode step's
-//! attention; a decode step captured in a plan and replayed; out-of-range positions, lengths
-//! and block ids; typed errors that record nothing. Every test runs on the backend `WGPU_BACKEND` selects.
+//! attention, in f32 and f16; a decode step captured in a plan and replayed; out-of-range
+//! positions, lengths and block ids; typed errors that record nothing. Every test runs on the
+//! backend `WGPU_BACKEND` selects.
 //!
 //! Tolerances: the cache is compared exactly (a copy); attention within 1e−5·(|cpu| + 1) (the
 //! twin computes in f64; the values are in [−1, 1], so the output's scale is 1).
+//! f16: on top, one f16 ulp and the smallest normal f16 (see `f16.rs`).
 
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use wgpu_pool::compute::cpu::{self, KvLayout};
-use wgpu_pool::compute::{BinaryOp, ComputeError, Context, ContextOptions, Feed, Tensor};
+use wgpu_pool::compute::{BinaryOp, ComputeError, Context, ContextOptions, DType, Feed, Tensor};
 
 use crate::compute::{assert_close, context_with, random};
 use crate::gpu::both;
@@ -79,71 +81,101 @@ fn shuffled_table(rng: &mut StdRng, case: &Case) -> (Vec<f32>, usize) {
     (table, max_blocks)
 }
 
+/// Writes the tokens of `case` step by step into caches of `dtype` (values rounded to it, as
+/// uploaded) and attends to them, each against the twins: the caches exactly, attention within
+/// 1e−5·(|cpu| + 1) and, for f16, one f16 ulp and the smallest normal f16 on top.
+fn check_case(context: &Context, rng: &mut StdRng, case: &Case, dtype: DType, limits: &str) {
+    let layout = case.layout;
+    let token_len = layout.token_len();
+    let cache_len = case.num_blocks * layout.block_tokens * token_len;
+    let cache_shape = [
+        case.num_blocks,
+        layout.block_tokens,
+        layout.n_head,
+        layout.head_dim,
+    ];
+    let values = |rng: &mut StdRng, len| cpu::rounded(&random(rng, len, -1.0, 1.0), dtype);
+    let upload =
+        |values: &[f32], shape: &[usize]| context.tensor_with(values, shape, dtype).unwrap();
+    let (table, max_blocks) = shuffled_table(rng, case);
+    let mut k_cpu = values(rng, cache_len);
+    let mut v_cpu = values(rng, cache_len);
+    let k_cache = upload(&k_cpu, &cache_shape);
+    let v_cache = upload(&v_cpu, &cache_shape);
+    let t_table = context.tensor(&table, &[3, max_blocks]).unwrap();
+    let steps = *case.lens.iter().max().unwrap();
+    let token_shape = [3, layout.n_head, layout.head_dim];
+    for step in 0..steps {
+        // A finished sequence's position is out of range: nothing is written.
+        let positions: Vec<f32> = case
+            .lens
+            .iter()
+            .map(|&len| if step < len { step as f32 } else { -1.0 })
+            .collect();
+        let k_new = values(rng, 3 * token_len);
+        let v_new = values(rng, 3 * token_len);
+        let tk = upload(&k_new, &token_shape);
+        let tv = upload(&v_new, &token_shape);
+        let tp = context.tensor(&positions, &[3]).unwrap();
+        context
+            .kv_write(&k_cache, &v_cache, &tk, &tv, &t_table, &tp)
+            .unwrap();
+        cpu::kv_write(
+            &mut k_cpu, &mut v_cpu, &k_new, &v_new, &table, &positions, layout,
+        );
+    }
+    let what = format!("{limits}: {dtype:?} {cache_shape:?} lens {:?}", case.lens);
+    assert_eq!(context.read(&k_cache).unwrap(), k_cpu, "{what}: K cache");
+    assert_eq!(context.read(&v_cache).unwrap(), v_cpu, "{what}: V cache");
+
+    let q = values(rng, 3 * token_len);
+    let lens: Vec<f32> = case.lens.iter().map(|&len| len as f32).collect();
+    let scale = 1.0 / (layout.head_dim as f32).sqrt();
+    let tq = upload(&q, &token_shape);
+    let tl = context.tensor(&lens, &[3]).unwrap();
+    let out = context
+        .paged_attention_decode(&tq, &k_cache, &v_cache, &t_table, &tl, scale)
+        .unwrap();
+    assert_eq!(out.shape(), token_shape);
+    assert_eq!(out.dtype(), dtype);
+    let exact = cpu::paged_attention_decode(&q, &k_cpu, &v_cpu, &table, &lens, layout, scale);
+    let expected = cpu::rounded(&exact, dtype);
+    assert!(expected.iter().all(|v| v.is_finite()), "{what}");
+    let ulp = |v: f32| match dtype {
+        DType::F32 => 0.0,
+        DType::F16 => 2f64.powi(-10) * f64::from(v).abs() + 2f64.powi(-14),
+    };
+    assert_close(
+        &format!("{what}: attention"),
+        &context.read(&out).unwrap(),
+        &expected,
+        |i| 1e-5 * (f64::from(expected[i]).abs() + 1.0) + ulp(expected[i]),
+    );
+}
+
 #[test]
 fn paged_writes_and_decode_attention_match_their_twins() {
     for (limits, gpu) in both() {
         for context in contexts(gpu) {
             let mut rng = StdRng::seed_from_u64(27);
             for case in &CASES {
-                let layout = case.layout;
-                let token_len = layout.token_len();
-                let cache_len = case.num_blocks * layout.block_tokens * token_len;
-                let cache_shape = [
-                    case.num_blocks,
-                    layout.block_tokens,
-                    layout.n_head,
-                    layout.head_dim,
-                ];
-                let (table, max_blocks) = shuffled_table(&mut rng, case);
-                let mut k_cpu = random(&mut rng, cache_len, -1.0, 1.0);
-                let mut v_cpu = random(&mut rng, cache_len, -1.0, 1.0);
-                let k_cache = context.tensor(&k_cpu, &cache_shape).unwrap();
-                let v_cache = context.tensor(&v_cpu, &cache_shape).unwrap();
-                let t_table = context.tensor(&table, &[3, max_blocks]).unwrap();
-                let steps = *case.lens.iter().max().unwrap();
-                let token_shape = [3, layout.n_head, layout.head_dim];
-                for step in 0..steps {
-                    // A finished sequence's position is out of range: nothing is written.
-                    let positions: Vec<f32> = case
-                        .lens
-                        .iter()
-                        .map(|&len| if step < len { step as f32 } else { -1.0 })
-                        .collect();
-                    let k_new = random(&mut rng, 3 * token_len, -1.0, 1.0);
-                    let v_new = random(&mut rng, 3 * token_len, -1.0, 1.0);
-                    let tk = context.tensor(&k_new, &token_shape).unwrap();
-                    let tv = context.tensor(&v_new, &token_shape).unwrap();
-                    let tp = context.tensor(&positions, &[3]).unwrap();
-                    context
-                        .kv_write(&k_cache, &v_cache, &tk, &tv, &t_table, &tp)
-                        .unwrap();
-                    cpu::kv_write(
-                        &mut k_cpu, &mut v_cpu, &k_new, &v_new, &table, &positions, layout,
-                    );
-                }
-                let what = format!("{limits}: {cache_shape:?} lens {:?}", case.lens);
-                assert_eq!(context.read(&k_cache).unwrap(), k_cpu, "{what}: K cache");
-                assert_eq!(context.read(&v_cache).unwrap(), v_cpu, "{what}: V cache");
-
-                let q = random(&mut rng, 3 * token_len, -1.0, 1.0);
-                let lens: Vec<f32> = case.lens.iter().map(|&len| len as f32).collect();
-                let scale = 1.0 / (layout.head_dim as f32).sqrt();
-                let tq = context.tensor(&q, &token_shape).unwrap();
-                let tl = context.tensor(&lens, &[3]).unwrap();
-                let out = context
-                    .paged_attention_decode(&tq, &k_cache, &v_cache, &t_table, &tl, scale)
-                    .unwrap();
-                assert_eq!(out.shape(), token_shape);
-                let expected =
-                    cpu::paged_attention_decode(&q, &k_cpu, &v_cpu, &table, &lens, layout, scale);
-                assert!(expected.iter().all(|v| v.is_finite()), "{what}");
-                assert_close(
-                    &format!("{what}: attention"),
-                    &context.read(&out).unwrap(),
-                    &expected,
-                    |i| 1e-5 * (f64::from(expected[i]).abs() + 1.0),
-                );
+                check_case(&context, &mut rng, case, DType::F32, limits);
             }
+        }
+    }
+}
+
+#[test]
+fn f16_paged_writes_and_decode_attention_match_their_twins() {
+    for (limits, gpu) in both() {
+        let context = context_with(gpu, ContextOptions::default());
+        if !context.supports(DType::F16) {
+            eprintln!("f16 paged attention: {limits} has no SHADER_F16; f32 only");
+            continue;
+        }
+        let mut rng = StdRng::seed_from_u64(30);
+        for case in &CASES {
+            check_case(&context, &mut rng, case, DType::F16, limits);
         }
     }
 }
