@@ -372,6 +372,50 @@ fn bad_shapes_are_typed_errors_that_record_nothing() {
         || decode(&wide_q, &wide_k, &wide_v, &one_row, &one),
         invalid,
     );
+    if context.supports(DType::F16) {
+        let half = |shape: &[usize]| -> Tensor {
+            let len = shape.iter().product();
+            context
+                .tensor_with(&vec![0.0; len], shape, DType::F16)
+                .unwrap()
+        };
+        let (half_table, half_per, half_new) = (half(&[2, 3]), half(&[2]), half(&[2, 3, 5]));
+        context.flush().unwrap();
+        let dtype = |e: &ComputeError| matches!(e, ComputeError::DTypeMismatch { .. });
+        let cases: [Refusal; 3] = [
+            (
+                "an f16 block table",
+                &k,
+                &v,
+                &new,
+                &half_table,
+                &per,
+                &dtype,
+            ),
+            (
+                "f16 per-sequence values",
+                &k,
+                &v,
+                &new,
+                &table,
+                &half_per,
+                &dtype,
+            ),
+            (
+                "f16 tokens for f32 caches",
+                &k,
+                &v,
+                &half_new,
+                &table,
+                &per,
+                &dtype,
+            ),
+        ];
+        for (what, k, v, new, table, per, expected) in cases {
+            refused(&context, what, || write(k, v, new, table, per), expected);
+            refused(&context, what, || decode(new, k, v, table, per), expected);
+        }
+    }
     for scale in [f32::NAN, f32::INFINITY] {
         refused(
             &context,
