@@ -484,5 +484,146 @@ fn assert_rows(twin: &str, x: &[f32], cols: usize) {
     );
 }
 
+/// The layout of a paged KV cache, `[num_blocks, block_tokens, n_head, head_dim]` (row-major):
+/// what the twins [`kv_write`] and [`paged_attention_decode`] need besides the values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Token slots per block.
+    pub block_tokens: usize,
+    /// Heads per token.
+    pub n_head: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Values per token: `n_head · head_dim`.
+    pub fn token_len(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// The cache's row (first value) of token `t` of a sequence with block table `table`, or
+    /// `None` where the block id is not an integer in `[0, num_blocks)` or `t` is past the table.
+    fn token_row(&self, table: &[f32], t: usize, num_blocks: usize) -> Option<usize> {
+        let block = *table.get(t / self.block_tokens)?;
+        let valid = block >= 0.0 && block < num_blocks as f32 && block.floor() == block;
+        valid.then(|| {
+            (block as usize * self.block_tokens + t % self.block_tokens) * self.token_len()
+        })
+    }
+}
+
+/// Writes each sequence's new token (`k_new`, `v_new`: `[batch, n_head, head_dim]`) into the
+/// caches at position `positions[b]`: block `block_table[b, pos / block_tokens]` (a table of
+/// `batch` rows), slot `pos % block_tokens`. Positions and block ids are f32 values of exact
+/// integers; a position or block id out of range writes nothing for that sequence, as the
+/// kernel.
+///
+/// # Panics
+///
+/// When the caches are not whole numbers of blocks of one length, the new tokens not `batch`
+/// tokens each, or the table not `batch` rows (a test oracle's precondition).
+pub fn kv_write(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    k_new: &[f32],
+    v_new: &[f32],
+    block_table: &[f32],
+    positions: &[f32],
+    layout: KvLayout,
+) {
+    let (batch, token_len) = (positions.len(), layout.token_len());
+    let block_len = layout.block_tokens * token_len;
+    assert!(k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(block_len));
+    assert!(k_new.len() == batch * token_len && v_new.len() == k_new.len());
+    assert!(batch > 0 && block_table.len().is_multiple_of(batch));
+    let num_blocks = k_cache.len() / block_len;
+    let max_blocks = block_table.len() / batch;
+    for (b, &pos) in positions.iter().enumerate() {
+        let in_range = pos >= 0.0 && pos < (max_blocks * layout.block_tokens) as f32;
+        if !(in_range && pos.floor() == pos) {
+            continue;
+        }
+        let table = &block_table[b * max_blocks..(b + 1) * max_blocks];
+        let Some(row) = layout.token_row(table, pos as usize, num_blocks) else {
+            continue;
+        };
+        let new = b * token_len..(b + 1) * token_len;
+        k_cache[row..row + token_len].copy_from_slice(&k_new[new.clone()]);
+        v_cache[row..row + token_len].copy_from_slice(&v_new[new]);
+    }
+}
+
+/// Attention of one query token per sequence over a paged KV cache, in f64: for sequence `b`
+/// and head `h`, the scores `s_t = scale · q[b, h, ·] · K[t, h, ·]` over its tokens
+/// `t < seq_lens[b]` (token `t` at block `block_table[b, t / block_tokens]`, slot
+/// `t % block_tokens`), their softmax (the maximum subtracted first), and the weighted sum of
+/// `V[t, h, ·]`: `[batch, n_head, head_dim]`. A length that is not an integer in
+/// `[1, max_blocks · block_tokens]` or a used block id that is not an integer in
+/// `[0, num_blocks)` gives NaN for every head of the sequence, as the kernel.
+///
+/// # Panics
+///
+/// When the caches are not whole numbers of blocks of one length, `q` not `batch` tokens, or
+/// the table not `batch` rows (a test oracle's precondition).
+pub fn paged_attention_decode(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    block_table: &[f32],
+    seq_lens: &[f32],
+    layout: KvLayout,
+    scale: f32,
+) -> Vec<f32> {
+    let (batch, token_len, head_dim) = (seq_lens.len(), layout.token_len(), layout.head_dim);
+    let block_len = layout.block_tokens * token_len;
+    assert!(k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(block_len));
+    assert!(q.len() == batch * token_len);
+    assert!(batch > 0 && block_table.len().is_multiple_of(batch));
+    let num_blocks = k_cache.len() / block_len;
+    let max_blocks = block_table.len() / batch;
+    let mut out = vec![f32::NAN; q.len()];
+    for (b, &len) in seq_lens.iter().enumerate() {
+        let in_range = len >= 1.0 && len <= (max_blocks * layout.block_tokens) as f32;
+        if !(in_range && len.floor() == len) {
+            continue;
+        }
+        let table = &block_table[b * max_blocks..(b + 1) * max_blocks];
+        let rows: Option<Vec<usize>> = (0..len as usize)
+            .map(|t| layout.token_row(table, t, num_blocks))
+            .collect();
+        let Some(rows) = rows else {
+            continue;
+        };
+        for h in 0..layout.n_head {
+            let query = &q[(b * layout.n_head + h) * head_dim..][..head_dim];
+            let scores: Vec<f64> = rows
+                .iter()
+                .map(|&row| {
+                    let key = &k_cache[row + h * head_dim..][..head_dim];
+                    let dot: f64 = query
+                        .iter()
+                        .zip(key)
+                        .map(|(&a, &k)| f64::from(a) * f64::from(k))
+                        .sum();
+                    f64::from(scale) * dot
+                })
+                .collect();
+            let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|&s| (s - top).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for d in 0..head_dim {
+                let value: f64 = rows
+                    .iter()
+                    .zip(&weights)
+                    .map(|(&row, &w)| w * f64::from(v_cache[row + h * head_dim + d]))
+                    .sum();
+                out[(b * layout.n_head + h) * head_dim + d] = (value / total) as f32;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;

@@ -68,6 +68,11 @@ fn source_text(source: Source) -> &'static str {
         ),
         Source::Embedding => include_str!("../../shaders/embedding.wgsl"),
         Source::ArgmaxRows => include_str!("../../shaders/argmax_rows.wgsl"),
+        Source::KvWrite => include_str!("../../shaders/kv_write.wgsl"),
+        Source::PagedAttention => concat!(
+            include_str!("../../shaders/workgroup_reduce.wgsl"),
+            include_str!("../../shaders/paged_attention.wgsl")
+        ),
     }
 }
 
@@ -453,7 +458,11 @@ pub(crate) struct Kernels {
 
 impl Kernels {
     pub(crate) fn new(device: &wgpu::Device, checks: ShaderChecks) -> Self {
-        let layouts = (0..=MAX_STORAGE_BINDINGS)
+        // Only the layouts the device takes (kernels of more storage bindings are refused when
+        // first asked for, not at the context's creation).
+        let max_storage =
+            MAX_STORAGE_BINDINGS.min(device.limits().max_storage_buffers_per_shader_stage as usize);
+        let layouts = (0..=max_storage)
             .map(|storage| layouts(device, storage))
             .collect();
         Self {
@@ -466,7 +475,8 @@ impl Kernels {
         }
     }
 
-    /// The layouts of kernels with `storage` storage bindings.
+    /// The layouts of kernels with `storage` storage bindings (a kernel of that many has been
+    /// compiled: [`Kernels::pipeline`] refuses those the device does not take).
     pub(crate) fn layouts(&self, storage: usize) -> &Layouts {
         &self.layouts[storage]
     }
@@ -486,6 +496,16 @@ impl Kernels {
     }
 
     fn create_pipeline(&mut self, key: &KernelKey) -> Result<wgpu::ComputePipeline, ComputeError> {
+        let storage = key.source.storage_bindings();
+        if storage >= self.layouts.len() {
+            return Err(ComputeError::ExceedsLimit {
+                op: key.entry,
+                what: "storage bindings",
+                value: storage as u64,
+                limit_name: "max_storage_buffers_per_shader_stage",
+                limit: self.layouts.len().saturating_sub(1) as u64,
+            });
+        }
         let device = self.device.clone();
         let label = key.label();
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -516,7 +536,7 @@ impl Kernels {
                 module
             }
         };
-        let layouts = &self.layouts[key.source.storage_bindings()];
+        let layouts = &self.layouts[storage];
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&layouts.pipeline),

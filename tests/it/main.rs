@@ -1,6 +1,7 @@
 //! One integration-test binary (links once): GPU tests run on whatever adapter
 //! `WGPU_BACKEND` selects; CI runs them on Vulkan (lavapipe) and GL (llvmpipe).
 
+mod attention;
 mod compact;
 mod compute;
 mod custom;

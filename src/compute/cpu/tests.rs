@@ -36,6 +36,8 @@ fn every_source() -> Vec<(Source, Variant)> {
         Source::SoftmaxRows,
         Source::Embedding,
         Source::ArgmaxRows,
+        Source::KvWrite,
+        Source::PagedAttention,
     ];
     sources
         .into_iter()
@@ -48,7 +50,9 @@ fn every_source() -> Vec<(Source, Variant)> {
                 | Source::LayerNorm
                 | Source::SoftmaxRows
                 | Source::Embedding
-                | Source::ArgmaxRows => Variant::Plain,
+                | Source::ArgmaxRows
+                | Source::KvWrite
+                | Source::PagedAttention => Variant::Plain,
                 Source::Matmul => Variant::Matmul {
                     tiles: MatmulTiles::T64X64X8,
                     group_rows: 8,
@@ -115,6 +119,8 @@ fn every_entry_point_has_a_cpu_twin_of_its_name_or_a_reason() {
         "softmax_rows",
         "embedding",
         "argmax_rows",
+        "kv_write",
+        "paged_attention_decode",
     ] {
         assert!(
             entries.iter().any(|e| e == expected),

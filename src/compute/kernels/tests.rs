@@ -5,8 +5,9 @@ use std::mem::{offset_of, size_of};
 
 use super::*;
 use crate::compute::vocab::{
-    Activation, DType, ElementwiseParams, EmbeddingParams, LayerNormParams, MatmulOptions,
-    MatmulParams, NarrowParams, ReduceParams, RowsParams, SoftmaxRowsParams,
+    Activation, DType, ElementwiseParams, EmbeddingParams, KvWriteParams, LayerNormParams,
+    MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams, RowsParams,
+    SoftmaxRowsParams,
 };
 
 /// The subgroup sizes of the narrow matmul's variants (0: none).
@@ -52,6 +53,8 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         (Source::SoftmaxRows, Variant::Plain),
         (Source::Embedding, Variant::Plain),
         (Source::ArgmaxRows, Variant::Plain),
+        (Source::KvWrite, Variant::Plain),
+        (Source::PagedAttention, Variant::Plain),
     ];
     let epilogues = || {
         [false, true]
@@ -278,6 +281,26 @@ fn params_layout(source: Source) -> Layout {
             fill: u32,
             pad0: u32,
             pad1: u32,
+        }),
+        Source::KvWrite => layout!(KvWriteParams {
+            batch: u32,
+            n_head: u32,
+            head_dim: u32,
+            block_tokens: u32,
+            num_blocks: u32,
+            max_blocks: u32,
+            grid_x: u32,
+            pad: u32,
+        }),
+        Source::PagedAttention => layout!(PagedAttentionParams {
+            batch: u32,
+            n_head: u32,
+            head_dim: u32,
+            block_tokens: u32,
+            num_blocks: u32,
+            max_blocks: u32,
+            grid_x: u32,
+            scale: f32,
         }),
         Source::Rows | Source::ArgmaxRows => layout!(RowsParams {
             rows: u32,

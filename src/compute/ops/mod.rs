@@ -1,6 +1,7 @@
 //! The ops: each validates its operands on the host, allocates its output from the pool and
 //! records its dispatches into the context's open pass.
 
+pub(crate) mod attention;
 pub(crate) mod custom;
 pub(crate) mod elementwise;
 pub(crate) mod matmul;

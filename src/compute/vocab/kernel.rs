@@ -39,6 +39,10 @@ pub(crate) enum Source {
     Embedding,
     /// `shaders/argmax_rows.wgsl`.
     ArgmaxRows,
+    /// `shaders/kv_write.wgsl`.
+    KvWrite,
+    /// `shaders/paged_attention.wgsl` (after `shaders/workgroup_reduce.wgsl`).
+    PagedAttention,
 }
 
 impl Source {
@@ -48,6 +52,7 @@ impl Source {
             Self::Unary | Self::Rows | Self::SoftmaxRows | Self::ArgmaxRows => 2,
             Self::Binary | Self::MatmulReduce | Self::Embedding => 3,
             Self::Matmul | Self::MatmulNarrow | Self::LayerNorm => 4,
+            Self::KvWrite | Self::PagedAttention => 6,
         }
     }
 }

@@ -39,7 +39,7 @@ pub(crate) use kernel::{
 pub use options::{Activation, Autotune, MatmulOptions, ShaderChecks};
 pub(crate) use params::{
     element_count, grid_1d_within, group0_entries, kernel_u32, ElementwiseParams, EmbeddingParams,
-    LayerNormParams, MatmulParams, NarrowParams, ParamsBlock, ReduceParams, RowsParams,
-    SoftmaxRowsParams, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    KvWriteParams, LayerNormParams, MatmulParams, NarrowParams, PagedAttentionParams, ParamsBlock,
+    ReduceParams, RowsParams, SoftmaxRowsParams, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 pub use tiles::MatmulTiles;

@@ -43,7 +43,7 @@ pub(crate) fn group0_entries(
 }
 
 /// Most storage bindings of any kernel.
-pub(crate) const MAX_STORAGE_BINDINGS: usize = 4;
+pub(crate) const MAX_STORAGE_BINDINGS: usize = 6;
 
 /// A kernel's parameter struct as the bytes of its uniform slot (zero past the struct).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -197,6 +197,48 @@ pub(crate) struct EmbeddingParams {
     pub(crate) pad0: u32,
     /// Unused (0).
     pub(crate) pad1: u32,
+}
+
+/// The parameters of the write of new tokens into a paged KV cache; WGSL `KvWriteParams` in
+/// `shaders/kv_write.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct KvWriteParams {
+    /// Sequences, one new token each.
+    pub(crate) batch: u32,
+    pub(crate) n_head: u32,
+    pub(crate) head_dim: u32,
+    /// Token slots per block of the cache.
+    pub(crate) block_tokens: u32,
+    /// Blocks of the cache.
+    pub(crate) num_blocks: u32,
+    /// Columns of the block table.
+    pub(crate) max_blocks: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// Unused (0).
+    pub(crate) pad: u32,
+}
+
+/// The parameters of the decode attention over a paged KV cache; WGSL `PagedAttentionParams` in
+/// `shaders/paged_attention.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct PagedAttentionParams {
+    /// Sequences, one query token each.
+    pub(crate) batch: u32,
+    pub(crate) n_head: u32,
+    pub(crate) head_dim: u32,
+    /// Token slots per block of the cache.
+    pub(crate) block_tokens: u32,
+    /// Blocks of the cache.
+    pub(crate) num_blocks: u32,
+    /// Columns of the block table.
+    pub(crate) max_blocks: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// What the scores are multiplied by before the softmax.
+    pub(crate) scale: f32,
 }
 
 /// The elements of `shape`; refuses shapes without elements and overflowing ones.

@@ -1,0 +1,133 @@
+// Attention of one new token per sequence over a paged KV cache (decode). q and out are
+// [batch, n_head, head_dim]; the caches k_cache and v_cache are
+// [num_blocks, block_tokens, n_head, head_dim]; sequence b's token t (t < seq_lens[b]) is at
+// block table[b, t / block_tokens], slot t % block_tokens. For each (b, h):
+// s_t = scale · Σ_d q[b, h, d] · K[t, h, d]; p_t = exp(s_t − max_t s_t) / Σ_t exp(s_t − max);
+// out[b, h, d] = Σ_t p_t · V[t, h, d]. Block ids and lengths are f32 values of exact integers.
+// A length that is not an integer in [1, max_blocks · block_tokens], or a block id the sequence
+// uses that is not an integer in [0, num_blocks), gives a row of NaN for every head of that
+// sequence: the kernel reads block 0 in its place, never outside the caches.
+// One workgroup of 256 invocations per (sequence, head) (a 2-D grid past the x limit); the host
+// keeps head_dim ≤ 256 (invocation d accumulates output d). Tokens go by chunks of 256: each
+// invocation scores one token of the chunk, then each output lane adds the chunk's weighted
+// values. Reductions in workgroup memory (shaders/workgroup_reduce.wgsl, put before this
+// file). CPU twin: `paged_attention_decode` in src/compute/cpu.rs.
+// `Input`, `Output` (f32 or f16, written by the host): what q and the caches hold, what out
+// holds; computed in f32. Every storage binding is read_write.
+
+// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+struct PagedAttentionParams {
+    batch: u32,
+    n_head: u32,
+    head_dim: u32,
+    block_tokens: u32,
+    num_blocks: u32,
+    max_blocks: u32,
+    grid_x: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> params: PagedAttentionParams;
+@group(0) @binding(1) var<storage, read_write> q: array<Input>;
+@group(0) @binding(2) var<storage, read_write> k_cache: array<Input>;
+@group(0) @binding(3) var<storage, read_write> v_cache: array<Input>;
+@group(0) @binding(4) var<storage, read_write> block_table: array<f32>;
+@group(0) @binding(5) var<storage, read_write> seq_lens: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<Output>;
+
+// The chunk's weights exp(s_t − max) and the first element of each of its tokens' rows.
+var<workgroup> weights: array<f32, 256>;
+var<workgroup> rows: array<u32, 256>;
+// The sequence's tokens to attend to (0 for a length out of range), made uniform.
+var<workgroup> token_count: u32;
+
+// The first element of token t's row of head h in the caches, and whether its block id is
+// valid (block 0 is read in place of an invalid one).
+fn token_row(b: u32, h: u32, t: u32) -> vec2<u32> {
+    let block = block_table[b * params.max_blocks + t / params.block_tokens];
+    var id = 0u;
+    var valid = 0u;
+    if (block >= 0.0 && block < f32(params.num_blocks) && floor(block) == block) {
+        id = u32(block);
+        valid = 1u;
+    }
+    let slot = id * params.block_tokens + t % params.block_tokens;
+    return vec2<u32>((slot * params.n_head + h) * params.head_dim, valid);
+}
+
+// scale · q[b, h, ·] · K[row ..].
+fn score(query: u32, row: u32) -> f32 {
+    var dot = 0.0;
+    for (var d = 0u; d < params.head_dim; d++) {
+        dot += f32(q[query + d]) * f32(k_cache[row + d]);
+    }
+    return params.scale * dot;
+}
+
+@compute @workgroup_size(256)
+fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let pair = workgroup.y * params.grid_x + workgroup.x;
+    if (pair >= params.batch * params.n_head) {
+        return;
+    }
+    let b = pair / params.n_head;
+    let h = pair % params.n_head;
+    let query = pair * params.head_dim;
+    let len = seq_lens[b];
+    // Exact: the host keeps max_blocks · block_tokens below 2^24.
+    var bad = 0.0;
+    if (local == 0u) {
+        if (len >= 1.0 && len <= f32(params.max_blocks * params.block_tokens) && floor(len) == len) {
+            token_count = u32(len);
+        } else {
+            token_count = 0u;
+        }
+    }
+    let count = workgroupUniformLoad(&token_count);
+    if (count == 0u) {
+        bad = 1.0;
+    }
+    // -f32::MAX rather than -inf: WGSL has no infinity literal.
+    var partial_max = -3.4028234663852886e38;
+    for (var t = local; t < count; t += 256u) {
+        let row = token_row(b, h, t);
+        partial_max = max(partial_max, score(query, row.x));
+        if (row.y == 0u) {
+            bad = 1.0;
+        }
+    }
+    let top = workgroup_max(partial_max, local);
+    var partial_sum = 0.0;
+    var acc = 0.0;
+    let chunks = (count + 255u) / 256u;
+    for (var chunk = 0u; chunk < chunks; chunk++) {
+        let t = chunk * 256u + local;
+        var weight = 0.0;
+        var row = 0u;
+        if (t < count) {
+            row = token_row(b, h, t).x;
+            weight = exp(score(query, row) - top);
+        }
+        partial_sum += weight;
+        weights[local] = weight;
+        rows[local] = row;
+        workgroupBarrier();
+        if (local < params.head_dim) {
+            let in_chunk = min(256u, count - chunk * 256u);
+            for (var j = 0u; j < in_chunk; j++) {
+                acc += weights[j] * f32(v_cache[rows[j] + local]);
+            }
+        }
+        workgroupBarrier();
+    }
+    let total = workgroup_sum(partial_sum, local);
+    let any_bad = workgroup_max(bad, local);
+    if (local < params.head_dim) {
+        var value = acc / total;
+        if (any_bad > 0.0) {
+            // A quiet NaN, as bits: WGSL has no NaN literal.
+            value = bitcast<f32>(0x7fc00000u);
+        }
+        out[query + local] = Output(value);
+    }
+}

@@ -1,0 +1,272 @@
+//! Attention over a paged KV cache for one-token decode, and the write of each sequence's new
+//! token into that cache. Kernels: `shaders/kv_write.wgsl`, `shaders/paged_attention.wgsl`
+//! (after `shaders/workgroup_reduce.wgsl`). Each is recorded through [`Context::record`], so it
+//! runs eagerly and is captured into plans alike. CPU twins of the same names in
+//! [`crate::compute::cpu`].
+//!
+//! The cache: one tensor for the keys and one for the values, each
+//! `[num_blocks, block_tokens, n_head, head_dim]`. A sequence's tokens live in the blocks its
+//! row of a block table names (`[batch, max_blocks]`): token `t` at block
+//! `table[b, t / block_tokens]`, slot `t % block_tokens`, so blocks need not be contiguous nor
+//! in order. Block ids, positions and lengths travel as f32 tensors of exact integers (the crate
+//! has no integer element type); they are GPU data, read by the kernels, so the host cannot
+//! check them: out-of-range values never make a kernel read or write outside its tensors (see
+//! each op for what they give).
+
+use std::sync::Arc;
+
+use super::{common_dtype, grid_1d};
+use crate::compute::context::{Context, Dispatch};
+use crate::compute::tensor::Tensor;
+use crate::compute::vocab::{
+    kernel_u32, ComputeError, DType, ElementTypes, KernelKey, KvWriteParams, PagedAttentionParams,
+    ParamsBlock, Source,
+};
+
+/// The largest integer below which every integer is an f32: ids and positions are exact below it.
+const EXACT_F32_INTEGERS: usize = 1 << 24;
+
+/// Invocations per workgroup of both kernels.
+const WORKGROUP_SIZE: usize = 256;
+
+/// The sizes of one paged cache and the batch that reads or writes it.
+struct Paged {
+    num_blocks: usize,
+    block_tokens: usize,
+    n_head: usize,
+    head_dim: usize,
+    batch: usize,
+    max_blocks: usize,
+}
+
+impl Context {
+    /// Writes each sequence's new token into a paged KV cache, in place: `k_new[b]` and
+    /// `v_new[b]` (`[batch, n_head, head_dim]`) go to position `positions[b]` of sequence `b`,
+    /// that is block `block_table[b, pos / block_tokens]`, slot `pos % block_tokens` of
+    /// `k_cache` and `v_cache` (`[num_blocks, block_tokens, n_head, head_dim]`, of `k_new`'s
+    /// element type). `block_table` (`[batch, max_blocks]`) and `positions` (`[batch]`) are f32
+    /// tensors of exact integers. A position that is not an integer in
+    /// `[0, max_blocks · block_tokens)`, or a block id it selects that is not an integer in
+    /// `[0, num_blocks)`, writes nothing for that sequence. One dispatch; nothing is allocated.
+    ///
+    /// Errors: [`ComputeError::InvalidShape`] for caches that are not 4-D, a table that is not
+    /// 2-D, more than 2²⁴ blocks or table positions (ids are exact f32 integers below that);
+    /// [`ComputeError::ShapeMismatch`] for caches of different shapes or the same tensor,
+    /// new tokens whose heads do not match the cache's or of different shapes, a table or
+    /// positions of another batch; [`ComputeError::DTypeMismatch`] for caches and new tokens of
+    /// different element types, or a table or positions that are not f32. Nothing is recorded
+    /// on error.
+    pub fn kv_write(
+        &self,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        k_new: &Tensor,
+        v_new: &Tensor,
+        block_table: &Tensor,
+        positions: &Tensor,
+    ) -> Result<(), ComputeError> {
+        const OP: &str = "kv_write";
+        for tensor in [k_cache, v_cache, k_new, v_new, block_table, positions] {
+            self.check_owner(OP, tensor)?;
+        }
+        let paged = paged_shapes(OP, k_cache, v_cache, k_new, v_new, block_table, positions)?;
+        let dtype = common_dtype(OP, &[k_cache, v_cache, k_new, v_new])?;
+        let len = paged.batch * paged.n_head * paged.head_dim;
+        let (workgroups, grid_x) = grid_1d(self, OP, len.div_ceil(WORKGROUP_SIZE) as u64)?;
+        let params = KvWriteParams {
+            batch: kernel_u32(OP, "batch", paged.batch)?,
+            n_head: kernel_u32(OP, "heads", paged.n_head)?,
+            head_dim: kernel_u32(OP, "head_dim", paged.head_dim)?,
+            block_tokens: kernel_u32(OP, "block_tokens", paged.block_tokens)?,
+            num_blocks: kernel_u32(OP, "blocks", paged.num_blocks)?,
+            max_blocks: kernel_u32(OP, "max_blocks", paged.max_blocks)?,
+            grid_x,
+            pad: 0,
+        };
+        self.before_op()?;
+        self.record(Dispatch {
+            kernel: KernelKey::plain(Source::KvWrite, OP).typed(ElementTypes::same(dtype)),
+            params: ParamsBlock::new(&params),
+            bindings: &[
+                &k_cache.storage,
+                &v_cache.storage,
+                &k_new.storage,
+                &v_new.storage,
+                &block_table.storage,
+                &positions.storage,
+            ],
+            workgroups,
+        })
+    }
+
+    /// Attention of one query token per sequence over a paged KV cache (decode): for sequence
+    /// `b` and head `h`, `softmax(scale · q[b, h] · Kᵀ) · V` over the sequence's first
+    /// `seq_lens[b]` tokens (the tokens already written, the new one included), each found
+    /// through `block_table[b]` as in [`Context::kv_write`]; the maximum score is subtracted
+    /// before `exp`. `q` is `[batch, n_head, head_dim]`, the caches
+    /// `[num_blocks, block_tokens, n_head, head_dim]` of `q`'s element type, `block_table`
+    /// `[batch, max_blocks]` and `seq_lens` `[batch]` f32 tensors of exact integers; sequences
+    /// of different lengths share one dispatch (one workgroup per sequence and head). Returns
+    /// `[batch, n_head, head_dim]`. A length that is not an integer in
+    /// `[1, max_blocks · block_tokens]`, or a block id among the sequence's tokens that is not an
+    /// integer in `[0, num_blocks)`, gives NaN for every head of that sequence (block 0 is read
+    /// in its place).
+    ///
+    /// Errors: those of [`Context::kv_write`] (with `q` for the new tokens);
+    /// [`ComputeError::InvalidShape`] for a `head_dim` above 256;
+    /// [`ComputeError::InvalidScalar`] for a `scale` that is not finite.
+    pub fn paged_attention_decode(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_table: &Tensor,
+        seq_lens: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor, ComputeError> {
+        const OP: &str = "paged_attention_decode";
+        for tensor in [q, k_cache, v_cache, block_table, seq_lens] {
+            self.check_owner(OP, tensor)?;
+        }
+        let paged = paged_shapes(OP, k_cache, v_cache, q, q, block_table, seq_lens)?;
+        if paged.head_dim > WORKGROUP_SIZE {
+            return Err(ComputeError::InvalidShape {
+                op: OP,
+                shape: q.shape().to_vec(),
+                reason: "head_dim above 256 (one invocation of 256 per output)",
+            });
+        }
+        if !scale.is_finite() {
+            return Err(ComputeError::InvalidScalar {
+                op: OP,
+                what: "scale",
+                value: scale,
+                expected: "finite",
+            });
+        }
+        let dtype = common_dtype(OP, &[q, k_cache, v_cache])?;
+        let (workgroups, grid_x) = grid_1d(self, OP, (paged.batch * paged.n_head) as u64)?;
+        let params = PagedAttentionParams {
+            batch: kernel_u32(OP, "batch", paged.batch)?,
+            n_head: kernel_u32(OP, "heads", paged.n_head)?,
+            head_dim: kernel_u32(OP, "head_dim", paged.head_dim)?,
+            block_tokens: kernel_u32(OP, "block_tokens", paged.block_tokens)?,
+            num_blocks: kernel_u32(OP, "blocks", paged.num_blocks)?,
+            max_blocks: kernel_u32(OP, "max_blocks", paged.max_blocks)?,
+            grid_x,
+            scale,
+        };
+        self.before_op()?;
+        let output = self.allocate_output(OP, q.shape().to_vec(), q.len(), dtype)?;
+        self.record(Dispatch {
+            kernel: KernelKey::plain(Source::PagedAttention, OP).typed(ElementTypes::same(dtype)),
+            params: ParamsBlock::new(&params),
+            bindings: &[
+                &q.storage,
+                &k_cache.storage,
+                &v_cache.storage,
+                &block_table.storage,
+                &seq_lens.storage,
+                &output.storage,
+            ],
+            workgroups,
+        })?;
+        Ok(output)
+    }
+}
+
+/// The sizes of a paged cache (`k_cache`, `v_cache`), its tokens (`k_new`, `v_new`:
+/// `[batch, n_head, head_dim]`, `q` twice for attention), its block table
+/// (`[batch, max_blocks]`) and its per-sequence integers (`[batch]`), checked against each
+/// other (the element types apart, which [`common_dtype`] checks).
+fn paged_shapes(
+    op: &'static str,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    block_table: &Tensor,
+    per_sequence: &Tensor,
+) -> Result<Paged, ComputeError> {
+    let invalid = |tensor: &Tensor, reason| ComputeError::InvalidShape {
+        op,
+        shape: tensor.shape().to_vec(),
+        reason,
+    };
+    let mismatch = |left: &Tensor, right: &Tensor, expected| ComputeError::ShapeMismatch {
+        op,
+        left: left.shape().to_vec(),
+        right: right.shape().to_vec(),
+        expected,
+    };
+    let [num_blocks, block_tokens, n_head, head_dim] = *k_cache.shape() else {
+        return Err(invalid(
+            k_cache,
+            "a KV cache is [num_blocks, block_tokens, n_head, head_dim]",
+        ));
+    };
+    if v_cache.shape() != k_cache.shape() {
+        return Err(mismatch(k_cache, v_cache, "K and V caches of one shape"));
+    }
+    if Arc::ptr_eq(&k_cache.storage, &v_cache.storage) {
+        return Err(mismatch(
+            k_cache,
+            v_cache,
+            "K and V caches that are two tensors",
+        ));
+    }
+    let [batch, heads, dim] = *k_new.shape() else {
+        return Err(invalid(k_new, "tokens are [batch, n_head, head_dim]"));
+    };
+    if heads != n_head || dim != head_dim {
+        return Err(mismatch(
+            k_cache,
+            k_new,
+            "tokens [batch, n_head, head_dim] of the cache's n_head and head_dim",
+        ));
+    }
+    if v_new.shape() != k_new.shape() {
+        return Err(mismatch(k_new, v_new, "new K and V of one shape"));
+    }
+    let [table_batch, max_blocks] = *block_table.shape() else {
+        return Err(invalid(block_table, "a block table is [batch, max_blocks]"));
+    };
+    if table_batch != batch {
+        return Err(mismatch(
+            k_new,
+            block_table,
+            "a block table of one row per sequence",
+        ));
+    }
+    if per_sequence.shape() != [batch] {
+        return Err(mismatch(
+            k_new,
+            per_sequence,
+            "positions or lengths of shape [batch]",
+        ));
+    }
+    for integers in [block_table, per_sequence] {
+        if integers.dtype() != DType::F32 {
+            return Err(ComputeError::DTypeMismatch {
+                op,
+                left: DType::F32,
+                right: integers.dtype(),
+            });
+        }
+    }
+    let positions = max_blocks.saturating_mul(block_tokens);
+    if num_blocks > EXACT_F32_INTEGERS || positions > EXACT_F32_INTEGERS {
+        return Err(invalid(
+            block_table,
+            "more than 2^24 blocks or table positions (ids are f32, exact below 2^24)",
+        ));
+    }
+    Ok(Paged {
+        num_blocks,
+        block_tokens,
+        n_head,
+        head_dim,
+        batch,
+        max_blocks,
+    })
+}

@@ -1,0 +1,498 @@
+//! Attention over a paged KV cache (`kv_write`, `paged_attention_decode`) against their CPU
+//! twins: tokens of three sequences of different lengths written one step at a time through
+//! shuffled block tables (blocks neither contiguous nor in order), then one decode step's
+//! attention, in f32 and f16; a decode step captured in a plan and replayed; out-of-range
+//! positions, lengths and block ids; typed errors that record nothing. Every test runs on the
+//! backend `WGPU_BACKEND` selects.
+//!
+//! Tolerances: the cache is compared exactly (a copy); attention within 1e−5·(|cpu| + 1) (the
+//! twin computes in f64; the values are in [−1, 1], so the output's scale is 1).
+//! f16: on top, one f16 ulp and the smallest normal f16 (see `f16.rs`).
+
+use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
+use wgpu_pool::compute::cpu::{self, KvLayout};
+use wgpu_pool::compute::{BinaryOp, ComputeError, Context, ContextOptions, DType, Feed, Tensor};
+
+use crate::compute::{assert_close, context_with, random};
+use crate::gpu::both;
+
+/// A default context and one whose grids are at most 2 workgroups wide (2-D past that).
+fn contexts(gpu: &wgpu_pool::Gpu) -> [Context; 2] {
+    [
+        context_with(gpu, ContextOptions::default()),
+        context_with(
+            gpu,
+            ContextOptions {
+                max_grid_x: Some(2),
+                ..ContextOptions::default()
+            },
+        ),
+    ]
+}
+
+/// One case: the cache's layout, its blocks, and the sequences' lengths.
+struct Case {
+    layout: KvLayout,
+    num_blocks: usize,
+    lens: [usize; 3],
+}
+
+const CASES: [Case; 2] = [
+    // Odd sizes everywhere.
+    Case {
+        layout: KvLayout {
+            block_tokens: 5,
+            n_head: 3,
+            head_dim: 7,
+        },
+        num_blocks: 11,
+        lens: [1, 13, 9],
+    },
+    // GPT-2's head size, a sequence past one chunk of 256 tokens.
+    Case {
+        layout: KvLayout {
+            block_tokens: 16,
+            n_head: 2,
+            head_dim: 64,
+        },
+        num_blocks: 25,
+        lens: [300, 17, 1],
+    },
+];
+
+/// A block table `[3, max_blocks]` giving each sequence the blocks it needs from a shuffled
+/// list of all blocks; the entries past a sequence's blocks are out of range (never read).
+fn shuffled_table(rng: &mut StdRng, case: &Case) -> (Vec<f32>, usize) {
+    let mut blocks: Vec<usize> = (0..case.num_blocks).collect();
+    blocks.shuffle(rng);
+    let needed: Vec<usize> = case
+        .lens
+        .iter()
+        .map(|len| len.div_ceil(case.layout.block_tokens))
+        .collect();
+    let max_blocks = *needed.iter().max().unwrap() + 1;
+    let mut table = vec![1e6; 3 * max_blocks];
+    let mut next = blocks.into_iter();
+    for (b, &count) in needed.iter().enumerate() {
+        for slot in &mut table[b * max_blocks..][..count] {
+            *slot = next.next().expect("enough blocks") as f32;
+        }
+    }
+    (table, max_blocks)
+}
+
+/// Writes the tokens of `case` step by step into caches of `dtype` (values rounded to it, as
+/// uploaded) and attends to them, each against the twins: the caches exactly, attention within
+/// 1e−5·(|cpu| + 1) and, for f16, one f16 ulp and the smallest normal f16 on top.
+fn check_case(context: &Context, rng: &mut StdRng, case: &Case, dtype: DType, limits: &str) {
+    let layout = case.layout;
+    let token_len = layout.token_len();
+    let cache_len = case.num_blocks * layout.block_tokens * token_len;
+    let cache_shape = [
+        case.num_blocks,
+        layout.block_tokens,
+        layout.n_head,
+        layout.head_dim,
+    ];
+    let values = |rng: &mut StdRng, len| cpu::rounded(&random(rng, len, -1.0, 1.0), dtype);
+    let upload =
+        |values: &[f32], shape: &[usize]| context.tensor_with(values, shape, dtype).unwrap();
+    let (table, max_blocks) = shuffled_table(rng, case);
+    let mut k_cpu = values(rng, cache_len);
+    let mut v_cpu = values(rng, cache_len);
+    let k_cache = upload(&k_cpu, &cache_shape);
+    let v_cache = upload(&v_cpu, &cache_shape);
+    let t_table = context.tensor(&table, &[3, max_blocks]).unwrap();
+    let steps = *case.lens.iter().max().unwrap();
+    let token_shape = [3, layout.n_head, layout.head_dim];
+    for step in 0..steps {
+        // A finished sequence's position is out of range: nothing is written.
+        let positions: Vec<f32> = case
+            .lens
+            .iter()
+            .map(|&len| if step < len { step as f32 } else { -1.0 })
+            .collect();
+        let k_new = values(rng, 3 * token_len);
+        let v_new = values(rng, 3 * token_len);
+        let tk = upload(&k_new, &token_shape);
+        let tv = upload(&v_new, &token_shape);
+        let tp = context.tensor(&positions, &[3]).unwrap();
+        context
+            .kv_write(&k_cache, &v_cache, &tk, &tv, &t_table, &tp)
+            .unwrap();
+        cpu::kv_write(
+            &mut k_cpu, &mut v_cpu, &k_new, &v_new, &table, &positions, layout,
+        );
+    }
+    let what = format!("{limits}: {dtype:?} {cache_shape:?} lens {:?}", case.lens);
+    assert_eq!(context.read(&k_cache).unwrap(), k_cpu, "{what}: K cache");
+    assert_eq!(context.read(&v_cache).unwrap(), v_cpu, "{what}: V cache");
+
+    let q = values(rng, 3 * token_len);
+    let lens: Vec<f32> = case.lens.iter().map(|&len| len as f32).collect();
+    let scale = 1.0 / (layout.head_dim as f32).sqrt();
+    let tq = upload(&q, &token_shape);
+    let tl = context.tensor(&lens, &[3]).unwrap();
+    let out = context
+        .paged_attention_decode(&tq, &k_cache, &v_cache, &t_table, &tl, scale)
+        .unwrap();
+    assert_eq!(out.shape(), token_shape);
+    assert_eq!(out.dtype(), dtype);
+    let exact = cpu::paged_attention_decode(&q, &k_cpu, &v_cpu, &table, &lens, layout, scale);
+    let expected = cpu::rounded(&exact, dtype);
+    assert!(expected.iter().all(|v| v.is_finite()), "{what}");
+    let ulp = |v: f32| match dtype {
+        DType::F32 => 0.0,
+        DType::F16 => 2f64.powi(-10) * f64::from(v).abs() + 2f64.powi(-14),
+    };
+    assert_close(
+        &format!("{what}: attention"),
+        &context.read(&out).unwrap(),
+        &expected,
+        |i| 1e-5 * (f64::from(expected[i]).abs() + 1.0) + ulp(expected[i]),
+    );
+}
+
+#[test]
+fn paged_writes_and_decode_attention_match_their_twins() {
+    for (limits, gpu) in both() {
+        for context in contexts(gpu) {
+            let mut rng = StdRng::seed_from_u64(27);
+            for case in &CASES {
+                check_case(&context, &mut rng, case, DType::F32, limits);
+            }
+        }
+    }
+}
+
+#[test]
+fn f16_paged_writes_and_decode_attention_match_their_twins() {
+    for (limits, gpu) in both() {
+        let context = context_with(gpu, ContextOptions::default());
+        if !context.supports(DType::F16) {
+            eprintln!("f16 paged attention: {limits} has no SHADER_F16; f32 only");
+            continue;
+        }
+        let mut rng = StdRng::seed_from_u64(30);
+        for case in &CASES {
+            check_case(&context, &mut rng, case, DType::F16, limits);
+        }
+    }
+}
+
+#[test]
+fn out_of_range_tables_write_nothing_and_attend_to_nan() {
+    let (_, gpu) = both()[0];
+    let context = context_with(gpu, ContextOptions::default());
+    let layout = KvLayout {
+        block_tokens: 4,
+        n_head: 2,
+        head_dim: 3,
+    };
+    let mut rng = StdRng::seed_from_u64(28);
+    let cache_len = 3 * 4 * 6;
+    let mut k_cpu = random(&mut rng, cache_len, -1.0, 1.0);
+    let mut v_cpu = random(&mut rng, cache_len, -1.0, 1.0);
+    let k_cache = context.tensor(&k_cpu, &[3, 4, 2, 3]).unwrap();
+    let v_cache = context.tensor(&v_cpu, &[3, 4, 2, 3]).unwrap();
+    // Four sequences, two blocks each: in range; a block id past the cache; a negative one;
+    // a fractional one.
+    let table = [2.0, 0.0, 3.0, 1.0, -1.0, 1.0, 0.5, 1.0];
+    let t_table = context.tensor(&table, &[4, 2]).unwrap();
+    // Positions: in range, in the bad block, in the bad block, and past the table (8 slots).
+    let positions = [5.0, 1.0, 2.0, 8.0];
+    let k_new = random(&mut rng, 4 * 6, -1.0, 1.0);
+    let v_new = random(&mut rng, 4 * 6, -1.0, 1.0);
+    let tk = context.tensor(&k_new, &[4, 2, 3]).unwrap();
+    let tv = context.tensor(&v_new, &[4, 2, 3]).unwrap();
+    let tp = context.tensor(&positions, &[4]).unwrap();
+    context
+        .kv_write(&k_cache, &v_cache, &tk, &tv, &t_table, &tp)
+        .unwrap();
+    let before = k_cpu.clone();
+    cpu::kv_write(
+        &mut k_cpu, &mut v_cpu, &k_new, &v_new, &table, &positions, layout,
+    );
+    // Only sequence 0's token was written: block 0, slot 1.
+    let changed: Vec<usize> = (0..cache_len).filter(|&i| k_cpu[i] != before[i]).collect();
+    assert_eq!(changed, (6..12).collect::<Vec<_>>());
+    assert_eq!(context.read(&k_cache).unwrap(), k_cpu);
+    assert_eq!(context.read(&v_cache).unwrap(), v_cpu);
+
+    // Lengths: in range (reads block 2 then 0); through the bad block; 0; past the table.
+    let lens = [6.0, 6.0, 0.0, 9.0];
+    let q = random(&mut rng, 4 * 6, -1.0, 1.0);
+    let tq = context.tensor(&q, &[4, 2, 3]).unwrap();
+    let tl = context.tensor(&lens, &[4]).unwrap();
+    let out = context
+        .paged_attention_decode(&tq, &k_cache, &v_cache, &t_table, &tl, 0.5)
+        .unwrap();
+    let got = context.read(&out).unwrap();
+    let expected = cpu::paged_attention_decode(&q, &k_cpu, &v_cpu, &table, &lens, layout, 0.5);
+    assert!(expected[..6].iter().all(|v| v.is_finite()));
+    assert!(expected[6..].iter().all(|v| v.is_nan()));
+    assert!(got[6..].iter().all(|v| v.is_nan()), "{got:?}");
+    assert_close("in range", &got[..6], &expected[..6], |i| {
+        1e-5 * (f64::from(expected[i]).abs() + 1.0)
+    });
+}
+
+/// A refused call: what it tests, its operands (`k`, `v`, the tokens, the table, the
+/// per-sequence values) and the error expected.
+type Refusal<'a> = (
+    &'a str,
+    &'a Tensor,
+    &'a Tensor,
+    &'a Tensor,
+    &'a Tensor,
+    &'a Tensor,
+    &'a dyn Fn(&ComputeError) -> bool,
+);
+
+/// Asserts that `op` fails as `expected` and records and allocates nothing.
+fn refused<T>(
+    context: &Context,
+    what: &str,
+    op: impl FnOnce() -> Result<T, ComputeError>,
+    expected: impl Fn(&ComputeError) -> bool,
+) {
+    let pending = context.pending_dispatches();
+    let allocations = context.pool().stats().allocations.total;
+    match op() {
+        Ok(_) => panic!("{what}: accepted"),
+        Err(error) => assert!(expected(&error), "{what}: {error:?}"),
+    }
+    assert_eq!(context.pending_dispatches(), pending, "{what}: recorded");
+    assert_eq!(
+        context.pool().stats().allocations.total,
+        allocations,
+        "{what}: allocated"
+    );
+}
+
+#[test]
+fn bad_shapes_are_typed_errors_that_record_nothing() {
+    let (_, gpu) = both()[0];
+    let context = context_with(gpu, ContextOptions::default());
+    let t = |shape: &[usize]| -> Tensor {
+        let len = shape.iter().product();
+        context.tensor(&vec![0.0; len], shape).unwrap()
+    };
+    let (k, v) = (t(&[4, 2, 3, 5]), t(&[4, 2, 3, 5]));
+    let new = t(&[2, 3, 5]);
+    let table = t(&[2, 3]);
+    let per = t(&[2]);
+    let (other_cache, three_d) = (t(&[4, 2, 3, 6]), t(&[4, 6, 5]));
+    let (wrong_heads, wrong_batch) = (t(&[2, 4, 5]), t(&[3, 3, 5]));
+    let (table_1d, three) = (t(&[6]), t(&[3]));
+    let (wide_k, wide_v, wide_q) = (t(&[2, 1, 1, 300]), t(&[2, 1, 1, 300]), t(&[1, 1, 300]));
+    let (one_row, one) = (t(&[1, 1]), t(&[1]));
+    context.flush().unwrap();
+    let shape = |e: &ComputeError| matches!(e, ComputeError::ShapeMismatch { .. });
+    let invalid = |e: &ComputeError| matches!(e, ComputeError::InvalidShape { .. });
+    let scalar = |e: &ComputeError| matches!(e, ComputeError::InvalidScalar { .. });
+    let write = |k: &Tensor, v: &Tensor, new: &Tensor, table: &Tensor, per: &Tensor| {
+        context.kv_write(k, v, new, new, table, per)
+    };
+    let decode = |q: &Tensor, k: &Tensor, v: &Tensor, table: &Tensor, per: &Tensor| {
+        context.paged_attention_decode(q, k, v, table, per, 1.0)
+    };
+    // The good shapes are accepted (so each refusal below is for its one fault).
+    write(&k, &v, &new, &table, &per).unwrap();
+    decode(&new, &k, &v, &table, &per).unwrap();
+    context.flush().unwrap();
+    let cases: [Refusal; 8] = [
+        (
+            "caches of two shapes",
+            &k,
+            &other_cache,
+            &new,
+            &table,
+            &per,
+            &shape,
+        ),
+        ("one tensor for K and V", &k, &k, &new, &table, &per, &shape),
+        (
+            "a 3-D cache",
+            &three_d,
+            &three_d,
+            &new,
+            &table,
+            &per,
+            &invalid,
+        ),
+        (
+            "tokens of other heads",
+            &k,
+            &v,
+            &wrong_heads,
+            &table,
+            &per,
+            &shape,
+        ),
+        (
+            "tokens of another batch",
+            &k,
+            &v,
+            &wrong_batch,
+            &table,
+            &per,
+            &shape,
+        ),
+        ("a 1-D table", &k, &v, &new, &table_1d, &per, &invalid),
+        (
+            "a table of another batch",
+            &k,
+            &v,
+            &new,
+            &one_row,
+            &per,
+            &shape,
+        ),
+        (
+            "per-sequence values of another batch",
+            &k,
+            &v,
+            &new,
+            &table,
+            &three,
+            &shape,
+        ),
+    ];
+    for (what, k, v, new, table, per, expected) in cases {
+        refused(&context, what, || write(k, v, new, table, per), expected);
+        refused(&context, what, || decode(new, k, v, table, per), expected);
+    }
+    // Heads of more than 256 values: written, not attended to.
+    write(&wide_k, &wide_v, &wide_q, &one_row, &one).unwrap();
+    context.flush().unwrap();
+    refused(
+        &context,
+        "head_dim above 256",
+        || decode(&wide_q, &wide_k, &wide_v, &one_row, &one),
+        invalid,
+    );
+    if context.supports(DType::F16) {
+        let half = |shape: &[usize]| -> Tensor {
+            let len = shape.iter().product();
+            context
+                .tensor_with(&vec![0.0; len], shape, DType::F16)
+                .unwrap()
+        };
+        let (half_table, half_per, half_new) = (half(&[2, 3]), half(&[2]), half(&[2, 3, 5]));
+        context.flush().unwrap();
+        let dtype = |e: &ComputeError| matches!(e, ComputeError::DTypeMismatch { .. });
+        let cases: [Refusal; 3] = [
+            (
+                "an f16 block table",
+                &k,
+                &v,
+                &new,
+                &half_table,
+                &per,
+                &dtype,
+            ),
+            (
+                "f16 per-sequence values",
+                &k,
+                &v,
+                &new,
+                &table,
+                &half_per,
+                &dtype,
+            ),
+            (
+                "f16 tokens for f32 caches",
+                &k,
+                &v,
+                &half_new,
+                &table,
+                &per,
+                &dtype,
+            ),
+        ];
+        for (what, k, v, new, table, per, expected) in cases {
+            refused(&context, what, || write(k, v, new, table, per), expected);
+            refused(&context, what, || decode(new, k, v, table, per), expected);
+        }
+    }
+    for scale in [f32::NAN, f32::INFINITY] {
+        refused(
+            &context,
+            "scale",
+            || context.paged_attention_decode(&new, &k, &v, &table, &per, scale),
+            scalar,
+        );
+    }
+}
+
+/// One decode step: the new tokens written, then attention over the caches.
+fn decode_step(context: &Context, caches: [&Tensor; 2], step: [&Tensor; 5]) -> Tensor {
+    let [k_cache, v_cache] = caches;
+    let [k_new, v_new, q, table, positions] = step;
+    context
+        .kv_write(k_cache, v_cache, k_new, v_new, table, positions)
+        .unwrap();
+    let lens = context
+        .binary_scalar(BinaryOp::Add, positions, 1.0)
+        .unwrap();
+    context
+        .paged_attention_decode(q, k_cache, v_cache, table, &lens, 0.25)
+        .unwrap()
+}
+
+#[test]
+fn a_captured_decode_step_replays_as_eagerly() {
+    let (_, gpu) = both()[0];
+    let context = context_with(gpu, ContextOptions::default());
+    let mut rng = StdRng::seed_from_u64(29);
+    let shape = [6, 3, 2, 5];
+    let cache_len = 6 * 3 * 2 * 5;
+    let init = random(&mut rng, cache_len, -1.0, 1.0);
+    // Two copies of the cache: one the plan writes, one the eager ops write.
+    let planned = [0, 1].map(|_| context.tensor(&init, &shape).unwrap());
+    let eager = [0, 1].map(|_| context.tensor(&init, &shape).unwrap());
+    let table = [4.0, 1.0, 5.0, 0.0, 3.0, 2.0];
+    let t_table = context.tensor(&table, &[2, 3]).unwrap();
+    let mut capture = context.capture().unwrap();
+    let k_new = capture.input(&[2, 2, 5]).unwrap();
+    let v_new = capture.input(&[2, 2, 5]).unwrap();
+    let q = capture.input(&[2, 2, 5]).unwrap();
+    let positions = capture.input(&[2]).unwrap();
+    let out = decode_step(
+        &context,
+        [&planned[0], &planned[1]],
+        [&k_new, &v_new, &q, &t_table, &positions],
+    );
+    let mut plan = capture.finish(&[&out]).unwrap();
+    for step in 0..7usize {
+        let values: Vec<Vec<f32>> = (0..3).map(|_| random(&mut rng, 20, -1.0, 1.0)).collect();
+        let positions = [step as f32, (step / 2) as f32];
+        let feeds: Vec<Feed<'_>> = values
+            .iter()
+            .map(|v| Feed::Data(v))
+            .chain([Feed::Data(&positions)])
+            .collect();
+        let got = plan.run(&feeds).unwrap();
+        let step_tensors: Vec<Tensor> = values
+            .iter()
+            .map(|v| context.tensor(v, &[2, 2, 5]).unwrap())
+            .collect();
+        let tp = context.tensor(&positions, &[2]).unwrap();
+        let expected = decode_step(
+            &context,
+            [&eager[0], &eager[1]],
+            [
+                &step_tensors[0],
+                &step_tensors[1],
+                &step_tensors[2],
+                &t_table,
+                &tp,
+            ],
+        );
+        assert_eq!(got[0], context.read(&expected).unwrap(), "step {step}");
+    }
+    for (planned, eager) in planned.iter().zip(&eager) {
+        assert_eq!(context.read(planned).unwrap(), context.read(eager).unwrap());
+    }
+}
