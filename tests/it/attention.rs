@@ -13,7 +13,7 @@ use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use wgpu_pool::compute::cpu::{self, KvLayout};
 use wgpu_pool::compute::{BinaryOp, ComputeError, Context, ContextOptions, DType, Feed, Tensor};
 
-use crate::compute::{assert_close, context_with, random};
+use crate::compute::{assert_close, context_with, random, refused};
 use crate::gpu::both;
 
 /// A default context and one whose grids are at most 2 workgroups wide (2-D past that).
@@ -248,27 +248,6 @@ type Refusal<'a> = (
     &'a Tensor,
     &'a dyn Fn(&ComputeError) -> bool,
 );
-
-/// Asserts that `op` fails as `expected` and records and allocates nothing.
-fn refused<T>(
-    context: &Context,
-    what: &str,
-    op: impl FnOnce() -> Result<T, ComputeError>,
-    expected: impl Fn(&ComputeError) -> bool,
-) {
-    let pending = context.pending_dispatches();
-    let allocations = context.pool().stats().allocations.total;
-    match op() {
-        Ok(_) => panic!("{what}: accepted"),
-        Err(error) => assert!(expected(&error), "{what}: {error:?}"),
-    }
-    assert_eq!(context.pending_dispatches(), pending, "{what}: recorded");
-    assert_eq!(
-        context.pool().stats().allocations.total,
-        allocations,
-        "{what}: allocated"
-    );
-}
 
 #[test]
 fn bad_shapes_are_typed_errors_that_record_nothing() {

@@ -2071,3 +2071,25 @@ fn contexts_tuning_one_shape_at_once_run_one_plan() {
         assert_eq!(later.matmul_plan(m, n, k).unwrap(), plans[0]);
     }
 }
+
+/// Asserts that `op` fails with an error `expected` accepts, and that it recorded and allocated
+/// nothing (shared by the transformer and attention tests).
+pub fn refused<T>(
+    context: &Context,
+    what: &str,
+    op: impl FnOnce() -> Result<T, ComputeError>,
+    expected: impl Fn(&ComputeError) -> bool,
+) {
+    let pending = context.pending_dispatches();
+    let allocations = context.pool().stats().allocations.total;
+    match op() {
+        Ok(_) => panic!("{what}: accepted"),
+        Err(error) => assert!(expected(&error), "{what}: {error:?}"),
+    }
+    assert_eq!(context.pending_dispatches(), pending, "{what}: recorded");
+    assert_eq!(
+        context.pool().stats().allocations.total,
+        allocations,
+        "{what}: allocated"
+    );
+}

@@ -12,7 +12,7 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{cpu, ComputeError, Context, ContextOptions, DType, Feed, Tensor};
 
-use crate::compute::{assert_close, context_with, random};
+use crate::compute::{assert_close, context_with, random, refused};
 use crate::gpu::both;
 
 /// `(rows, cols)`: odd, one column, one row, past one workgroup's stride, several strides.
@@ -293,28 +293,6 @@ fn argmax_rows_picks_the_first_largest() {
             assert_eq!(y.to_vec().unwrap(), [1.0]);
         }
     }
-}
-
-/// Asserts that `op` fails with an error `expected` accepts and that it recorded, allocated and
-/// uploaded nothing.
-fn refused(
-    context: &Context,
-    what: &str,
-    op: impl FnOnce() -> Result<Tensor, ComputeError>,
-    expected: impl Fn(&ComputeError) -> bool,
-) {
-    let pending = context.pending_dispatches();
-    let allocations = context.pool().stats().allocations.total;
-    match op() {
-        Ok(_) => panic!("{what}: accepted"),
-        Err(error) => assert!(expected(&error), "{what}: {error:?}"),
-    }
-    assert_eq!(context.pending_dispatches(), pending, "{what}: recorded");
-    assert_eq!(
-        context.pool().stats().allocations.total,
-        allocations,
-        "{what}: allocated"
-    );
 }
 
 #[test]
