@@ -5,11 +5,13 @@ pub mod compute;
 mod device;
 pub mod history;
 pub mod model;
+pub mod paging;
 pub mod plan;
 pub mod policy;
 mod pool;
 pub mod replay;
 pub mod report;
+pub mod serve;
 pub mod snapshot;
 pub mod state;
 

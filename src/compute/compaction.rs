@@ -105,7 +105,7 @@ impl Context {
     pub(crate) fn after_out_of_memory(
         &self,
         bytes: u64,
-        label: &'static str,
+        label: &str,
         mut oom: Box<OutOfMemory>,
     ) -> Result<Allocation, ComputeError> {
         let mut estimate = self.compaction_estimate(bytes);

@@ -231,6 +231,18 @@ impl Context {
         shape: &[usize],
         dtype: DType,
     ) -> Result<Tensor, ComputeError> {
+        self.tensor_labeled(data, shape, dtype, "tensor")
+    }
+
+    /// [`Context::tensor_with`] under `label` in the pool's reports (memory summary, segment
+    /// map, snapshots, history), e.g. a weight's name.
+    pub fn tensor_labeled(
+        &self,
+        data: &[f32],
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor, ComputeError> {
         let len = element_count("tensor", shape)?;
         self.check_dtype("tensor", dtype)?;
         if data.len() != len {
@@ -241,7 +253,7 @@ impl Context {
             });
         }
         // Real memory even while capturing: data made in a forward is a constant of its plan.
-        let tensor = self.allocate_memory("tensor", shape.to_vec(), len, dtype)?;
+        let tensor = self.allocate_memory(label, shape.to_vec(), len, dtype)?;
         self.pool().write(
             &tensor.storage.allocation().expect("allocated above"),
             0,
@@ -265,6 +277,28 @@ impl Context {
         let tensor = self.allocate("zeros", shape.to_vec(), len, dtype)?;
         self.record_clear(&tensor.storage)?;
         Ok(tensor)
+    }
+
+    /// A tensor of `shape` of `dtype` filled with zeros, under `label` in the pool's reports: for
+    /// state that lives across steps and plans, such as a KV cache. The pool clears its range on
+    /// the GPU before handing it out; its memory is real even while the context captures (a plan
+    /// binds it as it binds weights).
+    pub fn zeros_labeled(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor, ComputeError> {
+        let len = element_count("zeros", shape)?;
+        self.check_dtype("zeros", dtype)?;
+        let bytes = tensor_bytes(len, dtype);
+        let options = AllocOptions {
+            label,
+            zeroed: true,
+            bindable: true,
+        };
+        let allocation = self.pool().allocate_with(bytes, options)?;
+        Ok(self.tensor_over(allocation, shape.to_vec(), len, dtype))
     }
 
     /// An f32 tensor of `shape` whose contents are unspecified (like `torch.empty`: whatever the
@@ -423,7 +457,7 @@ impl Context {
     /// not.
     pub(crate) fn allocate_memory(
         &self,
-        label: &'static str,
+        label: &str,
         shape: Vec<usize>,
         len: usize,
         dtype: DType,

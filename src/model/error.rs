@@ -148,3 +148,30 @@ pub enum WeightsError {
         bytes: usize,
     },
 }
+
+/// Why token ids cannot be run through a model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokensError {
+    /// No tokens.
+    #[error("no tokens")]
+    Empty,
+    /// More tokens than the model has positions.
+    #[error("{tokens} tokens; the model's context holds {n_ctx}")]
+    TooLong {
+        /// Tokens given.
+        tokens: usize,
+        /// The model's context.
+        n_ctx: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {token} at index {index} is outside the vocabulary of {vocab_size}")]
+    OutOfVocabulary {
+        /// The id.
+        token: u32,
+        /// Where it is.
+        index: usize,
+        /// The vocabulary's size.
+        vocab_size: usize,
+    },
+}

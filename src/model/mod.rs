@@ -40,6 +40,8 @@
 //! - `layout.rs`: [`gpt2_layout`], [`TensorSpec`], [`Init`].
 //! - `weights.rs`: [`Gpt2Weights`], [`Gpt2Block`].
 //! - `read.rs`: [`Gpt2Weights::load`], [`Gpt2Weights::from_bytes`], [`LoadedWeights`].
+//! - `reference.rs`: [`Gpt2Weights::reference_logits`] (the served model's CPU twin, in f64),
+//!   [`Gpt2Weights::check_tokens`], [`LAYER_NORM_EPS`].
 //! - `write.rs`: [`Gpt2Weights::random`], [`Gpt2Weights::write`], [`Gpt2Weights::to_bytes`],
 //!   [`write_random`], [`StoredDtype`] (its random numbers: the planner's SplitMix64).
 
@@ -47,14 +49,16 @@ mod config;
 mod error;
 mod layout;
 mod read;
+mod reference;
 #[cfg(test)]
 mod tests;
 mod weights;
 mod write;
 
 pub use config::{Gpt2Config, METADATA_KEYS};
-pub use error::{ConfigError, WeightsError};
+pub use error::{ConfigError, TokensError, WeightsError};
 pub use layout::{gpt2_layout, Init, TensorSpec};
 pub use read::{LoadedWeights, TRANSFORMER_PREFIX};
+pub use reference::LAYER_NORM_EPS;
 pub use weights::{Gpt2Block, Gpt2Weights};
 pub use write::{write_random, StoredDtype};

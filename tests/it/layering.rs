@@ -22,10 +22,12 @@ const LAYERS: &[(&str, bool)] = &[
     ("replay", true),
     ("plan", true),
     ("model", true),
+    ("paging", true),
     ("device", false),
     ("pool", false),
     ("report", false),
     ("compute", false),
+    ("serve", false),
 ];
 
 /// One source file of the crate.

@@ -12,5 +12,6 @@ mod graph;
 mod layering;
 mod pool;
 mod report;
+mod serve;
 mod smoke;
 mod transformer;

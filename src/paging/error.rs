@@ -1,0 +1,38 @@
+//! Why the paging layer refuses: [`PagingError`].
+
+/// Why a KV cache's bookkeeping, a step's rows or a request stream is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PagingError {
+    /// Options that describe no usable cache, step or stream.
+    #[error("paging: {0}")]
+    Config(&'static str),
+    /// A sequence the cache cannot do this for.
+    #[error("paging: sequence {id} {reason}")]
+    Sequence {
+        /// The sequence.
+        id: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A sequence longer than the empty cache admits.
+    #[error("paging: a sequence of {tokens} tokens needs {blocks} blocks; the cache has {capacity_blocks}")]
+    NeverFits {
+        /// Tokens the sequence can reach.
+        tokens: usize,
+        /// Blocks admission would take or promise for it.
+        blocks: usize,
+        /// Blocks sequences can have (block 0 aside).
+        capacity_blocks: usize,
+    },
+    /// A step given more rows than it holds.
+    #[error("paging: a step of {capacity} {what} was given {given}")]
+    StepFull {
+        /// Rows or sampled rows.
+        what: &'static str,
+        /// How many it holds.
+        capacity: usize,
+        /// How many were given.
+        given: usize,
+    },
+}

@@ -1,0 +1,214 @@
+//! Unit tests of the paging layer (no GPU).
+
+use proptest::prelude::*;
+
+use super::*;
+
+#[test]
+fn paged_takes_blocks_as_tokens_arrive_and_keeps_block_zero() {
+    let mut cache = BlockManager::new(KvLayout::Paged, 4, 6).unwrap();
+    assert!(cache.admit(7, 10).unwrap()); // promises 3 of the 5 blocks
+    assert_eq!(cache.available_blocks(), 2);
+    assert_eq!(cache.held_blocks(), 0);
+    assert_eq!(cache.grow(7, 5).unwrap(), 0);
+    assert_eq!(cache.blocks(7).unwrap(), &[1, 2]);
+    assert_eq!(cache.grow(7, 1).unwrap(), 5);
+    assert_eq!(cache.blocks(7).unwrap(), &[1, 2]);
+    // A second sequence of 3 blocks does not fit the 2 left unpromised; one of 2 does.
+    assert!(!cache.admit(8, 9).unwrap());
+    assert!(cache.admit(9, 8).unwrap());
+    assert_eq!(cache.available_blocks(), 0);
+    assert_eq!(
+        cache.grow(7, 5),
+        Err(PagingError::Sequence {
+            id: 7,
+            reason: "grows past the tokens it was admitted for"
+        })
+    );
+    cache.release(7).unwrap();
+    assert_eq!(cache.available_blocks(), 3);
+    assert_eq!(cache.held_blocks(), 0);
+    assert_eq!(
+        cache.peak(),
+        KvPeak {
+            held_blocks: 2,
+            used_tokens: 6
+        }
+    );
+    assert!(!cache.blocks(9).unwrap().contains(&0));
+}
+
+#[test]
+fn contiguous_reserves_a_run_of_the_maximum_and_fragments() {
+    let mut cache = BlockManager::new(KvLayout::Contiguous { max_tokens: 8 }, 4, 8).unwrap();
+    // 7 usable blocks: three runs of 2.
+    for id in 0..3 {
+        assert!(cache.admit(id, 3).unwrap());
+    }
+    assert_eq!(cache.blocks(1).unwrap(), &[3, 4]);
+    assert!(!cache.admit(3, 3).unwrap());
+    cache.release(0).unwrap();
+    cache.release(2).unwrap();
+    // Blocks 1, 2 and 5, 6, 7 free.
+    assert!(cache.admit(4, 8).unwrap());
+    assert_eq!(cache.blocks(4).unwrap(), &[1, 2]);
+    assert_eq!(cache.held_blocks(), 4);
+    assert_eq!(cache.capacity_for(8), 3);
+    assert_eq!(cache.capacity_for(9), 0);
+    assert!(matches!(
+        cache.admit(5, 9),
+        Err(PagingError::NeverFits { .. })
+    ));
+}
+
+#[test]
+fn capacity_counts_what_admission_takes() {
+    let paged = BlockManager::new(KvLayout::Paged, 16, 101).unwrap();
+    assert_eq!(paged.capacity_for(160), 10);
+    assert_eq!(paged.capacity_for(161), 9);
+    assert_eq!(paged.capacity_for(0), 0);
+    assert_eq!(paged.capacity_for(1601), 0);
+    let contiguous = BlockManager::new(KvLayout::Contiguous { max_tokens: 1024 }, 16, 101).unwrap();
+    assert_eq!(contiguous.capacity_for(100), 1);
+}
+
+#[test]
+fn bad_options_and_sequences_are_typed_errors() {
+    assert!(BlockManager::new(KvLayout::Paged, 0, 4).is_err());
+    assert!(BlockManager::new(KvLayout::Paged, 4, 1).is_err());
+    assert!(BlockManager::new(KvLayout::Contiguous { max_tokens: 0 }, 4, 4).is_err());
+    let mut cache = BlockManager::new(KvLayout::Paged, 4, 4).unwrap();
+    assert!(cache.grow(1, 1).is_err());
+    assert!(cache.release(1).is_err());
+    assert!(cache.admit(1, 0).is_err());
+    assert!(cache.admit(1, 4).unwrap());
+    assert!(cache.admit(1, 4).is_err());
+}
+
+#[test]
+fn step_rows_pad_with_block_zero_and_record_samples() {
+    assert_eq!(StepRows::bucket(0), 1);
+    assert_eq!(StepRows::bucket(5), 8);
+    let mut step = StepRows::new(4, 2, 3).unwrap();
+    assert_eq!(step.push(9, 0, &[5], 4, false).unwrap(), None);
+    assert_eq!(step.push(11, 5, &[5, 2], 4, true).unwrap(), Some(0));
+    assert_eq!(step.ids(), &[9.0, 11.0, 0.0, 0.0]);
+    assert_eq!(step.positions(), &[0.0, 5.0, 0.0, 0.0]);
+    assert_eq!(
+        step.table(),
+        &[5.0, 0.0, 0.0, 5.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    );
+    assert_eq!(step.samples(), &[1.0, 0.0]);
+    assert!(
+        step.push(1, 8, &[5, 2], 4, false).is_err(),
+        "position past the blocks"
+    );
+    assert!(
+        step.push(1, 0, &[1, 2, 3, 4], 4, false).is_err(),
+        "table too long"
+    );
+    step.push(1, 0, &[1], 4, true).unwrap();
+    assert!(matches!(
+        step.push(1, 0, &[1], 4, true),
+        Err(PagingError::StepFull { .. })
+    ));
+}
+
+#[test]
+fn streams_are_seeded_and_stay_within_the_context() {
+    let spec = StreamSpec::gpt2_serving(200, 50257, 600, 3);
+    let a = spec.generate().unwrap();
+    assert_eq!(a, spec.generate().unwrap());
+    assert_ne!(
+        a,
+        StreamSpec {
+            seed: 4,
+            ..spec.clone()
+        }
+        .generate()
+        .unwrap()
+    );
+    for request in &a {
+        assert!(request.reach_tokens() <= 600);
+        assert!(request.max_new_tokens >= 1 && request.prompt.len() >= 32);
+        assert!(request.prompt.iter().all(|&t| t < 50257));
+    }
+    let lengths: Vec<usize> = a.iter().map(|r| r.prompt.len()).collect();
+    assert!(lengths.iter().any(|&l| l < 100) && lengths.iter().any(|&l| l > 400));
+    assert!(StreamSpec {
+        prompt_tokens: (5, 4),
+        ..spec
+    }
+    .generate()
+    .is_err());
+}
+
+#[test]
+fn percentiles_by_nearest_rank() {
+    let values: Vec<f64> = (1..=100).map(f64::from).collect();
+    assert_eq!(percentile(&values, 50.0), Some(50.0));
+    assert_eq!(percentile(&values, 99.0), Some(99.0));
+    assert_eq!(percentile(&values, 100.0), Some(100.0));
+    assert_eq!(percentile(&[3.0], 99.0), Some(3.0));
+    assert_eq!(percentile(&[], 50.0), None);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit(u64, usize),
+    Grow(u64, usize),
+    Release(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u64..8, 1usize..40).prop_map(|(id, t)| Op::Admit(id, t)),
+        (0u64..8, 1usize..12).prop_map(|(id, t)| Op::Grow(id, t)),
+        (0u64..8).prop_map(Op::Release),
+    ]
+}
+
+proptest! {
+    /// Whatever the order of admissions, growths and releases: no block is held twice, block 0
+    /// is never held, the held and free blocks make the cache, and a sequence admitted can grow
+    /// to what it was admitted for (the promise is kept).
+    #[test]
+    fn blocks_are_never_shared_and_promises_are_kept(
+        contiguous in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let layout = if contiguous { KvLayout::Contiguous { max_tokens: 40 } } else { KvLayout::Paged };
+        let mut cache = BlockManager::new(layout, 4, 30).unwrap();
+        let mut reach = std::collections::BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Admit(id, tokens) => {
+                    if let Ok(true) = cache.admit(id, tokens) {
+                        reach.insert(id, tokens);
+                    }
+                }
+                Op::Grow(id, tokens) => {
+                    let before = cache.tokens(id);
+                    let result = cache.grow(id, tokens);
+                    match (before, reach.get(&id)) {
+                        (Some(have), Some(&limit)) if have + tokens <= limit => prop_assert!(result.is_ok()),
+                        _ => prop_assert!(result.is_err()),
+                    }
+                }
+                Op::Release(id) => {
+                    prop_assert_eq!(cache.release(id).is_ok(), reach.remove(&id).is_some());
+                }
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for (id, blocks) in cache.sequences() {
+                prop_assert!(blocks.len() * 4 >= cache.tokens(id).unwrap());
+                for &block in blocks {
+                    prop_assert!(block != 0 && (block as usize) < 30);
+                    prop_assert!(seen.insert(block), "block {} held twice", block);
+                }
+            }
+            prop_assert_eq!(seen.len(), cache.held_blocks());
+            prop_assert!(cache.available_blocks() + cache.held_blocks() <= 29);
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Why serving refuses: [`ServeError`].
+
+use crate::compute::ComputeError;
+use crate::model::{TokensError, WeightsError};
+use crate::paging::PagingError;
+
+/// Why a model, a KV cache, a server or a request is refused, or a step failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A kernel, tensor or plan failed (out of memory included).
+    #[error(transparent)]
+    Compute(#[from] ComputeError),
+    /// Weights that cannot serve this model.
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    /// A request's tokens cannot be run.
+    #[error("request refused: {0}")]
+    Tokens(#[from] TokensError),
+    /// The KV cache's bookkeeping refused.
+    #[error(transparent)]
+    Paging(#[from] PagingError),
+    /// Options that describe no usable server.
+    #[error("server options: {0}")]
+    Options(String),
+    /// The memory budget leaves no room for the KV cache the options need.
+    #[error("budget of {budget_bytes} bytes: weights {weights_bytes}, step activations {activation_bytes}, and a KV cache of at least {kv_min_bytes} do not fit")]
+    Budget {
+        /// The budget.
+        budget_bytes: u64,
+        /// The weights' bytes.
+        weights_bytes: u64,
+        /// The planned steps' activations.
+        activation_bytes: u64,
+        /// The smallest KV cache that serves one sequence of the longest length.
+        kv_min_bytes: u64,
+    },
+}

@@ -1,0 +1,127 @@
+//! A paged KV cache on the GPU: [`KvCache`], one key tensor and one value tensor per layer,
+//! each `[num_blocks, block_tokens, n_head, head_dim]`, whose blocks the paging layer's
+//! [`BlockManager`](crate::paging::BlockManager) gives to sequences.
+
+use crate::compute::{ComputeError, Context, DType, Tensor};
+use crate::model::Gpt2Config;
+use crate::PoolError;
+
+/// The keys and values of every layer, in blocks of `block_tokens` tokens. Each tensor is one
+/// pool allocation labelled `kv h.{layer}.k` / `kv h.{layer}.v`; [`KvCache::label_sequences`]
+/// names the blocks each sequence holds inside them, so the memory summary, segment map and
+/// snapshots show where every sequence's cache lives.
+pub struct KvCache {
+    layers: Vec<(Tensor, Tensor)>,
+    block_tokens: usize,
+    num_blocks: usize,
+    block_bytes: u64,
+}
+
+impl KvCache {
+    /// Bytes one block takes over every layer, keys and values.
+    pub fn block_bytes(config: &Gpt2Config, block_tokens: usize, dtype: DType) -> u64 {
+        let per_token = config.n_embd as u64 * dtype.size_bytes();
+        2 * config.n_layer as u64 * block_tokens as u64 * per_token
+    }
+
+    /// A zeroed cache of `num_blocks` blocks of `block_tokens` tokens for `config`, of `dtype`.
+    /// Errors: those of [`Context::zeros_labeled`] (out of memory, a tensor above the binding
+    /// limit, f16 unavailable).
+    pub fn new(
+        context: &Context,
+        config: &Gpt2Config,
+        block_tokens: usize,
+        num_blocks: usize,
+        dtype: DType,
+    ) -> Result<Self, ComputeError> {
+        let shape = [num_blocks, block_tokens, config.n_head, config.head_dim()];
+        let layers = (0..config.n_layer)
+            .map(|layer| {
+                Ok((
+                    context.zeros_labeled(&shape, dtype, &format!("kv h.{layer}.k"))?,
+                    context.zeros_labeled(&shape, dtype, &format!("kv h.{layer}.v"))?,
+                ))
+            })
+            .collect::<Result<_, ComputeError>>()?;
+        Ok(Self {
+            layers,
+            block_tokens,
+            num_blocks,
+            block_bytes: Self::block_bytes(config, block_tokens, dtype),
+        })
+    }
+
+    /// Layer `layer`'s key and value tensors.
+    ///
+    /// # Panics
+    ///
+    /// For a layer the model does not have.
+    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        let (k, v) = &self.layers[layer];
+        (k, v)
+    }
+
+    /// Tokens per block.
+    pub fn block_tokens(&self) -> usize {
+        self.block_tokens
+    }
+
+    /// Blocks (block 0, kept for padding, included).
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Bytes of one block over every layer.
+    pub fn bytes_per_block(&self) -> u64 {
+        self.block_bytes
+    }
+
+    /// Bytes of the whole cache.
+    pub fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|(k, v)| k.size_bytes() + v.size_bytes())
+            .sum()
+    }
+
+    /// Names the blocks of each sequence (`(id, its blocks)`) in the pool's reports: every
+    /// layer's tensors get parts `seq {id}` over each run of consecutive blocks a sequence
+    /// holds (replacing the names given before; blocks no sequence holds stay unnamed).
+    pub fn label_sequences<'a>(
+        &self,
+        context: &Context,
+        sequences: impl IntoIterator<Item = (u64, &'a [u32])>,
+    ) -> Result<(), PoolError> {
+        if self.layers.is_empty() {
+            return Ok(());
+        }
+        let block_bytes = self.block_bytes / (2 * self.layers.len() as u64);
+        let mut parts: Vec<(u64, u64, String)> = Vec::new();
+        for (id, blocks) in sequences {
+            let mut runs: Vec<(u32, u32)> = Vec::new();
+            let mut sorted = blocks.to_vec();
+            sorted.sort_unstable();
+            for block in sorted {
+                match runs.last_mut() {
+                    Some((_, end)) if *end == block => *end += 1,
+                    _ => runs.push((block, block + 1)),
+                }
+            }
+            for (start, end) in runs {
+                parts.push((
+                    u64::from(start) * block_bytes,
+                    u64::from(end - start) * block_bytes,
+                    format!("seq {id}"),
+                ));
+            }
+        }
+        for (k, v) in &self.layers {
+            for tensor in [k, v] {
+                if let Some(allocation) = tensor.try_allocation() {
+                    context.pool().label_parts(&allocation, &parts)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,242 @@
+//! GPT-2 on the GPU: its weights as tensors of the context ([`Gpt2`]) and one step of its
+//! forward over a paged KV cache ([`Gpt2::forward`]), recorded through the context's ops (so it
+//! runs eagerly or is captured into a plan alike).
+
+use super::kv::KvCache;
+use crate::compute::{Activation, BinaryOp, ComputeError, Context, DType, Epilogue, Tensor};
+use crate::model::{Gpt2Config, Gpt2Weights, LAYER_NORM_EPS};
+
+/// One block's tensors. The attention's `c_attn` is split on upload into its query, key and
+/// value columns, so that each comes out of its own product in the layout the cache kernels
+/// read.
+struct Block {
+    ln_1: (Tensor, Tensor),
+    q: (Tensor, Tensor),
+    k: (Tensor, Tensor),
+    v: (Tensor, Tensor),
+    attn_proj: (Tensor, Tensor),
+    ln_2: (Tensor, Tensor),
+    fc: (Tensor, Tensor),
+    mlp_proj: (Tensor, Tensor),
+}
+
+/// What a step computes for its sampled rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// The logits, `[samples, vocab_size]`.
+    Logits,
+    /// The greedy next token (the first largest logit), `[samples]` f32 ids.
+    Argmax,
+}
+
+/// The inputs of one step (see [`StepRows`](crate::paging::StepRows)), as f32 tensors of exact
+/// integers: `ids` and `positions` `[rows]`, `table` `[rows, max_blocks]`, `samples`
+/// `[samples]` (row indices).
+#[derive(Clone, Copy)]
+pub struct StepTensors<'a> {
+    /// Token ids.
+    pub ids: &'a Tensor,
+    /// Positions in their sequences.
+    pub positions: &'a Tensor,
+    /// Each row's block table.
+    pub table: &'a Tensor,
+    /// The rows whose next token is computed.
+    pub samples: &'a Tensor,
+}
+
+/// GPT-2's weights on the GPU, each tensor labelled with its checkpoint name in the pool's
+/// reports (`gpt2 h.3.mlp.c_fc.weight`), and the output projection as `wteᵀ` (`[n_embd,
+/// vocab_size]`, one more copy of the embedding: the products have no transposed operand).
+pub struct Gpt2 {
+    config: Gpt2Config,
+    dtype: DType,
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: (Tensor, Tensor),
+    lm_head: Tensor,
+    bytes: u64,
+}
+
+impl Gpt2 {
+    /// Uploads `weights` as tensors of `dtype` (f16 where the device has it). Errors: those of
+    /// [`Context::tensor_labeled`] (out of memory, f16 unavailable).
+    pub fn upload(
+        context: &Context,
+        weights: &Gpt2Weights,
+        dtype: DType,
+    ) -> Result<Self, ComputeError> {
+        let config = weights.config;
+        let e = config.n_embd;
+        let mut bytes = 0;
+        let mut upload = |data: &[f32], shape: &[usize], name: &str| {
+            let tensor = context.tensor_labeled(data, shape, dtype, &format!("gpt2 {name}"))?;
+            bytes += tensor.size_bytes();
+            Ok::<_, ComputeError>(tensor)
+        };
+        let wte = upload(&weights.wte, &[config.vocab_size, e], "wte.weight")?;
+        let wpe = upload(&weights.wpe, &[config.n_ctx, e], "wpe.weight")?;
+        let mut blocks = Vec::with_capacity(config.n_layer);
+        for (i, block) in weights.blocks.iter().enumerate() {
+            let name = |suffix: &str| format!("h.{i}.{suffix}");
+            let pair =
+                |upload: &mut Upload<'_>, w: &[f32], b: &[f32], rows: usize, suffix: &str| {
+                    let cols = b.len();
+                    Ok::<_, ComputeError>((
+                        upload(w, &[rows, cols], &name(&format!("{suffix}.weight")))?,
+                        upload(b, &[cols], &name(&format!("{suffix}.bias")))?,
+                    ))
+                };
+            let columns = |part: usize| -> (Vec<f32>, Vec<f32>) {
+                let w = block
+                    .attn_c_attn_weight
+                    .chunks_exact(3 * e)
+                    .flat_map(|row| &row[part * e..(part + 1) * e])
+                    .copied()
+                    .collect();
+                (w, block.attn_c_attn_bias[part * e..(part + 1) * e].to_vec())
+            };
+            let ((wq, bq), (wk, bk), (wv, bv)) = (columns(0), columns(1), columns(2));
+            blocks.push(Block {
+                ln_1: pair(&mut upload, &block.ln_1_weight, &block.ln_1_bias, 1, "ln_1")
+                    .map(|(g, b)| (g.reshape(&[e]).expect("same length"), b))?,
+                q: pair(&mut upload, &wq, &bq, e, "attn.c_attn.q")?,
+                k: pair(&mut upload, &wk, &bk, e, "attn.c_attn.k")?,
+                v: pair(&mut upload, &wv, &bv, e, "attn.c_attn.v")?,
+                attn_proj: pair(
+                    &mut upload,
+                    &block.attn_c_proj_weight,
+                    &block.attn_c_proj_bias,
+                    e,
+                    "attn.c_proj",
+                )?,
+                ln_2: pair(&mut upload, &block.ln_2_weight, &block.ln_2_bias, 1, "ln_2")
+                    .map(|(g, b)| (g.reshape(&[e]).expect("same length"), b))?,
+                fc: pair(
+                    &mut upload,
+                    &block.mlp_c_fc_weight,
+                    &block.mlp_c_fc_bias,
+                    e,
+                    "mlp.c_fc",
+                )?,
+                mlp_proj: pair(
+                    &mut upload,
+                    &block.mlp_c_proj_weight,
+                    &block.mlp_c_proj_bias,
+                    4 * e,
+                    "mlp.c_proj",
+                )?,
+            });
+        }
+        let ln_f = (
+            upload(&weights.ln_f_weight, &[e], "ln_f.weight")?,
+            upload(&weights.ln_f_bias, &[e], "ln_f.bias")?,
+        );
+        let transposed = transpose(&weights.wte, config.vocab_size, e);
+        let lm_head = upload(
+            &transposed,
+            &[e, config.vocab_size],
+            "lm_head (wte transposed)",
+        )?;
+        Ok(Self {
+            config,
+            dtype,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            lm_head,
+            bytes,
+        })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> Gpt2Config {
+        self.config
+    }
+
+    /// The weights' element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Bytes of the weights on the GPU (the transposed output projection included).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// One step: every row's token through every block, each row writing its key and value
+    /// into `cache` at its position (through its block table) and attending to its sequence's
+    /// tokens up to and including itself; then the sampled rows' logits or greedy tokens.
+    /// Prompt rows and decode rows mix freely. Errors: those of the ops (shapes that do not
+    /// match the model or the cache, out of memory).
+    pub fn forward(
+        &self,
+        context: &Context,
+        cache: &KvCache,
+        inputs: StepTensors<'_>,
+        head: Head,
+    ) -> Result<Tensor, ComputeError> {
+        let e = self.config.n_embd;
+        let (heads, head_dim) = (self.config.n_head, self.config.head_dim());
+        let rows = inputs.ids.len();
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let seq_lens = context.binary_scalar(BinaryOp::Add, inputs.positions, 1.0)?;
+        let mut x = {
+            let tokens = context.embedding(&self.wte, inputs.ids)?;
+            let positions = context.embedding(&self.wpe, inputs.positions)?;
+            context.add(&tokens, &positions)?
+        };
+        let linear = |x: &Tensor, (w, b): &(Tensor, Tensor), activation| {
+            context.matmul_with(
+                x,
+                w,
+                Epilogue {
+                    bias: Some(b),
+                    activation,
+                },
+            )
+        };
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let (k_cache, v_cache) = cache.layer(layer);
+            let h = context.layer_norm(&x, &block.ln_1.0, &block.ln_1.1, LAYER_NORM_EPS)?;
+            let split = |pair| -> Result<Tensor, ComputeError> {
+                Ok(linear(&h, pair, Activation::None)?.reshape(&[rows, heads, head_dim])?)
+            };
+            let (q, k, v) = (split(&block.q)?, split(&block.k)?, split(&block.v)?);
+            context.kv_write(k_cache, v_cache, &k, &v, inputs.table, inputs.positions)?;
+            let attended = context
+                .paged_attention_decode(&q, k_cache, v_cache, inputs.table, &seq_lens, scale)?
+                .reshape(&[rows, e])?;
+            drop((q, k, v, h));
+            let projected = linear(&attended, &block.attn_proj, Activation::None)?;
+            x = context.add(&x, &projected)?;
+            let h = context.layer_norm(&x, &block.ln_2.0, &block.ln_2.1, LAYER_NORM_EPS)?;
+            let f = linear(&h, &block.fc, Activation::Gelu)?;
+            let m = linear(&f, &block.mlp_proj, Activation::None)?;
+            x = context.add(&x, &m)?;
+        }
+        let last = context.embedding(&x, inputs.samples)?;
+        drop(x);
+        let h = context.layer_norm(&last, &self.ln_f.0, &self.ln_f.1, LAYER_NORM_EPS)?;
+        let logits = context.matmul(&h, &self.lm_head)?;
+        match head {
+            Head::Logits => Ok(logits),
+            Head::Argmax => context.argmax_rows(&logits),
+        }
+    }
+}
+
+/// Uploads values of a shape under a name.
+type Upload<'a> = dyn FnMut(&[f32], &[usize], &str) -> Result<Tensor, ComputeError> + 'a;
+
+/// `m` `[rows, cols]` transposed to `[cols, rows]`.
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m.len()];
+    for (r, row) in m.chunks_exact(cols).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            out[c * rows + r] = v;
+        }
+    }
+    out
+}

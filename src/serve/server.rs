@@ -1,0 +1,695 @@
+//! A GPT-2 server over a paged KV cache with continuous batching and admission by predicted
+//! memory: [`Server`], [`ServerOptions`], [`Completion`], [`ServerStats`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::error::ServeError;
+use super::kv::KvCache;
+use super::model::{Gpt2, Head, StepTensors};
+use crate::compute::{CaptureOptions, Context, Feed, Plan, PlanArena};
+use crate::model::Gpt2Weights;
+use crate::paging::{BlockManager, KvLayout, KvPeak, RequestSpec, StepRows};
+
+/// How a server runs its steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Execution {
+    /// Each step replays a plan captured for its row count (a power of two), all plans in one
+    /// arena: the activations' memory is known before the first request and never grows.
+    #[default]
+    Planned,
+    /// Each step's ops run eagerly; their intermediates come from the pool as they are made.
+    Eager,
+}
+
+/// How a [`Server`] serves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerOptions {
+    /// The most sequences in one step (and so in flight).
+    pub max_batch: usize,
+    /// How the KV cache gives blocks to sequences.
+    pub layout: KvLayout,
+    /// Tokens per KV block.
+    pub block_tokens: usize,
+    /// The most token rows in one step (decode rows and prompt rows); longer prompts are filled
+    /// over several steps. At least `max_batch`.
+    pub max_step_tokens: usize,
+    /// The most bytes the pool may reserve: the KV cache takes what the weights and the steps'
+    /// activations leave. `None`: the cache has `kv_blocks` blocks.
+    pub budget_bytes: Option<u64>,
+    /// The KV cache's blocks when there is no budget (block 0, kept for padding, included).
+    pub kv_blocks: Option<usize>,
+    /// Planned or eager steps.
+    pub execution: Execution,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            max_batch: 16,
+            layout: KvLayout::Paged,
+            block_tokens: 16,
+            max_step_tokens: 512,
+            budget_bytes: None,
+            kv_blocks: None,
+            execution: Execution::Planned,
+        }
+    }
+}
+
+/// A finished request: its tokens and when they came.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The id [`Server::submit`] returned.
+    pub id: u64,
+    /// The prompt.
+    pub prompt: Vec<u32>,
+    /// The generated tokens (greedy), `max_new_tokens` of them.
+    pub output: Vec<u32>,
+    /// From submission to the first generated token on the host.
+    pub time_to_first_token: Duration,
+    /// From submission to the last.
+    pub time_to_last_token: Duration,
+    /// Whether admission made it wait for memory at least once.
+    pub waited: bool,
+}
+
+impl Completion {
+    /// Time per output token after the first: `(last − first) / (outputs − 1)`; `None` for one
+    /// output.
+    pub fn time_per_output_token(&self) -> Option<Duration> {
+        let later = self.output.len().checked_sub(1).filter(|&n| n > 0)?;
+        Some((self.time_to_last_token - self.time_to_first_token) / later as u32)
+    }
+}
+
+/// What a server has done so far.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ServerStats {
+    /// Steps run.
+    pub steps: u64,
+    /// Token rows run, padding apart.
+    pub rows: u64,
+    /// Token rows run, padding included.
+    pub padded_rows: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Sequences in each step, summed (over `steps` for the mean).
+    pub in_flight_sum: u64,
+    /// The most sequences in one step.
+    pub in_flight_max: usize,
+    /// Requests admission kept waiting for memory at least once.
+    pub waits: u64,
+    /// Steps at which a request waited for memory.
+    pub wait_steps: u64,
+    /// Sequences stopped to free memory (never: admission promises every block a sequence can
+    /// reach).
+    pub preemptions: u64,
+    /// KV blocks held at the cache's peak, and the tokens they held then.
+    pub kv_peak: KvPeak,
+    /// Seconds spent in steps (host and GPU).
+    pub step_seconds: f64,
+    /// Seconds spent in decode-only steps, and their count: the decode step's cost.
+    pub decode_step_seconds: f64,
+    /// Decode-only steps.
+    pub decode_steps: u64,
+}
+
+/// A sequence in flight.
+struct Sequence {
+    id: u64,
+    prompt: Vec<u32>,
+    max_new_tokens: usize,
+    /// Prompt tokens written into the cache.
+    filled: usize,
+    output: Vec<u32>,
+    submitted: Instant,
+    first: Option<Instant>,
+    waited: bool,
+}
+
+/// Serves GPT-2 requests: continuous batching (sequences join and leave between steps), a KV
+/// cache of blocks from the pool, and admission by predicted memory — a request is admitted when
+/// the KV blocks it can reach (its prompt and every output) are free, the steps' activations
+/// being reserved up front — so that an admitted request never meets an out-of-memory.
+///
+/// Each step mixes the newest token of every decoding sequence with prompt tokens of the
+/// sequences being filled (up to [`ServerOptions::max_step_tokens`] rows) and samples the next
+/// token greedily after each sequence's last row.
+pub struct Server {
+    context: Context,
+    model: Gpt2,
+    cache: KvCache,
+    blocks: BlockManager,
+    options: ServerOptions,
+    max_blocks: usize,
+    arena: PlanArena,
+    plans: BTreeMap<usize, Plan>,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    finished: Vec<Completion>,
+    next_id: u64,
+    stats: ServerStats,
+}
+
+/// The memory a server's steps need besides the weights and the cache.
+struct Sizing {
+    /// Bytes kept for the steps' activations (the plans' arena, or an eager step's estimate).
+    activation_bytes: u64,
+}
+
+impl Server {
+    /// A server of `model` on `context`: sizes the KV cache (from the budget, after the weights
+    /// and the steps' activations, or as `kv_blocks` says), makes it, and, for planned
+    /// execution, captures one step plan per row count (powers of two up to
+    /// `max_step_tokens`), all in one arena. With a budget, the pool's budget is set to it.
+    ///
+    /// Errors: [`ServeError::Options`] for options that serve nothing; [`ServeError::Budget`]
+    /// when the budget leaves no room for one sequence of the model's context; those of the
+    /// ops and of the capture.
+    pub fn new(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
+        let config = model.config();
+        check_options(&options, config.n_ctx)?;
+        let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
+        let arena = context.plan_arena();
+        let sizing = Self::size_activations(context, &model, &options, max_blocks, &arena)?;
+        let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
+        let cache = match (options.budget_bytes, options.kv_blocks) {
+            (budget, Some(blocks)) => {
+                let cache = KvCache::new(
+                    context,
+                    &config,
+                    options.block_tokens,
+                    blocks,
+                    model.dtype(),
+                )?;
+                if budget.is_some() {
+                    context.pool().set_budget(budget);
+                }
+                cache
+            }
+            (Some(_), None) => {
+                let probe = BlockManager::new(options.layout, options.block_tokens, 2)?;
+                let min_blocks = 1 + probe.admission_blocks(config.n_ctx);
+                cache_under_budget(
+                    context,
+                    &model,
+                    &options,
+                    sizing.activation_bytes,
+                    min_blocks,
+                    block_bytes,
+                )?
+            }
+            (None, None) => unreachable!("check_options refuses"),
+        };
+        let blocks = BlockManager::new(options.layout, options.block_tokens, cache.num_blocks())?;
+        let mut server = Self {
+            context: context.clone(),
+            model,
+            cache,
+            blocks,
+            max_blocks,
+            arena,
+            plans: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            finished: Vec::new(),
+            next_id: 0,
+            stats: ServerStats::default(),
+            options,
+        };
+        if server.options.execution == Execution::Planned {
+            let mut rows = 1;
+            loop {
+                let plan = server.capture_step(rows, &server.cache)?;
+                server.plans.insert(rows, plan);
+                if rows >= server.options.max_step_tokens {
+                    break;
+                }
+                rows = StepRows::bucket(rows + 1);
+            }
+        }
+        Ok(server)
+    }
+
+    /// The steps' activation bytes, measured by capturing the largest step over a cache of two
+    /// blocks: planned, its plan is built in `arena`, which keeps that memory for the real plans;
+    /// eager, twice its arena (an eager step's intermediates are not planned).
+    fn size_activations(
+        context: &Context,
+        model: &Gpt2,
+        options: &ServerOptions,
+        max_blocks: usize,
+        arena: &PlanArena,
+    ) -> Result<Sizing, ServeError> {
+        let config = model.config();
+        let probe = KvCache::new(context, &config, options.block_tokens, 2, model.dtype())?;
+        let rows = StepRows::bucket(options.max_step_tokens);
+        let planned = options.execution == Execution::Planned;
+        let plan = capture(
+            context,
+            model,
+            &probe,
+            rows,
+            options.max_batch,
+            max_blocks,
+            planned.then_some(arena),
+        )?;
+        let activation_bytes = if planned {
+            arena.bytes()
+        } else {
+            2 * plan.stats().heap_bytes
+        };
+        drop(plan);
+        drop(probe);
+        context.trim()?;
+        Ok(Sizing { activation_bytes })
+    }
+
+    /// The plan of a step of `rows` rows over `cache`, in the server's arena.
+    fn capture_step(&self, rows: usize, cache: &KvCache) -> Result<Plan, ServeError> {
+        capture(
+            &self.context,
+            &self.model,
+            cache,
+            rows,
+            self.options.max_batch,
+            self.max_blocks,
+            Some(&self.arena),
+        )
+    }
+
+    /// Queues a request; it is admitted when its KV blocks are free. Returns its id.
+    /// Errors: [`ServeError::Tokens`] for an empty prompt, a token outside the vocabulary, or a
+    /// prompt and outputs longer than the model's context; [`ServeError::Options`] for no
+    /// outputs; [`ServeError::Paging`] for a request the empty cache could not admit.
+    pub fn submit(&mut self, request: &RequestSpec) -> Result<u64, ServeError> {
+        let config = self.model.config();
+        Gpt2Weights::check_tokens(&config, &request.prompt)?;
+        if request.max_new_tokens == 0 {
+            return Err(ServeError::Options("a request of no output tokens".into()));
+        }
+        if request.reach_tokens() > config.n_ctx {
+            return Err(crate::model::TokensError::TooLong {
+                tokens: request.reach_tokens(),
+                n_ctx: config.n_ctx,
+            }
+            .into());
+        }
+        let kv_tokens = request.reach_tokens() - 1;
+        if !self.blocks.can_ever_admit(kv_tokens) {
+            return Err(crate::paging::PagingError::NeverFits {
+                tokens: kv_tokens,
+                blocks: self.blocks.admission_blocks(kv_tokens),
+                capacity_blocks: self.blocks.num_blocks() - 1,
+            }
+            .into());
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back(Sequence {
+            id,
+            prompt: request.prompt.clone(),
+            max_new_tokens: request.max_new_tokens,
+            filled: 0,
+            output: Vec::new(),
+            submitted: Instant::now(),
+            first: None,
+            waited: false,
+        });
+        Ok(id)
+    }
+
+    /// Admits waiting requests in order while the batch has room and their KV blocks are free.
+    fn admit(&mut self) -> Result<(), ServeError> {
+        while self.running.len() < self.options.max_batch {
+            let Some(next) = self.waiting.front_mut() else {
+                break;
+            };
+            let kv_tokens = next.prompt.len() + next.max_new_tokens - 1;
+            if !self.blocks.admit(next.id, kv_tokens)? {
+                if !next.waited {
+                    next.waited = true;
+                    self.stats.waits += 1;
+                }
+                self.stats.wait_steps += 1;
+                break;
+            }
+            let sequence = self.waiting.pop_front().expect("front exists");
+            self.running.push(sequence);
+        }
+        Ok(())
+    }
+
+    /// Whether requests are waiting or in flight.
+    pub fn busy(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Runs one step: admits what fits, runs every decoding sequence's newest token and prompt
+    /// tokens of the sequences being filled, and appends each sampled next token. Returns the
+    /// tokens generated (0 when nothing is queued).
+    pub fn step(&mut self) -> Result<usize, ServeError> {
+        let started = Instant::now();
+        self.admit()?;
+        if self.running.is_empty() {
+            return Ok(0);
+        }
+        let (rows, samples) = self.build_rows()?;
+        let decode_only = samples.len() == rows.rows();
+        let next = self.run_rows(&rows)?;
+        let now = Instant::now();
+        for (sample, &index) in samples.iter().enumerate() {
+            let token = next.get(sample).copied().unwrap_or(f32::NAN);
+            let sequence = &mut self.running[index];
+            sequence.output.push(token as u32);
+            sequence.first.get_or_insert(now);
+        }
+        self.stats.generated_tokens += samples.len() as u64;
+        self.stats.steps += 1;
+        self.stats.rows += rows.rows() as u64;
+        self.stats.padded_rows += rows.capacity() as u64;
+        self.stats.in_flight_sum += self.running.len() as u64;
+        self.stats.in_flight_max = self.stats.in_flight_max.max(self.running.len());
+        self.retire(now)?;
+        let seconds = started.elapsed().as_secs_f64();
+        self.stats.step_seconds += seconds;
+        if decode_only {
+            self.stats.decode_step_seconds += seconds;
+            self.stats.decode_steps += 1;
+        }
+        Ok(samples.len())
+    }
+
+    /// The step's rows: one per decoding sequence, then prompt chunks up to the step's rows;
+    /// and, per sampled row, the index of its sequence in `running`.
+    fn build_rows(&mut self) -> Result<(StepRows, Vec<usize>), ServeError> {
+        let limit = self.options.max_step_tokens;
+        let mut plan: Vec<(usize, usize)> = Vec::new(); // (sequence index, rows)
+        let mut total = 0;
+        for (index, sequence) in self.running.iter().enumerate() {
+            if sequence.filled == sequence.prompt.len() {
+                plan.push((index, 1));
+                total += 1;
+            }
+        }
+        for (index, sequence) in self.running.iter().enumerate() {
+            let left = sequence.prompt.len() - sequence.filled;
+            if left > 0 && total < limit {
+                let chunk = left.min(limit - total);
+                plan.push((index, chunk));
+                total += chunk;
+            }
+        }
+        let (capacity, sample_capacity) = match self.options.execution {
+            Execution::Planned => (StepRows::bucket(total), self.options.max_batch),
+            Execution::Eager => (total, self.running.len()),
+        };
+        let mut rows = StepRows::new(capacity, sample_capacity, self.max_blocks)?;
+        let mut samples = Vec::new();
+        let block_tokens = self.options.block_tokens;
+        for (index, count) in plan {
+            let sequence = &mut self.running[index];
+            let start = self.blocks.grow(sequence.id, count)?;
+            let table = self.blocks.blocks(sequence.id).unwrap_or_default();
+            if sequence.filled == sequence.prompt.len() {
+                let token = *sequence
+                    .output
+                    .last()
+                    .expect("a decoding sequence has an output");
+                rows.push(token, start, table, block_tokens, true)?;
+                samples.push(index);
+                continue;
+            }
+            for offset in 0..count {
+                let last = sequence.filled + offset + 1 == sequence.prompt.len();
+                let token = sequence.prompt[sequence.filled + offset];
+                if rows
+                    .push(token, start + offset, table, block_tokens, last)?
+                    .is_some()
+                {
+                    samples.push(index);
+                }
+            }
+            sequence.filled += count;
+        }
+        Ok((rows, samples))
+    }
+
+    /// Runs the step's rows; returns the sampled rows' next tokens (as f32 ids).
+    fn run_rows(&mut self, rows: &StepRows) -> Result<Vec<f32>, ServeError> {
+        match self.options.execution {
+            Execution::Planned => {
+                let plan = self.plans.get_mut(&rows.capacity()).ok_or_else(|| {
+                    ServeError::Options(format!("no plan of {} rows", rows.capacity()))
+                })?;
+                let feeds = [
+                    Feed::Data(rows.ids()),
+                    Feed::Data(rows.positions()),
+                    Feed::Data(rows.table()),
+                    Feed::Data(rows.samples()),
+                ];
+                Ok(plan.run(&feeds)?.swap_remove(0))
+            }
+            Execution::Eager => {
+                let context = &self.context;
+                let (n, max_blocks) = (rows.capacity(), rows.max_blocks());
+                let ids = context.tensor(rows.ids(), &[n])?;
+                let positions = context.tensor(rows.positions(), &[n])?;
+                let table = context.tensor(rows.table(), &[n, max_blocks])?;
+                let samples = context.tensor(rows.samples(), &[rows.sample_capacity()])?;
+                let inputs = StepTensors {
+                    ids: &ids,
+                    positions: &positions,
+                    table: &table,
+                    samples: &samples,
+                };
+                let next = self
+                    .model
+                    .forward(context, &self.cache, inputs, Head::Argmax)?;
+                Ok(next.to_vec()?)
+            }
+        }
+    }
+
+    /// Moves the sequences that have all their tokens to the finished list, freeing their blocks.
+    fn retire(&mut self, now: Instant) -> Result<(), ServeError> {
+        let mut index = 0;
+        while index < self.running.len() {
+            if self.running[index].output.len() < self.running[index].max_new_tokens {
+                index += 1;
+                continue;
+            }
+            let sequence = self.running.remove(index);
+            self.blocks.release(sequence.id)?;
+            let first = sequence.first.unwrap_or(now);
+            self.finished.push(Completion {
+                id: sequence.id,
+                prompt: sequence.prompt,
+                output: sequence.output,
+                time_to_first_token: first - sequence.submitted,
+                time_to_last_token: now - sequence.submitted,
+                waited: sequence.waited,
+            });
+        }
+        self.stats.kv_peak = self.blocks.peak();
+        Ok(())
+    }
+
+    /// Steps until every queued request is finished; returns the finished requests (also those
+    /// finished by earlier steps and not yet taken), in order of finishing.
+    pub fn run(&mut self) -> Result<Vec<Completion>, ServeError> {
+        while self.busy() {
+            let before = (
+                self.waiting.len(),
+                self.running.len(),
+                self.stats.generated_tokens,
+            );
+            self.step()?;
+            if (
+                self.waiting.len(),
+                self.running.len(),
+                self.stats.generated_tokens,
+            ) == before
+            {
+                return Err(ServeError::Options("a step made no progress".into()));
+            }
+        }
+        Ok(self.take_finished())
+    }
+
+    /// The requests finished so far and not yet taken.
+    pub fn take_finished(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// How many sequences of `tokens` tokens (prompt and outputs) the KV cache holds at once:
+    /// the answer to "how many sequences of length L fit in this budget?" (the batch limit
+    /// apart).
+    pub fn capacity_for(&self, tokens: usize) -> usize {
+        self.blocks.capacity_for(tokens.saturating_sub(1).max(1))
+    }
+
+    /// What the server has done so far.
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// The KV cache's bookkeeping.
+    pub fn blocks(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Gpt2 {
+        &self.model
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ServerOptions {
+        &self.options
+    }
+
+    /// Bytes of the step plans' shared arena (0 for eager execution).
+    pub fn activation_bytes(&self) -> u64 {
+        self.arena.bytes()
+    }
+
+    /// Names each sequence's KV blocks in the pool's reports (see [`KvCache::label_sequences`]).
+    pub fn label_kv(&self) -> Result<(), ServeError> {
+        self.cache
+            .label_sequences(&self.context, self.blocks.sequences())
+            .map_err(|error| ServeError::Compute(error.into()))
+    }
+}
+
+/// Refuses options that serve nothing.
+fn check_options(options: &ServerOptions, n_ctx: usize) -> Result<(), ServeError> {
+    let refuse = |reason: &str| Err(ServeError::Options(reason.into()));
+    if options.max_batch == 0 || options.block_tokens == 0 {
+        return refuse("max_batch and block_tokens must be at least 1");
+    }
+    if options.max_step_tokens < options.max_batch {
+        return refuse(
+            "max_step_tokens must be at least max_batch (one row per decoding sequence)",
+        );
+    }
+    if let KvLayout::Contiguous { max_tokens } = options.layout {
+        if max_tokens == 0 || max_tokens > n_ctx {
+            return refuse("a contiguous layout's max_tokens must be in 1..=n_ctx");
+        }
+    }
+    if options.budget_bytes.is_none() && options.kv_blocks.is_none() {
+        return refuse("give a budget_bytes or kv_blocks");
+    }
+    Ok(())
+}
+
+/// The largest KV cache that fits under `options.budget_bytes` after what the pool reserves now
+/// and `activation_bytes` more (eager steps), then sets the pool's budget. Sized without a
+/// budget on the pool (so that no refusal is counted or reported): its blocks from the bytes
+/// left, scaled by the rounding the pool's segments gave a one-layer cache of that size, then,
+/// while the pool still reserved more than the budget for it, fewer in proportion, until it
+/// fits. While sizing, the pool may reserve up to a one-layer cache more than the budget.
+fn cache_under_budget(
+    context: &Context,
+    model: &Gpt2,
+    options: &ServerOptions,
+    activation_bytes: u64,
+    min_blocks: usize,
+    block_bytes: u64,
+) -> Result<KvCache, ServeError> {
+    let config = model.config();
+    let budget = options.budget_bytes.unwrap_or(u64::MAX);
+    let pool = context.pool();
+    pool.set_budget(None);
+    let base = pool.stats().reserved_bytes.current;
+    let kept = match options.execution {
+        Execution::Planned => 0,
+        Execution::Eager => activation_bytes,
+    };
+    let left = budget.saturating_sub(base).saturating_sub(kept);
+    // What the pool reserves for one layer's key tensor of the size the bytes left allow, over
+    // its size: the segments' rounding, applied to the whole cache's first size.
+    let mut blocks = (left / block_bytes) as usize;
+    if blocks >= min_blocks {
+        let one = KvCache::new(
+            context,
+            &crate::model::Gpt2Config {
+                n_layer: 1,
+                ..config
+            },
+            options.block_tokens,
+            blocks,
+            model.dtype(),
+        )?;
+        let took = pool.stats().reserved_bytes.current.saturating_sub(base);
+        let asked = one.bytes();
+        drop(one);
+        context.trim()?;
+        if took > asked {
+            blocks = (blocks as u128 * u128::from(asked) / u128::from(took)) as usize;
+        }
+    }
+    let result = loop {
+        if blocks < min_blocks {
+            break Err(ServeError::Budget {
+                budget_bytes: budget,
+                weights_bytes: model.bytes(),
+                activation_bytes,
+                kv_min_bytes: min_blocks as u64 * block_bytes,
+            });
+        }
+        let cache = KvCache::new(
+            context,
+            &config,
+            options.block_tokens,
+            blocks,
+            model.dtype(),
+        )?;
+        let took = pool.stats().reserved_bytes.current.saturating_sub(base);
+        if took <= left {
+            break Ok(cache);
+        }
+        drop(cache);
+        context.trim()?;
+        let scaled = (blocks as u128 * u128::from(left) / u128::from(took)) as usize;
+        blocks = scaled.min(blocks - 1);
+    };
+    pool.set_budget(Some(budget));
+    result
+}
+
+/// Captures one step of `rows` rows and `samples` sampled rows over `cache` (greedy tokens out).
+fn capture(
+    context: &Context,
+    model: &Gpt2,
+    cache: &KvCache,
+    rows: usize,
+    samples: usize,
+    max_blocks: usize,
+    arena: Option<&PlanArena>,
+) -> Result<Plan, ServeError> {
+    let mut capture = context.capture()?;
+    let ids = capture.input(&[rows])?;
+    let positions = capture.input(&[rows])?;
+    let table = capture.input(&[rows, max_blocks])?;
+    let sampled = capture.input(&[samples])?;
+    let inputs = StepTensors {
+        ids: &ids,
+        positions: &positions,
+        table: &table,
+        samples: &sampled,
+    };
+    let next = model.forward(context, cache, inputs, Head::Argmax)?;
+    let options = CaptureOptions {
+        arena: arena.cloned(),
+        ..CaptureOptions::default()
+    };
+    Ok(capture.finish_with(&[&next], options)?)
+}

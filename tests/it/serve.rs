@@ -1,0 +1,434 @@
+//! GPT-2 served on the pool (`wgpu_pool::serve`): the step's logits against the model's CPU
+//! twin (`Gpt2Weights::reference_logits`, f64) within 1e-3 for a prompt and 16 decode steps of
+//! two interleaved sequences, eager and planned; the server's greedy tokens against the twin's;
+//! admission by KV blocks (paged against contiguous), the budget, the KV labels in the pool's
+//! reports, and typed refusals. Every test runs on the backend `WGPU_BACKEND` selects.
+
+use wgpu_pool::compute::{Context, ContextOptions, DType, Feed, Plan};
+use wgpu_pool::model::{Gpt2Config, Gpt2Weights};
+use wgpu_pool::paging::{BlockManager, KvLayout, RequestSpec, StepRows, StreamSpec};
+use wgpu_pool::serve::{
+    Execution, Gpt2, Head, KvCache, ServeError, Server, ServerOptions, StepTensors,
+};
+
+use crate::compute::context_with;
+use crate::gpu::gpu;
+
+/// The tolerance on logits (f32 against the f64 twin).
+const LOGIT_TOLERANCE: f64 = 1e-3;
+
+fn weights() -> Gpt2Weights {
+    Gpt2Weights::random(&Gpt2Config::tiny(), 11).expect("weights")
+}
+
+/// A sequence of the manual test: its tokens so far and whether its prompt is in the cache.
+struct Seq {
+    id: u64,
+    tokens: Vec<u32>,
+    in_cache: usize,
+}
+
+/// Runs `rows` through the model: eagerly, or through `plans` (captured per row count).
+fn step_logits(
+    context: &Context,
+    model: &Gpt2,
+    cache: &KvCache,
+    rows: &StepRows,
+    plans: Option<&mut Vec<(usize, Plan)>>,
+) -> Vec<f32> {
+    let n = rows.capacity();
+    let samples = rows.sample_capacity();
+    let Some(plans) = plans else {
+        let ids = context.tensor(rows.ids(), &[n]).unwrap();
+        let positions = context.tensor(rows.positions(), &[n]).unwrap();
+        let table = context
+            .tensor(rows.table(), &[n, rows.max_blocks()])
+            .unwrap();
+        let sampled = context.tensor(rows.samples(), &[samples]).unwrap();
+        let inputs = StepTensors {
+            ids: &ids,
+            positions: &positions,
+            table: &table,
+            samples: &sampled,
+        };
+        return model
+            .forward(context, cache, inputs, Head::Logits)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+    };
+    if !plans.iter().any(|(rows, _)| *rows == n) {
+        let mut capture = context.capture().unwrap();
+        let ids = capture.input(&[n]).unwrap();
+        let positions = capture.input(&[n]).unwrap();
+        let table = capture.input(&[n, rows.max_blocks()]).unwrap();
+        let sampled = capture.input(&[samples]).unwrap();
+        let inputs = StepTensors {
+            ids: &ids,
+            positions: &positions,
+            table: &table,
+            samples: &sampled,
+        };
+        let logits = model.forward(context, cache, inputs, Head::Logits).unwrap();
+        plans.push((n, capture.finish(&[&logits]).unwrap()));
+    }
+    let plan = &mut plans.iter_mut().find(|(rows, _)| *rows == n).unwrap().1;
+    let feeds = [
+        Feed::Data(rows.ids()),
+        Feed::Data(rows.positions()),
+        Feed::Data(rows.table()),
+        Feed::Data(rows.samples()),
+    ];
+    plan.run(&feeds).unwrap().swap_remove(0)
+}
+
+/// Two sequences (prompts of 19 and 6 tokens) prefilled in one step, then decoded together for
+/// 16 steps over blocks of 4 tokens that interleave; after every step each sequence's logits
+/// equal the twin's over its tokens so far.
+fn prompt_and_16_decode_steps(planned: bool) {
+    let weights = weights();
+    let config = weights.config;
+    let context = context_with(gpu(), ContextOptions::default());
+    let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
+    let block_tokens = 4;
+    let cache = KvCache::new(&context, &config, block_tokens, 40, DType::F32).unwrap();
+    let mut blocks = BlockManager::new(KvLayout::Paged, block_tokens, 40).unwrap();
+    let max_blocks = config.n_ctx / block_tokens;
+    let mut seqs: Vec<Seq> = [(0u64, 19usize), (1, 6)]
+        .iter()
+        .map(|&(id, len)| Seq {
+            id,
+            tokens: (0..len)
+                .map(|i| ((i * 37 + 5 * id as usize) % 256) as u32)
+                .collect(),
+            in_cache: 0,
+        })
+        .collect();
+    for seq in &seqs {
+        assert!(blocks.admit(seq.id, seq.tokens.len() + 16).unwrap());
+    }
+    let mut plans = planned.then(Vec::new);
+    for step in 0..=16 {
+        let rows_now: usize = seqs.iter().map(|s| s.tokens.len() - s.in_cache).sum();
+        let capacity = if planned {
+            StepRows::bucket(rows_now)
+        } else {
+            rows_now
+        };
+        let mut rows = StepRows::new(capacity, 2, max_blocks).unwrap();
+        for seq in &mut seqs {
+            let count = seq.tokens.len() - seq.in_cache;
+            let start = blocks.grow(seq.id, count).unwrap();
+            let table = blocks.blocks(seq.id).unwrap().to_vec();
+            for offset in 0..count {
+                let last = offset + 1 == count;
+                rows.push(
+                    seq.tokens[start + offset],
+                    start + offset,
+                    &table,
+                    block_tokens,
+                    last,
+                )
+                .unwrap();
+            }
+            seq.in_cache = seq.tokens.len();
+        }
+        let logits = step_logits(&context, &model, &cache, &rows, plans.as_mut());
+        let vocab = config.vocab_size;
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            let reference = weights.reference_logits(&seq.tokens).unwrap();
+            let expected = &reference[(seq.tokens.len() - 1) * vocab..];
+            let got = &logits[i * vocab..(i + 1) * vocab];
+            crate::compute::assert_close(
+                &format!("step {step} sequence {i} (planned {planned})"),
+                got,
+                expected,
+                |_| LOGIT_TOLERANCE,
+            );
+            let next = wgpu_pool::compute::cpu::argmax_rows(got, vocab)[0];
+            seq.tokens.push(next);
+        }
+    }
+    // The blocks interleaved: sequence 1's are not one run.
+    let b = blocks.blocks(1).unwrap();
+    assert!(b.windows(2).any(|w| w[1] != w[0] + 1), "{b:?}");
+}
+
+#[test]
+fn eager_steps_match_the_cpu_twin() {
+    prompt_and_16_decode_steps(false);
+}
+
+#[test]
+fn planned_steps_match_the_cpu_twin() {
+    prompt_and_16_decode_steps(true);
+}
+
+/// Checks that every output is a greedy choice of the twin: the twin's logit of the chosen
+/// token is within the tolerance of its largest (so only near-ties may differ).
+fn assert_greedy(weights: &Gpt2Weights, what: &str, prompt: &[u32], output: &[u32]) {
+    let vocab = weights.config.vocab_size;
+    let mut tokens = prompt.to_vec();
+    tokens.extend(&output[..output.len() - 1]);
+    let logits = weights.reference_logits(&tokens).unwrap();
+    for (i, &token) in output.iter().enumerate() {
+        let row = &logits[(prompt.len() - 1 + i) * vocab..(prompt.len() + i) * vocab];
+        let best = row.iter().copied().fold(f32::MIN, f32::max);
+        assert!(
+            f64::from(best - row[token as usize]) <= LOGIT_TOLERANCE,
+            "{what}: output {i} is {token} (logit {}), the twin's best is {best}",
+            row[token as usize]
+        );
+    }
+}
+
+fn stream(requests: usize, seed: u64) -> Vec<RequestSpec> {
+    StreamSpec {
+        requests,
+        prompt_tokens: (3, 40),
+        output_tokens: (1, 12),
+        vocab_size: 256,
+        max_tokens: 128,
+        seed,
+    }
+    .generate()
+    .unwrap()
+}
+
+fn server(context: &Context, weights: &Gpt2Weights, options: ServerOptions) -> Server {
+    let model = Gpt2::upload(context, weights, DType::F32).unwrap();
+    Server::new(context, model, options).unwrap()
+}
+
+#[test]
+fn the_server_generates_the_twins_greedy_tokens_planned_eager_and_contiguous() {
+    let weights = weights();
+    let requests = stream(7, 5);
+    for (name, layout, execution) in [
+        ("paged planned", KvLayout::Paged, Execution::Planned),
+        ("paged eager", KvLayout::Paged, Execution::Eager),
+        (
+            "contiguous planned",
+            KvLayout::Contiguous { max_tokens: 64 },
+            Execution::Planned,
+        ),
+    ] {
+        let context = context_with(gpu(), ContextOptions::default());
+        let options = ServerOptions {
+            max_batch: 4,
+            layout,
+            block_tokens: 8,
+            max_step_tokens: 32, // prompts of more than 28 tokens fill over two steps
+            kv_blocks: Some(48),
+            execution,
+            ..ServerOptions::default()
+        };
+        let mut server = server(&context, &weights, options);
+        for request in &requests {
+            server.submit(request).unwrap();
+        }
+        let done = server.run().unwrap();
+        assert_eq!(done.len(), requests.len(), "{name}");
+        for completion in &done {
+            let request = &requests[completion.id as usize];
+            assert_eq!(completion.prompt, request.prompt);
+            assert_eq!(completion.output.len(), request.max_new_tokens, "{name}");
+            assert!(completion.time_to_first_token <= completion.time_to_last_token);
+            assert_greedy(&weights, name, &request.prompt, &completion.output);
+        }
+        let stats = server.stats();
+        assert_eq!(
+            stats.generated_tokens as usize,
+            requests.iter().map(|r| r.max_new_tokens).sum::<usize>()
+        );
+        assert!(
+            stats.in_flight_max <= 4 && stats.in_flight_max >= 2,
+            "{name}: {stats:?}"
+        );
+        assert_eq!(server.blocks().held_blocks(), 0, "{name}: blocks freed");
+        assert_eq!(context.pool().stats().oom_count, 0, "{name}");
+    }
+}
+
+#[test]
+fn paged_admission_keeps_twice_the_sequences_in_flight_of_contiguous() {
+    let weights = weights();
+    let requests = stream(24, 9);
+    let mut in_flight = Vec::new();
+    for layout in [KvLayout::Paged, KvLayout::Contiguous { max_tokens: 128 }] {
+        let context = context_with(gpu(), ContextOptions::default());
+        let options = ServerOptions {
+            max_batch: 16,
+            layout,
+            kv_blocks: Some(33), // 32 usable blocks of 16: four contiguous sequences of 128
+            ..ServerOptions::default()
+        };
+        let mut server = server(&context, &weights, options);
+        assert_eq!(server.capacity_for(128), 4);
+        assert_eq!(
+            server.capacity_for(32),
+            if layout == KvLayout::Paged { 16 } else { 4 }
+        );
+        for request in &requests {
+            server.submit(request).unwrap();
+        }
+        let done = server.run().unwrap();
+        assert_eq!(done.len(), requests.len());
+        let stats = server.stats().clone();
+        assert!(
+            stats.waits > 0,
+            "{layout:?}: the cache was meant to be short: {stats:?}"
+        );
+        assert_eq!(stats.preemptions, 0);
+        assert_eq!(context.pool().stats().oom_count, 0);
+        let peak = stats.kv_peak;
+        let waste = 1.0 - peak.used_tokens as f64 / (peak.held_blocks * 16) as f64;
+        if layout == KvLayout::Paged {
+            assert!(waste < 0.5, "paged waste {waste}");
+        } else {
+            assert!(waste > 0.5, "contiguous waste {waste}");
+        }
+        in_flight.push(stats.in_flight_max);
+    }
+    assert!(
+        in_flight[0] >= 2 * in_flight[1],
+        "paged {} contiguous {}",
+        in_flight[0],
+        in_flight[1]
+    );
+}
+
+#[test]
+fn a_budget_sizes_the_cache_and_bounds_the_pool() {
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    let budget = 48 << 20;
+    let options = ServerOptions {
+        budget_bytes: Some(budget),
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    assert!(
+        server.cache().num_blocks() > 9,
+        "{}",
+        server.cache().num_blocks()
+    );
+    assert!(context.pool().stats().reserved_bytes.current <= budget);
+    context.pool().reset_peaks(); // sizing may pass the budget by one layer's cache
+    assert!(server.activation_bytes() > 0);
+    for request in stream(5, 2) {
+        server.submit(&request).unwrap();
+    }
+    server.step().unwrap();
+    server.label_kv().unwrap();
+    let labels: Vec<String> = context
+        .pool()
+        .memory_state()
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.spans)
+        .map(|span| span.label.clone())
+        .collect();
+    for wanted in [
+        "kv h.1.v: seq 0",
+        "kv h.0.k: seq 4",
+        "gpt2 h.1.mlp.c_fc.weight",
+    ] {
+        assert!(
+            labels.iter().any(|l| l == wanted),
+            "{wanted} not in {labels:?}"
+        );
+    }
+    server.run().unwrap();
+    let stats = context.pool().stats();
+    assert!(stats.reserved_bytes.peak <= budget, "{stats:?}");
+    assert_eq!(stats.oom_count, 0);
+    // Too small a budget is a typed refusal, not an out-of-memory later.
+    let small = ServerOptions {
+        budget_bytes: Some(1 << 16),
+        ..ServerOptions::default()
+    };
+    let model = Gpt2::upload(
+        &context_with(gpu(), ContextOptions::default()),
+        &weights,
+        DType::F32,
+    );
+    let context2 = context_with(gpu(), ContextOptions::default());
+    drop(model);
+    let model = Gpt2::upload(&context2, &weights, DType::F32).unwrap();
+    assert!(matches!(
+        Server::new(&context2, model, small),
+        Err(ServeError::Budget { .. } | ServeError::Compute(_))
+    ));
+}
+
+#[test]
+fn bad_requests_and_options_are_typed_errors() {
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    let mut server = server(
+        &context,
+        &weights,
+        ServerOptions {
+            kv_blocks: Some(9),
+            ..ServerOptions::default()
+        },
+    );
+    let refuse = |server: &mut Server, prompt: Vec<u32>, max_new_tokens| {
+        server
+            .submit(&RequestSpec {
+                prompt,
+                max_new_tokens,
+            })
+            .unwrap_err()
+    };
+    assert!(matches!(
+        refuse(&mut server, vec![], 3),
+        ServeError::Tokens(_)
+    ));
+    assert!(matches!(
+        refuse(&mut server, vec![256], 3),
+        ServeError::Tokens(_)
+    ));
+    assert!(matches!(
+        refuse(&mut server, vec![1; 100], 29),
+        ServeError::Tokens(_)
+    ));
+    assert!(matches!(
+        refuse(&mut server, vec![1], 0),
+        ServeError::Options(_)
+    ));
+    // 8 usable blocks of 16: 128 tokens fit, not 129 (the context is 128 anyway).
+    assert!(server
+        .submit(&RequestSpec {
+            prompt: vec![1; 100],
+            max_new_tokens: 28
+        })
+        .is_ok());
+    assert!(server.busy());
+    for options in [
+        ServerOptions {
+            max_batch: 0,
+            kv_blocks: Some(9),
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            max_step_tokens: 4,
+            max_batch: 8,
+            kv_blocks: Some(9),
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            layout: KvLayout::Contiguous { max_tokens: 129 },
+            kv_blocks: Some(9),
+            ..ServerOptions::default()
+        },
+        ServerOptions::default(),
+    ] {
+        let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
+        assert!(matches!(
+            Server::new(&context, model, options),
+            Err(ServeError::Options(_))
+        ));
+    }
+}
