@@ -1,0 +1,716 @@
+"""PyTorch's side of `serve_gpt`: the same GPT-2 server, eager, f32, TF32 off, continuous batching.
+
+    python3 benches/torch/serve_gpt.py --weights gpt2.safetensors --stream ours.json \\
+        --json torch_serve_gpt.json --check ours.json
+    python3 benches/torch/serve_gpt.py --weights tiny.safetensors --stream ours.json --device cpu
+
+`--weights FILE`: GPT-2 in Hugging Face's safetensors layout, read by this script's own parser
+(no `safetensors` package needed): names with or without a `transformer.` prefix, Conv1D weights
+`[in, out]` (y = x @ W + b), F32, F16 or BF16 (converted to f32), the configuration from the
+file's `__metadata__` (`n_layer`, `n_embd`, `n_head`, `n_ctx`, `vocab_size`, decimal strings).
+Tensors the model does not use (`lm_head.weight`, `h.N.attn.bias`, ...) are ignored; the LM head
+is tied to `wte`. Layer norm eps 1e-5, GELU the tanh approximation, attention scaled by
+1/sqrt(head_dim) with the softmax in f32, pre-LN blocks, token t of a sequence at position t.
+
+`--stream FILE`: a JSON file from `serve_gpt` (the example): `stream.requests` =
+[{"prompt": [ids], "max_new_tokens": n}, ...] (a top-level `requests` is accepted too) and
+`max_batch` (top level; `--max-batch` overrides it). Every request arrives at t0 in that order and
+generates exactly `max_new_tokens` tokens greedily (`torch.argmax`: the first index on ties), no
+EOS; prompt_len + max_new_tokens must be at most n_ctx.
+
+The loop, as ours: repeat { admit waiting requests first-in first-out while fewer than
+`max_batch` run (admitted ones counted); prefill each newly admitted request alone (its whole
+prompt in one forward, `F.scaled_dot_product_attention(is_causal=True)`), its first token read
+to the host at once (a request of one token then leaves; its slot is taken in the next round);
+one decode step over every running sequence: one forward of [batch, 1] tokens, each at its own
+position, attention (`F.scaled_dot_product_attention`) over the cache sliced to the longest
+running length rounded up to a multiple of 16, with an additive mask (0 or -inf) of each
+sequence's length, and the batch's next tokens read to the host in one `.tolist()`; sequences
+with all their tokens leave } until every request is done.
+
+The KV cache is contiguous per request, as Hugging Face's static cache and FasterTransformer keep
+it: one tensor [n_layer, 2 (k, v), max_batch, n_head, S, head_dim], allocated once before the
+timed loop, S the longest prompt_len + max_new_tokens - 1 of the stream (the last token generated
+is never fed back) rounded up to a multiple of 16, a slot per running request. The running
+requests occupy slots 0..B-1, so the decode step reads the cache as a view (no gather): when a
+request leaves, the request in the last occupied slot moves into its slot (one copy of its cached
+tokens, all layers at once).
+`kv_reserved_bytes_peak` is that tensor's size; `kv_used_bytes_peak` the most tokens cached at
+once (after a prefill or a decode step's writes) times 2 * n_layer * n_embd * 4 bytes.
+
+Warm-up (untimed, before t0): prefills of the longest prompt's prefixes of 1, 2, 4, ... tokens
+and of all of it, the first request's prompt prefilled, then one decode step at each batch size
+from 1 to max_batch (copies of that sequence), so that CUDA kernels (loaded lazily) and cuBLAS
+are initialised for the shapes served; then the peak memory statistics are reset.
+
+Timed: t0 = the start of the serve loop (after the warm-up and a synchronize), where every request
+arrives; TTFT = the time a request's first token is on the host - t0; TPOT = (the time of its last
+token - the time of its first) / (max_new_tokens - 1), requests of one token left out; p50 and p99
+over requests, nearest rank (the sorted value at index ceil(p/100 * n) - 1);
+generated_tokens_per_s = all generated tokens / (the time the last token is on the host - t0);
+in flight = the sequences in each decode step (mean and max over decode steps).
+
+`--check OURS.json` compares each request's output with `sides.paged.requests[i].output` (and
+`sides.contiguous`, `sides.naive` where present) of our JSON and adds `agreement`: {side:
+{"requests", "identical", "tokens", "tokens_equal", "first_mismatch"}}, with `first_mismatch` =
+{"request", "index", "ours", "torch", "torch_top2_gap"} or null; `torch_top2_gap` is the gap
+between PyTorch's two largest logits at that token, computed after the timed loop by a full
+forward (no cache) over the prompt and PyTorch's tokens before it (a small gap: a near-tie that
+rounding may settle either way).
+
+The JSON: {"device", "torch", "tf32": false, "model": {"n_layer", "n_embd", "n_head", "n_ctx",
+"vocab_size"}, "max_batch", "prefill": "per_request", "side": {"requests_count",
+"generated_tokens", "generated_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
+"tpot_ms_p99", "in_flight_mean", "in_flight_max", "decode_steps", "peak_allocated_bytes",
+"peak_reserved_bytes" (torch.cuda.max_memory_*, 0 on the CPU), "kv_reserved_bytes_peak",
+"kv_used_bytes_peak", "weights_bytes", "wall_s", "requests": [{"prompt", "output"}]},
+"agreement" (with --check)}. Bad input (a missing or misshapen tensor, a truncated file, a prompt
+too long for n_ctx, ...) is refused with a message and exit status 2.
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+LN_EPS = 1e-5
+# The safetensors dtypes read, and their torch types.
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+CONFIG_KEYS = ["n_layer", "n_embd", "n_head", "n_ctx", "vocab_size"]
+SIDES = ["paged", "contiguous", "naive"]
+# The cache's length and every span of it that attention reads are multiples of this: the
+# memory-efficient SDPA kernel wants its mask's last dimension aligned to 16 (else it pads a copy
+# in every layer). The positions past a sequence's length are masked out (-inf: weight exactly 0).
+SPAN_ALIGN = 16
+# Largest header we accept (the format's own readers cap it at 100 MB too).
+MAX_HEADER = 100_000_000
+
+
+class BadInput(Exception):
+    """Input this script refuses: printed as one line, exit status 2."""
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def read_safetensors(path):
+    """(metadata, {name: (dtype, shape, start, end)}, load) of a safetensors file, every entry's
+    offsets checked against the file's size; load(name) reads one tensor as f32 on the CPU, its
+    dtype and byte count checked."""
+    try:
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+    except OSError as error:
+        raise BadInput(f"cannot read the weights {path}: {error.strerror}")
+    if sys.byteorder != "little":
+        raise BadInput("this parser reads little-endian data on little-endian hosts only")
+    if len(data) < 8:
+        raise BadInput(f"{path}: truncated: {len(data)} bytes, less than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", data[:8])
+    if header_len > MAX_HEADER:
+        raise BadInput(f"{path}: a header of {header_len} bytes (at most {MAX_HEADER})")
+    if 8 + header_len > len(data):
+        raise BadInput(
+            f"{path}: truncated: the header says {header_len} bytes of JSON "
+            f"but only {len(data) - 8} bytes follow the length"
+        )
+    try:
+        header = json.loads(bytes(data[8 : 8 + header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadInput(f"{path}: the header is not JSON: {error}")
+    if not isinstance(header, dict):
+        raise BadInput(f"{path}: the header is not a JSON object")
+    base = 8 + header_len
+    available = len(data) - base
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise BadInput(f"{path}: __metadata__ is not an object")
+    tensors = {}
+    for name, entry in header.items():
+        if not isinstance(entry, dict):
+            raise BadInput(f"{path}: tensor {name}: its entry is not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise BadInput(f"{path}: tensor {name}: shape {shape!r} is not a list of sizes")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and o >= 0 for o in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            raise BadInput(f"{path}: tensor {name}: data_offsets {offsets!r} are not [start, end]")
+        start, end = offsets
+        if end > available:
+            raise BadInput(
+                f"{path}: truncated: tensor {name}'s data ends at byte {end} of the data section, "
+                f"which has {available} bytes"
+            )
+        tensors[name] = (dtype, shape, start, end)
+
+    def load(name):
+        dtype, shape, start, end = tensors[name]
+        if dtype not in DTYPES:
+            raise BadInput(f"{path}: tensor {name}: dtype {dtype!r} (F32, F16 or BF16 are read)")
+        torch_dtype = DTYPES[dtype]
+        size = torch.empty((), dtype=torch_dtype).element_size()
+        numel = math.prod(shape)
+        if end - start != numel * size:
+            raise BadInput(
+                f"{path}: tensor {name}: {end - start} bytes of data for shape {shape} of {dtype} "
+                f"({numel * size} expected)"
+            )
+        if numel == 0:
+            return torch.zeros(shape, dtype=torch.float32)
+        raw = torch.frombuffer(data, dtype=torch.uint8, count=end - start, offset=base + start)
+        # A copy first: the data need not be aligned for its dtype in the file.
+        return raw.clone().view(torch_dtype).reshape(shape).to(torch.float32)
+
+    return metadata, tensors, load
+
+
+def load_model(path, device):
+    """The configuration and the weights on `device` (f32), every tensor's shape checked."""
+    metadata, entries, load = read_safetensors(path)
+    config = {}
+    for key in CONFIG_KEYS:
+        value = metadata.get(key)
+        if not (isinstance(value, str) and value.isdigit() and int(value) > 0):
+            raise BadInput(
+                f"{path}: __metadata__ needs {key} as a positive decimal string, has {value!r}"
+            )
+        config[key] = int(value)
+    e, n_head = config["n_embd"], config["n_head"]
+    if e % n_head:
+        raise BadInput(f"{path}: n_embd {e} is not a multiple of n_head {n_head}")
+    prefix = "transformer." if "transformer.wte.weight" in entries else ""
+
+    def get(name, shape):
+        full = prefix + name
+        if full not in entries:
+            raise BadInput(f"{path}: missing tensor {full}")
+        found = entries[full][1]
+        if list(found) != list(shape):
+            raise BadInput(f"{path}: tensor {full} has shape {found}, expected {list(shape)}")
+        return load(full).to(device)
+
+    vocab, n_ctx = config["vocab_size"], config["n_ctx"]
+    weights = {
+        "wte": get("wte.weight", [vocab, e]),
+        "wpe": get("wpe.weight", [n_ctx, e]),
+        "ln_f": (get("ln_f.weight", [e]), get("ln_f.bias", [e])),
+        "layers": [],
+    }
+    for i in range(config["n_layer"]):
+        h = f"h.{i}."
+        weights["layers"].append(
+            {
+                "ln_1": (get(h + "ln_1.weight", [e]), get(h + "ln_1.bias", [e])),
+                "c_attn": (get(h + "attn.c_attn.weight", [e, 3 * e]),
+                           get(h + "attn.c_attn.bias", [3 * e])),
+                "attn_proj": (get(h + "attn.c_proj.weight", [e, e]),
+                              get(h + "attn.c_proj.bias", [e])),
+                "ln_2": (get(h + "ln_2.weight", [e]), get(h + "ln_2.bias", [e])),
+                "c_fc": (get(h + "mlp.c_fc.weight", [e, 4 * e]), get(h + "mlp.c_fc.bias", [4 * e])),
+                "mlp_proj": (get(h + "mlp.c_proj.weight", [4 * e, e]),
+                             get(h + "mlp.c_proj.bias", [e])),
+            }
+        )
+    return config, weights
+
+
+def weights_bytes(weights):
+    tensors = [weights["wte"], weights["wpe"], *weights["ln_f"]]
+    for layer in weights["layers"]:
+        for pair in layer.values():
+            tensors.extend(pair)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class Gpt2:
+    """GPT-2's forward: a prefill of one sequence, a batched decode step, a no-cache reference."""
+
+    def __init__(self, config, weights):
+        self.config = config
+        self.w = weights
+        self.e = config["n_embd"]
+        self.n_head = config["n_head"]
+        self.hd = self.e // self.n_head
+
+    def _ln(self, x, pair):
+        return F.layer_norm(x, (self.e,), pair[0], pair[1], LN_EPS)
+
+    def _mlp(self, layer, x):
+        h = self._ln(x, layer["ln_2"])
+        h = F.gelu(torch.addmm(layer["c_fc"][1], h, layer["c_fc"][0]), approximate="tanh")
+        return x + torch.addmm(layer["mlp_proj"][1], h, layer["mlp_proj"][0])
+
+    def _logits(self, x_last):
+        """[rows, e] -> [rows, vocab], tied to wte."""
+        return self._ln(x_last, self.w["ln_f"]) @ self.w["wte"].t()
+
+    def full(self, tokens, cache=None, slot=0):
+        """Logits of the last position of one sequence `tokens` (a device int64 tensor [P]),
+        a causal forward over all of it; with `cache`, its keys and values go to slot `slot`."""
+        p = tokens.shape[0]
+        e, nh, hd = self.e, self.n_head, self.hd
+        positions = torch.arange(p, device=tokens.device)
+        x = self.w["wte"][tokens] + self.w["wpe"][positions]
+        for index, layer in enumerate(self.w["layers"]):
+            h = self._ln(x, layer["ln_1"])
+            qkv = torch.addmm(layer["c_attn"][1], h, layer["c_attn"][0])
+            # [P, 3e] -> 3 x [1, nh, P, hd]
+            q, k, v = qkv.view(p, 3, nh, hd).permute(1, 2, 0, 3).unsqueeze(1).unbind(0)
+            if cache is not None:
+                cache[index, 0, slot, :, :p] = k[0]
+                cache[index, 1, slot, :, :p] = v[0]
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            a = a[0].transpose(0, 1).reshape(p, e)
+            x = x + torch.addmm(layer["attn_proj"][1], a, layer["attn_proj"][0])
+            x = self._mlp(layer, x)
+        return self._logits(x[-1:])[0]
+
+    def decode_step(self, tokens, lengths, span, cache):
+        """Next-token logits [B, vocab] for B sequences in cache slots 0..B-1.
+
+        `tokens` [B] and `lengths` [B] are device int64 tensors: each sequence's input token and
+        the number of tokens it has cached (so its position); `span` (host) >= max(lengths) + 1,
+        the cache positions read, at most the cache's length."""
+        b = tokens.shape[0]
+        e, nh, hd = self.e, self.n_head, self.hd
+        rows = torch.arange(b, device=tokens.device)
+        x = self.w["wte"][tokens] + self.w["wpe"][lengths]
+        # Position j of sequence i is attended iff j <= lengths[i] (its own new token included):
+        # an additive mask (0 or -inf) made once per step rather than a boolean one that SDPA
+        # would convert in every layer.
+        attend = torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]
+        mask = torch.zeros((b, 1, 1, span), dtype=x.dtype, device=x.device)
+        mask.masked_fill_(~attend[:, None, None, :], float("-inf"))
+        for index, layer in enumerate(self.w["layers"]):
+            h = self._ln(x, layer["ln_1"])
+            qkv = torch.addmm(layer["c_attn"][1], h, layer["c_attn"][0])
+            q, k, v = qkv.view(b, 3, nh, hd).unbind(1)  # each [B, nh, hd]
+            keys, values = cache[index, 0], cache[index, 1]
+            keys[rows, :, lengths] = k
+            values[rows, :, lengths] = v
+            a = F.scaled_dot_product_attention(
+                q.unsqueeze(2), keys[:b, :, :span], values[:b, :, :span], attn_mask=mask
+            )
+            x = x + torch.addmm(layer["attn_proj"][1], a.reshape(b, e), layer["attn_proj"][0])
+            x = self._mlp(layer, x)
+        return self._logits(x)
+
+
+# ----------------------------------------------------------------------------- the stream
+
+
+def read_stream(path, config, max_batch_flag):
+    """[(prompt, max_new_tokens)] and max_batch, every request checked against the model."""
+    try:
+        with open(path) as f:
+            document = json.load(f)
+    except OSError as error:
+        raise BadInput(f"cannot read the stream {path}: {error.strerror}")
+    except json.JSONDecodeError as error:
+        raise BadInput(f"{path}: not JSON: {error}")
+    if not isinstance(document, dict):
+        raise BadInput(f"{path}: not a JSON object")
+    stream = document.get("stream")
+    if isinstance(stream, dict) and "requests" in stream:
+        raw = stream["requests"]
+    elif "requests" in document:
+        raw = document["requests"]
+    else:
+        raise BadInput(f"{path}: no stream.requests")
+    if not isinstance(raw, list) or not raw:
+        raise BadInput(f"{path}: stream.requests is not a non-empty list")
+    requests = []
+    vocab, n_ctx = config["vocab_size"], config["n_ctx"]
+    for i, request in enumerate(raw):
+        if not isinstance(request, dict):
+            raise BadInput(f"{path}: request {i} is not an object")
+        prompt, n = request.get("prompt"), request.get("max_new_tokens")
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            raise BadInput(f"{path}: request {i}: prompt is not a non-empty list of token ids")
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise BadInput(f"{path}: request {i}: token {bad[0]} outside the vocabulary of {vocab}")
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+            raise BadInput(f"{path}: request {i}: max_new_tokens {n!r} is not a positive integer")
+        if len(prompt) + n > n_ctx:
+            raise BadInput(
+                f"{path}: request {i}: prompt of {len(prompt)} tokens + {n} new tokens "
+                f"exceeds n_ctx {n_ctx}"
+            )
+        requests.append((prompt, n))
+    if max_batch_flag is not None:
+        max_batch = max_batch_flag
+    else:
+        max_batch = document.get("max_batch")
+        if max_batch is None and isinstance(stream, dict):
+            max_batch = stream.get("max_batch")
+        if max_batch is None:
+            raise BadInput(f"{path}: no max_batch (give --max-batch)")
+    if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
+        raise BadInput(f"max_batch {max_batch!r} is not a positive integer")
+    return requests, max_batch
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def align(n):
+    """`n` rounded up to a multiple of SPAN_ALIGN."""
+    return -(-n // SPAN_ALIGN) * SPAN_ALIGN
+
+
+def nearest_rank(values, p):
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
+
+
+class Server:
+    """Continuous batching over a static, slotted, contiguous KV cache."""
+
+    def __init__(self, model, requests, max_batch, device):
+        self.model = model
+        self.requests = requests
+        self.max_batch = max_batch
+        self.device = device
+        c = model.config
+        # The most tokens a request caches (its last token is never fed back), rounded up to a
+        # multiple of SPAN_ALIGN as every span read is.
+        self.span_max = align(max(len(p) + n - 1 for p, n in requests))
+        self.cache = torch.zeros(
+            (c["n_layer"], 2, max_batch, model.n_head, self.span_max, model.hd),
+            dtype=torch.float32, device=device,
+        )
+        self.token_bytes = 2 * c["n_layer"] * c["n_embd"] * 4
+
+    def _move(self, dst, src, length):
+        """The sequence of slot `src` into slot `dst`: its `length` cached tokens, every layer."""
+        self.cache[:, :, dst, :, :length] = self.cache[:, :, src, :, :length]
+
+    def warm_up(self):
+        """Untimed: prefills of a few lengths (powers of two up to the longest prompt, the longest
+        and the first request's prompt, each a prefix of it), then one decode step at each batch
+        size from 1 to max_batch over copies of the first prompt's sequence."""
+        longest = max((p for p, _ in self.requests), key=len)
+        lengths = {1 << k for k in range(len(longest).bit_length()) if 1 << k <= len(longest)}
+        lengths.add(len(longest))
+        with torch.inference_mode():
+            for length in sorted(lengths):
+                tokens = torch.tensor(longest[:length], dtype=torch.int64, device=self.device)
+                torch.argmax(self.model.full(tokens, self.cache, 0)).item()
+            # The decode step writes at position `length`, inside the cache.
+            prompt = self.requests[0][0][: self.span_max - 1]
+            tokens = torch.tensor(prompt, dtype=torch.int64, device=self.device)
+            first = int(torch.argmax(self.model.full(tokens, self.cache, 0)).item())
+            length = len(prompt)
+            for slot in range(1, self.max_batch):
+                self._move(slot, 0, length)
+            if length < self.span_max:
+                for b in range(1, self.max_batch + 1):
+                    inputs = torch.full((b,), first, dtype=torch.int64, device=self.device)
+                    lengths = torch.full((b,), length, dtype=torch.int64, device=self.device)
+                    span = min(align(length + 1), self.span_max)
+                    logits = self.model.decode_step(inputs, lengths, span, self.cache)
+                    torch.argmax(logits, dim=-1).tolist()
+        sync(self.device)
+
+    def serve(self):
+        """Serve every request; the figures and each request's tokens."""
+        model, device, requests = self.model, self.device, self.requests
+        outputs = [[] for _ in requests]
+        first_at = [0.0] * len(requests)
+        last_at = [0.0] * len(requests)
+        # Running sequences in slot order: [request index, cached tokens, next input token].
+        running = []
+        waiting = 0  # the next request to admit (FIFO)
+        in_flight = []
+        kv_used_peak = 0
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            while waiting < len(requests) or running:
+                # Admit (FIFO) while fewer than max_batch run, then prefill each admitted request
+                # alone, its first token read at once; one of a single token leaves at once (its
+                # slot is free for the next round's admissions, not this one's).
+                admitted = []
+                while waiting < len(requests) and len(running) + len(admitted) < self.max_batch:
+                    admitted.append(waiting)
+                    waiting += 1
+                for r in admitted:
+                    prompt, n = requests[r]
+                    slot = len(running)
+                    tokens = torch.tensor(prompt, dtype=torch.int64, device=device)
+                    token = int(torch.argmax(model.full(tokens, self.cache, slot)).item())
+                    now = time.perf_counter()
+                    outputs[r].append(token)
+                    first_at[r] = last_at[r] = now
+                    running.append([r, len(prompt), token])
+                    used = sum(s[1] for s in running) * self.token_bytes
+                    kv_used_peak = max(kv_used_peak, used)
+                    if n == 1:
+                        running.pop()  # the last slot: nothing to move
+                if not running:
+                    continue
+                # One decode step over every running sequence.
+                b = len(running)
+                in_flight.append(b)
+                inputs = torch.tensor([s[2] for s in running], dtype=torch.int64).to(device)
+                host_lengths = [s[1] for s in running]
+                lengths = torch.tensor(host_lengths, dtype=torch.int64).to(device)
+                span = min(align(max(host_lengths) + 1), self.span_max)
+                logits = model.decode_step(inputs, lengths, span, self.cache)
+                chosen = torch.argmax(logits, dim=-1).tolist()
+                now = time.perf_counter()
+                for s, token in zip(running, chosen):
+                    s[1] += 1
+                    s[2] = token
+                    outputs[s[0]].append(token)
+                    last_at[s[0]] = now
+                kv_used_peak = max(kv_used_peak, sum(s[1] for s in running) * self.token_bytes)
+                # Retire the finished; the last running sequence fills each freed slot.
+                slot = 0
+                while slot < len(running):
+                    r = running[slot][0]
+                    if len(outputs[r]) < requests[r][1]:
+                        slot += 1
+                        continue
+                    last = len(running) - 1
+                    if slot != last:
+                        self._move(slot, last, running[last][1])
+                        running[slot] = running[last]
+                    running.pop()
+        sync(device)
+        end = max(last_at)
+        elapsed = max(end - t0, 1e-9)
+        ttft = [(first_at[r] - t0) * 1e3 for r in range(len(requests))]
+        tpot = [
+            (last_at[r] - first_at[r]) * 1e3 / (n - 1)
+            for r, (_, n) in enumerate(requests)
+            if n > 1
+        ]
+        generated = sum(len(o) for o in outputs)
+        figures = {
+            "requests_count": len(requests),
+            "generated_tokens": generated,
+            "generated_tokens_per_s": generated / elapsed,
+            "ttft_ms_p50": nearest_rank(ttft, 50),
+            "ttft_ms_p99": nearest_rank(ttft, 99),
+            "tpot_ms_p50": nearest_rank(tpot, 50),
+            "tpot_ms_p99": nearest_rank(tpot, 99),
+            "in_flight_mean": sum(in_flight) / len(in_flight) if in_flight else 0.0,
+            "in_flight_max": max(in_flight) if in_flight else 0,
+            "decode_steps": len(in_flight),
+            "kv_reserved_bytes_peak": self.cache.numel() * self.cache.element_size(),
+            "kv_used_bytes_peak": kv_used_peak,
+            "wall_s": elapsed,
+        }
+        return figures, outputs
+
+
+def greedy_reference(model, prompt, n, device):
+    """`n` greedy tokens with no cache: a full forward over the whole sequence for each."""
+    sequence = list(prompt)
+    out = []
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model.full(torch.tensor(sequence, dtype=torch.int64, device=device))
+            token = int(torch.argmax(logits).item())
+            out.append(token)
+            sequence.append(token)
+    return out
+
+
+def top2_gap(model, sequence, device):
+    """The gap between the two largest next-token logits after `sequence`, no cache."""
+    with torch.inference_mode():
+        logits = model.full(torch.tensor(sequence, dtype=torch.int64, device=device))
+        top = torch.topk(logits, 2).values.tolist()
+    return top[0] - top[1]
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+def check(path, requests, outputs, model, device):
+    """`agreement` against our JSON's sides."""
+    try:
+        with open(path) as f:
+            ours = json.load(f)
+    except OSError as error:
+        raise BadInput(f"cannot read {path}: {error.strerror}")
+    except json.JSONDecodeError as error:
+        raise BadInput(f"{path}: not JSON: {error}")
+    sides = ours.get("sides") if isinstance(ours, dict) else None
+    if not isinstance(sides, dict) or not any(s in sides for s in SIDES):
+        raise BadInput(f"{path}: no sides.paged, sides.contiguous or sides.naive")
+    agreement = {}
+    for side in SIDES:
+        if side not in sides:
+            continue
+        theirs = sides[side].get("requests") if isinstance(sides[side], dict) else None
+        if not isinstance(theirs, list):
+            raise BadInput(f"{path}: sides.{side}.requests is not a list")
+        if len(theirs) != len(requests):
+            raise BadInput(
+                f"{path}: sides.{side} has {len(theirs)} requests, the stream {len(requests)}"
+            )
+        identical = tokens = equal = 0
+        first = None
+        for i, ((prompt, _), mine, their) in enumerate(zip(requests, outputs, theirs)):
+            if not isinstance(their, dict) or not isinstance(their.get("output"), list):
+                raise BadInput(f"{path}: sides.{side}.requests[{i}] has no output list")
+            if their.get("prompt", prompt) != prompt:
+                raise BadInput(f"{path}: sides.{side}.requests[{i}]'s prompt is not the stream's")
+            out = their["output"]
+            tokens += len(mine)
+            equal += sum(a == b for a, b in zip(mine, out))
+            if out == mine:
+                identical += 1
+            elif first is None:
+                shorter = min(len(mine), len(out))
+                index = next((j for j, (a, b) in enumerate(zip(mine, out)) if a != b), shorter)
+                first = {
+                    "request": i,
+                    "index": index,
+                    "ours": out[index] if index < len(out) else None,
+                    "torch": mine[index] if index < len(mine) else None,
+                    "torch_top2_gap": (
+                        top2_gap(model, prompt + mine[:index], device)
+                        if index < len(mine) else None
+                    ),
+                }
+        agreement[side] = {
+            "requests": len(requests),
+            "identical": identical,
+            "tokens": tokens,
+            "tokens_equal": equal,
+            "first_mismatch": first,
+        }
+    return agreement
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def run(args):
+    if args.device:
+        device = torch.device(args.device)
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda but no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+    config, weights = load_model(args.weights, device)
+    requests, max_batch = read_stream(args.stream, config, args.max_batch)
+    model = Gpt2(config, weights)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(
+        f"device: {name}, torch {torch.__version__}, f32, TF32 off; GPT-2 {config}; "
+        f"{len(requests)} requests, max batch {max_batch}"
+    )
+
+    server = Server(model, requests, max_batch, device)
+    server.warm_up()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    figures, outputs = server.serve()
+    if device.type == "cuda":
+        figures["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        figures["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    else:
+        figures["peak_allocated_bytes"] = figures["peak_reserved_bytes"] = 0
+    figures["weights_bytes"] = weights_bytes(weights)
+    figures["requests"] = [{"prompt": p, "output": o} for (p, _), o in zip(requests, outputs)]
+
+    mib = lambda b: f"{b / 2**20:.1f} MiB"
+    print(
+        f"{figures['generated_tokens']} tokens in {figures['wall_s']:.3f} s: "
+        f"{figures['generated_tokens_per_s']:.1f} tokens/s; TTFT p50/p99 "
+        f"{figures['ttft_ms_p50']:.2f}/{figures['ttft_ms_p99']:.2f} ms; TPOT p50/p99 "
+        f"{figures['tpot_ms_p50']:.3f}/{figures['tpot_ms_p99']:.3f} ms; in flight mean "
+        f"{figures['in_flight_mean']:.2f} max {figures['in_flight_max']}"
+    )
+    print(
+        f"KV reserved {mib(figures['kv_reserved_bytes_peak'])}, used at peak "
+        f"{mib(figures['kv_used_bytes_peak'])}; peak allocated "
+        f"{mib(figures['peak_allocated_bytes'])}, reserved {mib(figures['peak_reserved_bytes'])}; "
+        f"weights {mib(figures['weights_bytes'])}"
+    )
+    result = {
+        "device": name,
+        "torch": torch.__version__,
+        "tf32": False,
+        "model": config,
+        "max_batch": max_batch,
+        "prefill": "per_request",
+        "side": figures,
+    }
+    if args.check:
+        agreement = check(args.check, requests, outputs, model, device)
+        result["agreement"] = agreement
+        parts = []
+        for side, a in agreement.items():
+            text = (
+                f"{side}: {a['identical']}/{a['requests']} requests identical, "
+                f"{a['tokens_equal']}/{a['tokens']} tokens"
+            )
+            m = a["first_mismatch"]
+            if m:
+                gap = m["torch_top2_gap"]
+                gap = f"{gap:.3g}" if gap is not None else "n/a"
+                text += (
+                    f" (first mismatch: request {m['request']} token {m['index']}: ours "
+                    f"{m['ours']}, torch {m['torch']}, torch top-2 gap {gap})"
+                )
+            parts.append(text)
+        print("agreement: " + "; ".join(parts))
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        except OSError as error:
+            raise BadInput(f"cannot write {args.json}: {error.strerror}")
+        print(f"wrote {args.json}")
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", required=True, help="GPT-2 safetensors (HF layout)")
+    parser.add_argument("--stream", required=True, help="the request stream (our example's JSON)")
+    parser.add_argument("--max-batch", type=int, help="override the stream's max_batch")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--check", metavar="OURS_JSON", help="compare the tokens with ours")
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except BadInput as error:
+        print(f"{os.path.basename(sys.argv[0]) or 'serve_gpt.py'}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

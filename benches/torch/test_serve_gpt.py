@@ -1,0 +1,380 @@
+"""Tests of serve_gpt.py on the CPU, with plain python (no pytest):
+
+    python3 benches/torch/test_serve_gpt.py
+
+A tiny random GPT-2 (2 layers, 64 wide, 4 heads, n_ctx 128, vocab 256; weights normal with std
+0.02, layer norms' weights 1, biases 0) written as safetensors by this file, and a seeded stream.
+Checked: the model's forward against an independent float64 one written from GPT-2's
+definition (sharper random weights); the continuous-batching server's greedy tokens equal a
+no-cache full-recompute reference's for every request (max batch 1, 3, 4, 16); the batched
+decode step's logits equal the reference's (cache slots of different lengths, stale values in
+the cache, and again after a slot moves); the script end to end (--json,
+--check with an identical and an altered side); the `transformer.` prefix and F16/BF16 data; and
+that bad input (a truncated file, a missing or misshapen tensor, no metadata, a prompt too long
+for n_ctx) exits with status 2 and a clear message, not a traceback.
+"""
+
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "serve_gpt.py")
+sys.path.insert(0, HERE)
+import serve_gpt  # noqa: E402
+
+CONFIG = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_ctx": 128, "vocab_size": 256}
+SAFETENSORS_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def tiny_tensors(config=CONFIG, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    e, v, n = config["n_embd"], config["vocab_size"], config["n_ctx"]
+    normal = lambda *shape: torch.randn(shape, generator=g) * 0.02
+    t = {"wte.weight": normal(v, e), "wpe.weight": normal(n, e)}
+    for i in range(config["n_layer"]):
+        h = f"h.{i}."
+        t[h + "ln_1.weight"], t[h + "ln_1.bias"] = torch.ones(e), torch.zeros(e)
+        t[h + "attn.c_attn.weight"] = normal(e, 3 * e)
+        t[h + "attn.c_attn.bias"] = torch.zeros(3 * e)
+        t[h + "attn.c_proj.weight"], t[h + "attn.c_proj.bias"] = normal(e, e), torch.zeros(e)
+        t[h + "ln_2.weight"], t[h + "ln_2.bias"] = torch.ones(e), torch.zeros(e)
+        t[h + "mlp.c_fc.weight"], t[h + "mlp.c_fc.bias"] = normal(e, 4 * e), torch.zeros(4 * e)
+        t[h + "mlp.c_proj.weight"], t[h + "mlp.c_proj.bias"] = normal(4 * e, e), torch.zeros(e)
+    t["ln_f.weight"], t["ln_f.bias"] = torch.ones(e), torch.zeros(e)
+    return t
+
+
+def write_safetensors(path, tensors, metadata, dtype=torch.float32, prefix=""):
+    header, chunks, offset = {}, [], 0
+    if metadata is not None:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    for name, tensor in tensors.items():
+        raw = bytes(tensor.to(dtype).contiguous().view(-1).view(torch.uint8).tolist())
+        header[prefix + name] = {
+            "dtype": SAFETENSORS_NAMES[dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+
+
+def tiny_stream(path, count=14, max_batch=4, seed=3):
+    rng = random.Random(seed)
+    requests = []
+    for i in range(count):
+        prompt_len = rng.randint(1, 60)
+        # Some requests of one token, and lengths that end in different steps.
+        n = 1 if i % 5 == 2 else rng.randint(2, 40)
+        prompt = [rng.randrange(CONFIG["vocab_size"]) for _ in range(prompt_len)]
+        requests.append({"prompt": prompt, "max_new_tokens": n})
+    with open(path, "w") as f:
+        json.dump({"stream": {"requests": requests}, "max_batch": max_batch}, f)
+    return requests
+
+
+def run_script(*args):
+    return subprocess.run(
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def expect_refused(result, *words):
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
+
+
+def test_tokens_match_reference(weights, stream_path, requests):
+    cpu = torch.device("cpu")
+    config, w = serve_gpt.load_model(weights, cpu)
+    assert config == CONFIG, config
+    model = serve_gpt.Gpt2(config, w)
+    for max_batch in (1, 3, 4, 16):
+        reqs, _ = serve_gpt.read_stream(stream_path, config, max_batch)
+        server = serve_gpt.Server(model, reqs, max_batch, cpu)
+        server.warm_up()
+        figures, outputs = server.serve()
+        for i, ((prompt, n), out) in enumerate(zip(reqs, outputs)):
+            assert len(out) == n, (i, len(out), n)
+            reference = serve_gpt.greedy_reference(model, prompt, n, cpu)
+            assert out == reference, f"max_batch {max_batch} request {i}: {out} != {reference}"
+        assert figures["in_flight_max"] <= max_batch
+        assert figures["generated_tokens"] == sum(n for _, n in reqs)
+        if max_batch == 4:
+            assert figures["in_flight_max"] == 4, figures
+    count = len(requests)
+    print(f"ok: tokens equal the no-cache reference for {count} requests at batches 1,3,4,16")
+
+
+def independent_logits(tensors, config, tokens):
+    """GPT-2's last-position logits in float64, written from the definition, sharing no code with
+    serve_gpt.py: layer norms, one head at a time, an explicit causal softmax, GELU's formula."""
+    t = {k: v.double() for k, v in tensors.items()}
+    e, nh = config["n_embd"], config["n_head"]
+    hd = e // nh
+    p = len(tokens)
+
+    def ln(x, name):
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(var + 1e-5) * t[name + ".weight"] + t[name + ".bias"]
+
+    def conv1d(x, name):
+        return x @ t[name + ".weight"] + t[name + ".bias"]
+
+    x = t["wte.weight"][tokens] + t["wpe.weight"][:p]
+    causal = torch.tril(torch.ones(p, p, dtype=torch.bool))
+    for i in range(config["n_layer"]):
+        qkv = conv1d(ln(x, f"h.{i}.ln_1"), f"h.{i}.attn.c_attn")
+        heads = []
+        for h in range(nh):
+            q = qkv[:, h * hd:(h + 1) * hd]
+            k = qkv[:, e + h * hd:e + (h + 1) * hd]
+            v = qkv[:, 2 * e + h * hd:2 * e + (h + 1) * hd]
+            scores = (q @ k.t()) / hd ** 0.5
+            scores = scores.masked_fill(~causal, float("-inf"))
+            weights = torch.exp(scores - scores.max(-1, keepdim=True).values)
+            heads.append((weights / weights.sum(-1, keepdim=True)) @ v)
+        x = x + conv1d(torch.cat(heads, dim=1), f"h.{i}.attn.c_proj")
+        m = conv1d(ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc")
+        m = 0.5 * m * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (m + 0.044715 * m ** 3)))
+        x = x + conv1d(m, f"h.{i}.mlp.c_proj")
+    return ln(x, "ln_f")[-1] @ t["wte.weight"].t()
+
+
+def test_model_definition(weights):
+    """serve_gpt's forward against the independent one, on weights sharp enough (std 0.2, layer
+    norms and biases random) that attention is far from uniform."""
+    g = torch.Generator().manual_seed(5)
+    tensors = {
+        k: torch.randn(v.shape, generator=g) * 0.2 + (1 if "ln" in k and "weight" in k else 0)
+        for k, v in tiny_tensors().items()
+    }
+    path = weights + ".sharp"
+    write_safetensors(path, tensors, CONFIG)
+    config, w = serve_gpt.load_model(path, torch.device("cpu"))
+    model = serve_gpt.Gpt2(config, w)
+    worst = 0.0
+    rng = random.Random(2)
+    for p in (1, 2, 17, 128):
+        tokens = [rng.randrange(256) for _ in range(p)]
+        with torch.inference_mode():
+            ours = model.full(torch.tensor(tokens)).double()
+        reference = independent_logits(tensors, config, tokens)
+        scale = reference.abs().max().item()
+        diff = (ours - reference).abs().max().item() / scale
+        worst = max(worst, diff)
+        assert diff < 1e-5, (p, diff)
+    os.remove(path)
+    print(f"ok: the forward equals an independent float64 one (max relative diff {worst:.1e})")
+
+
+def test_decode_logits(weights):
+    """The decode step's logits row by row against full forwards, across slot moves."""
+    cpu = torch.device("cpu")
+    config, w = serve_gpt.load_model(weights, cpu)
+    model = serve_gpt.Gpt2(config, w)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 37, 1, 20)]
+    requests = [(p, 30) for p in prompts]
+    server = serve_gpt.Server(model, requests, 4, cpu)
+    # Stale, large values in the cache: a mask or length bug would read them.
+    server.cache.normal_(0, 10)
+    sequences = []
+    with torch.inference_mode():
+        for slot, p in enumerate(prompts):
+            logits = model.full(torch.tensor(p), server.cache, slot)
+            sequences.append(p + [int(torch.argmax(logits))])
+        worst = 0.0
+        for step in range(8):
+            if step == 4:
+                # Retire slot 1: the last slot's sequence moves into it.
+                server._move(1, 3, len(sequences[3]) - 1)
+                sequences[1] = sequences.pop()
+            b = len(sequences)
+            inputs = torch.tensor([s[-1] for s in sequences])
+            lengths = torch.tensor([len(s) - 1 for s in sequences])
+            span = min(serve_gpt.align(max(len(s) for s in sequences)), server.span_max)
+            logits = model.decode_step(inputs, lengths, span, server.cache)
+            for i in range(b):
+                reference = model.full(torch.tensor(sequences[i]))
+                diff = (logits[i] - reference).abs().max().item()
+                worst = max(worst, diff)
+                assert diff < 1e-5, (step, i, diff)
+                sequences[i].append(int(torch.argmax(logits[i])))
+    print(f"ok: decode-step logits equal full forwards (max |diff| {worst:.2e}), "
+          "across a slot move")
+
+
+def test_end_to_end(tmp, weights, stream_path, requests):
+    cpu = torch.device("cpu")
+    config, w = serve_gpt.load_model(weights, cpu)
+    model = serve_gpt.Gpt2(config, w)
+    reference = [
+        serve_gpt.greedy_reference(model, r["prompt"], r["max_new_tokens"], cpu) for r in requests
+    ]
+    same = [{"prompt": r["prompt"], "output": o} for r, o in zip(requests, reference)]
+    altered = json.loads(json.dumps(same))
+    # Request 3, token 2 differs in "contiguous" (request 3 has at least 3 tokens).
+    assert len(altered[3]["output"]) >= 3
+    altered[3]["output"][2] = (altered[3]["output"][2] + 1) % 256
+    ours = os.path.join(tmp, "ours.json")
+    with open(ours, "w") as f:
+        json.dump({"sides": {"paged": {"requests": same}, "contiguous": {"requests": altered}}}, f)
+    out = os.path.join(tmp, "torch.json")
+    result = run_script(
+        "--weights", weights, "--stream", stream_path, "--device", "cpu", "--json", out,
+        "--check", ours,
+    )
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        document = json.load(f)
+    side = document["side"]
+    for key in [
+        "generated_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+        "in_flight_mean", "in_flight_max", "peak_allocated_bytes", "peak_reserved_bytes",
+        "kv_reserved_bytes_peak", "kv_used_bytes_peak", "weights_bytes", "wall_s", "requests",
+    ]:
+        assert key in side, key
+    assert document["tf32"] is False and document["model"] == CONFIG
+    assert document["max_batch"] == 4
+    assert [r["output"] for r in side["requests"]] == reference
+    assert side["ttft_ms_p50"] <= side["ttft_ms_p99"] and side["tpot_ms_p50"] <= side["tpot_ms_p99"]
+    assert 0 < side["kv_used_bytes_peak"] <= side["kv_reserved_bytes_peak"]
+    tokens = sum(len(o) for o in reference)
+    paged, contiguous = document["agreement"]["paged"], document["agreement"]["contiguous"]
+    assert paged == {
+        "requests": len(requests), "identical": len(requests), "tokens": tokens,
+        "tokens_equal": tokens, "first_mismatch": None,
+    }, paged
+    assert contiguous["identical"] == len(requests) - 1
+    assert contiguous["tokens_equal"] == tokens - 1
+    mismatch = contiguous["first_mismatch"]
+    assert (mismatch["request"], mismatch["index"]) == (3, 2), mismatch
+    assert mismatch["torch"] == reference[3][2] and mismatch["ours"] == altered[3]["output"][2]
+    assert mismatch["torch_top2_gap"] > 0
+    assert "agreement:" in result.stdout
+    # --max-batch overrides the stream's.
+    result = run_script("--weights", weights, "--stream", stream_path, "--device", "cpu",
+                        "--max-batch", "2", "--json", out)
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        document = json.load(f)
+    assert document["max_batch"] == 2 and document["side"]["in_flight_max"] == 2
+    assert [r["output"] for r in document["side"]["requests"]] == reference
+    print("ok: end to end, --json and --check (identical and altered sides), --max-batch")
+    return reference
+
+
+def test_formats(tmp, stream_path, reference):
+    tensors = tiny_tensors()
+    prefixed = os.path.join(tmp, "prefixed.safetensors")
+    write_safetensors(prefixed, tensors, CONFIG, prefix="transformer.")
+    result = run_script("--weights", prefixed, "--stream", stream_path, "--device", "cpu",
+                        "--json", os.path.join(tmp, "p.json"))
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(tmp, "p.json")) as f:
+        assert [r["output"] for r in json.load(f)["side"]["requests"]] == reference
+    for dtype in (torch.float16, torch.bfloat16):
+        path = os.path.join(tmp, f"{SAFETENSORS_NAMES[dtype]}.safetensors")
+        write_safetensors(path, tensors, CONFIG, dtype=dtype)
+        _, w = serve_gpt.load_model(path, torch.device("cpu"))
+        expected = tensors["h.1.mlp.c_fc.weight"].to(dtype).float()
+        assert torch.equal(w["layers"][1]["c_fc"][0], expected), dtype
+    print("ok: the transformer. prefix gives the same tokens; F16 and BF16 read exactly")
+
+
+def test_refusals(tmp, weights, stream_path):
+    with open(weights, "rb") as f:
+        data = f.read()
+    cut = os.path.join(tmp, "cut.safetensors")
+    with open(cut, "wb") as f:
+        f.write(data[:-100])
+    expect_refused(run_script("--weights", cut, "--stream", stream_path, "--device", "cpu"),
+                   "truncated", "ln_f.bias")
+    with open(cut, "wb") as f:
+        f.write(data[:40])
+    expect_refused(run_script("--weights", cut, "--stream", stream_path, "--device", "cpu"),
+                   "truncated", "header")
+    with open(cut, "wb") as f:
+        f.write(data[:5])
+    expect_refused(run_script("--weights", cut, "--stream", stream_path, "--device", "cpu"),
+                   "truncated")
+
+    tensors = tiny_tensors()
+    del tensors["h.1.mlp.c_proj.bias"]
+    missing = os.path.join(tmp, "missing.safetensors")
+    write_safetensors(missing, tensors, CONFIG)
+    expect_refused(run_script("--weights", missing, "--stream", stream_path, "--device", "cpu"),
+                   "missing tensor h.1.mlp.c_proj.bias")
+
+    tensors = tiny_tensors()
+    tensors["h.0.attn.c_attn.weight"] = tensors["h.0.attn.c_attn.weight"].t().contiguous()
+    wrong = os.path.join(tmp, "wrong.safetensors")
+    write_safetensors(wrong, tensors, CONFIG)
+    expect_refused(run_script("--weights", wrong, "--stream", stream_path, "--device", "cpu"),
+                   "h.0.attn.c_attn.weight", "[192, 64]", "[64, 192]")
+
+    nometa = os.path.join(tmp, "nometa.safetensors")
+    write_safetensors(nometa, tiny_tensors(), None)
+    expect_refused(run_script("--weights", nometa, "--stream", stream_path, "--device", "cpu"),
+                   "n_layer")
+
+    long_stream = os.path.join(tmp, "long.json")
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1] * 100, "max_new_tokens": 29}]},
+                   "max_batch": 2}, f)
+    expect_refused(run_script("--weights", weights, "--stream", long_stream, "--device", "cpu"),
+                   "exceeds n_ctx 128")
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1, 256], "max_new_tokens": 2}]},
+                   "max_batch": 2}, f)
+    expect_refused(run_script("--weights", weights, "--stream", long_stream, "--device", "cpu"),
+                   "256", "vocabulary")
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1], "max_new_tokens": 2}]}}, f)
+    expect_refused(run_script("--weights", weights, "--stream", long_stream, "--device", "cpu"),
+                   "max_batch")
+    # At exactly n_ctx it is served.
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1] * 100, "max_new_tokens": 28}]},
+                   "max_batch": 2}, f)
+    result = run_script("--weights", weights, "--stream", long_stream, "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    expect_refused(run_script("--weights", os.path.join(tmp, "none"), "--stream", stream_path,
+                              "--device", "cpu"), "cannot read")
+    print("ok: truncated files, a missing tensor, a wrong shape, no metadata, a prompt too long, "
+          "a token outside the vocabulary, no max_batch: exit 2 with a message")
+
+
+def main():
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = os.path.join(tmp, "tiny.safetensors")
+        write_safetensors(weights, tiny_tensors(), CONFIG)
+        stream_path = os.path.join(tmp, "stream.json")
+        requests = tiny_stream(stream_path)
+        test_model_definition(weights)
+        test_tokens_match_reference(weights, stream_path, requests)
+        test_decode_logits(weights)
+        reference = test_end_to_end(tmp, weights, stream_path, requests)
+        test_formats(tmp, stream_path, reference)
+        test_refusals(tmp, weights, stream_path)
+    print("all passed")
+
+
+if __name__ == "__main__":
+    main()
