@@ -309,6 +309,14 @@ impl BlockManager {
         self.peak
     }
 
+    /// Starts a new peak from the current fill.
+    pub fn reset_peak(&mut self) {
+        self.peak = KvPeak {
+            held_blocks: self.held_blocks,
+            used_tokens: self.used_tokens,
+        };
+    }
+
     fn note_peak(&mut self) {
         if self.held_blocks > self.peak.held_blocks
             || (self.held_blocks == self.peak.held_blocks

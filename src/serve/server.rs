@@ -234,7 +234,8 @@ impl Server {
 
     /// The steps' activation bytes, measured by capturing the largest step over a cache of two
     /// blocks: planned, its plan is built in `arena`, which keeps that memory for the real plans;
-    /// eager, twice its arena (an eager step's intermediates are not planned).
+    /// eager, its plan's heap (what the eager step's intermediates need at least: they are not
+    /// planned, so the pool may round them above it).
     fn size_activations(
         context: &Context,
         model: &Gpt2,
@@ -258,7 +259,7 @@ impl Server {
         let activation_bytes = if planned {
             arena.bytes()
         } else {
-            2 * plan.stats().heap_bytes
+            plan.stats().heap_bytes
         };
         drop(plan);
         drop(probe);
@@ -277,6 +278,27 @@ impl Server {
             self.max_blocks,
             Some(&self.arena),
         )
+    }
+
+    /// Runs a step of padding rows (each writing block 0 only, which no sequence holds) for
+    /// every planned row count, or eagerly for every power of two up to `max_step_tokens`: the
+    /// drivers that compile pipelines at their first use (or fill a shader cache) do it here,
+    /// not in a request's step. Changes no sequence and no statistic.
+    pub fn warm_up(&mut self) -> Result<(), ServeError> {
+        let mut rows = 1;
+        loop {
+            let capacity = StepRows::bucket(rows);
+            let samples = match self.options.execution {
+                Execution::Planned => self.options.max_batch,
+                Execution::Eager => 1,
+            };
+            let step = StepRows::new(capacity, samples, self.max_blocks)?;
+            self.run_rows(&step)?;
+            if capacity >= self.options.max_step_tokens {
+                return Ok(());
+            }
+            rows = capacity + 1;
+        }
     }
 
     /// Queues a request; it is admitted when its KV blocks are free. Returns its id.
@@ -533,6 +555,23 @@ impl Server {
     /// What the server has done so far.
     pub fn stats(&self) -> &ServerStats {
         &self.stats
+    }
+
+    /// Starts the statistics (and the KV cache's peak) anew, e.g. after a warm-up.
+    pub fn reset_stats(&mut self) {
+        self.stats = ServerStats::default();
+        self.blocks.reset_peak();
+        self.stats.kv_peak = self.blocks.peak();
+    }
+
+    /// Requests waiting for admission.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences in flight.
+    pub fn running(&self) -> usize {
+        self.running.len()
     }
 
     /// The KV cache.

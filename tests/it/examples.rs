@@ -518,3 +518,99 @@ fn dispatch_cost_example_times_a_users_kernel_beside_add_from_cached_bind_groups
     assert!(error.to_string().contains("at least 1"), "{error}");
     assert!(dispatch_cost::run(gpu(), &strings(&["--frobnicate"])).is_err());
 }
+
+#[expect(dead_code, reason = "the example's main() is not called here")]
+#[path = "../../examples/serve_gpt.rs"]
+mod serve_gpt;
+
+#[test]
+fn serve_gpt_example_serves_three_sides_and_reads_its_weights_back() {
+    let (json, weights) = (temp_file("serve.json"), temp_file("tiny.safetensors"));
+    let out = temp_file("serve-out");
+    let base = strings(&["--requests", "10", "--max-batch", "6", "--seed", "3"]);
+    let mut write = base.clone();
+    write.extend(strings(&["--write-weights", weights.to_str().unwrap()]));
+    serve_gpt::run(None, &write).expect("weights written without a GPU");
+    let mut list = base.clone();
+    list.extend(strings(&[
+        "--json",
+        json.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--eager",
+        "--budget", // room for the eager side's unplanned intermediates too
+        "8388608",
+    ]));
+    serve_gpt::run(Some(gpu()), &list).expect("served");
+    let random = read_json(&json);
+    assert_eq!(random["stream"]["requests"].as_array().unwrap().len(), 10);
+    assert_eq!(random["max_batch"], 6);
+    let sides = &random["sides"];
+    for name in ["paged", "contiguous", "naive", "paged_eager"] {
+        let side = &sides[name];
+        for key in [
+            "generated_tokens_per_s",
+            "ttft_ms_p50",
+            "ttft_ms_p99",
+            "tpot_ms_p50",
+            "tpot_ms_p99",
+            "kv_reserved_bytes_peak",
+            "kv_used_bytes_peak",
+            "kv_waste",
+            "peak_reserved_bytes",
+            "peak_requested_bytes",
+            "in_flight_mean",
+            "in_flight_max",
+            "waits",
+            "preemptions",
+            "oom_errors",
+            "segments_created",
+            "device_reported_bytes",
+            "accounted_bytes",
+        ] {
+            assert!(side.get(key).is_some(), "{name}: no {key}: {side}");
+        }
+        assert_eq!(side["oom_errors"], 0, "{name}");
+        assert!(
+            side["peak_reserved_bytes"].as_u64().unwrap()
+                <= random["budget_bytes"].as_u64().unwrap()
+        );
+        let requests = side["requests"].as_array().unwrap();
+        assert_eq!(requests.len(), 10, "{name}");
+        for (request, spec) in requests
+            .iter()
+            .zip(random["stream"]["requests"].as_array().unwrap())
+        {
+            assert_eq!(request["prompt"], spec["prompt"]);
+            assert_eq!(
+                request["output"].as_array().unwrap().len() as u64,
+                spec["max_new_tokens"].as_u64().unwrap()
+            );
+        }
+    }
+    let waste = |name: &str| sides[name]["kv_waste"].as_f64().unwrap();
+    assert!(waste("paged") < waste("contiguous"), "{sides}");
+    assert!(
+        sides["paged"]["in_flight_max"].as_u64() >= sides["contiguous"]["in_flight_max"].as_u64()
+    );
+    assert!(out.join("paged").join("snapshot.pickle").exists());
+    // The weights written and read back serve the same tokens.
+    let mut again = base;
+    again.extend(strings(&[
+        "--weights",
+        weights.to_str().unwrap(),
+        "--sides",
+        "paged",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    serve_gpt::run(Some(gpu()), &again).expect("served from the file");
+    let from_file = read_json(&json);
+    assert_eq!(
+        from_file["sides"]["paged"]["requests"],
+        sides["paged"]["requests"]
+    );
+    assert!(serve_gpt::run(Some(gpu()), &strings(&["--model", "gpt3"])).is_err());
+    std::fs::remove_file(&weights).ok();
+    std::fs::remove_dir_all(&out).ok();
+}

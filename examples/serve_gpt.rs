@@ -1,0 +1,514 @@
+//! GPT-2 served three ways under one memory budget: the pool with a paged KV cache, the pool
+//! with each request's KV cache reserved contiguously for the longest sequence, and one buffer
+//! per tensor with the contiguous cache.
+//!
+//! ```text
+//! cargo run --release --example serve_gpt -- [--model tiny|gpt2] [--weights FILE]
+//!     [--write-weights FILE] [--requests N] [--max-batch B] [--budget BYTES] [--seed S]
+//!     [--json OUT] [--out DIR] [--sides paged,contiguous,naive] [--eager] [--block-tokens T]
+//!     [--max-step-tokens R]
+//! ```
+//!
+//! A seeded stream of requests (`--seed`, default 1): prompt lengths uniform in 32–512 tokens and
+//! output lengths uniform in 32–256 (both cut to the model's context; `--model tiny`: 3–40 and
+//! 1–24 in a context of 128), prompt tokens uniform over the vocabulary, every request arriving
+//! at the start. Each side serves the whole stream with continuous batching (at most
+//! `--max-batch` sequences per step, default 16; sequences join and leave between steps) and
+//! greedy decoding, every step planned ahead (a plan per row count, one arena):
+//!
+//! - **paged**: KV blocks of 16 tokens taken as sequences reach them (vLLM's PagedAttention);
+//!   admission promises each request the blocks its prompt and outputs can reach;
+//! - **contiguous**: each request's KV reserved whole for the model's context at admission (as
+//!   Hugging Face's static cache and FasterTransformer do), in the same kind of cache;
+//! - **naive**: as contiguous, on a pool that gives every tensor a buffer of its own.
+//!
+//! Every side admits under `--budget` (bytes; default: the weights and the steps' activations,
+//! plus half of what the contiguous cache needs for `--max-batch` sequences of the full context):
+//! the KV cache takes what the weights and activations leave, and a request waits until its
+//! blocks are free. `--eager` adds `paged_eager`, the paged side with every step's ops run
+//! eagerly (the planned-versus-eager comparison).
+//!
+//! Weights: `--weights FILE` (safetensors, Hugging Face's GPT-2 layout, the configuration in its
+//! `__metadata__`), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
+//! exits. The JSON (`--json`) holds the stream (`stream.requests`, `max_batch`: the input of
+//! `benches/torch/serve_gpt.py --stream`) and `sides.{paged,contiguous,naive}` with throughput,
+//! latencies, KV and pool memory, and every request's tokens. `--out DIR` writes each side's
+//! memory exports (summary, segment map, snapshot for memory_viz, Perfetto trace) taken when half
+//! the requests are done, the KV cache's blocks labelled by sequence. Pool peaks count from the
+//! end of each side's warm-up.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+use serde::Serialize;
+use wgpu_pool::compute::{Context, ContextOptions, DType};
+use wgpu_pool::history::HistoryOptions;
+use wgpu_pool::model::{Gpt2Config, Gpt2Weights, StoredDtype};
+use wgpu_pool::paging::{percentile, KvLayout, RequestSpec, StreamSpec};
+use wgpu_pool::report::{write_exports, AllocatorReport};
+use wgpu_pool::serve::{Completion, Execution, Gpt2, KvCache, Server, ServerOptions};
+use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
+
+/// The command line.
+#[derive(Debug, Clone)]
+struct Args {
+    model: String,
+    weights: Option<PathBuf>,
+    write_weights: Option<PathBuf>,
+    requests: usize,
+    max_batch: usize,
+    budget: Option<u64>,
+    seed: u64,
+    json: Option<PathBuf>,
+    out: Option<PathBuf>,
+    sides: Vec<String>,
+    eager: bool,
+    block_tokens: usize,
+    max_step_tokens: usize,
+}
+
+fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
+    let mut args = Args {
+        model: "tiny".into(),
+        weights: None,
+        write_weights: None,
+        requests: 16,
+        max_batch: 16,
+        budget: None,
+        seed: 1,
+        json: None,
+        out: None,
+        sides: vec!["paged".into(), "contiguous".into(), "naive".into()],
+        eager: false,
+        block_tokens: 16,
+        max_step_tokens: 512,
+    };
+    let mut it = arguments.into_iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => args.model = value()?,
+            "--weights" => args.weights = Some(value()?.into()),
+            "--write-weights" => args.write_weights = Some(value()?.into()),
+            "--requests" => args.requests = value()?.parse().context("--requests")?,
+            "--max-batch" => args.max_batch = value()?.parse().context("--max-batch")?,
+            "--budget" => args.budget = Some(value()?.parse().context("--budget")?),
+            "--seed" => args.seed = value()?.parse().context("--seed")?,
+            "--json" => args.json = Some(value()?.into()),
+            "--out" => args.out = Some(value()?.into()),
+            "--sides" => args.sides = value()?.split(',').map(str::to_owned).collect(),
+            "--eager" => args.eager = true,
+            "--block-tokens" => args.block_tokens = value()?.parse().context("--block-tokens")?,
+            "--max-step-tokens" => {
+                args.max_step_tokens = value()?.parse().context("--max-step-tokens")?
+            }
+            other => bail!("unknown argument {other:?} (see the example's documentation)"),
+        }
+    }
+    if !matches!(args.model.as_str(), "tiny" | "gpt2") {
+        bail!("--model is tiny or gpt2, not {:?}", args.model);
+    }
+    if let Some(side) = args
+        .sides
+        .iter()
+        .find(|s| !matches!(s.as_str(), "paged" | "contiguous" | "naive"))
+    {
+        bail!("--sides takes paged, contiguous and naive, not {side:?}");
+    }
+    if args.requests == 0 || args.max_batch == 0 {
+        bail!("--requests and --max-batch must be at least 1");
+    }
+    Ok(args)
+}
+
+/// One side's figures.
+#[derive(Debug, Serialize)]
+struct Side {
+    layout: String,
+    execution: String,
+    generated_tokens: u64,
+    wall_s: f64,
+    generated_tokens_per_s: f64,
+    ttft_ms_p50: f64,
+    ttft_ms_p99: f64,
+    tpot_ms_p50: f64,
+    tpot_ms_p99: f64,
+    decode_step_ms_mean: f64,
+    decode_steps: u64,
+    steps: u64,
+    kv_blocks: usize,
+    kv_cache_bytes: u64,
+    kv_reserved_bytes_peak: u64,
+    kv_used_bytes_peak: u64,
+    kv_waste: f64,
+    capacity_at_max_length: usize,
+    weights_bytes: u64,
+    activation_bytes: u64,
+    peak_reserved_bytes: u64,
+    peak_requested_bytes: u64,
+    in_flight_mean: f64,
+    in_flight_max: usize,
+    waits: u64,
+    preemptions: u64,
+    oom_errors: u64,
+    segments_created: u64,
+    device_reported_bytes: Option<u64>,
+    accounted_bytes: u64,
+    build_s: f64,
+    requests: Vec<RequestTokens>,
+}
+
+#[derive(Debug, Serialize)]
+struct RequestTokens {
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+}
+
+#[derive(Debug, Serialize)]
+struct Stream<'a> {
+    spec: &'a StreamSpec,
+    requests: &'a [RequestSpec],
+}
+
+#[derive(Debug, Serialize)]
+struct Output<'a> {
+    adapter: String,
+    backend: String,
+    model: Gpt2Config,
+    weights: String,
+    max_batch: usize,
+    block_tokens: usize,
+    budget_bytes: u64,
+    budget_rule: &'static str,
+    stream: Stream<'a>,
+    sides: serde_json::Map<String, serde_json::Value>,
+}
+
+fn main() -> Result<()> {
+    let list: Vec<String> = std::env::args().skip(1).collect();
+    let args = parse_args(list.clone())?;
+    if args.write_weights.is_none() {
+        let gpu = request_gpu(LimitsChoice::Adapter)?;
+        return run(Some(&gpu), &list);
+    }
+    run(None, &list)
+}
+
+/// The example on `gpu` with the command line `list` (no GPU is needed for `--write-weights`).
+pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
+    let args = parse_args(list.iter().cloned())?;
+    let (config, stream_spec) = match args.model.as_str() {
+        "gpt2" => {
+            let config = Gpt2Config::gpt2_small();
+            let spec =
+                StreamSpec::gpt2_serving(args.requests, config.vocab_size, config.n_ctx, args.seed);
+            (config, spec)
+        }
+        _ => {
+            let config = Gpt2Config::tiny();
+            let spec = StreamSpec {
+                requests: args.requests,
+                prompt_tokens: (3, 40),
+                output_tokens: (1, 24),
+                vocab_size: config.vocab_size,
+                max_tokens: config.n_ctx,
+                seed: args.seed,
+            };
+            (config, spec)
+        }
+    };
+    let (weights, source) = match &args.weights {
+        Some(path) => {
+            let loaded = Gpt2Weights::load(path, None)
+                .with_context(|| format!("reading {}", path.display()))?;
+            (loaded.weights, path.display().to_string())
+        }
+        None => (
+            Gpt2Weights::random(&config, args.seed)?,
+            format!("random, seed {}", args.seed),
+        ),
+    };
+    if let Some(path) = &args.write_weights {
+        weights.write(path, StoredDtype::F32)?;
+        println!(
+            "wrote {} ({} weights, {source})",
+            path.display(),
+            args.model
+        );
+        return Ok(());
+    }
+    let config = weights.config;
+    let stream_spec = StreamSpec {
+        max_tokens: stream_spec.max_tokens.min(config.n_ctx),
+        vocab_size: config.vocab_size,
+        ..stream_spec
+    };
+    let requests = stream_spec.generate()?;
+    let gpu = gpu.context("serving needs a GPU")?;
+    println!(
+        "{} ({:?}): GPT-2 {} layers × {} wide, {} requests, at most {} in flight",
+        gpu.info.name,
+        gpu.info.backend,
+        config.n_layer,
+        config.n_embd,
+        args.requests,
+        args.max_batch
+    );
+    let budget = match args.budget {
+        Some(budget) => budget,
+        None => default_budget(gpu, &weights, &args)?,
+    };
+    let mut sides = serde_json::Map::new();
+    let mut runs: Vec<(String, KvLayout, Execution, bool)> = Vec::new();
+    for side in &args.sides {
+        let contiguous = KvLayout::Contiguous {
+            max_tokens: config.n_ctx,
+        };
+        runs.push(match side.as_str() {
+            "paged" => (side.clone(), KvLayout::Paged, Execution::Planned, false),
+            "contiguous" => (side.clone(), contiguous, Execution::Planned, false),
+            _ => (side.clone(), contiguous, Execution::Planned, true),
+        });
+    }
+    if args.eager {
+        runs.push((
+            "paged_eager".into(),
+            KvLayout::Paged,
+            Execution::Eager,
+            false,
+        ));
+    }
+    for (name, layout, execution, naive) in runs {
+        match serve_side(
+            &gpu, &weights, &requests, &args, budget, layout, execution, naive, &name,
+        ) {
+            Ok(side) => {
+                print_side(&name, &side);
+                sides.insert(name, serde_json::to_value(side)?);
+            }
+            Err(error) => {
+                // A side that cannot serve under the budget is a result, not the end of the run.
+                println!("{name:>12}: refused: {error:#}");
+                sides.insert(name, serde_json::json!({ "error": format!("{error:#}") }));
+            }
+        }
+    }
+    if let Some(path) = &args.json {
+        let output = Output {
+            adapter: gpu.info.name.clone(),
+            backend: format!("{:?}", gpu.info.backend),
+            model: config,
+            weights: source,
+            max_batch: args.max_batch,
+            block_tokens: args.block_tokens,
+            budget_bytes: budget,
+            budget_rule: if args.budget.is_some() {
+                "--budget"
+            } else {
+                "weights + activations + half the contiguous cache of max_batch full contexts"
+            },
+            stream: Stream {
+                spec: &stream_spec,
+                requests: &requests,
+            },
+            sides,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&output)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The options of a side.
+fn options(
+    args: &Args,
+    budget: Option<u64>,
+    layout: KvLayout,
+    execution: Execution,
+) -> ServerOptions {
+    ServerOptions {
+        max_batch: args.max_batch,
+        layout,
+        block_tokens: args.block_tokens,
+        max_step_tokens: args.max_step_tokens.max(args.max_batch),
+        budget_bytes: budget,
+        kv_blocks: budget.is_none().then_some(2),
+        execution,
+    }
+}
+
+/// The weights and the planned steps' activations (measured on a server of a two-block cache),
+/// plus half the contiguous cache of `max_batch` sequences of the full context.
+fn default_budget(gpu: &Gpu, weights: &Gpt2Weights, args: &Args) -> Result<u64> {
+    let pool = Pool::new(gpu, PoolOptions::default())?;
+    let context = Context::new(&pool, ContextOptions::default())?;
+    let model = Gpt2::upload(&context, weights, DType::F32)?;
+    let server = Server::new(
+        &context,
+        model,
+        options(args, None, KvLayout::Paged, Execution::Planned),
+    )?;
+    let config = weights.config;
+    let fixed = pool.stats().reserved_bytes.current - server.cache().bytes();
+    let block_bytes = KvCache::block_bytes(&config, args.block_tokens, DType::F32);
+    let contiguous =
+        args.max_batch as u64 * config.n_ctx.div_ceil(args.block_tokens) as u64 * block_bytes;
+    Ok(fixed + contiguous / 2)
+}
+
+/// Serves `requests` on a new pool and server; returns the side's figures.
+#[allow(clippy::too_many_arguments)] // one side's whole description, read once
+fn serve_side(
+    gpu: &Gpu,
+    weights: &Gpt2Weights,
+    requests: &[RequestSpec],
+    args: &Args,
+    budget: u64,
+    layout: KvLayout,
+    execution: Execution,
+    naive: bool,
+    name: &str,
+) -> Result<Side> {
+    let history = args.out.is_some().then(HistoryOptions::default);
+    let pool_options = PoolOptions {
+        history,
+        ..PoolOptions::default()
+    };
+    let pool = if naive {
+        Pool::naive(gpu, pool_options)
+    } else {
+        Pool::new(gpu, pool_options)?
+    };
+    let context = Context::new(&pool, ContextOptions::default())?;
+    let built = Instant::now();
+    let model = Gpt2::upload(&context, weights, DType::F32)?;
+    let weights_bytes = model.bytes();
+    let mut server = Server::new(
+        &context,
+        model,
+        options(args, Some(budget), layout, execution),
+    )?;
+    // Warm-up: a padding step of every planned row count (pipelines compiled at first use),
+    // then the first request's prompt and two outputs.
+    server.warm_up()?;
+    server.submit(&RequestSpec {
+        prompt: requests[0].prompt.clone(),
+        max_new_tokens: 2,
+    })?;
+    server.run()?;
+    server.reset_stats();
+    // Peaks from here: sizing the cache may pass the budget by one layer's cache for a moment.
+    pool.reset_peaks();
+    let build_s = built.elapsed().as_secs_f64();
+    let ooms_before = pool.stats().oom_count;
+    let mut ids = Vec::with_capacity(requests.len());
+    let start = Instant::now();
+    for request in requests {
+        ids.push(server.submit(request)?);
+    }
+    let (mut device_reported, mut accounted, mut exported) = (None, 0, false);
+    let mut done: Vec<Completion> = Vec::new();
+    while server.busy() {
+        server.step()?;
+        done.extend(server.take_finished());
+        // The crate's buffers and the device's figure, read at one moment every 16 steps.
+        if server.stats().steps % 16 == 1 {
+            accounted = accounted.max(gpu.accounted().total_bytes());
+            if let Some(bytes) =
+                AllocatorReport::from_device(&gpu.device, gpu.info.backend).total_allocated_bytes()
+            {
+                device_reported = Some(device_reported.unwrap_or(0).max(bytes));
+            }
+        }
+        if !exported && done.len() * 2 >= requests.len() {
+            exported = true;
+            if let Some(dir) = &args.out {
+                server.label_kv()?;
+                write_exports(&pool, dir.join(name))?;
+            }
+        }
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    done.sort_by_key(|c| c.id);
+    let stats = server.stats().clone();
+    let pool_stats = pool.stats();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let ttft: Vec<f64> = done.iter().map(|c| ms(c.time_to_first_token)).collect();
+    let tpot: Vec<f64> = done
+        .iter()
+        .filter_map(|c| c.time_per_output_token().map(ms))
+        .collect();
+    let block_bytes = server.cache().bytes_per_block();
+    let token_bytes = block_bytes / args.block_tokens as u64;
+    let kv_reserved = stats.kv_peak.held_blocks as u64 * block_bytes;
+    let kv_used = stats.kv_peak.used_tokens as u64 * token_bytes;
+    Ok(Side {
+        layout: format!("{layout:?}"),
+        execution: format!("{execution:?}"),
+        generated_tokens: stats.generated_tokens,
+        wall_s,
+        generated_tokens_per_s: stats.generated_tokens as f64 / wall_s,
+        ttft_ms_p50: percentile(&ttft, 50.0).unwrap_or(0.0),
+        ttft_ms_p99: percentile(&ttft, 99.0).unwrap_or(0.0),
+        tpot_ms_p50: percentile(&tpot, 50.0).unwrap_or(0.0),
+        tpot_ms_p99: percentile(&tpot, 99.0).unwrap_or(0.0),
+        decode_step_ms_mean: stats.decode_step_seconds * 1e3 / stats.decode_steps.max(1) as f64,
+        decode_steps: stats.decode_steps,
+        steps: stats.steps,
+        kv_blocks: server.cache().num_blocks(),
+        kv_cache_bytes: server.cache().bytes(),
+        kv_reserved_bytes_peak: kv_reserved,
+        kv_used_bytes_peak: kv_used,
+        kv_waste: if kv_reserved == 0 {
+            0.0
+        } else {
+            1.0 - kv_used as f64 / kv_reserved as f64
+        },
+        capacity_at_max_length: server.capacity_for(weights.config.n_ctx),
+        weights_bytes,
+        activation_bytes: server.activation_bytes(),
+        peak_reserved_bytes: pool_stats.reserved_bytes.peak,
+        peak_requested_bytes: pool_stats.requested_bytes.peak,
+        in_flight_mean: stats.in_flight_sum as f64 / stats.steps.max(1) as f64,
+        in_flight_max: stats.in_flight_max,
+        waits: stats.waits,
+        preemptions: stats.preemptions,
+        oom_errors: pool_stats.oom_count - ooms_before,
+        segments_created: pool_stats.segments.total,
+        device_reported_bytes: device_reported,
+        accounted_bytes: accounted,
+        build_s,
+        requests: done
+            .into_iter()
+            .map(|c| RequestTokens {
+                prompt: c.prompt,
+                output: c.output,
+            })
+            .collect(),
+    })
+}
+
+fn print_side(name: &str, side: &Side) {
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    println!(
+        "{name:>12}: {:8.1} tokens/s  ttft p50 {:7.1} ms p99 {:7.1}  tpot p50 {:6.2} ms p99 {:6.2}  \
+         decode step {:6.2} ms  in flight {:5.2} (max {:2})  waits {:3}  KV reserved {:7.1} MiB used {:7.1} (waste {:4.1}%)  \
+         peak reserved {:7.1} MiB  OOM {}",
+        side.generated_tokens_per_s,
+        side.ttft_ms_p50,
+        side.ttft_ms_p99,
+        side.tpot_ms_p50,
+        side.tpot_ms_p99,
+        side.decode_step_ms_mean,
+        side.in_flight_mean,
+        side.in_flight_max,
+        side.waits,
+        mib(side.kv_reserved_bytes_peak),
+        mib(side.kv_used_bytes_peak),
+        side.kv_waste * 100.0,
+        mib(side.peak_reserved_bytes),
+        side.oom_errors
+    );
+}
