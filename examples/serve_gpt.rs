@@ -281,7 +281,7 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
     }
     for (name, layout, execution, naive) in runs {
         match serve_side(
-            &gpu, &weights, &requests, &args, budget, layout, execution, naive, &name,
+            gpu, &weights, &requests, &args, budget, layout, execution, naive, &name,
         ) {
             Ok(side) => {
                 print_side(&name, &side);
