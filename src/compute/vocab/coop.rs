@@ -7,7 +7,7 @@ use super::error::ComputeError;
 
 /// A block tile of the matmul on cooperative matrices (f16 operands, the tensor cores where the
 /// device opened [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`], see
-/// [`crate::device::GpuOptions::cooperative_matrix`]): `bm × bn` outputs of C per workgroup,
+/// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)): `bm × bn` outputs of C per workgroup,
 /// `wm × wn` per subgroup of [`CoopTiles::SUBGROUP_SIZE`] invocations, each subgroup holding
 /// `(wm / 16) · (wn / 16)` accumulators of 16×16 f32. K is walked in slabs of
 /// [`CoopTiles::BK`], staged in workgroup memory as rows of `vec4<f16>` padded by

@@ -70,7 +70,7 @@ impl Context {
                 });
             }
         }
-        let plan = self.matmul_plan(m, n, k)?;
+        let plan = self.matmul_plan_for(a.dtype(), m, n, k)?;
         self.matmul_planned(a, b, epilogue, plan)
     }
 
@@ -210,7 +210,30 @@ impl Context {
                 activation: epilogue.activation,
             }
         };
-        let (variant, params) = if plan.narrow_lanes > 0 {
+        let (variant, params) = if let Some(tiles) = plan.cooperative {
+            if dtype != DType::F16 {
+                return Err(ComputeError::Config(format!(
+                    "a plan on cooperative matrices ({tiles}) multiplies f16 operands, not {dtype}"
+                )));
+            }
+            let variant = Variant::Coop {
+                tiles,
+                vec4: plan.vec4,
+                bias: fused.bias,
+                activation: fused.activation,
+            };
+            let params = MatmulParams {
+                m: kernel_u32(OP, "M", m)?,
+                n: kernel_u32(OP, "N", n)?,
+                k: kernel_u32(OP, "K", k)?,
+                k_chunk: plan.k_chunk,
+                tiles_n: kernel_u32(OP, "tiles along N", n.div_ceil(tiles.bn as usize))?,
+                tiles_m: kernel_u32(OP, "tiles along M", m.div_ceil(tiles.bm as usize))?,
+                grid_x: plan.workgroups[0],
+                pad: 0,
+            };
+            (variant, ParamsBlock::new(&params))
+        } else if plan.narrow_lanes > 0 {
             let variant = Variant::Narrow {
                 rows: kernel_u32(OP, "rows", m)?,
                 lanes: plan.narrow_lanes,

@@ -10,7 +10,7 @@ use super::select::{self, MatmulPlan};
 use crate::compute::context::{Context, ContextOptions};
 use crate::compute::timing::{KernelTiming, TimestampSupport};
 use crate::compute::vocab::{
-    Autotune, Choices, ComputeError, DeviceCaps, MatmulDevice, MatmulOptions, MatmulTiles,
+    Autotune, Choices, ComputeError, DType, DeviceCaps, MatmulDevice, MatmulOptions, MatmulTiles,
 };
 use crate::pool::{Pool, PoolOptions};
 
@@ -164,6 +164,29 @@ impl Context {
         };
         select::check_operands(m, n, k)?;
         Ok(plan)
+    }
+
+    /// The plan of `[m, k] · [k, n]` for operands of `dtype`, as [`Context::matmul_with`]
+    /// chooses it: for f16 on a device with cooperative matrices (opened with
+    /// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)) the matmul on
+    /// cooperative matrices where the rules of `src/compute/ops/matmul` give it (not tuned; its
+    /// tile is [`MatmulPlan::cooperative`]), else [`Context::matmul_plan`]'s.
+    pub fn matmul_plan_for(
+        &self,
+        dtype: DType,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<MatmulPlan, ComputeError> {
+        select::check_sizes(m, n, k)?;
+        let options = &self.options().matmul;
+        match select::cooperative_plan(options, self.device_caps(), dtype, m, n, k)? {
+            Some(plan) => {
+                select::check_operands(m, n, k)?;
+                Ok(plan)
+            }
+            None => self.matmul_plan(m, n, k),
+        }
     }
 
     /// What the matmul's choice reads of this context's device ([`DeviceCaps`]): made once, at
