@@ -397,26 +397,26 @@ pub async fn open_with_async(
     };
     let mut required_features = adapter.features() & OPTIONAL_FEATURES;
     let cooperative = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-    let experimental_features = if options.cooperative_matrix && adapter.features().contains(cooperative)
-    {
-        required_features |= cooperative;
-        // SAFETY: the user asked for cooperative matrices (`GpuOptions::cooperative_matrix`,
-        // off by default, documented as this acknowledgement): they accept that wgpu's
-        // experimental implementation of the feature may have bugs leading to undefined
-        // behaviour, which is what `ExperimentalFeatures::enabled` asks its caller to accept.
-        // Only `EXPERIMENTAL_COOPERATIVE_MATRIX` among the experimental features is requested,
-        // and only the cooperative matmul (`shaders/matmul_coop.wgsl`) uses it.
-        unsafe { wgpu::ExperimentalFeatures::enabled() }
-    } else {
-        if options.cooperative_matrix {
-            log::warn!(
-                "wgpu-pool: cooperative matrices asked for, but {} offers none: the device is \
+    let experimental_features =
+        if options.cooperative_matrix && adapter.features().contains(cooperative) {
+            required_features |= cooperative;
+            // SAFETY: the user asked for cooperative matrices (`GpuOptions::cooperative_matrix`,
+            // off by default, documented as this acknowledgement): they accept that wgpu's
+            // experimental implementation of the feature may have bugs leading to undefined
+            // behaviour, which is what `ExperimentalFeatures::enabled` asks its caller to accept.
+            // Only `EXPERIMENTAL_COOPERATIVE_MATRIX` among the experimental features is requested,
+            // and only the cooperative matmul (`shaders/matmul_coop.wgsl`) uses it.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            if options.cooperative_matrix {
+                log::warn!(
+                    "wgpu-pool: cooperative matrices asked for, but {} offers none: the device is \
                  opened without them (f16 matmuls run on the portable kernels)",
-                adapter.get_info().name
-            );
-        }
-        wgpu::ExperimentalFeatures::disabled()
-    };
+                    adapter.get_info().name
+                );
+            }
+            wgpu::ExperimentalFeatures::disabled()
+        };
     let descriptor = wgpu::DeviceDescriptor {
         label: Some("wgpu-pool"),
         required_features,

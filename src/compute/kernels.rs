@@ -40,8 +40,8 @@
 use std::collections::HashMap;
 
 use super::vocab::{
-    group0_entries, CoopTiles, narrow_grouped, narrow_sum_rows, ComputeError, ElementTypes, KernelKey,
-    MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    group0_entries, narrow_grouped, narrow_sum_rows, ComputeError, CoopTiles, ElementTypes,
+    KernelKey, MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -190,9 +190,7 @@ fn coop_entry(tiles: &CoopTiles) -> String {
     let accumulators = || (0..fm).flat_map(move |i| (0..fn_).map(move |j| (i, j)));
     let mut text = String::from(COOP_ENTRY_BEGIN);
     for (i, j) in accumulators() {
-        text.push_str(&format!(
-            "    var acc_{i}_{j} = coop_mat16x16<f32, C>();\n"
-        ));
+        text.push_str(&format!("    var acc_{i}_{j} = coop_mat16x16<f32, C>();\n"));
     }
     text.push_str(COOP_ENTRY_LOOP);
     text.push_str("        let a_stride = A_STRIDE;\n        let b_stride = B_STRIDE;\n");

@@ -86,7 +86,15 @@ fn check(
     let c = context.matmul_with(&ta, &tb, epilogue).unwrap();
     assert_eq!((c.shape(), c.dtype()), (&[m, n][..], dtype));
     let got = c.to_vec().unwrap();
-    let twin = cpu::matmul_with(&a, &b, m, k, n, bias.then_some(&bias_values[..]), activation);
+    let twin = cpu::matmul_with(
+        &a,
+        &b,
+        m,
+        k,
+        n,
+        bias.then_some(&bias_values[..]),
+        activation,
+    );
     let expected = cpu::rounded(&twin, dtype);
     let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
     assert_close(
@@ -107,7 +115,10 @@ fn check(
 #[test]
 fn cooperative_matrices_are_opened_only_when_asked_for_and_offered() {
     let asked = cooperative_gpu();
-    let adapter = asked.adapter.as_ref().expect("request_gpu_with keeps its adapter");
+    let adapter = asked
+        .adapter
+        .as_ref()
+        .expect("request_gpu_with keeps its adapter");
     let offered = adapter
         .features()
         .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
@@ -168,7 +179,11 @@ fn f16_matmul_on_cooperative_matrices_matches_its_twin() {
             cooperative_tiles: Some(tiles),
             ..MatmulOptions::default()
         };
-        cases.push((format!("{tiles}"), context_with(&gpu, options(forced)), Some(tiles)));
+        cases.push((
+            format!("{tiles}"),
+            context_with(&gpu, options(forced)),
+            Some(tiles),
+        ));
     }
     // A split of K (f32 partial products, the reduction runs the epilogue), and the kernel
     // without wgpu's bounds checks (as benchmarks run it).
@@ -183,11 +198,7 @@ fn f16_matmul_on_cooperative_matrices_matches_its_twin() {
         Some(CoopTiles::T64X64),
     ));
     let unchecked = ContextOptions::unchecked();
-    cases.push((
-        "unchecked".into(),
-        context_with(&gpu, unchecked),
-        None,
-    ));
+    cases.push(("unchecked".into(), context_with(&gpu, unchecked), None));
     for (name, context, forced) in &cases {
         for (m, n, k) in SHAPES {
             let plan = context.matmul_plan_for(DType::F16, m, n, k).unwrap();

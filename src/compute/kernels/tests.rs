@@ -5,9 +5,9 @@ use std::mem::{offset_of, size_of};
 
 use super::*;
 use crate::compute::vocab::{
-    Activation, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams, LayerNormParams,
-    MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams, RowsParams,
-    SoftmaxRowsParams,
+    Activation, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
+    LayerNormParams, MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams,
+    RowsParams, SoftmaxRowsParams,
 };
 
 /// The subgroup sizes of the narrow matmul's variants (0: none).

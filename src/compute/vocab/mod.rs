@@ -32,8 +32,8 @@ mod options;
 mod params;
 mod tiles;
 
-pub use coop::CoopTiles;
 pub(crate) use caps::{Choices, DeviceCaps, MatmulDevice, TunedChoices};
+pub use coop::CoopTiles;
 pub use dtype::DType;
 pub(crate) use dtype::{decode_elements, encode_elements, tensor_bytes, ElementTypes};
 pub use error::ComputeError;

@@ -358,7 +358,10 @@ fn devices_without_cooperative_matrices_plan_f16_as_before() {
     let mut no_f16 = cooperative();
     no_f16.features.remove(wgpu::Features::SHADER_F16);
     let mut subgroups_64 = cooperative();
-    (subgroups_64.subgroup_min_size, subgroups_64.subgroup_max_size) = (64, 64);
+    (
+        subgroups_64.subgroup_min_size,
+        subgroups_64.subgroup_max_size,
+    ) = (64, 64);
     let mut varying = cooperative();
     varying.subgroup_min_size = 16;
     let off = MatmulOptions {
