@@ -5,6 +5,7 @@
 //!
 //! Every file of `shaders/` is plain WGSL, used as it is. A kernel's module is, in this order:
 //!
+//! 0. for the cooperative matmul only, the directive `enable wgpu_cooperative_matrix;`;
 //! 1. **generated**: the element types ([`element_types`]): `enable f16;` where the variant
 //!    loads or stores f16, and the aliases `Input` (what A, B, the bias and the element-wise
 //!    inputs hold) and `Output` (what the kernel stores), each `f32` or `f16`; kernels convert
@@ -18,12 +19,18 @@
 //! 3. `shaders/common.wgsl` (activations, grid indexing, the element-wise parameters);
 //! 4. for the tiled matmul, its storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`)
 //!    or as elements (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4);
-//! 5. the kernel's file, `shaders/<source>.wgsl`;
+//! 5. the kernel's file, `shaders/<source>.wgsl` (for the cooperative matmul,
+//!    `shaders/matmul_coop.wgsl` with its storage bindings — `shaders/matmul_coop_vec4.wgsl` or
+//!    `shaders/matmul_coop_scalar.wgsl`, which also provide its zero-filling loads and masked
+//!    stores — put after its parameters);
 //! 6. **generated**, for the tiled matmul: its entry point `matmul` ([`matmul_entry`]),
 //!    whose `BK` steps of K and whose `TM × TN` outputs per invocation are unrolled here into
 //!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics);
 //!    for the narrow matmul: its entry point `matmul_narrow` ([`narrow_entry`]), its rows (one
-//!    accumulator each), four steps of K and its subgroup shuffles unrolled.
+//!    accumulator each), four steps of K and its subgroup shuffles unrolled; for the
+//!    cooperative matmul: its entry point `matmul_coop` ([`coop_entry`]), its fragments,
+//!    products and epilogue stores unrolled, every cooperative load's and store's index and
+//!    stride bound to a `let` (naga 30 panics otherwise, see `shaders/matmul_coop.wgsl`).
 //!
 //! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. Tests (no GPU)
 //! parse and validate every variant with naga, check that the parameter struct each kernel reads
