@@ -231,3 +231,68 @@ fn f16_matmul_on_cooperative_matrices_matches_its_twin() {
         }
     }
 }
+
+#[test]
+fn f16_plans_on_cooperative_matrices_fuse_the_epilogue_and_replay_the_twin() {
+    let gpu = cooperative_gpu();
+    let context = context_with(&gpu, ContextOptions::default());
+    if !context.supports(DType::F16) {
+        eprintln!(
+            "cooperative plan NOT TESTED: {} has no SHADER_F16 (see f16.rs)",
+            gpu.info.name
+        );
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(29);
+    // [48, 96] · [96, 72] → bias, gelu (fused into the product's stores) → [72, 20].
+    let (m, k, hidden, n) = (48, 96, 72, 20);
+    let coop = runs_cooperative(&gpu);
+    let planned = context.matmul_plan_for(DType::F16, m, hidden, k).unwrap();
+    assert_eq!(planned.cooperative.is_some(), coop, "{planned:?}");
+    if !coop {
+        eprintln!(
+            "cooperative plan NOT TESTED: {} runs no cooperative kernel; checked the portable \
+             kernels' plan instead",
+            gpu.info.name
+        );
+    }
+    let f16 = |values: Vec<f32>| cpu::rounded(&values, DType::F16);
+    let w1 = f16(random(&mut rng, k * hidden, -0.5, 0.5));
+    let b1 = f16(random(&mut rng, hidden, -0.5, 0.5));
+    let w2 = f16(random(&mut rng, hidden * n, -0.5, 0.5));
+    let x = f16(random(&mut rng, m * k, -1.0, 1.0));
+    let tw1 = context.tensor_with(&w1, &[k, hidden], DType::F16).unwrap();
+    let tb1 = context.tensor_with(&b1, &[hidden], DType::F16).unwrap();
+    let tw2 = context.tensor_with(&w2, &[hidden, n], DType::F16).unwrap();
+    let mut capture = context.capture().unwrap();
+    let input = capture.input_with(&[m, k], DType::F16).unwrap();
+    let product = context.matmul(&input, &tw1).unwrap();
+    let h = context
+        .gelu(&context.add_bias(&product, &tb1).unwrap())
+        .unwrap();
+    let y = context.matmul(&h, &tw2).unwrap();
+    let mut plan = capture.finish(&[&y]).unwrap();
+    let h_expected = cpu::rounded(
+        &cpu::matmul_with(&x, &w1, m, k, hidden, Some(&b1), Activation::Gelu),
+        DType::F16,
+    );
+    let expected = cpu::rounded(&cpu::matmul(&h_expected, &w2, m, hidden, n), DType::F16);
+    for _ in 0..2 {
+        let outputs = plan.run(&[wgpu_pool::compute::Feed::Data(&x)]).unwrap();
+        // Each hidden value may be an f16 ulp off (another order of sums before its rounding):
+        // an output moves by up to Σ_j |w2[j]| · ulp(h[j]), plus its own sums and rounding.
+        let bound = |i: usize| {
+            let (row, column) = (i / n, i % n);
+            let moved: f64 = (0..hidden)
+                .map(|j| {
+                    let h = h_expected[row * hidden + j];
+                    f64::from(w2[j * n + column].abs()) * storage_tolerance(DType::F16, h)
+                })
+                .sum();
+            2.0 * moved
+                + 1e-3 * f64::from(expected[i].abs())
+                + storage_tolerance(DType::F16, expected[i])
+        };
+        assert_close("f16 plan", &outputs[0], &expected, bound);
+    }
+}
