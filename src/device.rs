@@ -144,15 +144,15 @@ impl Gpu {
     pub fn cooperative_matmul_f16(&self) -> bool {
         let featured = self.cooperative_matrix()
             && self.device.features().contains(wgpu::Features::SHADER_F16);
-        let sized = match &self.adapter {
-            None => true,
-            Some(adapter) => adapter.cooperative_matrix_properties().iter().any(|p| {
-                (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
-                    && p.ab_type == wgpu::CooperativeScalarType::F16
-                    && p.cr_type == wgpu::CooperativeScalarType::F32
-            }),
-        };
-        featured && sized
+        featured
+            && match &self.adapter {
+                None => true,
+                Some(adapter) => adapter.cooperative_matrix_properties().iter().any(|p| {
+                    (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                        && p.ab_type == wgpu::CooperativeScalarType::F16
+                        && p.cr_type == wgpu::CooperativeScalarType::F32
+                }),
+            }
     }
 
     /// Every buffer the crate holds on this device now (through this `Gpu` and its clones: all

@@ -129,6 +129,8 @@ pub(crate) struct Choices {
     pub(crate) tiled: HashMap<(usize, usize, usize), (MatmulTiles, u32)>,
     /// The narrow kernel's `(lanes, splits)` by `(M, N, K)` (M is compiled into its variant).
     pub(crate) narrow: HashMap<(usize, usize, usize), (u32, u32)>,
+    /// The cooperative matmul's `(tiles, splits)` by `(M rounded up to a power of two, N, K)`.
+    pub(crate) cooperative: HashMap<(usize, usize, usize), (CoopTiles, u32)>,
 }
 
 /// What a context's matmuls keep of their device, found at the first matmul: its caps, and the

@@ -485,6 +485,39 @@ pub(crate) fn tiled_candidates(
     plans
 }
 
+/// The plans of the cooperative matmul that the autotuner times for `[m, k] · [k, n]` of
+/// `dtype` operands, the rules' plan `automatic` first: every tile of [`CoopTiles::ALL`] the
+/// device takes, each with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` of K, each
+/// plan once.
+pub(crate) fn cooperative_candidates(
+    options: &MatmulOptions,
+    caps: &DeviceCaps,
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    automatic: MatmulPlan,
+) -> Vec<MatmulPlan> {
+    let mut plans = vec![automatic];
+    for tiles in CoopTiles::ALL {
+        for splits in [1u32, 2, 4, 8, 16] {
+            let deep_enough = k as u64 >= u64::from(splits) * u64::from(options.min_split_depth);
+            if splits > 1 && !deep_enough {
+                continue;
+            }
+            let forced = MatmulOptions {
+                cooperative_tiles: Some(tiles),
+                split_k: Some(splits),
+                ..options.clone()
+            };
+            if let Ok(Some(plan)) = cooperative_plan(&forced, caps, dtype, m, n, k) {
+                if !plans.contains(&plan) {
+                    plans.push(plan);
+                }
+            }
+        }
+    }
+    plans
+}
+
 /// The plans of the narrow kernel that the autotuner times for `[m, k] · [k, n]`, the rules'
 /// plan `automatic` first: those of [`narrow_candidates`] the device takes, each once.
 pub(crate) fn narrow_candidate_plans(

@@ -654,3 +654,51 @@ fn narrow_candidates_fill_the_gpu_without_empty_slices() {
     // Shallow K: no split leaves a slice without rows.
     assert!(narrow_candidates(256, 16, 264).iter().all(|c| c.1 == 1));
 }
+
+#[test]
+fn the_tuners_cooperative_candidates_start_with_the_rules_plan_and_fit_the_device() {
+    let caps = cooperative();
+    for shape in [
+        (4096, 4096, 4096),
+        (64, 4096, 4096),
+        (16, 4096, 1024),
+        (37, 129, 70),
+    ] {
+        let (m, n, k) = shape;
+        let automatic = plan_for(&rules(), &caps, DType::F16, m, n, k).unwrap();
+        let candidates = cooperative_candidates(&rules(), &caps, DType::F16, shape, automatic);
+        assert_eq!(candidates[0], automatic);
+        for (i, candidate) in candidates.iter().enumerate() {
+            let tiles = candidate.cooperative.expect("a cooperative plan");
+            assert!(tiles.check(&caps.limits).is_ok());
+            assert_eq!(candidate.k_chunk % CoopTiles::BK, 0);
+            assert!(!candidates[..i].contains(candidate), "{candidate:?} twice");
+            if candidate.splits > 1 {
+                assert!(k >= candidate.splits as usize * 256, "{candidate:?}");
+            }
+        }
+        // Every named tile, unsplit.
+        for tiles in CoopTiles::ALL {
+            assert!(
+                candidates
+                    .iter()
+                    .any(|c| c.cooperative == Some(tiles) && c.splits == 1),
+                "{tiles} at {m}x{n}x{k}"
+            );
+        }
+    }
+    // 4096³: 5 tiles × splits 1, 2, 4, 8, 16.
+    let automatic = plan_for(&rules(), &caps, DType::F16, 4096, 4096, 4096).unwrap();
+    let all = cooperative_candidates(&rules(), &caps, DType::F16, (4096, 4096, 4096), automatic);
+    assert_eq!(all.len(), 25);
+    // Within 16 KiB of workgroup memory, the two tiles that fit.
+    let mut small = cooperative();
+    small.limits.max_compute_workgroup_storage_size = 16_384;
+    let automatic = plan_for(&rules(), &small, DType::F16, 256, 256, 100).unwrap();
+    let fitting = cooperative_candidates(&rules(), &small, DType::F16, (256, 256, 100), automatic);
+    let tiles: Vec<_> = fitting.iter().filter_map(|c| c.cooperative).collect();
+    assert!(tiles
+        .iter()
+        .all(|t| [CoopTiles::T64X64, CoopTiles::T32X128].contains(t)));
+    assert_eq!(fitting.len(), 2);
+}
