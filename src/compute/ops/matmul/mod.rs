@@ -98,8 +98,8 @@
 //! operands, and every other device keep the kernels below (so lavapipe, GL and WebGPU plans
 //! are unchanged). With [`MatmulOptions::autotune`](crate::compute::MatmulOptions::autotune) the first f16 product of a shape class (M
 //! rounded up to a power of two, N, K) times the rules' plan and every tile the device takes
-//! with 1, 2, 4, 8 and 16 splits, as the tiled kernel's candidates are timed, and the fastest
-//! serves the class. A 128×128 tile of this design ran 4096³ at 230 TFLOP/s on the H200 in a
+//! (with 2, 4, 8 and 16 splits too where the tile leaves the GPU idle), as the tiled kernel's
+//! candidates are timed, and the fastest serves the class. A 128×128 tile of this design ran 4096³ at 230 TFLOP/s on the H200 in a
 //! scratch probe (issue 28; this crate's f16 kernel: 43).
 //!
 //! # Measured on an H200 (Vulkan, driver 580, `bench_kernels`)

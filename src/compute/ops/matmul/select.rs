@@ -487,8 +487,8 @@ pub(crate) fn tiled_candidates(
 
 /// The plans of the cooperative matmul that the autotuner times for `[m, k] · [k, n]` of
 /// `dtype` operands, the rules' plan `automatic` first: every tile of [`CoopTiles::ALL`] the
-/// device takes, each with 1, 2, 4, 8 and 16 splits of at least `min_split_depth` of K, each
-/// plan once.
+/// device takes, unsplit, and those giving fewer than `min_workgroups` block tiles also with 2,
+/// 4, 8 and 16 splits of at least `min_split_depth` of K; each plan once.
 pub(crate) fn cooperative_candidates(
     options: &MatmulOptions,
     caps: &DeviceCaps,
@@ -498,9 +498,15 @@ pub(crate) fn cooperative_candidates(
 ) -> Vec<MatmulPlan> {
     let mut plans = vec![automatic];
     for tiles in CoopTiles::ALL {
+        // A tile that fills the GPU is not split (its partial products would be as many
+        // products' worth of memory for nothing).
+        let blocks = (m as u64)
+            .div_ceil(u64::from(tiles.bm))
+            .saturating_mul((n as u64).div_ceil(u64::from(tiles.bn)));
+        let fills = blocks >= u64::from(options.min_workgroups);
         for splits in [1u32, 2, 4, 8, 16] {
             let deep_enough = k as u64 >= u64::from(splits) * u64::from(options.min_split_depth);
-            if splits > 1 && !deep_enough {
+            if splits > 1 && (fills || !deep_enough) {
                 continue;
             }
             let forced = MatmulOptions {

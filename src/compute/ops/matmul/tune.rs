@@ -215,8 +215,8 @@ impl Context {
 
     /// The fastest `(tiles, splits)` of the cooperative matmul for the shape class `(m, n, k)`
     /// (M a power of two) of `dtype` operands: its automatic plan and every tile of
-    /// [`CoopTiles::ALL`] the device takes with 1, 2, 4, 8 and 16 splits (each at least
-    /// `min_split_depth` of K; [`select::cooperative_candidates`]), timed as the tiled kernel's
+    /// [`CoopTiles::ALL`] the device takes, unsplit and (where it leaves the GPU idle) with 2,
+    /// 4, 8 and 16 splits ([`select::cooperative_candidates`]), timed as the tiled kernel's
     /// candidates are ([`Context::fastest`], [`choose_plan`]). A tuner that cannot run leaves the
     /// automatic plan.
     fn autotune_cooperative(

@@ -687,10 +687,14 @@ fn the_tuners_cooperative_candidates_start_with_the_rules_plan_and_fit_the_devic
             );
         }
     }
-    // 4096³: 5 tiles × splits 1, 2, 4, 8, 16.
+    // 4096³: every tile fills the GPU, unsplit; 64 rows: every tile also with 2 to 16 splits.
     let automatic = plan_for(&rules(), &caps, DType::F16, 4096, 4096, 4096).unwrap();
     let all = cooperative_candidates(&rules(), &caps, DType::F16, (4096, 4096, 4096), automatic);
-    assert_eq!(all.len(), 25);
+    assert_eq!(all.len(), 5);
+    assert!(all.iter().all(|c| c.splits == 1));
+    let automatic = plan_for(&rules(), &caps, DType::F16, 64, 4096, 4096).unwrap();
+    let few = cooperative_candidates(&rules(), &caps, DType::F16, (64, 4096, 4096), automatic);
+    assert_eq!(few.len(), 26, "{few:?}");
     // Within 16 KiB of workgroup memory, the two tiles that fit.
     let mut small = cooperative();
     small.limits.max_compute_workgroup_storage_size = 16_384;
