@@ -32,6 +32,11 @@
 // - A fragment is opaque: the epilogue stores each accumulator to workgroup memory
 //   (`coopStoreT`), then reads it back with ordinary code to add the bias, activate, mask the
 //   edges and round once to f16.
+// - To watch: with a cooperative matrix naga 30 declares SPIR-V's Vulkan memory model but marks
+//   no workgroup access `NonPrivatePointer`, so strictly only the barriers' control order ties
+//   the staged slabs and the scratch to their readers. The probe's staged kernel of this design
+//   was exact on the H200 (driver 580); results that look like stale workgroup memory elsewhere
+//   would point here.
 //
 // The entry point `matmul_coop` follows this file: the host writes it (src/compute/kernels.rs,
 // `coop_entry`) with its fragments and accumulators unrolled. Rolled up, it reads:
