@@ -132,47 +132,14 @@ pub(crate) fn cooperative_plan(
     }
     let limits = &caps.limits;
     let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-    let tiles = match options.cooperative_tiles {
-        Some(tiles) => {
-            tiles.check(limits)?;
-            tiles
-        }
-        None if m64 < u64::from(options.cooperative_min_rows) => return Ok(None),
-        None => {
-            let coop_blocks = |t: CoopTiles| {
-                m64.div_ceil(u64::from(t.bm))
-                    .saturating_mul(n64.div_ceil(u64::from(t.bn)))
-            };
-            let wave = u64::from(options.min_workgroups / 2).max(1);
-            let first = if m64 <= 32 {
-                CoopTiles::T32X128
-            } else if coop_blocks(CoopTiles::T128X128) >= wave {
-                CoopTiles::T128X128
-            } else {
-                CoopTiles::T64X64
-            };
-            let fits = [first, CoopTiles::T64X64, CoopTiles::T32X128]
-                .into_iter()
-                .find(|tiles| tiles.check(limits).is_ok());
-            match fits {
-                Some(tiles) => tiles,
-                None => return Ok(None),
-            }
-        }
+    let Some(tiles) = cooperative_tile(options, limits, m64, n64)? else {
+        return Ok(None);
     };
     let tiles_n = n64.div_ceil(u64::from(tiles.bn));
     let tiles_m = m64.div_ceil(u64::from(tiles.bm));
     let blocks = tiles_n.saturating_mul(tiles_m);
     let bk = u64::from(CoopTiles::BK);
-    let wanted = match options.split_k {
-        Some(splits) => u64::from(splits.max(1)),
-        None if blocks >= u64::from(options.min_workgroups / 2) => 1,
-        None => u64::from(options.min_workgroups)
-            .div_ceil(blocks.max(1))
-            .min(k64 / u64::from(options.min_split_depth.max(1)))
-            .min(u64::from(options.max_splits))
-            .max(1),
-    };
+    let wanted = cooperative_splits(options, blocks, k64);
     // The partial products (rounded up to 16 bytes) must fit one binding.
     let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
         / m64.saturating_mul(n64).saturating_mul(4))
@@ -215,6 +182,54 @@ pub(crate) fn cooperative_plan(
         narrow_subgroup: 0,
         cooperative: Some(tiles),
     }))
+}
+
+/// The cooperative matmul's tile for an `m × n` product (see [`cooperative_plan`]): the forced
+/// one (checked against the device's limits), else by rows and block tiles; `None` where the
+/// rows are too few or no tile fits the device.
+fn cooperative_tile(
+    options: &MatmulOptions,
+    limits: &wgpu::Limits,
+    m: u64,
+    n: u64,
+) -> Result<Option<CoopTiles>, ComputeError> {
+    if let Some(tiles) = options.cooperative_tiles {
+        tiles.check(limits)?;
+        return Ok(Some(tiles));
+    }
+    if m < u64::from(options.cooperative_min_rows) {
+        return Ok(None);
+    }
+    let blocks = |t: CoopTiles| {
+        m.div_ceil(u64::from(t.bm))
+            .saturating_mul(n.div_ceil(u64::from(t.bn)))
+    };
+    let wave = u64::from(options.min_workgroups / 2).max(1);
+    let first = if m <= 32 {
+        CoopTiles::T32X128
+    } else if blocks(CoopTiles::T128X128) >= wave {
+        CoopTiles::T128X128
+    } else {
+        CoopTiles::T64X64
+    };
+    Ok([first, CoopTiles::T64X64, CoopTiles::T32X128]
+        .into_iter()
+        .find(|tiles| tiles.check(limits).is_ok()))
+}
+
+/// The splits of K the cooperative matmul wants over `blocks` block tiles (before the limits
+/// cap them): the forced number, else none where the tiles give `min_workgroups / 2`, else
+/// enough for `min_workgroups`, each at least `min_split_depth` deep, at most `max_splits`.
+fn cooperative_splits(options: &MatmulOptions, blocks: u64, k: u64) -> u64 {
+    match options.split_k {
+        Some(splits) => u64::from(splits.max(1)),
+        None if blocks >= u64::from(options.min_workgroups / 2) => 1,
+        None => u64::from(options.min_workgroups)
+            .div_ceil(blocks.max(1))
+            .min(k / u64::from(options.min_split_depth.max(1)))
+            .min(u64::from(options.max_splits))
+            .max(1),
+    }
 }
 
 /// Refuses a matmul with a size of 0 ([`ComputeError::InvalidShape`]).
