@@ -143,7 +143,9 @@ fn lock(choices: &Mutex<Choices>) -> MutexGuard<'_, Choices> {
 }
 
 impl Context {
-    /// The plan [`Context::matmul`] follows for `[m, k] · [k, n]` under the context's options.
+    /// The plan [`Context::matmul`] follows for `[m, k] · [k, n]` under the context's options,
+    /// on the portable kernels: for f32 operands, and for f16 where no cooperative matrices run
+    /// ([`Context::matmul_plan_for`] gives the plan of either type).
     ///
     /// Any sizes give a plan or a typed error, never a panic: [`ComputeError::InvalidShape`] for
     /// a size of 0 or operands of more elements than a tensor holds,
