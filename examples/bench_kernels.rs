@@ -69,6 +69,12 @@
 //!   the magnitude; element-wise errors over results of at least the smallest normal f16, 2⁻¹⁴,
 //!   since a device may flush subnormals); GB/s counts 2-byte elements. The chain of dependent products and the op
 //!   overhead stay f32.
+//! - `--cooperative-matrix` opens the device with cooperative matrices where the adapter has
+//!   them (`GpuOptions::cooperative_matrix`; the first lines printed say whether it did): with
+//!   `--dtype f16`, products of at least 16 rows then run on them (the tensor cores; kernel
+//!   column `coop BMxBN`). `--coop-tile BMxBN` (repeatable; `CoopTiles::ALL`: 128x128,
+//!   128x256, 64x128, 64x64, 32x128) also measures each shape with that tile forced, after its
+//!   automatic plan (JSON `forced_coop_tiles`; `cooperative` says which kernel ran).
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off; with `--dtype f16`, the JSON of `matmul.py --dtype half`, which must match) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
@@ -103,9 +109,11 @@
 //!   `forced`, and `splits` for every row).
 //!
 //! The JSON (`--json OUT`): `{"adapter", "backend", "timing", "shader_checks", "dtype" ("f32" or
-//! "f16"), "matmul": [{"m",
+//! "f16"), "cooperative_matrix" (the device was opened with them), "cooperative_f16" (f16
+//! products can run on them), "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
-//! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups", "torch_time_us",
+//! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups",
+//! "forced_coop_tiles", "cooperative", "torch_time_us",
 //! "ratio", "stream_us", "torch_stream_us", "stream_ratio", "clock_probe_us", "measurements",
 //! "clock_low"}],
 //! "clock_probe": {"size", "fastest_us", "slow_ratio"},
@@ -125,10 +133,10 @@ use anyhow::{bail, Context as _};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use wgpu_pool::compute::{
-    cpu, Autotune, BinaryOp, Context, ContextOptions, DType, Feed, KernelTiming, MatmulOptions,
-    MatmulPlan, MatmulTiles, ShaderChecks, Tensor, TimestampSupport, UnaryOp,
+    cpu, Autotune, BinaryOp, Context, ContextOptions, CoopTiles, DType, Feed, KernelTiming,
+    MatmulOptions, MatmulPlan, MatmulTiles, ShaderChecks, Tensor, TimestampSupport, UnaryOp,
 };
-use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
+use wgpu_pool::{request_gpu_with, Gpu, GpuOptions, LimitsChoice, Pool, PoolOptions};
 
 /// Command-line options.
 struct Args {
@@ -174,6 +182,12 @@ struct Args {
     chain_plans: Vec<(u32, u32)>,
     /// `--chain-runs N`: chains of each length timed per matmul chain figure (101).
     chain_runs: usize,
+    /// `--cooperative-matrix`: the device is opened with cooperative matrices
+    /// (`GpuOptions::cooperative_matrix`), so f16 products may run on them.
+    cooperative_matrix: bool,
+    /// `--coop-tile BMxBN` (repeatable): each shape is also measured with this tile of the
+    /// cooperative matmul forced (`MatmulOptions::cooperative_tiles`).
+    coop_tiles: Vec<CoopTiles>,
 }
 
 impl Args {
@@ -220,6 +234,8 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
         chain_shape: (8, 1024),
         chain_plans: Vec::new(),
         chain_runs: 101,
+        cooperative_matrix: false,
+        coop_tiles: Vec::new(),
     };
     let mut iter = list.iter().cloned();
     while let Some(arg) = iter.next() {
@@ -227,6 +243,20 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
             "--large" => args.large = true,
             "--serving" => args.serving = true,
+            "--cooperative-matrix" => args.cooperative_matrix = true,
+            "--coop-tile" => {
+                let name = iter.next().context("--coop-tile needs BMxBN")?;
+                let tiles = dims::<u32, 2>(&name)
+                    .and_then(|[bm, bn]| CoopTiles::named(bm, bn))
+                    .with_context(|| {
+                        let all: Vec<String> = CoopTiles::ALL
+                            .iter()
+                            .map(|t| format!("{}x{}", t.bm, t.bn))
+                            .collect();
+                        format!("--coop-tile {name:?}: not one of {}", all.join(", "))
+                    })?;
+                args.coop_tiles.push(tiles);
+            }
             "--split" => {
                 let splits = iter.next().context("--split needs a number")?;
                 let splits: u32 = splits.parse().context("--split needs a number")?;
@@ -362,7 +392,8 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
                      [--op add|relu|gelu|sum]... [--n N]... [--serving] [--torch FILE] \
                      [--split N]... [--narrow-lanes L]... [--narrow-splits S]... \
                      [--narrow-subgroups on|off]... [--dtype f32|f16] [--sustained SECS] \
-                     [--chain-shape RxW] [--chain-plan LxS]... [--chain-runs N]"
+                     [--chain-shape RxW] [--chain-plan LxS]... [--chain-runs N] \
+                     [--cooperative-matrix] [--coop-tile BMxBN]..."
                 );
                 std::process::exit(0);
             }
@@ -493,6 +524,8 @@ struct MatmulCase {
     narrow_subgroups: Option<bool>,
     /// Split-K, forced (`MatmulOptions::split_k`).
     splits: Option<u32>,
+    /// The cooperative matmul's tile, forced (`MatmulOptions::cooperative_tiles`).
+    coop_tiles: Option<CoopTiles>,
 }
 
 fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
@@ -505,6 +538,7 @@ fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
         narrow_splits: None,
         narrow_subgroups: None,
         splits: None,
+        coop_tiles: None,
     };
     let mut cases = Vec::new();
     let squares: &[usize] = if large {
@@ -702,6 +736,9 @@ fn sample(len: usize, full: bool) -> Vec<usize> {
 /// The kernel of a plan as the tables name it: the tile, or `narrow xL` (L lanes) with `sgS`
 /// where subgroups of S add its slices.
 fn kernel_name(plan: &MatmulPlan) -> String {
+    if let Some(tiles) = plan.cooperative {
+        return format!("coop {}x{}", tiles.bm, tiles.bn);
+    }
     match (plan.narrow_lanes, plan.narrow_subgroup) {
         (0, _) => plan.tiles.to_string(),
         (lanes, 0) => format!("narrow x{lanes}"),
@@ -765,9 +802,10 @@ fn bench_matmul(
             .narrow_subgroups
             .unwrap_or(bench.matmul.narrow_subgroups),
         split_k: case.splits.or(bench.matmul.split_k),
+        cooperative_tiles: case.coop_tiles.or(bench.matmul.cooperative_tiles),
         ..bench.matmul.clone()
     })?;
-    let plan = context.matmul_plan(m, n, k)?;
+    let plan = context.matmul_plan_for(bench.dtype, m, n, k)?;
     // The values the tensors hold (rounded to f16 for f16), which the twin computes on.
     let a_values = cpu::rounded(&random(rng, m * k), bench.dtype);
     let b_values = cpu::rounded(&random(rng, k * n), bench.dtype);
@@ -777,7 +815,7 @@ fn bench_matmul(
     // The same products in a stream, without timestamps (the same options: the same plan).
     let plain = bench.plain_context(context.options().matmul.clone())?;
     anyhow::ensure!(
-        plain.matmul_plan(m, n, k)? == plan,
+        plain.matmul_plan_for(bench.dtype, m, n, k)? == plan,
         "an unprofiled context chose another plan"
     );
     let (plain_a, plain_b) = (
@@ -1514,7 +1552,7 @@ fn sustained_matmul(
 ) -> anyhow::Result<Sustained> {
     // Without timestamps, as a workload runs (wall clock only).
     let context = bench.plain_context(matmul)?;
-    let plan = context.matmul_plan(m, n, k)?;
+    let plan = context.matmul_plan_for(bench.dtype, m, n, k)?;
     let a_values = cpu::rounded(&random(rng, m * k), bench.dtype);
     let b_values = cpu::rounded(&random(rng, k * n), bench.dtype);
     let a = context.tensor_with(&a_values, &[m, k], bench.dtype)?;
@@ -1700,7 +1738,11 @@ fn run_sustained(
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    run(&request_gpu(LimitsChoice::Adapter)?, &args)
+    // The device's options before the rest is parsed (`run` parses it all again).
+    let options = GpuOptions::default()
+        .with_limits(LimitsChoice::Adapter)
+        .with_cooperative_matrix(parse_args(&args)?.cooperative_matrix);
+    run(&request_gpu_with(options)?, &args)
 }
 
 /// The benchmark on `gpu` with these command-line arguments (without the program's name).
@@ -1729,6 +1771,12 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
         TimestampSupport::None => "wall clock around submit and wait",
     };
     println!("adapter: {gpu}");
+    println!(
+        "cooperative matrices: asked {}, device {}, f16 matmuls on them {}",
+        args.cooperative_matrix,
+        gpu.cooperative_matrix(),
+        gpu.cooperative_matmul_f16()
+    );
     println!(
         "timing: {timing}, median of {RUNS}; kernels: {:?}; tensors: {}",
         args.checks, args.dtype
@@ -1798,8 +1846,17 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
                 narrow_splits: None,
                 narrow_subgroups: None,
                 splits: None,
+                coop_tiles: None,
             };
             cases.push(case);
+            // Each forced tile of the cooperative matmul (f16 on a device with cooperative
+            // matrices; elsewhere the portable kernels run, and the kernel column says so).
+            for &coop_tiles in &args.coop_tiles {
+                cases.push(MatmulCase {
+                    coop_tiles: Some(coop_tiles),
+                    ..case
+                });
+            }
             if m <= MatmulOptions::NARROW_MAX_ROWS as usize {
                 // The forced lanes (with --large and none listed: 1 to 64) crossed with the
                 // forced splits; automatic where none is listed.
@@ -1847,6 +1904,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
                         narrow_splits: None,
                         narrow_subgroups: None,
                         splits,
+                        coop_tiles: None,
                     }));
                 }
             }
@@ -1867,6 +1925,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
     {
         // PyTorch's time beside the automatic plan's.
         let automatic = case.tiles.is_none()
+            && case.coop_tiles.is_none()
             && case.narrow_lanes.is_none()
             && case.narrow_splits.is_none()
             && case.narrow_subgroups.is_none();
@@ -1909,6 +1968,8 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "forced_tiles": case.tiles.is_some(), "forced_narrow_lanes": case.narrow_lanes,
             "forced_narrow_splits": case.narrow_splits,
             "forced_narrow_subgroups": case.narrow_subgroups,
+            "forced_coop_tiles": case.coop_tiles.map(|t| format!("{}x{}", t.bm, t.bn)),
+            "cooperative": r.kernel.starts_with("coop"),
             "torch_time_us": torch_us, "ratio": ratio, "stream_us": r.stream_us,
             "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,
             "clock_probe_us": probe_us, "measurements": measurements,
@@ -2113,6 +2174,8 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "timing": timing,
             "shader_checks": format!("{:?}", args.checks),
             "dtype": args.dtype.name(),
+            "cooperative_matrix": gpu.cooperative_matrix(),
+            "cooperative_f16": gpu.cooperative_matmul_f16(),
             "matmul": matmuls,
             "clock_probe": probe.map(|(size, fastest_us)| json!({
                 "size": size, "fastest_us": fastest_us, "slow_ratio": PROBE_SLOW_RATIO,

@@ -40,6 +40,8 @@
 //! `--width W` and `--layers L` change the `small` workload's layers (W a multiple of 4);
 //! Every side's matmuls choose tile and split-K by measurement on a GPU (the library's default);
 //! `--no-autotune` leaves it to the rules, `--autotune` tunes on a software GPU too.
+//! `--cooperative-matrix` opens the device with cooperative matrices where the adapter has them
+//! (JSON `cooperative_matrix`); the workloads are f32, which never runs on them.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -52,7 +54,7 @@ use wgpu_pool::compute::{
 };
 use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::report::{write_exports, AllocatorReport, Report};
-use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
+use wgpu_pool::{request_gpu_with, Gpu, GpuOptions, LimitsChoice, Pool, PoolOptions};
 
 /// One workload: the layer widths, the batch sizes drawn, and how many requests.
 #[derive(Debug, Clone, Serialize)]
@@ -228,6 +230,8 @@ pub struct Comparison {
 struct JsonReport<'a> {
     adapter: String,
     backend: String,
+    /// The device was opened with cooperative matrices (`--cooperative-matrix`).
+    cooperative_matrix: bool,
     pool: &'a Side,
     naive: &'a Side,
     planned: &'a Side,
@@ -246,6 +250,10 @@ pub struct Args {
     pub json: Option<PathBuf>,
     /// `--profile`.
     pub profile: bool,
+    /// `--cooperative-matrix`: open the device with cooperative matrices where the adapter has
+    /// them (`GpuOptions::cooperative_matrix`): f16 products of 16 rows and more run on them.
+    /// The workloads are f32 today, so their figures do not change.
+    pub cooperative_matrix: bool,
     /// `--only`, `--batch-ops`, `--width`, `--layers`.
     pub settings: Settings,
 }
@@ -262,6 +270,7 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
         out: PathBuf::from("target/pool_vs_naive"),
         json: None,
         profile: false,
+        cooperative_matrix: false,
         settings: Settings::default(),
     };
     // A positive number following a flag.
@@ -279,6 +288,7 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--out" => args.out = iter.next().context("--out needs a directory")?.into(),
             "--json" => args.json = Some(iter.next().context("--json needs a file")?.into()),
             "--profile" => args.profile = true,
+            "--cooperative-matrix" => args.cooperative_matrix = true,
             "--autotune" => args.settings.autotune = Autotune::Always,
             "--no-autotune" => args.settings.autotune = Autotune::Off,
             "--batch-ops" => {
@@ -312,7 +322,8 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             other => bail!(
                 "unknown argument {other}\n\
                  usage: pool_vs_naive [--large] [--out DIR] [--json OUT] [--profile] \
-                 [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune|--no-autotune]"
+                 [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune|--no-autotune] \
+                 [--cooperative-matrix]"
             ),
         }
     }
@@ -327,8 +338,12 @@ fn main() -> Result<()> {
     env_logger::init();
     let args = parse_args(std::env::args().skip(1))?;
     // Getting the device is kept apart from using it: the tests call `run` on their own device.
-    let gpu = request_gpu(LimitsChoice::Adapter)?;
+    let options = GpuOptions::default()
+        .with_limits(LimitsChoice::Adapter)
+        .with_cooperative_matrix(args.cooperative_matrix);
+    let gpu = request_gpu_with(options)?;
     println!("adapter: {gpu}");
+    println!("cooperative matrices: {}", gpu.cooperative_matrix());
     let settings = args.settings;
     let comparisons = run(&gpu, args.scale, &settings, Some(&args.out), true)?;
     if args.profile {
@@ -363,6 +378,7 @@ fn main() -> Result<()> {
         let report = JsonReport {
             adapter: gpu.info.name.clone(),
             backend: format!("{:?}", gpu.info.backend),
+            cooperative_matrix: gpu.cooperative_matrix(),
             pool: &main.pool,
             naive: &main.naive,
             planned: &main.planned,

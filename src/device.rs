@@ -19,6 +19,41 @@ pub enum LimitsChoice {
     WebGpuDefault,
 }
 
+/// How to open a device ([`request_gpu_with`], [`open_with`]): its limits, and the experimental
+/// features the user accepts. Build it from [`GpuOptions::default`] (the adapter's limits, no
+/// experimental feature: what [`request_gpu`] and [`open`] do) with the `with_*` methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct GpuOptions {
+    /// Which limits to ask the device for.
+    pub limits: LimitsChoice,
+    /// Ask for [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`] where the adapter has it, so
+    /// that f16 matmuls run on cooperative matrices (the tensor cores on NVIDIA GPUs; see
+    /// [`crate::compute::CoopTiles`]). Off by default. wgpu marks the feature experimental:
+    /// asking for it is the user's acknowledgement that wgpu's implementation may still have
+    /// bugs that lead to undefined behaviour, as wgpu's
+    /// [`ExperimentalFeatures::enabled`](wgpu::ExperimentalFeatures::enabled) says. Where the
+    /// adapter lacks the feature (software adapters, GL, browsers) the device is opened without
+    /// it and a warning is logged; [`Gpu::cooperative_matrix`] says which happened.
+    pub cooperative_matrix: bool,
+}
+
+impl GpuOptions {
+    /// These options with `limits`.
+    pub fn with_limits(self, limits: LimitsChoice) -> Self {
+        Self { limits, ..self }
+    }
+
+    /// These options asking (or not) for cooperative matrices (see
+    /// [`GpuOptions::cooperative_matrix`]).
+    pub fn with_cooperative_matrix(self, cooperative_matrix: bool) -> Self {
+        Self {
+            cooperative_matrix,
+            ..self
+        }
+    }
+}
+
 /// Optional features used when the adapter has them; none is required.
 pub const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
@@ -90,6 +125,34 @@ impl Gpu {
             info,
             ledger: Arc::default(),
         }
+    }
+
+    /// Whether the device was opened with [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`]
+    /// (asked for with [`GpuOptions::cooperative_matrix`], or present on a device handed in with
+    /// [`Gpu::from_device`]).
+    pub fn cooperative_matrix(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    }
+
+    /// Whether f16 matmuls can run on cooperative matrices here: the device has
+    /// [`Gpu::cooperative_matrix`] and f16 ([`wgpu::Features::SHADER_F16`]), and the adapter
+    /// offers 16×16×16 products of f16 into f32 (on a device handed in with
+    /// [`Gpu::from_device`], whose adapter is unknown, the feature is taken at its word). The
+    /// matmul's choice also needs subgroups of 32 (see `src/compute/ops/matmul`).
+    pub fn cooperative_matmul_f16(&self) -> bool {
+        let featured = self.cooperative_matrix()
+            && self.device.features().contains(wgpu::Features::SHADER_F16);
+        featured
+            && match &self.adapter {
+                None => true,
+                Some(adapter) => adapter.cooperative_matrix_properties().iter().any(|p| {
+                    (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                        && p.ab_type == wgpu::CooperativeScalarType::F16
+                        && p.cr_type == wgpu::CooperativeScalarType::F32
+                }),
+            }
     }
 
     /// Every buffer the crate holds on this device now (through this `Gpu` and its clones: all
@@ -243,6 +306,17 @@ pub fn request_gpu(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
 
 /// [`request_gpu`] as a future, for async code and browsers (where nothing may block).
 pub async fn request_gpu_async(limits: LimitsChoice) -> Result<Gpu, DeviceError> {
+    request_gpu_with_async(GpuOptions::default().with_limits(limits)).await
+}
+
+/// [`request_gpu`] with `options` (e.g. cooperative matrices, see [`GpuOptions`]). Blocks the
+/// thread: see [`request_gpu_with_async`].
+pub fn request_gpu_with(options: GpuOptions) -> Result<Gpu, DeviceError> {
+    pollster::block_on(request_gpu_with_async(options))
+}
+
+/// [`request_gpu_with`] as a future, for async code and browsers.
+pub async fn request_gpu_with_async(options: GpuOptions) -> Result<Gpu, DeviceError> {
     // GL alone (`WGPU_BACKEND=gl`): an instance per device, never the shared one (see
     // [`fresh_instance`]).
     let gl_only = wgpu::Backends::from_env() == Some(wgpu::Backends::GL);
@@ -257,7 +331,7 @@ pub async fn request_gpu_async(limits: LimitsChoice) -> Result<Gpu, DeviceError>
             adapter
         }
     };
-    open_async(adapter, limits).await
+    open_with_async(adapter, options).await
 }
 
 async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, DeviceError> {
@@ -300,17 +374,54 @@ pub fn open(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceE
 
 /// [`open`] as a future, for async code and browsers.
 pub async fn open_async(adapter: wgpu::Adapter, limits: LimitsChoice) -> Result<Gpu, DeviceError> {
-    let required_limits = match limits {
+    open_with_async(adapter, GpuOptions::default().with_limits(limits)).await
+}
+
+/// [`open`] with `options` (e.g. cooperative matrices, see [`GpuOptions`]). Blocks the thread:
+/// see [`open_with_async`].
+pub fn open_with(adapter: wgpu::Adapter, options: GpuOptions) -> Result<Gpu, DeviceError> {
+    pollster::block_on(open_with_async(adapter, options))
+}
+
+/// [`open_with`] as a future, for async code and browsers.
+pub async fn open_with_async(
+    adapter: wgpu::Adapter,
+    options: GpuOptions,
+) -> Result<Gpu, DeviceError> {
+    let required_limits = match options.limits {
         LimitsChoice::Adapter => adapter.limits(),
         // The defaults, but never more than the adapter has (GL adapters can be below them).
         LimitsChoice::WebGpuDefault => {
             wgpu::Limits::default().or_worse_values_from(&adapter.limits())
         }
     };
+    let mut required_features = adapter.features() & OPTIONAL_FEATURES;
+    let cooperative = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    let experimental_features =
+        if options.cooperative_matrix && adapter.features().contains(cooperative) {
+            required_features |= cooperative;
+            // SAFETY: the user asked for cooperative matrices (`GpuOptions::cooperative_matrix`,
+            // off by default, documented as this acknowledgement): they accept that wgpu's
+            // experimental implementation of the feature may have bugs leading to undefined
+            // behaviour, which is what `ExperimentalFeatures::enabled` asks its caller to accept.
+            // Only `EXPERIMENTAL_COOPERATIVE_MATRIX` among the experimental features is requested,
+            // and only the cooperative matmul (`shaders/matmul_coop.wgsl`) uses it.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            if options.cooperative_matrix {
+                log::warn!(
+                    "wgpu-pool: cooperative matrices asked for, but {} offers none: the device is \
+                 opened without them (f16 matmuls run on the portable kernels)",
+                    adapter.get_info().name
+                );
+            }
+            wgpu::ExperimentalFeatures::disabled()
+        };
     let descriptor = wgpu::DeviceDescriptor {
         label: Some("wgpu-pool"),
-        required_features: adapter.features() & OPTIONAL_FEATURES,
+        required_features,
         required_limits,
+        experimental_features,
         ..Default::default()
     };
     let (device, queue) = adapter.request_device(&descriptor).await?;

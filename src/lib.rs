@@ -16,8 +16,9 @@ pub mod snapshot;
 pub mod state;
 
 pub use device::{
-    adapters, adapters_async, fresh_instance, instance, open, open_async, request_gpu,
-    request_gpu_async, DeviceError, Gpu, LimitsChoice, OPTIONAL_FEATURES, SPIN_BEFORE_BLOCKING,
+    adapters, adapters_async, fresh_instance, instance, open, open_async, open_with,
+    open_with_async, request_gpu, request_gpu_async, request_gpu_with, request_gpu_with_async,
+    DeviceError, Gpu, GpuOptions, LimitsChoice, OPTIONAL_FEATURES, SPIN_BEFORE_BLOCKING,
 };
 pub use pool::{
     AllocOptions, Allocation, Compaction, OomObserver, OomReport, OpScope, Pool, PoolError,

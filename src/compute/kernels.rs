@@ -5,6 +5,7 @@
 //!
 //! Every file of `shaders/` is plain WGSL, used as it is. A kernel's module is, in this order:
 //!
+//! 0. for the cooperative matmul only, the directive `enable wgpu_cooperative_matrix;`;
 //! 1. **generated**: the element types ([`element_types`]): `enable f16;` where the variant
 //!    loads or stores f16, and the aliases `Input` (what A, B, the bias and the element-wise
 //!    inputs hold) and `Output` (what the kernel stores), each `f32` or `f16`; kernels convert
@@ -18,12 +19,18 @@
 //! 3. `shaders/common.wgsl` (activations, grid indexing, the element-wise parameters);
 //! 4. for the tiled matmul, its storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`)
 //!    or as elements (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4);
-//! 5. the kernel's file, `shaders/<source>.wgsl`;
+//! 5. the kernel's file, `shaders/<source>.wgsl` (for the cooperative matmul,
+//!    `shaders/matmul_coop.wgsl` with its storage bindings — `shaders/matmul_coop_vec4.wgsl` or
+//!    `shaders/matmul_coop_scalar.wgsl`, which also provide its zero-filling loads and masked
+//!    stores — put after its parameters);
 //! 6. **generated**, for the tiled matmul: its entry point `matmul` ([`matmul_entry`]),
 //!    whose `BK` steps of K and whose `TM × TN` outputs per invocation are unrolled here into
 //!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics);
 //!    for the narrow matmul: its entry point `matmul_narrow` ([`narrow_entry`]), its rows (one
-//!    accumulator each), four steps of K and its subgroup shuffles unrolled.
+//!    accumulator each), four steps of K and its subgroup shuffles unrolled; for the
+//!    cooperative matmul: its entry point `matmul_coop` ([`coop_entry`]), its fragments,
+//!    products and epilogue stores unrolled, every cooperative load's and store's index and
+//!    stride bound to a `let` (naga 30 panics otherwise, see `shaders/matmul_coop.wgsl`).
 //!
 //! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. Tests (no GPU)
 //! parse and validate every variant with naga, check that the parameter struct each kernel reads
@@ -40,11 +47,18 @@
 use std::collections::HashMap;
 
 use super::vocab::{
-    group0_entries, narrow_grouped, narrow_sum_rows, ComputeError, ElementTypes, KernelKey,
-    MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    group0_entries, narrow_grouped, narrow_sum_rows, ComputeError, CoopTiles, ElementTypes,
+    KernelKey, MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
+
+/// `shaders/matmul_coop.wgsl`, whose bindings' file goes after its parameters (the line
+/// [`COOP_PARAMS_END`]).
+const COOP: &str = include_str!("../../shaders/matmul_coop.wgsl");
+
+/// The last line of the parameters of `shaders/matmul_coop.wgsl`.
+const COOP_PARAMS_END: &str = "@group(0) @binding(0) var<uniform> params: MatmulParams;\n";
 
 /// The WGSL file of `source`.
 fn source_text(source: Source) -> &'static str {
@@ -54,6 +68,8 @@ fn source_text(source: Source) -> &'static str {
         Source::Matmul => include_str!("../../shaders/matmul.wgsl"),
         Source::MatmulNarrow => include_str!("../../shaders/matmul_narrow.wgsl"),
         Source::MatmulReduce => include_str!("../../shaders/matmul_reduce.wgsl"),
+        // Written by `module_source` around its bindings.
+        Source::MatmulCoop => "",
         Source::Rows => concat!(
             include_str!("../../shaders/workgroup_reduce.wgsl"),
             include_str!("../../shaders/rows.wgsl")
@@ -79,9 +95,28 @@ fn source_text(source: Source) -> &'static str {
 /// The WGSL module of `source` in `variant`, loading and storing `types` (see the module docs
 /// for its parts).
 pub(crate) fn module_source(source: Source, variant: &Variant, types: ElementTypes) -> String {
-    let mut text = element_types(types);
+    let mut text = String::new();
+    if let Variant::Coop { .. } = variant {
+        // A directive, so before any declaration.
+        text.push_str("enable wgpu_cooperative_matrix;\n");
+    }
+    text.push_str(&element_types(types));
     text.push_str(&constants(variant));
     text.push_str(COMMON);
+    if let Variant::Coop { vec4, .. } = *variant {
+        // The parameters first: the bindings' accessors read them.
+        let (params, kernel) = COOP
+            .split_once(COOP_PARAMS_END)
+            .expect("matmul_coop.wgsl declares its parameters");
+        text.push_str(params);
+        text.push_str(COOP_PARAMS_END);
+        text.push_str(if vec4 {
+            include_str!("../../shaders/matmul_coop_vec4.wgsl")
+        } else {
+            include_str!("../../shaders/matmul_coop_scalar.wgsl")
+        });
+        text.push_str(kernel);
+    }
     if let Variant::Matmul { vec4, .. } = *variant {
         text.push_str(if vec4 {
             include_str!("../../shaders/matmul_vec4.wgsl")
@@ -105,6 +140,114 @@ pub(crate) fn module_source(source: Source, variant: &Variant, types: ElementTyp
     {
         text.push_str(&narrow_entry(rows, lanes, subgroup));
     }
+    if let Variant::Coop { tiles, .. } = variant {
+        text.push_str(&coop_entry(tiles));
+    }
+    text
+}
+
+/// The cooperative matmul's entry point from its signature up to its loop over the slabs of K
+/// (see `shaders/matmul_coop.wgsl`).
+const COOP_ENTRY_BEGIN: &str = "
+// The entry point, written by the host (src/compute/kernels.rs, `coop_entry`) with the fragments
+// and accumulators unrolled.
+@compute @workgroup_size(THREADS)
+fn matmul_coop(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) tid: u32, @builtin(subgroup_id) subgroup_id: u32, @builtin(subgroup_invocation_id) subgroup_lane: u32) {
+    // The block tile, from the workgroup's linear id (the grid is [tiles_n, tiles_m, splits]
+    // where the device takes it, else rows of grid_x workgroups): uniform, before any barrier.
+    let id = workgroup.y * params.grid_x + workgroup.x;
+    if (id >= params.tiles_n * params.tiles_m) {
+        return;
+    }
+    let row0 = (id / params.tiles_n) * BM;
+    let col0 = (id % params.tiles_n) * BN;
+    let z = workgroup.z;
+    let k_begin = z * params.k_chunk;
+    let k_end = min(params.k, k_begin + params.k_chunk);
+    // The host never makes an empty split: k_end > k_begin.
+    let slabs = (k_end - k_begin + BK - 1u) / BK;
+    // The subgroup's corner in the block tile (subgroups of 32: SUBGROUPS of them; clamped all
+    // the same, so that no index leaves its array whatever the driver does).
+    let sg = min(subgroup_id, SUBGROUPS - 1u);
+    let lane = min(subgroup_lane, 31u);
+    let wm0 = (sg / SUBGROUPS_N) * WM;
+    let wn0 = (sg % SUBGROUPS_N) * WN;
+";
+
+/// The cooperative matmul's loop over the slabs of K, up to its products.
+const COOP_ENTRY_LOOP: &str = "    var staged = fetch(tid, row0, col0, k_begin, k_end);
+    for (var t = 0u; t < slabs; t++) {
+        // Everyone is done with the previous slab before it is overwritten.
+        workgroupBarrier();
+        stage(tid, staged);
+        workgroupBarrier();
+        // The next slab into registers while this one is multiplied; unconditional (the last
+        // slab is fetched again after the last), so the loads sit beside the products.
+        staged = fetch(tid, row0, col0, k_begin + min(t + 1u, slabs - 1u) * BK, k_end);
+";
+
+/// The WGSL entry point `matmul_coop` of the cooperative matmul for `tiles`:
+/// [`COOP_ENTRY_BEGIN`], the accumulators `acc_{i}_{j}` (`i < wm / 16`, `j < wn / 16`),
+/// [`COOP_ENTRY_LOOP`], then for each step of 16 in a slab the fragments `a{i}` and `b{j}` and
+/// every product; then the epilogue, one accumulator at a time through the subgroup's scratch.
+/// Every pointer index and stride of a cooperative load or store is a `let` (a naga 30 pitfall,
+/// see `shaders/matmul_coop.wgsl`).
+fn coop_entry(tiles: &CoopTiles) -> String {
+    let (fm, fn_) = (tiles.wm / 16, tiles.wn / 16);
+    let accumulators = || (0..fm).flat_map(move |i| (0..fn_).map(move |j| (i, j)));
+    let mut text = String::from(COOP_ENTRY_BEGIN);
+    for (i, j) in accumulators() {
+        text.push_str(&format!("    var acc_{i}_{j} = coop_mat16x16<f32, C>();\n"));
+    }
+    text.push_str(COOP_ENTRY_LOOP);
+    text.push_str("        let a_stride = A_STRIDE;\n        let b_stride = B_STRIDE;\n");
+    for step in 0..CoopTiles::BK / 16 {
+        text.push_str("        {\n");
+        for i in 0..fm {
+            // Row wm0 + 16·i of the slab, column 16·step: vec4 index (16·step) / 4.
+            text.push_str(&format!(
+                "            let pa{i} = (wm0 + {}u) * A_STRIDE + {}u;\n            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&tile_a[pa{i}], a_stride);\n",
+                16 * i,
+                4 * step
+            ));
+        }
+        for j in 0..fn_ {
+            text.push_str(&format!(
+                "            let pb{j} = {}u * B_STRIDE + (wn0 + {}u) / 4u;\n            let b{j} = coopLoadT<coop_mat16x16<f16, B>>(&tile_b[pb{j}], b_stride);\n",
+                16 * step,
+                16 * j
+            ));
+        }
+        for (i, j) in accumulators() {
+            text.push_str(&format!(
+                "            acc_{i}_{j} = coopMultiplyAdd(a{i}, b{j}, acc_{i}_{j});\n"
+            ));
+        }
+        text.push_str("        }\n");
+    }
+    text.push_str(
+        "    }
+
+    // The epilogue: each accumulator through the subgroup's 16×16 scratch (row-major), then
+    // eight sums per invocation: row lane / 2, columns 8 · (lane % 2) + 0..7.
+    let base = sg * 256u;
+    let scratch_stride = 16u;
+    let r = lane / 2u;
+    let col_in = (lane % 2u) * 8u;
+",
+    );
+    for (i, j) in accumulators() {
+        text.push_str(&format!(
+            "    coopStoreT(acc_{i}_{j}, &scratch[base], scratch_stride);
+    workgroupBarrier();
+    store_eight(base, r, col_in, row0 + wm0 + {}u + r, col0 + wn0 + {}u + col_in, z);
+    workgroupBarrier();
+",
+            16 * i,
+            16 * j
+        ));
+    }
+    text.push_str("}\n");
     text
 }
 

@@ -144,5 +144,5 @@ pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
 pub use user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};
 pub use vocab::{
-    Activation, Autotune, ComputeError, DType, MatmulOptions, MatmulTiles, ShaderChecks,
+    Activation, Autotune, ComputeError, CoopTiles, DType, MatmulOptions, MatmulTiles, ShaderChecks,
 };

@@ -4,6 +4,7 @@
 mod attention;
 mod compact;
 mod compute;
+mod coop;
 mod custom;
 mod examples;
 mod f16;

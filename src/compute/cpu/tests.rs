@@ -3,10 +3,10 @@
 
 use super::*;
 use crate::compute::kernels::module_source;
-use crate::compute::vocab::{ElementTypes, MatmulTiles, Source, Variant};
+use crate::compute::vocab::{CoopTiles, ElementTypes, MatmulTiles, Source, Variant};
 
 /// Entry points without a twin of their name, each with its reason.
-const EXCEPTIONS: [(&str, &str); 3] = [
+const EXCEPTIONS: [(&str, &str); 4] = [
     (
         "exp_kernel",
         "WGSL's builtin `exp` cannot be both called and shadowed: the twin is `exp`",
@@ -20,6 +20,11 @@ const EXCEPTIONS: [(&str, &str); 3] = [
         "the same product as `matmul` for few rows (another kernel, not another formula): the \
          twin is `matmul` / `matmul_with`",
     ),
+    (
+        "matmul_coop",
+        "the same product as `matmul` on cooperative matrices (f16 operands, f32 sums): the \
+         twin is `matmul` / `matmul_with` on the f16-rounded operands",
+    ),
 ];
 
 /// One variant of every source, so that every kernel module is written whole: the generated
@@ -31,6 +36,7 @@ fn every_source() -> Vec<(Source, Variant)> {
         Source::Matmul,
         Source::MatmulNarrow,
         Source::MatmulReduce,
+        Source::MatmulCoop,
         Source::Rows,
         Source::LayerNorm,
         Source::SoftmaxRows,
@@ -74,6 +80,12 @@ fn every_source() -> Vec<(Source, Variant)> {
                     bias: false,
                     activation: Activation::None,
                 },
+                Source::MatmulCoop => Variant::Coop {
+                    tiles: CoopTiles::T64X64,
+                    vec4: true,
+                    bias: false,
+                    activation: Activation::None,
+                },
             };
             (source, variant)
         })
@@ -112,6 +124,7 @@ fn every_entry_point_has_a_cpu_twin_of_its_name_or_a_reason() {
         "matmul",
         "matmul_narrow",
         "matmul_reduce",
+        "matmul_coop",
         "add",
         "relu",
         "softmax",

@@ -5,9 +5,9 @@ use std::mem::{offset_of, size_of};
 
 use super::*;
 use crate::compute::vocab::{
-    Activation, DType, ElementwiseParams, EmbeddingParams, KvWriteParams, LayerNormParams,
-    MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams, RowsParams,
-    SoftmaxRowsParams,
+    Activation, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
+    LayerNormParams, MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams,
+    RowsParams, SoftmaxRowsParams,
 };
 
 /// The subgroup sizes of the narrow matmul's variants (0: none).
@@ -146,6 +146,7 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
     for (bias, activation) in epilogues() {
         modules.push((Source::MatmulReduce, Variant::Reduce { bias, activation }));
     }
+    // The cooperative matmul runs on f16 operands only: its modules are listed below, f16 in.
     let f16_modules: Vec<_> = modules
         .iter()
         .flat_map(|&(source, variant)| {
@@ -158,7 +159,38 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         .into_iter()
         .map(|(source, variant)| (source, variant, ElementTypes::F32))
         .chain(f16_modules)
+        .chain(coop_modules())
         .collect()
+}
+
+/// Every variant of the cooperative matmul (f16 operands): each named tile, vec4 and scalar,
+/// with every epilogue storing f16, and without one storing f32 partial products (split-K).
+fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
+    let f16 = ElementTypes::same(DType::F16);
+    let partials = ElementTypes {
+        input: DType::F16,
+        output: DType::F32,
+    };
+    let mut modules = Vec::new();
+    for tiles in CoopTiles::ALL {
+        for vec4 in [false, true] {
+            for bias in [false, true] {
+                for activation in Activation::ALL {
+                    let variant = Variant::Coop {
+                        tiles,
+                        vec4,
+                        bias,
+                        activation,
+                    };
+                    modules.push((Source::MatmulCoop, variant, f16));
+                    if !bias && activation == Activation::None {
+                        modules.push((Source::MatmulCoop, variant, partials));
+                    }
+                }
+            }
+        }
+    }
+    modules
 }
 
 /// The f16 element types an op asks for with `variant` of `source`: f16 in and out; f16 in
@@ -201,6 +233,8 @@ fn f16_types(source: Source, variant: &Variant) -> Vec<ElementTypes> {
         }
         Variant::Matmul { .. } => vec![],
         Variant::Narrow { split, .. } => vec![if split { partials } else { f16 }],
+        // Listed by `coop_modules`.
+        Variant::Coop { .. } => vec![],
     }
 }
 
@@ -234,7 +268,7 @@ fn params_layout(source: Source) -> Layout {
             cols: u32,
             scalar: f32,
         }),
-        Source::Matmul => layout!(MatmulParams {
+        Source::Matmul | Source::MatmulCoop => layout!(MatmulParams {
             m: u32,
             n: u32,
             k: u32,
@@ -314,13 +348,15 @@ fn params_layout(source: Source) -> Layout {
 /// Parses and validates `text` with naga; the error as naga prints it, with the source.
 fn validate(text: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
     let module = naga::front::wgsl::parse_str(text).map_err(|error| error.emit_to_string(text))?;
-    // Subgroup operations and f16 are capabilities (the device's SUBGROUP and SHADER_F16
-    // features).
+    // Subgroup operations, f16 and cooperative matrices are capabilities (the device's
+    // SUBGROUP, SHADER_F16 and EXPERIMENTAL_COOPERATIVE_MATRIX features; only the cooperative
+    // matmul uses the last).
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::default()
             | naga::valid::Capabilities::SUBGROUP
-            | naga::valid::Capabilities::SHADER_FLOAT16,
+            | naga::valid::Capabilities::SHADER_FLOAT16
+            | naga::valid::Capabilities::COOPERATIVE_MATRIX,
     )
     .validate(&module)
     .map_err(|error| error.emit_to_string(text))?;
@@ -490,13 +526,18 @@ fn kernels_translate_to_spirv_with_and_without_bounds_checks() {
                 [1, 4, 64, 256].contains(&lanes)
                     && (split || subgroup > 0 || (bias && activation == Activation::Gelu))
             }
-            Variant::Plain | Variant::Reduce { .. } => true,
+            Variant::Plain | Variant::Reduce { .. } | Variant::Coop { .. } => true,
         });
     for (source, variant, types) in modules {
         let text = module_source(source, &variant, types);
         let (module, info) = validate(&text).unwrap_or_else(|error| panic!("{error}"));
         for checks in [ShaderChecks::Checked, ShaderChecks::Unchecked] {
-            let options = spirv_options(checks);
+            let mut options = spirv_options(checks);
+            if source == Source::MatmulCoop {
+                // What wgpu-hal 30 asks on a Vulkan 1.3 device with cooperative matrices (the
+                // H200's): SPIR-V 1.6.
+                options.lang_version = (1, 6);
+            }
             if let Err(error) = naga::back::spv::write_vec(&module, &info, &options, None) {
                 panic!(
                     "{source:?}{}{} {checks:?}: {error}",
@@ -590,6 +631,52 @@ fn narrow_rows_steps_and_shuffles_are_unrolled() {
                     "{rows} rows"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn coop_fragments_products_and_epilogue_are_unrolled_with_bound_indices() {
+    for tiles in CoopTiles::ALL {
+        let variant = Variant::Coop {
+            tiles,
+            vec4: true,
+            bias: true,
+            activation: Activation::Gelu,
+        };
+        let text = module_source(Source::MatmulCoop, &variant, ElementTypes::same(DType::F16));
+        assert!(text.starts_with("enable wgpu_cooperative_matrix;\nenable f16;\n"));
+        let accumulators = (tiles.wm / 16) * (tiles.wn / 16);
+        let steps = CoopTiles::BK / 16;
+        // The code, without the comments (which name the functions too).
+        let code: String = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let count = |pattern: &str| code.matches(pattern).count() as u32;
+        assert_eq!(count("coop_mat16x16<f32, C>()"), accumulators, "{tiles}");
+        assert_eq!(count("coopMultiplyAdd("), accumulators * steps, "{tiles}");
+        assert_eq!(
+            count("coopLoadT<coop_mat16x16<f16, A>>"),
+            steps * tiles.wm / 16
+        );
+        assert_eq!(
+            count("coopLoadT<coop_mat16x16<f16, B>>"),
+            steps * tiles.wn / 16
+        );
+        assert_eq!(count("coopStoreT("), accumulators, "{tiles}");
+        // naga 30 pitfall: every cooperative load's and store's pointer index and stride are
+        // `let`s (a name, not an expression).
+        for line in code
+            .lines()
+            .filter(|line| line.contains("coopLoadT<") || line.contains("coopStoreT("))
+        {
+            let args = &line[line.find('&').expect("a pointer argument") + 1..];
+            let index = &args[args.find('[').unwrap() + 1..args.find(']').unwrap()];
+            let stride = args[args.find(',').unwrap() + 1..args.rfind(')').unwrap()].trim();
+            let is_name = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            assert!(is_name(index) && is_name(stride), "{line}");
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::coop::CoopTiles;
 use super::error::ComputeError;
 use super::params::grid_1d_within;
 use super::tiles::MatmulTiles;
@@ -20,9 +21,13 @@ pub(crate) struct DeviceCaps {
     pub(crate) limits: wgpu::Limits,
     /// The device's features (as the device was opened): the kernels read
     /// [`wgpu::Features::SHADER_F16`], [`wgpu::Features::SUBGROUP`],
-    /// [`wgpu::Features::TIMESTAMP_QUERY`] and (for none yet)
+    /// [`wgpu::Features::TIMESTAMP_QUERY`] and
     /// [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`].
     pub(crate) features: wgpu::Features,
+    /// The adapter offers 16×16×16 cooperative products of f16 into f32 (what
+    /// `shaders/matmul_coop.wgsl` multiplies), as [`Gpu::cooperative_matmul_f16`] says: read
+    /// only with [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`] among the features.
+    pub(crate) cooperative_16x16_f16: bool,
     /// The smallest subgroup size the adapter reports (0 where it reports none).
     pub(crate) subgroup_min_size: u32,
     /// The largest subgroup size the adapter reports (0 where it reports none).
@@ -52,6 +57,7 @@ impl DeviceCaps {
             max_grid_x: limits.max_compute_workgroups_per_dimension,
             limits,
             features: gpu.device.features(),
+            cooperative_16x16_f16: gpu.cooperative_matmul_f16(),
             subgroup_min_size: gpu.info.subgroup_min_size,
             subgroup_max_size: gpu.info.subgroup_max_size,
             device_type: gpu.info.device_type,
@@ -87,6 +93,17 @@ impl DeviceCaps {
         self.features.contains(features)
     }
 
+    /// Whether f16 matmuls can run on the cooperative matmul (`shaders/matmul_coop.wgsl`):
+    /// [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`] with 16×16×16 f16 → f32 products,
+    /// [`wgpu::Features::SHADER_F16`], and subgroups of a fixed size of
+    /// [`CoopTiles::SUBGROUP_SIZE`] (the kernel maps its 16×16 accumulators onto 32
+    /// invocations).
+    pub(crate) fn cooperative_f16(&self) -> bool {
+        self.has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
+            && self.cooperative_16x16_f16
+            && self.fixed_subgroup_size() == Some(CoopTiles::SUBGROUP_SIZE)
+    }
+
     /// Whether the adapter is a software one ([`wgpu::DeviceType::Cpu`]).
     pub(crate) fn is_software(&self) -> bool {
         self.device_type == wgpu::DeviceType::Cpu
@@ -112,6 +129,8 @@ pub(crate) struct Choices {
     pub(crate) tiled: HashMap<(usize, usize, usize), (MatmulTiles, u32)>,
     /// The narrow kernel's `(lanes, splits)` by `(M, N, K)` (M is compiled into its variant).
     pub(crate) narrow: HashMap<(usize, usize, usize), (u32, u32)>,
+    /// The cooperative matmul's `(tiles, splits)` by `(M rounded up to a power of two, N, K)`.
+    pub(crate) cooperative: HashMap<(usize, usize, usize), (CoopTiles, u32)>,
 }
 
 /// What a context's matmuls keep of their device, found at the first matmul: its caps, and the

@@ -17,6 +17,7 @@
 //! Adding a field to a variant is then a change to this file (and to the WGSL that reads the
 //! constant), plus the op that fills it.
 
+use super::coop::CoopTiles;
 use super::dtype::ElementTypes;
 use super::options::{Activation, MatmulOptions};
 use super::params::{MatmulParams, NarrowParams, ParamsBlock, ReduceParams};
@@ -30,6 +31,9 @@ pub(crate) enum Source {
     Matmul,
     MatmulNarrow,
     MatmulReduce,
+    /// `shaders/matmul_coop.wgsl` (after its bindings, `shaders/matmul_coop_vec4.wgsl` or
+    /// `shaders/matmul_coop_scalar.wgsl`): the matmul on cooperative matrices.
+    MatmulCoop,
     Rows,
     /// `shaders/layer_norm.wgsl` (after `shaders/workgroup_reduce.wgsl`).
     LayerNorm,
@@ -51,7 +55,7 @@ impl Source {
         match self {
             Self::Unary | Self::Rows | Self::SoftmaxRows | Self::ArgmaxRows => 2,
             Self::Binary | Self::MatmulReduce | Self::Embedding => 3,
-            Self::Matmul | Self::MatmulNarrow | Self::LayerNorm => 4,
+            Self::Matmul | Self::MatmulNarrow | Self::MatmulCoop | Self::LayerNorm => 4,
             Self::KvWrite | Self::PagedAttention => 6,
         }
     }
@@ -90,6 +94,16 @@ pub(crate) enum Variant {
     },
     /// The split-K reduction (`shaders/matmul_reduce.wgsl`).
     Reduce { bias: bool, activation: Activation },
+    /// The matmul on cooperative matrices (`shaders/matmul_coop.wgsl`), f16 operands. With a
+    /// split of K (the grid's z) it writes f32 partial products and no epilogue (the element
+    /// types say so: f32 output), as the tiled kernel does.
+    Coop {
+        tiles: CoopTiles,
+        /// K and N are multiples of 4: A, B and C are bound as `vec4`s.
+        vec4: bool,
+        bias: bool,
+        activation: Activation,
+    },
 }
 
 /// The epilogue a matmul variant folds into its stores: `act(x + bias)`.
@@ -150,6 +164,7 @@ impl Variant {
             Self::Matmul { .. } => Some((Source::Matmul, "matmul")),
             Self::Narrow { .. } => Some((Source::MatmulNarrow, "matmul_narrow")),
             Self::Reduce { .. } => Some((Source::MatmulReduce, "matmul_reduce")),
+            Self::Coop { .. } => Some((Source::MatmulCoop, "matmul_coop")),
         }
     }
 
@@ -202,6 +217,28 @@ impl Variant {
             Self::Reduce { bias, activation } => {
                 vec![("ACT", U32(activation.code())), ("BIAS", Bool(bias))]
             }
+            Self::Coop {
+                tiles,
+                vec4,
+                bias,
+                activation,
+            } => vec![
+                ("BM", U32(tiles.bm)),
+                ("BN", U32(tiles.bn)),
+                ("WM", U32(tiles.wm)),
+                ("WN", U32(tiles.wn)),
+                ("BK", U32(CoopTiles::BK)),
+                ("SUBGROUPS", U32(tiles.subgroups())),
+                ("SUBGROUPS_N", U32(tiles.bn / tiles.wn)),
+                ("THREADS", U32(tiles.threads())),
+                ("A_LOADS", U32(tiles.a_loads())),
+                ("B_LOADS", U32(tiles.b_loads())),
+                ("A_STRIDE", U32((CoopTiles::BK + CoopTiles::PAD) / 4)),
+                ("B_STRIDE", U32((tiles.bn + CoopTiles::PAD) / 4)),
+                ("ACT", U32(activation.code())),
+                ("VEC4", Bool(vec4)),
+                ("BIAS", Bool(bias)),
+            ],
         }
     }
 
@@ -212,6 +249,9 @@ impl Variant {
                 bias, activation, ..
             }
             | Self::Narrow {
+                bias, activation, ..
+            }
+            | Self::Coop {
                 bias, activation, ..
             }
             | Self::Reduce { bias, activation } => Some(FusedEpilogue { bias, activation }),
@@ -227,6 +267,9 @@ impl Variant {
                 bias, activation, ..
             }
             | Self::Narrow {
+                bias, activation, ..
+            }
+            | Self::Coop {
                 bias, activation, ..
             }
             | Self::Reduce { bias, activation } => {
@@ -281,6 +324,17 @@ impl Variant {
                 if bias { " +bias" } else { "" },
                 activation.suffix()
             ),
+            Self::Coop {
+                tiles,
+                vec4,
+                bias,
+                activation,
+            } => format!(
+                " {tiles}{}{}{}",
+                if vec4 { " vec4" } else { " scalar" },
+                if bias { " +bias" } else { "" },
+                activation.suffix()
+            ),
         }
     }
 }
@@ -330,7 +384,7 @@ impl KernelKey {
     /// storage bindings, for the kernels whose variants fold an epilogue.
     pub(crate) fn epilogue_bindings(&self) -> Option<(usize, usize)> {
         match self.variant {
-            Variant::Matmul { .. } | Variant::Narrow { .. } => Some((2, 3)),
+            Variant::Matmul { .. } | Variant::Narrow { .. } | Variant::Coop { .. } => Some((2, 3)),
             Variant::Reduce { .. } => Some((2, 1)),
             Variant::Plain => None,
         }
@@ -340,7 +394,7 @@ impl KernelKey {
     /// its parameters; `None` for the other kernels.
     pub(crate) fn product_columns(&self, params: &ParamsBlock) -> Option<u32> {
         match self.variant {
-            Variant::Matmul { .. } => Some(params.read::<MatmulParams>().n),
+            Variant::Matmul { .. } | Variant::Coop { .. } => Some(params.read::<MatmulParams>().n),
             Variant::Narrow { .. } => Some(params.read::<NarrowParams>().n4.saturating_mul(4)),
             Variant::Reduce { .. } => Some(params.read::<ReduceParams>().n),
             Variant::Plain => None,
@@ -378,7 +432,7 @@ mod tests {
     use crate::compute::vocab::DType;
 
     /// One variant of each kind, epilogue off.
-    fn variants() -> [Variant; 4] {
+    fn variants() -> [Variant; 5] {
         [
             Variant::Plain,
             Variant::Matmul {
@@ -399,6 +453,12 @@ mod tests {
                 activation: Activation::None,
             },
             Variant::Reduce {
+                bias: false,
+                activation: Activation::None,
+            },
+            Variant::Coop {
+                tiles: CoopTiles::T128X128,
+                vec4: true,
                 bias: false,
                 activation: Activation::None,
             },
@@ -439,18 +499,20 @@ mod tests {
             [
                 (Source::Matmul, "matmul"),
                 (Source::MatmulNarrow, "matmul_narrow"),
-                (Source::MatmulReduce, "matmul_reduce")
+                (Source::MatmulReduce, "matmul_reduce"),
+                (Source::MatmulCoop, "matmul_coop")
             ]
         );
     }
 
     #[test]
     fn fusion_reads_bindings_columns_and_activations_from_the_keys() {
-        let [_, matmul, narrow, reduce] = variants();
+        let [_, matmul, narrow, reduce, coop] = variants();
         let key = |variant| KernelKey::generated(variant, ElementTypes::F32).unwrap();
         assert_eq!(key(matmul).epilogue_bindings(), Some((2, 3)));
         assert_eq!(key(narrow).epilogue_bindings(), Some((2, 3)));
         assert_eq!(key(reduce).epilogue_bindings(), Some((2, 1)));
+        assert_eq!(key(coop).epilogue_bindings(), Some((2, 3)));
         let plain = KernelKey::plain(Source::Unary, "relu");
         assert_eq!(plain.epilogue_bindings(), None);
         assert_eq!(plain.activation(), Some(Activation::Relu));
@@ -474,6 +536,7 @@ mod tests {
             pad: 0,
         });
         assert_eq!(key(matmul).product_columns(&params), Some(7));
+        assert_eq!(key(coop).product_columns(&params), Some(7));
         let params = ParamsBlock::new(&NarrowParams {
             n4: 3,
             k4: 1,

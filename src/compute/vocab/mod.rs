@@ -10,6 +10,8 @@
 //!   [`MatmulOptions`];
 //! - `tiles.rs`: [`MatmulTiles`], the tiled matmul's block tiles (the named ones and the limits
 //!   each needs);
+//! - `coop.rs`: [`CoopTiles`], the block tiles of the matmul on cooperative matrices (f16 on
+//!   the tensor cores) and the limits each needs;
 //! - `caps.rs`: [`DeviceCaps`], what the device offers the choice of a kernel, as plain data,
 //!   and [`MatmulDevice`], what a context's matmuls keep of their device (those caps, the
 //!   autotuner's choices);
@@ -22,6 +24,7 @@
 //!   [`element_count`], [`kernel_u32`], [`grid_1d_within`].
 
 mod caps;
+mod coop;
 mod dtype;
 mod error;
 mod kernel;
@@ -30,6 +33,7 @@ mod params;
 mod tiles;
 
 pub(crate) use caps::{Choices, DeviceCaps, MatmulDevice, TunedChoices};
+pub use coop::CoopTiles;
 pub use dtype::DType;
 pub(crate) use dtype::{decode_elements, encode_elements, tensor_bytes, ElementTypes};
 pub use error::ComputeError;

@@ -1,6 +1,7 @@
 //! The user's choices for kernels: [`ShaderChecks`], the fused [`Activation`], [`Autotune`] and
 //! [`MatmulOptions`].
 
+use super::coop::CoopTiles;
 use super::error::ComputeError;
 use super::tiles::MatmulTiles;
 
@@ -146,6 +147,19 @@ pub struct MatmulOptions {
     /// split. The narrow kernel's lanes and splits are chosen the same way, for each shape (M,
     /// N, K), unless `narrow_lanes` or `narrow_splits` is forced.
     pub autotune: Autotune,
+    /// f16 matmuls run on cooperative matrices (`shaders/matmul_coop.wgsl`, the tensor cores)
+    /// where the device has them (opened with
+    /// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix), 16×16×16 f16 →
+    /// f32, subgroups of 32) and the product has at least `cooperative_min_rows` rows. `false`:
+    /// the portable kernels on every device. f32 matmuls never do.
+    pub cooperative: bool,
+    /// f16 matmuls of fewer rows keep the portable kernels (the narrow kernel reads B at the
+    /// memory's speed; a 16-row fragment would be mostly empty). Ignored where
+    /// `cooperative_tiles` is forced.
+    pub cooperative_min_rows: u32,
+    /// Use this tile for every cooperative matmul (`None`: choose per shape, see
+    /// `src/compute/ops/matmul`). A tile the device's limits do not allow is a typed error.
+    pub cooperative_tiles: Option<CoopTiles>,
 }
 
 impl Default for MatmulOptions {
@@ -167,6 +181,9 @@ impl Default for MatmulOptions {
             narrow_splits: None,
             narrow_subgroups: true,
             autotune: Autotune::Gpu,
+            cooperative: true,
+            cooperative_min_rows: 16,
+            cooperative_tiles: None,
         }
     }
 }
@@ -208,6 +225,16 @@ impl MatmulOptions {
                     Self::NARROW_MAX_LANES
                 )));
             }
+        }
+        if let Some(tiles) = self.cooperative_tiles {
+            // Checked for its shape here; the device's limits where a plan takes it (a device
+            // without cooperative matrices never does).
+            tiles.check(&wgpu::Limits {
+                max_compute_workgroup_storage_size: u32::MAX,
+                max_compute_invocations_per_workgroup: u32::MAX,
+                max_compute_workgroup_size_x: u32::MAX,
+                ..limits.clone()
+            })?;
         }
         match self.tiles {
             Some(tiles) => tiles.check(limits),

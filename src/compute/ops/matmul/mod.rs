@@ -79,6 +79,29 @@
 //! is written on the host with the K steps of a tile and the outputs of an invocation unrolled
 //! (`kernels.rs`; its outline is in `shaders/matmul.wgsl`).
 //!
+//! # Cooperative matrices (f16 on the tensor cores)
+//!
+//! On a device opened with [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)
+//! whose adapter offers 16×16×16 products of f16 into f32, with f16 and subgroups of a fixed 32
+//! (the H200 under Vulkan), f16 matmuls of at least [`MatmulOptions::cooperative_min_rows`](crate::compute::MatmulOptions::cooperative_min_rows) rows
+//! (16) run on cooperative matrices (`shaders/matmul_coop.wgsl`; [`MatmulPlan::cooperative`]
+//! names the tile, [`CoopTiles`](crate::compute::CoopTiles)): a workgroup of 4 (or 8) subgroups computes a `bm × bn` block
+//! of C, each subgroup `wm × wn` of it in 16×16 f32 accumulators; K is walked in slabs of 32,
+//! A and B staged in workgroup memory as `vec4<f16>` rows padded by 8 elements (zero outside
+//! the operands, so that odd shapes need no branch around the cooperative operations), the next
+//! slab fetched into registers while the current one is multiplied; the epilogue stores each
+//! accumulator to workgroup memory, adds the bias, activates, masks the edges and rounds once to
+//! f16. The tile: 32×128 for at most 32 rows, 128×128 where it gives at least `min_workgroups /
+//! 2` block tiles, else 64×64 (each only where the device's workgroup memory holds it; 128×256
+//! and 64×128 are candidates to force, [`MatmulOptions::cooperative_tiles`](crate::compute::MatmulOptions::cooperative_tiles)); K is split as for
+//! the tiled kernel where the block tiles are fewer than `min_workgroups / 2`. Fewer rows, f32
+//! operands, and every other device keep the kernels below (so lavapipe, GL and WebGPU plans
+//! are unchanged). With [`MatmulOptions::autotune`](crate::compute::MatmulOptions::autotune) the first f16 product of a shape class (M
+//! rounded up to a power of two, N, K) times the rules' plan and every tile the device takes
+//! (with 2, 4, 8 and 16 splits too where the tile leaves the GPU idle), as the tiled kernel's
+//! candidates are timed, and the fastest serves the class. A 128×128 tile of this design ran 4096³ at 230 TFLOP/s on the H200 in a
+//! scratch probe (issue 28; this crate's f16 kernel: 43).
+//!
 //! # Measured on an H200 (Vulkan, driver 580, `bench_kernels`)
 //!
 //! The lent H200 holds its 1,980 MHz SM clock for about 3 s of load, then runs at 660–900 MHz
@@ -116,7 +139,7 @@
 //!
 //! # Files
 //!
-//! - `select.rs`: the rules, a pure function of the options, the device's caps
+//! - `select.rs`: the rules (the cooperative matmul's too, `cooperative_plan`), a pure function of the options, the device's caps
 //!   (`DeviceCaps`: limits, features, subgroup sizes, adapter, as plain data) and the shape, and the candidates the
 //!   autotuner times (no GPU: its tests describe devices);
 //! - `tune.rs`: the autotuner: its choice from measured times (pure), and its measuring, in a

@@ -6,8 +6,9 @@ use crate::compute::context::{Context, Dispatch};
 use crate::compute::ops::{common_dtype, grid_1d};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{
-    element_count, kernel_u32, tensor_bytes, Activation, ComputeError, DType, ElementTypes,
-    FusedEpilogue, KernelKey, MatmulParams, NarrowParams, ParamsBlock, ReduceParams, Variant,
+    element_count, kernel_u32, tensor_bytes, Activation, ComputeError, CoopTiles, DType,
+    ElementTypes, FusedEpilogue, KernelKey, MatmulParams, NarrowParams, ParamsBlock, ReduceParams,
+    Variant,
 };
 
 /// What a matmul does to its result before storing it: `act(A·B + bias)`.
@@ -29,7 +30,9 @@ impl Context {
     ///
     /// A, B and the bias share one element type, which C takes
     /// ([`ComputeError::DTypeMismatch`] otherwise). On f16 the kernels load f16, accumulate in
-    /// f32 (split-K partial products too) and round once to f16 as they store C.
+    /// f32 (split-K partial products too) and round once to f16 as they store C; on a device
+    /// opened with cooperative matrices, f16 products of 16 rows and more run on them
+    /// ([`Context::matmul_plan_for`]).
     pub fn matmul_with(
         &self,
         a: &Tensor,
@@ -70,7 +73,7 @@ impl Context {
                 });
             }
         }
-        let plan = self.matmul_plan(m, n, k)?;
+        let plan = self.matmul_plan_for(a.dtype(), m, n, k)?;
         self.matmul_planned(a, b, epilogue, plan)
     }
 
@@ -210,7 +213,9 @@ impl Context {
                 activation: epilogue.activation,
             }
         };
-        let (variant, params) = if plan.narrow_lanes > 0 {
+        let (variant, params) = if let Some(tiles) = plan.cooperative {
+            coop_kernel(tiles, plan, fused, dtype, (m, n, k))?
+        } else if plan.narrow_lanes > 0 {
             let variant = Variant::Narrow {
                 rows: kernel_u32(OP, "rows", m)?,
                 lanes: plan.narrow_lanes,
@@ -255,4 +260,39 @@ impl Context {
             .ok_or_else(|| ComputeError::Config("a matmul variant has no kernel".into()))?;
         Ok((kernel, params))
     }
+}
+
+/// The cooperative matmul's variant and parameters for `plan` (of tile `tiles`) over f16
+/// operands of `[m, k] · [k, n]`, folding `fused`; a plan on cooperative matrices for operands of
+/// another type is a [`ComputeError::Config`].
+fn coop_kernel(
+    tiles: CoopTiles,
+    plan: &MatmulPlan,
+    fused: FusedEpilogue,
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+) -> Result<(Variant, ParamsBlock), ComputeError> {
+    const OP: &str = "matmul";
+    if dtype != DType::F16 {
+        return Err(ComputeError::Config(format!(
+            "a plan on cooperative matrices ({tiles}) multiplies f16 operands, not {dtype}"
+        )));
+    }
+    let variant = Variant::Coop {
+        tiles,
+        vec4: plan.vec4,
+        bias: fused.bias,
+        activation: fused.activation,
+    };
+    let params = MatmulParams {
+        m: kernel_u32(OP, "M", m)?,
+        n: kernel_u32(OP, "N", n)?,
+        k: kernel_u32(OP, "K", k)?,
+        k_chunk: plan.k_chunk,
+        tiles_n: kernel_u32(OP, "tiles along N", n.div_ceil(tiles.bn as usize))?,
+        tiles_m: kernel_u32(OP, "tiles along M", m.div_ceil(tiles.bm as usize))?,
+        grid_x: plan.workgroups[0],
+        pad: 0,
+    };
+    Ok((variant, ParamsBlock::new(&params)))
 }

@@ -4,7 +4,8 @@
 //! caps of its device, and the autotuner times their candidates.
 
 use crate::compute::vocab::{
-    element_count, kernel_u32, ComputeError, DeviceCaps, MatmulOptions, MatmulTiles,
+    element_count, kernel_u32, ComputeError, CoopTiles, DType, DeviceCaps, MatmulOptions,
+    MatmulTiles,
 };
 
 /// The most lanes the narrow kernel's automatic choice takes.
@@ -52,6 +53,11 @@ pub struct MatmulPlan {
     /// [`MatmulOptions::narrow_subgroups`]); 0 when it adds them in workgroup memory only, or
     /// when the tiled kernel runs.
     pub narrow_subgroup: u32,
+    /// The tile of the matmul on cooperative matrices (f16 operands) when it runs
+    /// (`shaders/matmul_coop.wgsl`; `tiles` is then unused, `k_chunk` a multiple of
+    /// [`CoopTiles::BK`], `workgroups` `[⌈N / bn⌉, ⌈M / bm⌉, splits]` or rows of linear ids);
+    /// `None` for the portable kernels.
+    pub cooperative: Option<CoopTiles>,
 }
 
 /// The plan the rules choose for `[m, k] · [k, n]` under `options` on a device of `caps`: the
@@ -75,6 +81,155 @@ pub(crate) fn plan(
     };
     check_operands(m, n, k)?;
     Ok(plan)
+}
+
+/// The plan for `[m, k] · [k, n]` of `dtype` operands: the cooperative matmul's where it
+/// applies ([`cooperative_plan`]: f16 on a device with cooperative matrices), else [`plan`]'s
+/// (the rules, untuned: what the tests describe; the context's choice is
+/// `Context::matmul_plan_for`).
+#[cfg(test)]
+pub(crate) fn plan_for(
+    options: &MatmulOptions,
+    caps: &DeviceCaps,
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<MatmulPlan, ComputeError> {
+    check_sizes(m, n, k)?;
+    match cooperative_plan(options, caps, dtype, m, n, k)? {
+        Some(plan) => {
+            check_operands(m, n, k)?;
+            Ok(plan)
+        }
+        None => plan(options, caps, m, n, k),
+    }
+}
+
+/// The plan of the matmul on cooperative matrices, where it applies: f16 operands,
+/// [`MatmulOptions::cooperative`], a device with cooperative matrices
+/// ([`DeviceCaps::cooperative_f16`]), at least [`MatmulOptions::cooperative_min_rows`] rows
+/// (unless the tile is forced) and a tile the device takes. The tile: the forced one
+/// ([`MatmulOptions::cooperative_tiles`]; one the device's limits refuse is a
+/// [`ComputeError::Config`]), else 32×128 for at most 32 rows, else 128×128 where it gives at
+/// least `min_workgroups / 2` block tiles (one per SM of an H200), else 64×64; the first of
+/// these and then 64×64, 32×128 that the device takes. K is split (as for the tiled kernel, the
+/// split-K reduction adding f32 partial products) where the block tiles are fewer than
+/// `min_workgroups / 2`: enough splits for `min_workgroups`, each at least `min_split_depth`
+/// deep, at most `max_splits` (or [`MatmulOptions::split_k`] where forced). `m`, `n`, `k` are
+/// not 0.
+pub(crate) fn cooperative_plan(
+    options: &MatmulOptions,
+    caps: &DeviceCaps,
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Option<MatmulPlan>, ComputeError> {
+    const OP: &str = "matmul";
+    if dtype != DType::F16 || !options.cooperative || !caps.cooperative_f16() {
+        return Ok(None);
+    }
+    let limits = &caps.limits;
+    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+    let Some(tiles) = cooperative_tile(options, limits, m64, n64)? else {
+        return Ok(None);
+    };
+    let tiles_n = n64.div_ceil(u64::from(tiles.bn));
+    let tiles_m = m64.div_ceil(u64::from(tiles.bm));
+    let blocks = tiles_n.saturating_mul(tiles_m);
+    let bk = u64::from(CoopTiles::BK);
+    let wanted = cooperative_splits(options, blocks, k64);
+    // The partial products (rounded up to 16 bytes) must fit one binding.
+    let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
+        / m64.saturating_mul(n64).saturating_mul(4))
+    .max(1);
+    let wanted = wanted.min(max_binding_splits);
+    let k_chunk = k64.div_ceil(wanted).div_ceil(bk).saturating_mul(bk);
+    let splits = k64.div_ceil(k_chunk);
+    let max = u64::from(limits.max_compute_workgroups_per_dimension);
+    if splits > max {
+        return Err(ComputeError::ExceedsLimit {
+            op: OP,
+            what: "splits along K",
+            value: splits,
+            limit_name: "max_compute_workgroups_per_dimension",
+            limit: max,
+        });
+    }
+    let (x, y) = if tiles_n <= u64::from(caps.max_grid_x) && tiles_m <= max {
+        (tiles_n, tiles_m)
+    } else {
+        let (grid, _) = caps.grid_1d(OP, blocks)?;
+        (u64::from(grid[0]), u64::from(grid[1]))
+    };
+    // The kernel multiplies them in a u32.
+    kernel_u32(OP, "block tiles", blocks)?;
+    Ok(Some(MatmulPlan {
+        tiles: options.small_tiles,
+        splits: kernel_u32(OP, "splits along K", splits)?,
+        k_chunk: kernel_u32(OP, "depth of K per split", k_chunk)?,
+        vec4: k.is_multiple_of(4) && n.is_multiple_of(4),
+        edges: !m64.is_multiple_of(u64::from(tiles.bm))
+            || !n64.is_multiple_of(u64::from(tiles.bn))
+            || !k64.is_multiple_of(bk),
+        workgroups: [
+            kernel_u32(OP, "workgroups along N", x)?,
+            kernel_u32(OP, "workgroups along M", y)?,
+            kernel_u32(OP, "splits along K", splits)?,
+        ],
+        narrow_lanes: 0,
+        narrow_subgroup: 0,
+        cooperative: Some(tiles),
+    }))
+}
+
+/// The cooperative matmul's tile for an `m × n` product (see [`cooperative_plan`]): the forced
+/// one (checked against the device's limits), else by rows and block tiles; `None` where the
+/// rows are too few or no tile fits the device.
+fn cooperative_tile(
+    options: &MatmulOptions,
+    limits: &wgpu::Limits,
+    m: u64,
+    n: u64,
+) -> Result<Option<CoopTiles>, ComputeError> {
+    if let Some(tiles) = options.cooperative_tiles {
+        tiles.check(limits)?;
+        return Ok(Some(tiles));
+    }
+    if m < u64::from(options.cooperative_min_rows) {
+        return Ok(None);
+    }
+    let blocks = |t: CoopTiles| {
+        m.div_ceil(u64::from(t.bm))
+            .saturating_mul(n.div_ceil(u64::from(t.bn)))
+    };
+    let wave = u64::from(options.min_workgroups / 2).max(1);
+    let first = if m <= 32 {
+        CoopTiles::T32X128
+    } else if blocks(CoopTiles::T128X128) >= wave {
+        CoopTiles::T128X128
+    } else {
+        CoopTiles::T64X64
+    };
+    Ok([first, CoopTiles::T64X64, CoopTiles::T32X128]
+        .into_iter()
+        .find(|tiles| tiles.check(limits).is_ok()))
+}
+
+/// The splits of K the cooperative matmul wants over `blocks` block tiles (before the limits
+/// cap them): the forced number, else none where the tiles give `min_workgroups / 2`, else
+/// enough for `min_workgroups`, each at least `min_split_depth` deep, at most `max_splits`.
+fn cooperative_splits(options: &MatmulOptions, blocks: u64, k: u64) -> u64 {
+    match options.split_k {
+        Some(splits) => u64::from(splits.max(1)),
+        None if blocks >= u64::from(options.min_workgroups / 2) => 1,
+        None => u64::from(options.min_workgroups)
+            .div_ceil(blocks.max(1))
+            .min(k / u64::from(options.min_split_depth.max(1)))
+            .min(u64::from(options.max_splits))
+            .max(1),
+    }
 }
 
 /// Refuses a matmul with a size of 0 ([`ComputeError::InvalidShape`]).
@@ -159,6 +314,7 @@ pub(crate) fn tiled_plan(
         ],
         narrow_lanes: 0,
         narrow_subgroup: 0,
+        cooperative: None,
     })
 }
 
@@ -228,6 +384,7 @@ pub(crate) fn narrow_plan(
         workgroups,
         narrow_lanes: u32::try_from(lanes).ok()?,
         narrow_subgroup: subgroup,
+        cooperative: None,
     })
 }
 
@@ -338,6 +495,45 @@ pub(crate) fn tiled_candidates(
         };
         if let Ok(plan) = tiled_plan(&forced, caps, m, n, k) {
             plans.push(plan);
+        }
+    }
+    plans
+}
+
+/// The plans of the cooperative matmul that the autotuner times for `[m, k] · [k, n]` of
+/// `dtype` operands, the rules' plan `automatic` first: every tile of [`CoopTiles::ALL`] the
+/// device takes, unsplit, and those giving fewer than `min_workgroups` block tiles also with 2,
+/// 4, 8 and 16 splits of at least `min_split_depth` of K; each plan once.
+pub(crate) fn cooperative_candidates(
+    options: &MatmulOptions,
+    caps: &DeviceCaps,
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    automatic: MatmulPlan,
+) -> Vec<MatmulPlan> {
+    let mut plans = vec![automatic];
+    for tiles in CoopTiles::ALL {
+        // A tile that fills the GPU is not split (its partial products would be as many
+        // products' worth of memory for nothing).
+        let blocks = (m as u64)
+            .div_ceil(u64::from(tiles.bm))
+            .saturating_mul((n as u64).div_ceil(u64::from(tiles.bn)));
+        let fills = blocks >= u64::from(options.min_workgroups);
+        for splits in [1u32, 2, 4, 8, 16] {
+            let deep_enough = k as u64 >= u64::from(splits) * u64::from(options.min_split_depth);
+            if splits > 1 && (fills || !deep_enough) {
+                continue;
+            }
+            let forced = MatmulOptions {
+                cooperative_tiles: Some(tiles),
+                split_k: Some(splits),
+                ..options.clone()
+            };
+            if let Ok(Some(plan)) = cooperative_plan(&forced, caps, dtype, m, n, k) {
+                if !plans.contains(&plan) {
+                    plans.push(plan);
+                }
+            }
         }
     }
     plans

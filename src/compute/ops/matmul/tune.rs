@@ -10,7 +10,8 @@ use super::select::{self, MatmulPlan};
 use crate::compute::context::{Context, ContextOptions};
 use crate::compute::timing::{KernelTiming, TimestampSupport};
 use crate::compute::vocab::{
-    Autotune, Choices, ComputeError, DeviceCaps, MatmulDevice, MatmulOptions, MatmulTiles,
+    Autotune, Choices, ComputeError, CoopTiles, DType, DeviceCaps, MatmulDevice, MatmulOptions,
+    MatmulTiles,
 };
 use crate::pool::{Pool, PoolOptions};
 
@@ -142,7 +143,9 @@ fn lock(choices: &Mutex<Choices>) -> MutexGuard<'_, Choices> {
 }
 
 impl Context {
-    /// The plan [`Context::matmul`] follows for `[m, k] · [k, n]` under the context's options.
+    /// The plan [`Context::matmul`] follows for `[m, k] · [k, n]` under the context's options,
+    /// on the portable kernels: for f32 operands, and for f16 where no cooperative matrices run
+    /// ([`Context::matmul_plan_for`] gives the plan of either type).
     ///
     /// Any sizes give a plan or a typed error, never a panic: [`ComputeError::InvalidShape`] for
     /// a size of 0 or operands of more elements than a tensor holds,
@@ -164,6 +167,77 @@ impl Context {
         };
         select::check_operands(m, n, k)?;
         Ok(plan)
+    }
+
+    /// The plan of `[m, k] · [k, n]` for operands of `dtype`, as [`Context::matmul_with`]
+    /// chooses it: for f16 on a device with cooperative matrices (opened with
+    /// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)) the matmul on
+    /// cooperative matrices where the rules of `src/compute/ops/matmul` give it (its tile is
+    /// [`MatmulPlan::cooperative`]; with [`MatmulOptions::autotune`], and neither
+    /// `cooperative_tiles` nor `split_k` forced, the tile and split measured fastest for the
+    /// shape class, M rounded up to a power of two), else [`Context::matmul_plan`]'s.
+    pub fn matmul_plan_for(
+        &self,
+        dtype: DType,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<MatmulPlan, ComputeError> {
+        select::check_sizes(m, n, k)?;
+        let options = &self.options().matmul;
+        let caps = self.device_caps();
+        let Some(automatic) = select::cooperative_plan(options, caps, dtype, m, n, k)? else {
+            return self.matmul_plan(m, n, k);
+        };
+        select::check_operands(m, n, k)?;
+        if !options.autotune.applies_to(caps.device_type)
+            || options.cooperative_tiles.is_some()
+            || options.split_k.is_some()
+        {
+            return Ok(automatic);
+        }
+        let class = (m.checked_next_power_of_two().unwrap_or(m), n, k);
+        let choices = &self.matmul_device().choices;
+        let known = lock(choices).cooperative.get(&class).copied();
+        let (tiles, splits) = match known {
+            Some(choice) => choice,
+            None => {
+                // Not locked while it tunes (see `tuned_options`); the first choice stays.
+                let choice = self.autotune_cooperative(class, dtype)?;
+                *lock(choices).cooperative.entry(class).or_insert(choice)
+            }
+        };
+        let chosen = MatmulOptions {
+            cooperative_tiles: Some(tiles),
+            split_k: Some(splits),
+            ..options.clone()
+        };
+        Ok(select::cooperative_plan(&chosen, caps, dtype, m, n, k)?.unwrap_or(automatic))
+    }
+
+    /// The fastest `(tiles, splits)` of the cooperative matmul for the shape class `(m, n, k)`
+    /// (M a power of two) of `dtype` operands: its automatic plan and every tile of
+    /// [`CoopTiles::ALL`] the device takes, unsplit and (where it leaves the GPU idle) with 2,
+    /// 4, 8 and 16 splits ([`select::cooperative_candidates`]), timed as the tiled kernel's
+    /// candidates are ([`Context::fastest`], [`choose_plan`]). A tuner that cannot run leaves the
+    /// automatic plan.
+    fn autotune_cooperative(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        dtype: DType,
+    ) -> Result<(CoopTiles, u32), ComputeError> {
+        let options = &self.options().matmul;
+        let caps = self.device_caps();
+        let automatic = select::cooperative_plan(options, caps, dtype, m, n, k)?
+            .ok_or_else(|| ComputeError::Config("no cooperative plan to tune".into()))?;
+        let tiles = automatic
+            .cooperative
+            .ok_or_else(|| ComputeError::Config("a cooperative plan without a tile".into()))?;
+        let plans = select::cooperative_candidates(options, caps, dtype, (m, n, k), automatic);
+        let fastest = self.fastest((m, n, k), dtype, plans).unwrap_or(None);
+        Ok(fastest
+            .and_then(|plan| Some((plan.cooperative?, plan.splits)))
+            .unwrap_or((tiles, automatic.splits)))
     }
 
     /// What the matmul's choice reads of this context's device ([`DeviceCaps`]): made once, at
@@ -269,7 +343,7 @@ impl Context {
         let plans = select::tiled_candidates(options, caps, (m, n, k), automatic);
         // A tuner that cannot run (no memory for the class's operands and partials, say) leaves
         // the rules' plan: tuning never fails a product that would run without it.
-        let fastest = self.fastest(m, n, k, plans).unwrap_or(None);
+        let fastest = self.fastest((m, n, k), DType::F32, plans).unwrap_or(None);
         Ok(fastest.map_or((automatic.tiles, automatic.splits), |plan| {
             (plan.tiles, plan.splits)
         }))
@@ -295,7 +369,7 @@ impl Context {
             (m, n, k),
             automatic,
         );
-        let fastest = self.fastest(m, n, k, plans).unwrap_or(None);
+        let fastest = self.fastest((m, n, k), DType::F32, plans).unwrap_or(None);
         let plan = fastest.unwrap_or(automatic);
         Ok((plan.narrow_lanes, plan.splits))
     }
@@ -307,9 +381,8 @@ impl Context {
     /// tuner's operands and partials).
     fn fastest(
         &self,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
+        dtype: DType,
         candidates: Vec<MatmulPlan>,
     ) -> Result<Option<MatmulPlan>, ComputeError> {
         let options = &self.options().matmul;
@@ -331,8 +404,8 @@ impl Context {
                 ..ContextOptions::default()
             },
         )?;
-        let a = tuner.zeros(&[m, k])?;
-        let b = tuner.zeros(&[k, n])?;
+        let a = tuner.zeros_with(&[m, k], dtype)?;
+        let b = tuner.zeros_with(&[k, n], dtype)?;
         // One product each compiles its variant and warms up.
         let plans = candidates;
         for &plan in &plans {

@@ -30,6 +30,7 @@ fn h200() -> DeviceCaps {
         features: wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY,
+        cooperative_16x16_f16: false,
         subgroup_min_size: 32,
         subgroup_max_size: 32,
         device_type: wgpu::DeviceType::DiscreteGpu,
@@ -47,6 +48,7 @@ fn webgpu() -> DeviceCaps {
         max_grid_x: limits.max_compute_workgroups_per_dimension,
         limits,
         features: wgpu::Features::empty(),
+        cooperative_16x16_f16: false,
         subgroup_min_size: 0,
         subgroup_max_size: 0,
         device_type: wgpu::DeviceType::DiscreteGpu,
@@ -79,6 +81,7 @@ fn lavapipe() -> DeviceCaps {
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
+        cooperative_16x16_f16: false,
         subgroup_min_size: 8,
         subgroup_max_size: 8,
         device_type: wgpu::DeviceType::Cpu,
@@ -89,11 +92,12 @@ fn lavapipe() -> DeviceCaps {
     }
 }
 
-/// The H200 with cooperative matrices (as an H200 whose driver exposes
-/// `VK_KHR_cooperative_matrix` to wgpu would be).
+/// The H200 opened with cooperative matrices (`GpuOptions::cooperative_matrix`; its driver
+/// offers 16×16×16 f16 → f32, measured, MEASUREMENTS.md).
 fn cooperative() -> DeviceCaps {
     let mut caps = h200();
     caps.features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    caps.cooperative_16x16_f16 = true;
     caps
 }
 
@@ -270,26 +274,162 @@ fn lavapipe_plans_for_a_software_gpu() {
 /// No cooperative-matrix kernel exists yet: a device that offers cooperative matrices gets
 /// exactly the plans it would get without them. When one lands, this test changes with the rule
 /// that chooses it.
+/// The cooperative plan `(tiles, splits, k_chunk, workgroups)` of an f16 shape on `caps`.
+fn coop(caps: &DeviceCaps, (m, n, k): (usize, usize, usize)) -> (CoopTiles, u32, u32, [u32; 3]) {
+    let plan = plan_for(&rules(), caps, DType::F16, m, n, k)
+        .unwrap_or_else(|e| panic!("{m}x{n}x{k}: {e}"));
+    let tiles = plan
+        .cooperative
+        .unwrap_or_else(|| panic!("{m}x{n}x{k}: {plan:?}"));
+    (tiles, plan.splits, plan.k_chunk, plan.workgroups)
+}
+
 #[test]
-fn cooperative_matrices_change_no_plan_while_no_kernel_uses_them() {
-    let (with, without) = (cooperative(), h200());
-    assert!(with.has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
+fn cooperative_matrices_take_f16_products_of_16_rows_and_more() {
+    let caps = cooperative();
+    assert!(caps.cooperative_f16());
+    // 4096³: 32 × 32 tiles of 128×128 fill the GPU, no split.
+    assert_eq!(
+        coop(&caps, (4096, 4096, 4096)),
+        (CoopTiles::T128X128, 1, 4096, [32, 32, 1])
+    );
+    // 256 rows: 64 tiles of 128×128 are fewer than 132; 4 × 64 of 64×64 are not.
+    assert_eq!(
+        coop(&caps, (256, 4096, 4096)),
+        (CoopTiles::T64X64, 1, 4096, [64, 4, 1])
+    );
+    assert_eq!(
+        coop(&caps, (512, 4096, 4096)),
+        (CoopTiles::T64X64, 1, 4096, [64, 8, 1])
+    );
+    // 64 rows: 64 tiles of 64×64, K split 5 ways (⌈264 / 64⌉) in chunks of 832 (26 slabs).
+    assert_eq!(
+        coop(&caps, (64, 4096, 4096)),
+        (CoopTiles::T64X64, 5, 832, [64, 1, 5])
+    );
+    // At most 32 rows: 32×128, 32 tiles, K split 9 ways in chunks of 480.
+    assert_eq!(
+        coop(&caps, (16, 4096, 4096)),
+        (CoopTiles::T32X128, 9, 480, [32, 1, 9])
+    );
+    assert_eq!(
+        coop(&caps, (32, 4096, 4096)),
+        (CoopTiles::T32X128, 9, 480, [32, 1, 9])
+    );
+    // Odd shapes: scalar bindings, masked edges; K shorter than a split's depth stays whole.
+    let chosen = plan_for(&rules(), &caps, DType::F16, 37, 129, 70).unwrap();
+    assert_eq!(chosen.cooperative, Some(CoopTiles::T64X64));
+    assert_eq!((chosen.vec4, chosen.edges, chosen.splits), (false, true, 1));
+    assert_eq!(chosen.workgroups, [3, 1, 1]);
+    let chosen = plan_for(&rules(), &caps, DType::F16, 256, 512, 512).unwrap();
+    assert_eq!(chosen.cooperative, Some(CoopTiles::T64X64));
+    assert!(chosen.vec4 && !chosen.edges);
+    // Fewer than 16 rows, and every f32 product: the portable kernels, as without the feature.
     for (m, n, k) in shapes() {
+        if m < 16 {
+            assert_eq!(
+                plan_for(&rules(), &caps, DType::F16, m, n, k),
+                plan(&rules(), &caps, m, n, k),
+                "{m}x{n}x{k}"
+            );
+        }
         assert_eq!(
-            plan(&rules(), &with, m, n, k),
-            plan(&rules(), &without, m, n, k),
+            plan_for(&rules(), &caps, DType::F32, m, n, k),
+            plan(&rules(), &h200(), m, n, k),
             "{m}x{n}x{k}"
         );
+    }
+    // Asked for at 1 row with a forced tile.
+    let forced = MatmulOptions {
+        cooperative_tiles: Some(CoopTiles::T128X256),
+        ..rules()
+    };
+    let chosen = plan_for(&forced, &caps, DType::F16, 1, 17, 33).unwrap();
+    assert_eq!(chosen.cooperative, Some(CoopTiles::T128X256));
+    assert_eq!(chosen.workgroups, [1, 1, 1]);
+}
+
+#[test]
+fn devices_without_cooperative_matrices_plan_f16_as_before() {
+    // The feature without 16×16×16 f16 → f32, without f16, or with subgroups other than 32; the
+    // H200 opened without the feature; lavapipe; WebGPU; and the option off.
+    let mut no_config = cooperative();
+    no_config.cooperative_16x16_f16 = false;
+    let mut no_f16 = cooperative();
+    no_f16.features.remove(wgpu::Features::SHADER_F16);
+    let mut subgroups_64 = cooperative();
+    (
+        subgroups_64.subgroup_min_size,
+        subgroups_64.subgroup_max_size,
+    ) = (64, 64);
+    let mut varying = cooperative();
+    varying.subgroup_min_size = 16;
+    let off = MatmulOptions {
+        cooperative: false,
+        ..rules()
+    };
+    let profiles = [
+        (no_config, rules()),
+        (no_f16, rules()),
+        (subgroups_64, rules()),
+        (varying, rules()),
+        (h200(), rules()),
+        (lavapipe(), rules()),
+        (webgpu(), rules()),
+        (cooperative(), off),
+    ];
+    for (caps, options) in profiles {
+        for (m, n, k) in shapes() {
+            assert_eq!(
+                plan_for(&options, &caps, DType::F16, m, n, k),
+                plan(&options, &caps, m, n, k),
+                "{}: {m}x{n}x{k}",
+                caps.name
+            );
+        }
     }
 }
 
 #[test]
+fn cooperative_tiles_follow_the_devices_workgroup_memory() {
+    // Cooperative matrices within WebGPU's 16 KiB of workgroup memory: 128×128 (22.5 KiB) does
+    // not fit, 64×64 serves; forcing it is a typed error.
+    let mut small = cooperative();
+    small.limits.max_compute_workgroup_storage_size = 16_384;
+    assert_eq!(coop(&small, (4096, 4096, 4096)).0, CoopTiles::T64X64);
+    let forced = MatmulOptions {
+        cooperative_tiles: Some(CoopTiles::T128X128),
+        ..rules()
+    };
+    assert!(matches!(
+        plan_for(&forced, &small, DType::F16, 4096, 4096, 4096),
+        Err(ComputeError::Config(_))
+    ));
+    // A tile the kernel does not take is refused by the options' validation.
+    let odd = MatmulOptions {
+        cooperative_tiles: Some(CoopTiles::new(128, 128, 24, 64)),
+        ..rules()
+    };
+    assert!(odd.validate(&small.limits).is_err());
+    assert!(forced.validate(&small.limits).is_ok());
+}
+
+#[test]
 fn every_profile_gives_a_plan_or_a_typed_error_within_its_limits() {
-    for caps in [h200(), webgpu(), lavapipe(), cooperative()] {
+    let profiles = [h200(), webgpu(), lavapipe(), cooperative()];
+    for (caps, dtype) in profiles
+        .into_iter()
+        .flat_map(|caps| [(caps.clone(), DType::F32), (caps, DType::F16)])
+    {
         for (m, n, k) in shapes() {
-            let Ok(plan) = plan(&rules(), &caps, m, n, k) else {
+            let Ok(plan) = plan_for(&rules(), &caps, dtype, m, n, k) else {
                 continue;
             };
+            if let Some(tiles) = plan.cooperative {
+                assert!(tiles.check(&caps.limits).is_ok(), "{plan:?}");
+                assert_eq!(plan.k_chunk % CoopTiles::BK, 0);
+                assert_eq!(plan.narrow_lanes, 0);
+            }
             let max = caps.limits.max_compute_workgroups_per_dimension;
             assert!(plan.workgroups.iter().all(|&w| (1..=max).contains(&w)));
             assert!(plan.workgroups[0] <= caps.max_grid_x);
@@ -297,7 +437,7 @@ fn every_profile_gives_a_plan_or_a_typed_error_within_its_limits() {
             assert!(
                 plan.k_chunk > 0 && u64::from(plan.k_chunk) * u64::from(plan.splits) >= k as u64
             );
-            if plan.narrow_lanes == 0 {
+            if plan.narrow_lanes == 0 && plan.cooperative.is_none() {
                 assert!(plan.tiles.check(&caps.limits).is_ok(), "{plan:?}");
                 assert_eq!(plan.k_chunk % plan.tiles.bk, 0);
             }
@@ -513,4 +653,56 @@ fn narrow_candidates_fill_the_gpu_without_empty_slices() {
     assert!(narrow_candidates(1, 1024, 264).is_empty());
     // Shallow K: no split leaves a slice without rows.
     assert!(narrow_candidates(256, 16, 264).iter().all(|c| c.1 == 1));
+}
+
+#[test]
+fn the_tuners_cooperative_candidates_start_with_the_rules_plan_and_fit_the_device() {
+    let caps = cooperative();
+    for shape in [
+        (4096, 4096, 4096),
+        (64, 4096, 4096),
+        (16, 4096, 1024),
+        (37, 129, 70),
+    ] {
+        let (m, n, k) = shape;
+        let automatic = plan_for(&rules(), &caps, DType::F16, m, n, k).unwrap();
+        let candidates = cooperative_candidates(&rules(), &caps, DType::F16, shape, automatic);
+        assert_eq!(candidates[0], automatic);
+        for (i, candidate) in candidates.iter().enumerate() {
+            let tiles = candidate.cooperative.expect("a cooperative plan");
+            assert!(tiles.check(&caps.limits).is_ok());
+            assert_eq!(candidate.k_chunk % CoopTiles::BK, 0);
+            assert!(!candidates[..i].contains(candidate), "{candidate:?} twice");
+            if candidate.splits > 1 {
+                assert!(k >= candidate.splits as usize * 256, "{candidate:?}");
+            }
+        }
+        // Every named tile, unsplit.
+        for tiles in CoopTiles::ALL {
+            assert!(
+                candidates
+                    .iter()
+                    .any(|c| c.cooperative == Some(tiles) && c.splits == 1),
+                "{tiles} at {m}x{n}x{k}"
+            );
+        }
+    }
+    // 4096³: every tile fills the GPU, unsplit; 64 rows: every tile also with 2 to 16 splits.
+    let automatic = plan_for(&rules(), &caps, DType::F16, 4096, 4096, 4096).unwrap();
+    let all = cooperative_candidates(&rules(), &caps, DType::F16, (4096, 4096, 4096), automatic);
+    assert_eq!(all.len(), 5);
+    assert!(all.iter().all(|c| c.splits == 1));
+    let automatic = plan_for(&rules(), &caps, DType::F16, 64, 4096, 4096).unwrap();
+    let few = cooperative_candidates(&rules(), &caps, DType::F16, (64, 4096, 4096), automatic);
+    assert_eq!(few.len(), 26, "{few:?}");
+    // Within 16 KiB of workgroup memory, the two tiles that fit.
+    let mut small = cooperative();
+    small.limits.max_compute_workgroup_storage_size = 16_384;
+    let automatic = plan_for(&rules(), &small, DType::F16, 256, 256, 100).unwrap();
+    let fitting = cooperative_candidates(&rules(), &small, DType::F16, (256, 256, 100), automatic);
+    let tiles: Vec<_> = fitting.iter().filter_map(|c| c.cooperative).collect();
+    assert!(tiles
+        .iter()
+        .all(|t| [CoopTiles::T64X64, CoopTiles::T32X128].contains(t)));
+    assert_eq!(fitting.len(), 2);
 }

@@ -1,0 +1,192 @@
+//! [`CoopTiles`], the block tiles of the matmul on cooperative matrices
+//! (`shaders/matmul_coop.wgsl`), with the limits each needs.
+
+use std::fmt;
+
+use super::error::ComputeError;
+
+/// A block tile of the matmul on cooperative matrices (f16 operands, the tensor cores where the
+/// device opened [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`], see
+/// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)): `bm × bn` outputs of C per workgroup,
+/// `wm × wn` per subgroup of [`CoopTiles::SUBGROUP_SIZE`] invocations, each subgroup holding
+/// `(wm / 16) · (wn / 16)` accumulators of 16×16 f32. K is walked in slabs of
+/// [`CoopTiles::BK`], staged in workgroup memory as rows of `vec4<f16>` padded by
+/// [`CoopTiles::PAD`] elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CoopTiles {
+    /// Rows of C per workgroup.
+    pub bm: u32,
+    /// Columns of C per workgroup.
+    pub bn: u32,
+    /// Rows of C per subgroup, a multiple of 16.
+    pub wm: u32,
+    /// Columns of C per subgroup, a multiple of 16.
+    pub wn: u32,
+}
+
+impl fmt::Display for CoopTiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "coop {}x{}/{}x{}", self.bm, self.bn, self.wm, self.wn)
+    }
+}
+
+impl CoopTiles {
+    /// 128×128, four subgroups of 64×64 (16 accumulators each): 128 invocations, 22.5 KiB of
+    /// workgroup memory. 230 TFLOP/s at 4096³ on the H200 in a scratch probe of this design
+    /// (issue 28). The automatic tile where it gives enough workgroups.
+    pub const T128X128: Self = Self::new(128, 128, 64, 64);
+    /// 128×256, eight subgroups of 64×64: 256 invocations, 34.5 KiB. A candidate, not chosen
+    /// automatically (not measured yet).
+    pub const T128X256: Self = Self::new(128, 256, 64, 64);
+    /// 64×128, four subgroups of 32×64 (8 accumulators): 128 invocations, 17.5 KiB. A candidate.
+    pub const T64X128: Self = Self::new(64, 128, 32, 64);
+    /// 64×64, four subgroups of 32×32 (4 accumulators): 128 invocations, 13.5 KiB (within
+    /// WebGPU's 16 KiB). The automatic tile for more than 32 rows where 128×128 gives too few
+    /// workgroups.
+    pub const T64X64: Self = Self::new(64, 64, 32, 32);
+    /// 32×128, four subgroups of 32×32: 128 invocations, 15 KiB. The automatic tile for at
+    /// most 32 rows.
+    pub const T32X128: Self = Self::new(32, 128, 32, 32);
+
+    /// The named tiles.
+    pub const ALL: [Self; 5] = [
+        Self::T128X128,
+        Self::T128X256,
+        Self::T64X128,
+        Self::T64X64,
+        Self::T32X128,
+    ];
+
+    /// Depth of K per slab staged in workgroup memory.
+    pub const BK: u32 = 32;
+    /// f16 elements of padding after each staged row (spreads rows over memory banks).
+    pub const PAD: u32 = 8;
+    /// The subgroup size the kernel is written for (a cooperative matrix belongs to one
+    /// subgroup; the epilogue maps its 16×16 elements onto 32 invocations).
+    pub const SUBGROUP_SIZE: u32 = 32;
+    /// Bytes of workgroup memory per subgroup for the epilogue: one 16×16 f32 accumulator.
+    const SCRATCH_BYTES: u32 = 16 * 16 * 4;
+
+    /// A tile of `bm × bn` per workgroup, `wm × wn` per subgroup.
+    pub const fn new(bm: u32, bn: u32, wm: u32, wn: u32) -> Self {
+        Self { bm, bn, wm, wn }
+    }
+
+    /// The named tile of `bm × bn` outputs per workgroup, if any (e.g. for a command line's
+    /// `128x128`).
+    pub fn named(bm: u32, bn: u32) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|tile| tile.bm == bm && tile.bn == bn)
+    }
+
+    /// Subgroups per workgroup.
+    pub const fn subgroups(&self) -> u32 {
+        (self.bm / self.wm) * (self.bn / self.wn)
+    }
+
+    /// Invocations per workgroup.
+    pub const fn threads(&self) -> u32 {
+        self.subgroups() * Self::SUBGROUP_SIZE
+    }
+
+    /// `vec4<f16>` loads of A per invocation per slab.
+    pub const fn a_loads(&self) -> u32 {
+        self.bm * (Self::BK / 4) / self.threads()
+    }
+
+    /// `vec4<f16>` loads of B per invocation per slab.
+    pub const fn b_loads(&self) -> u32 {
+        Self::BK * (self.bn / 4) / self.threads()
+    }
+
+    /// Bytes of workgroup memory: the A and B slabs (f16, padded rows) and the epilogue's
+    /// accumulator per subgroup.
+    pub const fn workgroup_storage_bytes(&self) -> u32 {
+        let a = self.bm * (Self::BK + Self::PAD) * 2;
+        let b = Self::BK * (self.bn + Self::PAD) * 2;
+        a + b + self.subgroups() * Self::SCRATCH_BYTES
+    }
+
+    /// Checks that the kernel takes the tile (`wm`, `wn` multiples of 16 dividing `bm`, `bn`;
+    /// whole loads of each slab per invocation) and that the device's limits allow it
+    /// ([`ComputeError::Config`] otherwise).
+    pub fn check(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
+        let shape_ok = self.bm > 0
+            && self.bn > 0
+            && self.wm > 0
+            && self.wn > 0
+            && self.wm.is_multiple_of(16)
+            && self.wn.is_multiple_of(16)
+            && self.wm <= 64
+            && self.wn <= 128
+            && self.bm.is_multiple_of(self.wm)
+            && self.bn.is_multiple_of(self.wn)
+            && self.subgroups() <= 16
+            && (self.bm * (Self::BK / 4)).is_multiple_of(self.threads())
+            && (Self::BK * (self.bn / 4)).is_multiple_of(self.threads())
+            && self.a_loads() >= 1
+            && self.b_loads() >= 1;
+        if !shape_ok {
+            return Err(ComputeError::Config(format!(
+                "cooperative matmul tile {self}: the kernel takes wm, wn multiples of 16 (wm at \
+                 most 64, wn at most 128) dividing bm, bn, at most 16 subgroups, and whole vec4 \
+                 loads of each slab per invocation (e.g. {}, {})",
+                Self::T128X128,
+                Self::T64X64
+            )));
+        }
+        let threads = self.threads();
+        let bytes = self.workgroup_storage_bytes();
+        let device_ok = threads <= limits.max_compute_invocations_per_workgroup
+            && threads <= limits.max_compute_workgroup_size_x
+            && bytes <= limits.max_compute_workgroup_storage_size;
+        if !device_ok {
+            return Err(ComputeError::Config(format!(
+                "cooperative matmul tile {self} needs {threads} invocations and {bytes} bytes of \
+                 workgroup memory; the device allows {} invocations and {} bytes",
+                limits.max_compute_invocations_per_workgroup,
+                limits.max_compute_workgroup_storage_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_tiles_are_valid_and_their_sizes_are_as_documented() {
+        let unlimited = wgpu::Limits {
+            max_compute_workgroup_storage_size: 49_152,
+            max_compute_invocations_per_workgroup: 1024,
+            max_compute_workgroup_size_x: 1024,
+            ..wgpu::Limits::default()
+        };
+        for tile in CoopTiles::ALL {
+            tile.check(&unlimited).unwrap();
+            assert_eq!(CoopTiles::named(tile.bm, tile.bn), Some(tile));
+        }
+        assert_eq!(CoopTiles::T128X128.workgroup_storage_bytes(), 23_040);
+        assert_eq!(CoopTiles::T128X256.workgroup_storage_bytes(), 35_328);
+        assert_eq!(CoopTiles::T64X64.workgroup_storage_bytes(), 13_824);
+        assert_eq!(CoopTiles::T32X128.workgroup_storage_bytes(), 15_360);
+        assert_eq!(CoopTiles::T128X128.threads(), 128);
+        assert_eq!(CoopTiles::T128X256.threads(), 256);
+        assert_eq!(
+            (CoopTiles::T128X128.a_loads(), CoopTiles::T128X128.b_loads()),
+            (8, 8)
+        );
+        // WebGPU's defaults take the small tiles only.
+        let defaults = wgpu::Limits::default();
+        assert!(CoopTiles::T64X64.check(&defaults).is_ok());
+        assert!(CoopTiles::T32X128.check(&defaults).is_ok());
+        assert!(CoopTiles::T128X128.check(&defaults).is_err());
+        assert!(CoopTiles::new(128, 128, 24, 64).check(&unlimited).is_err());
+        assert!(CoopTiles::new(128, 128, 0, 64).check(&unlimited).is_err());
+        assert_eq!(CoopTiles::named(7, 7), None);
+        assert_eq!(CoopTiles::T128X128.to_string(), "coop 128x128/64x64");
+    }
+}
