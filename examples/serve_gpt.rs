@@ -66,6 +66,7 @@ struct Args {
     eager: bool,
     block_tokens: usize,
     max_step_tokens: usize,
+    profile: bool,
 }
 
 fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
@@ -83,6 +84,7 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
         eager: false,
         block_tokens: 16,
         max_step_tokens: 512,
+        profile: false,
     };
     let mut it = arguments.into_iter();
     while let Some(flag) = it.next() {
@@ -99,6 +101,7 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--out" => args.out = Some(value()?.into()),
             "--sides" => args.sides = value()?.split(',').map(str::to_owned).collect(),
             "--eager" => args.eager = true,
+            "--profile" => args.profile = true,
             "--block-tokens" => args.block_tokens = value()?.parse().context("--block-tokens")?,
             "--max-step-tokens" => {
                 args.max_step_tokens = value()?.parse().context("--max-step-tokens")?
@@ -156,7 +159,46 @@ struct Side {
     device_reported_bytes: Option<u64>,
     accounted_bytes: u64,
     build_s: f64,
+    /// `--profile`: GPU time per kernel over the whole run, most first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<Vec<KernelShare>>,
     requests: Vec<RequestTokens>,
+}
+
+/// One kernel's GPU time in a profiled run.
+#[derive(Debug, Serialize)]
+struct KernelShare {
+    kernel: String,
+    dispatches: u64,
+    gpu_ms: f64,
+    gpu_us_per_step: f64,
+}
+
+/// GPU time per kernel (timestamps around every dispatch), most first.
+fn kernel_profile(timings: &[wgpu_pool::compute::KernelTiming], steps: u64) -> Vec<KernelShare> {
+    let mut by_kernel: std::collections::BTreeMap<&str, (u64, f64)> = Default::default();
+    for timing in timings {
+        let entry = by_kernel.entry(timing.kernel.as_str()).or_default();
+        entry.0 += 1;
+        entry.1 += timing.gpu_ns;
+    }
+    let mut shares: Vec<KernelShare> = by_kernel
+        .into_iter()
+        .map(|(kernel, (dispatches, ns))| KernelShare {
+            kernel: kernel.to_owned(),
+            dispatches,
+            gpu_ms: ns / 1e6,
+            gpu_us_per_step: ns / 1e3 / steps.max(1) as f64,
+        })
+        .collect();
+    shares.sort_by(|a, b| b.gpu_ms.total_cmp(&a.gpu_ms));
+    for share in shares.iter().take(12) {
+        println!(
+            "  {:>9.1} µs/step {:>6} dispatches  {}",
+            share.gpu_us_per_step, share.dispatches, share.kernel
+        );
+    }
+    shares
 }
 
 #[derive(Debug, Serialize)]
@@ -260,6 +302,7 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
         None => default_budget(gpu, &weights, &args)?,
     };
     let mut sides = serde_json::Map::new();
+    let mut paged_blocks = None;
     let mut runs: Vec<(String, KvLayout, Execution, bool)> = Vec::new();
     for side in &args.sides {
         let contiguous = KvLayout::Contiguous {
@@ -279,11 +322,32 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
             false,
         ));
     }
+    if args.profile {
+        runs.push((
+            "paged_profile".into(),
+            KvLayout::Paged,
+            Execution::Planned,
+            false,
+        ));
+    }
     for (name, layout, execution, naive) in runs {
-        match serve_side(
-            gpu, &weights, &requests, &args, budget, layout, execution, naive, &name,
-        ) {
+        let run = serve_side(
+            gpu,
+            &weights,
+            &requests,
+            &args,
+            budget,
+            layout,
+            execution,
+            naive,
+            &name,
+            paged_blocks,
+        );
+        match run {
             Ok(side) => {
+                if name == "paged" {
+                    paged_blocks = Some(side.kv_blocks);
+                }
                 print_side(&name, &side);
                 sides.insert(name, serde_json::to_value(side)?);
             }
@@ -370,8 +434,10 @@ fn serve_side(
     execution: Execution,
     naive: bool,
     name: &str,
+    paged_blocks: Option<usize>,
 ) -> Result<Side> {
     let history = args.out.is_some().then(HistoryOptions::default);
+    let profile = name == "paged_profile";
     let pool_options = PoolOptions {
         history,
         ..PoolOptions::default()
@@ -381,15 +447,26 @@ fn serve_side(
     } else {
         Pool::new(gpu, pool_options)?
     };
-    let context = Context::new(&pool, ContextOptions::default())?;
+    let context = Context::new(
+        &pool,
+        ContextOptions {
+            profile,
+            ..ContextOptions::default()
+        },
+    )?;
     let built = Instant::now();
     let model = Gpt2::upload(&context, weights, DType::F32)?;
     let weights_bytes = model.bytes();
-    let mut server = Server::new(
-        &context,
-        model,
-        options(args, Some(budget), layout, execution),
-    )?;
+    // The eager side's intermediates are not planned: it gets no budget, and the paged side's
+    // cache (its blocks from the same budget) so that its steps are the same work.
+    let side_options = match (execution, paged_blocks) {
+        (Execution::Eager, Some(blocks)) => ServerOptions {
+            kv_blocks: Some(blocks),
+            ..options(args, None, layout, execution)
+        },
+        _ => options(args, Some(budget), layout, execution),
+    };
+    let mut server = Server::new(&context, model, side_options)?;
     // Warm-up: a padding step of every planned row count (pipelines compiled at first use),
     // then the first request's prompt and two outputs.
     server.warm_up()?;
@@ -431,6 +508,8 @@ fn serve_side(
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
+    let profile =
+        profile.then(|| kernel_profile(&context.take_kernel_timings(), server.stats().steps));
     done.sort_by_key(|c| c.id);
     let stats = server.stats().clone();
     let pool_stats = pool.stats();
@@ -480,6 +559,7 @@ fn serve_side(
         device_reported_bytes: device_reported,
         accounted_bytes: accounted,
         build_s,
+        profile,
         requests: done
             .into_iter()
             .map(|c| RequestTokens {
