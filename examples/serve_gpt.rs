@@ -323,10 +323,12 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
         ));
     }
     if args.profile {
+        // Timestamps around every dispatch: the eager path records them (a plan replays its
+        // prebuilt dispatches untimed); its kernels are the planned step's.
         runs.push((
             "paged_profile".into(),
             KvLayout::Paged,
-            Execution::Planned,
+            Execution::Eager,
             false,
         ));
     }

@@ -8,9 +8,10 @@
 // uses that is not an integer in [0, num_blocks), gives a row of NaN for every head of that
 // sequence: the kernel reads block 0 in its place, never outside the caches.
 // One workgroup of 256 invocations per (sequence, head) (a 2-D grid past the x limit); the host
-// keeps head_dim ≤ 256 (invocation d accumulates output d). Tokens go by chunks of 256: each
-// invocation scores one token of the chunk, then each output lane adds the chunk's weighted
-// values. Reductions in workgroup memory (shaders/workgroup_reduce.wgsl, put before this
+// keeps head_dim ≤ 256. Tokens go by chunks of 256: each invocation scores one token of the
+// chunk (the query read once into workgroup memory, the first 2,048 scores kept from the max
+// pass), then 256 / head_dim groups of head_dim output lanes each add a share of the chunk's
+// weighted values, their partial sums added at the end. Reductions in workgroup memory (shaders/workgroup_reduce.wgsl, put before this
 // file). CPU twin: `paged_attention_decode` in src/compute/cpu.rs.
 // `Input`, `Output` (f32 or f16, written by the host): what q and the caches hold, what out
 // holds; computed in f32. Every storage binding is read_write.
@@ -38,6 +39,13 @@ struct PagedAttentionParams {
 // The chunk's weights exp(s_t − max) and the first element of each of its tokens' rows.
 var<workgroup> weights: array<f32, 256>;
 var<workgroup> rows: array<u32, 256>;
+// The query, read once.
+var<workgroup> query_values: array<f32, 256>;
+// The scores of the first SCORES_CACHED tokens, kept from the first pass for the second.
+const SCORES_CACHED: u32 = 2048u;
+var<workgroup> scores: array<f32, 2048>;
+// Each output lane's partial sums, one per group of lanes, added at the end.
+var<workgroup> partial: array<f32, 256>;
 // The sequence's tokens to attend to (0 for a length out of range), made uniform.
 var<workgroup> token_count: u32;
 
@@ -55,11 +63,11 @@ fn token_row(b: u32, h: u32, t: u32) -> vec2<u32> {
     return vec2<u32>((slot * params.n_head + h) * params.head_dim, valid);
 }
 
-// scale · q[b, h, ·] · K[row ..].
-fn score(query: u32, row: u32) -> f32 {
+// scale · q[b, h, ·] · K[row ..] (the query from workgroup memory).
+fn score(row: u32) -> f32 {
     var dot = 0.0;
     for (var d = 0u; d < params.head_dim; d++) {
-        dot += f32(q[query + d]) * f32(k_cache[row + d]);
+        dot += query_values[d] * f32(k_cache[row + d]);
     }
     return params.scale * dot;
 }
@@ -83,6 +91,9 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
             token_count = 0u;
         }
     }
+    if (local < params.head_dim) {
+        query_values[local] = f32(q[query + local]);
+    }
     let count = workgroupUniformLoad(&token_count);
     if (count == 0u) {
         bad = 1.0;
@@ -91,12 +102,22 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
     var partial_max = -3.4028234663852886e38;
     for (var t = local; t < count; t += 256u) {
         let row = token_row(b, h, t);
-        partial_max = max(partial_max, score(query, row.x));
+        let s = score(row.x);
+        if (t < SCORES_CACHED) {
+            scores[t] = s;
+        }
+        partial_max = max(partial_max, s);
         if (row.y == 0u) {
             bad = 1.0;
         }
     }
     let top = workgroup_max(partial_max, local);
+    // Output lane d = local % head_dim of group local / head_dim adds every groups-th token of
+    // a chunk (groups = 256 / head_dim): the chunk's tokens split over the groups, whose partial
+    // sums meet at the end.
+    let groups = 256u / params.head_dim;
+    let group = local / params.head_dim;
+    let lane = local % params.head_dim;
     var partial_sum = 0.0;
     var acc = 0.0;
     let chunks = (count + 255u) / 256u;
@@ -106,24 +127,36 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
         var row = 0u;
         if (t < count) {
             row = token_row(b, h, t).x;
-            weight = exp(score(query, row) - top);
+            var s = 0.0;
+            if (t < SCORES_CACHED) {
+                s = scores[t];
+            } else {
+                s = score(row);
+            }
+            weight = exp(s - top);
         }
         partial_sum += weight;
         weights[local] = weight;
         rows[local] = row;
         workgroupBarrier();
-        if (local < params.head_dim) {
+        if (group < groups) {
             let in_chunk = min(256u, count - chunk * 256u);
-            for (var j = 0u; j < in_chunk; j++) {
-                acc += weights[j] * f32(v_cache[rows[j] + local]);
+            for (var j = group; j < in_chunk; j += groups) {
+                acc += weights[j] * f32(v_cache[rows[j] + lane]);
             }
         }
         workgroupBarrier();
     }
+    partial[local] = acc;
+    workgroupBarrier();
     let total = workgroup_sum(partial_sum, local);
     let any_bad = workgroup_max(bad, local);
     if (local < params.head_dim) {
-        var value = acc / total;
+        var value = 0.0;
+        for (var g = 0u; g < groups; g++) {
+            value += partial[g * params.head_dim + local];
+        }
+        value = value / total;
         if (any_bad > 0.0) {
             // A quiet NaN, as bits: WGSL has no NaN literal.
             value = bitcast<f32>(0x7fc00000u);

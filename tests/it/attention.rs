@@ -37,7 +37,7 @@ struct Case {
     lens: [usize; 3],
 }
 
-const CASES: [Case; 2] = [
+const CASES: [Case; 3] = [
     // Odd sizes everywhere.
     Case {
         layout: KvLayout {
@@ -57,6 +57,17 @@ const CASES: [Case; 2] = [
         },
         num_blocks: 25,
         lens: [300, 17, 1],
+    },
+    // Past the 2,048 scores the kernel keeps (the rest scored twice), a head size that 256 lanes
+    // do not divide (two groups of 100 lanes, 56 idle).
+    Case {
+        layout: KvLayout {
+            block_tokens: 64,
+            n_head: 1,
+            head_dim: 100,
+        },
+        num_blocks: 40,
+        lens: [2100, 5, 300],
     },
 ];
 
