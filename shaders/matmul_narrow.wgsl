@@ -1,4 +1,4 @@
-// C[M, N] = A[M, K] · B[K, N] for a few rows of A (M ≤ 8: a small batch), f32, row-major; with
+// C[M, N] = A[M, K] · B[K, N] for a few rows of A (M ≤ 16: a small batch), f32, row-major; with
 // the optional fused epilogue C = act(A·B + bias[N]). CPU twin: `matmul` in src/compute/cpu.rs.
 //
 // With few rows the tiled kernel (matmul.wgsl) wastes most of its tile and walks K serially;
@@ -32,7 +32,7 @@
 //     for each group of SUM_ROWS rows: sums[r][stored slice][lane] = acc; barrier;
 //     reduce_and_store(...)
 //
-// The host puts before this file the constants ROWS (= M, 1 to 8), LANES (a power of two, 1 to
+// The host puts before this file the constants ROWS (= M, 1 to 16), LANES (a power of two, 1 to
 // 256), SUBGROUP (0, or a power of two from 4 to 128), GROUPED, SUM_ROWS, SPLIT, BIAS and ACT (0
 // none, 1 relu, 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is
 // in bounds by construction (ROWS is M exactly; kk < min(k4, chunk end); lanes past N do no loads

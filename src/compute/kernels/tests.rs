@@ -586,7 +586,7 @@ fn matmul_steps_and_outputs_are_unrolled_for_every_tile() {
 fn narrow_rows_steps_and_shuffles_are_unrolled() {
     for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
         for (lanes, subgroup, shuffles, sum_rows) in
-            [(8, 0, 0, 4), (4, 32, 3, 8), (1, 8, 3, 8), (16, 8, 0, 4)]
+            [(8, 0, 0, 4), (4, 32, 3, 32), (1, 8, 3, 32), (16, 8, 0, 4)]
         {
             let variant = Variant::Narrow {
                 rows,

@@ -190,7 +190,7 @@ impl Default for MatmulOptions {
 
 impl MatmulOptions {
     /// The most rows the narrow kernel takes.
-    pub const NARROW_MAX_ROWS: u32 = 8;
+    pub const NARROW_MAX_ROWS: u32 = 16;
 
     /// The most vec4 columns per workgroup of the narrow kernel.
     pub(crate) const NARROW_MAX_LANES: u32 = 256;

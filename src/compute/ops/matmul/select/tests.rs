@@ -491,8 +491,10 @@ fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
         let plan = |m, k, n| plan(&rules(), &caps, m, n, k).unwrap();
         assert!(plan(8, 1024, 1024).narrow_lanes > 0);
         assert_eq!(plan(8, 1024, 1024).workgroups[1..], [1, 1]);
-        // Nine rows, or rows that are not whole vec4s, take the tiled kernel.
-        for (m, k, n) in [(9, 1024, 1024), (8, 1022, 1024), (8, 1024, 1022)] {
+        // More rows than the narrow kernel takes, or rows that are not whole vec4s, take the
+        // tiled kernel.
+        let past = MatmulOptions::NARROW_MAX_ROWS as usize + 1;
+        for (m, k, n) in [(past, 1024, 1024), (8, 1022, 1024), (8, 1024, 1022)] {
             assert_eq!(plan(m, k, n).narrow_lanes, 0, "{m}x{k}x{n}");
         }
         // Automatic lanes: on a GPU the most columns per workgroup (up to 64) that still give
@@ -557,7 +559,7 @@ fn narrow_options_out_of_range_are_config_errors() {
             ..rules()
         },
         MatmulOptions {
-            narrow_max_rows: 9,
+            narrow_max_rows: MatmulOptions::NARROW_MAX_ROWS + 1,
             ..rules()
         },
         MatmulOptions {
