@@ -19,6 +19,7 @@ pub enum Execution {
     #[default]
     Planned,
     /// Each step's ops run eagerly; their intermediates come from the pool as they are made.
+    /// Steps are padded to the same row counts as planned ones.
     Eager,
 }
 
@@ -281,18 +282,15 @@ impl Server {
     }
 
     /// Runs a step of padding rows (each writing block 0 only, which no sequence holds) for
-    /// every planned row count, or eagerly for every power of two up to `max_step_tokens`: the
-    /// drivers that compile pipelines at their first use (or fill a shader cache) do it here,
-    /// not in a request's step. Changes no sequence and no statistic.
+    /// every row count steps are padded to (powers of two up to `max_step_tokens`), planned or
+    /// eager: the drivers that compile pipelines at their first use do it here, and the matmul
+    /// tuner measures each shape here, not in a request's step. Changes no sequence and no
+    /// statistic.
     pub fn warm_up(&mut self) -> Result<(), ServeError> {
         let mut rows = 1;
         loop {
             let capacity = StepRows::bucket(rows);
-            let samples = match self.options.execution {
-                Execution::Planned => self.options.max_batch,
-                Execution::Eager => 1,
-            };
-            let step = StepRows::new(capacity, samples, self.max_blocks)?;
+            let step = StepRows::new(capacity, self.options.max_batch, self.max_blocks)?;
             self.run_rows(&step)?;
             if capacity >= self.options.max_step_tokens {
                 return Ok(());
@@ -423,11 +421,13 @@ impl Server {
                 total += chunk;
             }
         }
-        let (capacity, sample_capacity) = match self.options.execution {
-            Execution::Planned => (StepRows::bucket(total), self.options.max_batch),
-            Execution::Eager => (total, self.running.len()),
-        };
-        let mut rows = StepRows::new(capacity, sample_capacity, self.max_blocks)?;
+        // Eager steps are padded as planned ones are: the same shapes, so that the same kernels
+        // (and the matmul tuner's choices, made once per shape) serve both.
+        let mut rows = StepRows::new(
+            StepRows::bucket(total),
+            self.options.max_batch,
+            self.max_blocks,
+        )?;
         let mut samples = Vec::new();
         let block_tokens = self.options.block_tokens;
         for (index, count) in plan {
