@@ -66,6 +66,7 @@ struct Args {
     eager: bool,
     block_tokens: usize,
     max_step_tokens: usize,
+    min_step_rows: usize,
     profile: bool,
 }
 
@@ -84,6 +85,7 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
         eager: false,
         block_tokens: 16,
         max_step_tokens: 512,
+        min_step_rows: 1,
         profile: false,
     };
     let mut it = arguments.into_iter();
@@ -102,6 +104,9 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--sides" => args.sides = value()?.split(',').map(str::to_owned).collect(),
             "--eager" => args.eager = true,
             "--profile" => args.profile = true,
+            "--min-step-rows" => {
+                args.min_step_rows = value()?.parse().context("--min-step-rows")?
+            }
             "--block-tokens" => args.block_tokens = value()?.parse().context("--block-tokens")?,
             "--max-step-tokens" => {
                 args.max_step_tokens = value()?.parse().context("--max-step-tokens")?
@@ -399,6 +404,7 @@ fn options(
         layout,
         block_tokens: args.block_tokens,
         max_step_tokens: args.max_step_tokens.max(args.max_batch),
+        min_step_rows: args.min_step_rows,
         budget_bytes: budget,
         kv_blocks: budget.is_none().then_some(2),
         execution,

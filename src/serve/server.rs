@@ -35,6 +35,10 @@ pub struct ServerOptions {
     /// The most token rows in one step (decode rows and prompt rows); longer prompts are filled
     /// over several steps. At least `max_batch`.
     pub max_step_tokens: usize,
+    /// Steps are padded to at least this many rows (rounded up to a power of two): 1 (the
+    /// default) plans a step for every power of two; `max_batch` runs every decode step at the
+    /// largest batch's plan (fewer plans, more padding).
+    pub min_step_rows: usize,
     /// The most bytes the pool may reserve: the KV cache takes what the weights and the steps'
     /// activations leave. `None`: the cache has `kv_blocks` blocks.
     pub budget_bytes: Option<u64>,
@@ -51,6 +55,7 @@ impl Default for ServerOptions {
             layout: KvLayout::Paged,
             block_tokens: 16,
             max_step_tokens: 512,
+            min_step_rows: 1,
             budget_bytes: None,
             kv_blocks: None,
             execution: Execution::Planned,
@@ -220,7 +225,7 @@ impl Server {
             options,
         };
         if server.options.execution == Execution::Planned {
-            let mut rows = 1;
+            let mut rows = server.first_bucket();
             loop {
                 let plan = server.capture_step(rows, &server.cache)?;
                 server.plans.insert(rows, plan);
@@ -287,7 +292,7 @@ impl Server {
     /// tuner measures each shape here, not in a request's step. Changes no sequence and no
     /// statistic.
     pub fn warm_up(&mut self) -> Result<(), ServeError> {
-        let mut rows = 1;
+        let mut rows = self.first_bucket();
         loop {
             let capacity = StepRows::bucket(rows);
             let step = StepRows::new(capacity, self.options.max_batch, self.max_blocks)?;
@@ -297,6 +302,11 @@ impl Server {
             }
             rows = capacity + 1;
         }
+    }
+
+    /// The fewest rows a step is padded to.
+    fn first_bucket(&self) -> usize {
+        StepRows::bucket(self.options.min_step_rows)
     }
 
     /// Queues a request; it is admitted when its KV blocks are free. Returns its id.
@@ -424,7 +434,7 @@ impl Server {
         // Eager steps are padded as planned ones are: the same shapes, so that the same kernels
         // (and the matmul tuner's choices, made once per shape) serve both.
         let mut rows = StepRows::new(
-            StepRows::bucket(total),
+            StepRows::bucket(total.max(self.options.min_step_rows)),
             self.options.max_batch,
             self.max_blocks,
         )?;
@@ -612,6 +622,9 @@ fn check_options(options: &ServerOptions, n_ctx: usize) -> Result<(), ServeError
     let refuse = |reason: &str| Err(ServeError::Options(reason.into()));
     if options.max_batch == 0 || options.block_tokens == 0 {
         return refuse("max_batch and block_tokens must be at least 1");
+    }
+    if options.min_step_rows == 0 || options.min_step_rows > options.max_step_tokens {
+        return refuse("min_step_rows must be in 1..=max_step_tokens");
     }
     if options.max_step_tokens < options.max_batch {
         return refuse(

@@ -204,13 +204,21 @@ fn server(context: &Context, weights: &Gpt2Weights, options: ServerOptions) -> S
 fn the_server_generates_the_twins_greedy_tokens_planned_eager_and_contiguous() {
     let weights = weights();
     let requests = stream(7, 5);
-    for (name, layout, execution) in [
-        ("paged planned", KvLayout::Paged, Execution::Planned),
-        ("paged eager", KvLayout::Paged, Execution::Eager),
+    for (name, layout, execution, min_step_rows) in [
+        ("paged planned", KvLayout::Paged, Execution::Planned, 1),
+        ("paged eager", KvLayout::Paged, Execution::Eager, 1),
         (
             "contiguous planned",
             KvLayout::Contiguous { max_tokens: 64 },
             Execution::Planned,
+            1,
+        ),
+        // Every decode step at the largest batch's plan.
+        (
+            "paged, steps of 4 rows or more",
+            KvLayout::Paged,
+            Execution::Planned,
+            4,
         ),
     ] {
         let context = context_with(gpu(), ContextOptions::default());
@@ -221,6 +229,7 @@ fn the_server_generates_the_twins_greedy_tokens_planned_eager_and_contiguous() {
             max_step_tokens: 32, // prompts of more than 28 tokens fill over two steps
             kv_blocks: Some(48),
             execution,
+            min_step_rows,
             ..ServerOptions::default()
         };
         let mut server = server(&context, &weights, options);
@@ -420,6 +429,11 @@ fn bad_requests_and_options_are_typed_errors() {
         },
         ServerOptions {
             layout: KvLayout::Contiguous { max_tokens: 129 },
+            kv_blocks: Some(9),
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            min_step_rows: 0,
             kv_blocks: Some(9),
             ..ServerOptions::default()
         },
