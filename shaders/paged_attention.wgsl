@@ -63,13 +63,19 @@ fn token_row(b: u32, h: u32, t: u32) -> vec2<u32> {
     return vec2<u32>((slot * params.n_head + h) * params.head_dim, valid);
 }
 
-// scale · q[b, h, ·] · K[row ..] (the query from workgroup memory).
+// scale · q[b, h, ·] · K[row ..] (the query from workgroup memory), four independent sums so
+// that four loads are in flight at once.
 fn score(row: u32) -> f32 {
-    var dot = 0.0;
-    for (var d = 0u; d < params.head_dim; d++) {
-        dot += query_values[d] * f32(k_cache[row + d]);
+    var dot = vec4<f32>(0.0);
+    var d = 0u;
+    for (; d + 4u <= params.head_dim; d += 4u) {
+        dot += vec4<f32>(query_values[d], query_values[d + 1u], query_values[d + 2u], query_values[d + 3u])
+            * vec4<f32>(f32(k_cache[row + d]), f32(k_cache[row + d + 1u]), f32(k_cache[row + d + 2u]), f32(k_cache[row + d + 3u]));
     }
-    return params.scale * dot;
+    for (; d < params.head_dim; d++) {
+        dot.x += query_values[d] * f32(k_cache[row + d]);
+    }
+    return params.scale * (dot.x + dot.y + dot.z + dot.w);
 }
 
 @compute @workgroup_size(256)
@@ -141,7 +147,16 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
         workgroupBarrier();
         if (group < groups) {
             let in_chunk = min(256u, count - chunk * 256u);
-            for (var j = group; j < in_chunk; j += groups) {
+            // Four tokens a step (independent loads in flight), then the rest.
+            var j = group;
+            for (; j + 3u * groups < in_chunk; j += 4u * groups) {
+                let j1 = j + groups;
+                let j2 = j1 + groups;
+                let j3 = j2 + groups;
+                acc += weights[j] * f32(v_cache[rows[j] + lane]) + weights[j1] * f32(v_cache[rows[j1] + lane])
+                    + weights[j2] * f32(v_cache[rows[j2] + lane]) + weights[j3] * f32(v_cache[rows[j3] + lane]);
+            }
+            for (; j < in_chunk; j += groups) {
                 acc += weights[j] * f32(v_cache[rows[j] + lane]);
             }
         }
