@@ -7,7 +7,10 @@
 // A length that is not an integer in [1, max_blocks · block_tokens], or a block id the sequence
 // uses that is not an integer in [0, num_blocks), gives a row of NaN for every head of that
 // sequence: the kernel reads block 0 in its place, never outside the caches.
-// One workgroup of 256 invocations per (sequence, head) (a 2-D grid past the x limit); the host
+// One workgroup of 256 invocations per (sequence, head) and share of its tokens (`parts`
+// shares: the host splits long sequences over several workgroups when the batch alone would not
+// fill the GPU; their partial records are added by `paged_attention_combine`, below; a 2-D grid
+// past the x limit); the host
 // keeps head_dim ≤ 256. Tokens go by chunks of 256: each invocation scores one token of the
 // chunk (the query read once into workgroup memory, the first 2,048 scores kept from the max
 // pass), then 256 / head_dim groups of head_dim output lanes each add a share of the chunk's
@@ -20,12 +23,21 @@
 struct PagedAttentionParams {
     batch: u32,
     n_head: u32,
-    head_dim: u32,
+    head_dim_parts: u32,
     block_tokens: u32,
     num_blocks: u32,
     max_blocks: u32,
     grid_x: u32,
     scale: f32,
+}
+
+// The head size and the shares per (sequence, head), packed in `head_dim_parts`.
+fn head_dim() -> u32 {
+    return params.head_dim_parts & 0xffffu;
+}
+
+fn parts() -> u32 {
+    return params.head_dim_parts >> 16u;
 }
 
 @group(0) @binding(0) var<uniform> params: PagedAttentionParams;
@@ -60,7 +72,7 @@ fn token_row(b: u32, h: u32, t: u32) -> vec2<u32> {
         valid = 1u;
     }
     let slot = id * params.block_tokens + t % params.block_tokens;
-    return vec2<u32>((slot * params.n_head + h) * params.head_dim, valid);
+    return vec2<u32>((slot * params.n_head + h) * head_dim(), valid);
 }
 
 // scale · q[b, h, ·] · K[row ..] (the query from workgroup memory), four independent sums so
@@ -68,11 +80,11 @@ fn token_row(b: u32, h: u32, t: u32) -> vec2<u32> {
 fn score(row: u32) -> f32 {
     var dot = vec4<f32>(0.0);
     var d = 0u;
-    for (; d + 4u <= params.head_dim; d += 4u) {
+    for (; d + 4u <= head_dim(); d += 4u) {
         dot += vec4<f32>(query_values[d], query_values[d + 1u], query_values[d + 2u], query_values[d + 3u])
             * vec4<f32>(f32(k_cache[row + d]), f32(k_cache[row + d + 1u]), f32(k_cache[row + d + 2u]), f32(k_cache[row + d + 3u]));
     }
-    for (; d < params.head_dim; d++) {
+    for (; d < head_dim(); d++) {
         dot.x += query_values[d] * f32(k_cache[row + d]);
     }
     return params.scale * (dot.x + dot.y + dot.z + dot.w);
@@ -80,13 +92,15 @@ fn score(row: u32) -> f32 {
 
 @compute @workgroup_size(256)
 fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
-    let pair = workgroup.y * params.grid_x + workgroup.x;
-    if (pair >= params.batch * params.n_head) {
+    let linear = workgroup.y * params.grid_x + workgroup.x;
+    if (linear >= params.batch * params.n_head * parts()) {
         return;
     }
+    let pair = linear / parts();
+    let part = linear % parts();
     let b = pair / params.n_head;
     let h = pair % params.n_head;
-    let query = pair * params.head_dim;
+    let query = pair * head_dim();
     let len = seq_lens[b];
     // Exact: the host keeps max_blocks · block_tokens below 2^24.
     var bad = 0.0;
@@ -97,20 +111,24 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
             token_count = 0u;
         }
     }
-    if (local < params.head_dim) {
+    if (local < head_dim()) {
         query_values[local] = f32(q[query + local]);
     }
     let count = workgroupUniformLoad(&token_count);
     if (count == 0u) {
         bad = 1.0;
     }
+    // This workgroup's share of the tokens: [first, end).
+    let share = (count + parts() - 1u) / parts();
+    let first = min(count, part * share);
+    let end = min(count, first + share);
     // -f32::MAX rather than -inf: WGSL has no infinity literal.
     var partial_max = -3.4028234663852886e38;
-    for (var t = local; t < count; t += 256u) {
+    for (var t = first + local; t < end; t += 256u) {
         let row = token_row(b, h, t);
         let s = score(row.x);
-        if (t < SCORES_CACHED) {
-            scores[t] = s;
+        if (t - first < SCORES_CACHED) {
+            scores[t - first] = s;
         }
         partial_max = max(partial_max, s);
         if (row.y == 0u) {
@@ -121,21 +139,21 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
     // Output lane d = local % head_dim of group local / head_dim adds every groups-th token of
     // a chunk (groups = 256 / head_dim): the chunk's tokens split over the groups, whose partial
     // sums meet at the end.
-    let groups = 256u / params.head_dim;
-    let group = local / params.head_dim;
-    let lane = local % params.head_dim;
+    let groups = 256u / head_dim();
+    let group = local / head_dim();
+    let lane = local % head_dim();
     var partial_sum = 0.0;
     var acc = 0.0;
-    let chunks = (count + 255u) / 256u;
+    let chunks = (end - first + 255u) / 256u;
     for (var chunk = 0u; chunk < chunks; chunk++) {
-        let t = chunk * 256u + local;
+        let t = first + chunk * 256u + local;
         var weight = 0.0;
         var row = 0u;
-        if (t < count) {
+        if (t < end) {
             row = token_row(b, h, t).x;
             var s = 0.0;
-            if (t < SCORES_CACHED) {
-                s = scores[t];
+            if (t - first < SCORES_CACHED) {
+                s = scores[t - first];
             } else {
                 s = score(row);
             }
@@ -146,7 +164,7 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
         rows[local] = row;
         workgroupBarrier();
         if (group < groups) {
-            let in_chunk = min(256u, count - chunk * 256u);
+            let in_chunk = min(256u, end - first - chunk * 256u);
             // Four tokens a step (independent loads in flight), then the rest.
             var j = group;
             for (; j + 3u * groups < in_chunk; j += 4u * groups) {
@@ -166,16 +184,58 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
     workgroupBarrier();
     let total = workgroup_sum(partial_sum, local);
     let any_bad = workgroup_max(bad, local);
-    if (local < params.head_dim) {
+    if (local < head_dim()) {
         var value = 0.0;
         for (var g = 0u; g < groups; g++) {
-            value += partial[g * params.head_dim + local];
+            value += partial[g * head_dim() + local];
         }
-        value = value / total;
+        if (parts() == 1u) {
+            value = value / total;
+        }
         if (any_bad > 0.0) {
             // A quiet NaN, as bits: WGSL has no NaN literal.
             value = bitcast<f32>(0x7fc00000u);
         }
-        out[query + local] = Output(value);
+        if (parts() == 1u) {
+            out[query + local] = Output(value);
+        } else {
+            // A partial record: the unnormalised sums, then the share's max and sum of weights.
+            let record = linear * (head_dim() + 2u);
+            out[record + local] = Output(value);
+            if (local == 0u) {
+                out[record + head_dim()] = Output(top);
+                out[record + head_dim() + 1u] = Output(total);
+            }
+        }
+    }
+}
+
+// Adds the partial records of a (sequence, head)'s `parts` shares (read through `q`, f32):
+// out = Σ_p acc_p · e^(m_p − M) / Σ_p s_p · e^(m_p − M), M the largest share max (an empty
+// share has max −f32::MAX and weight 0). A NaN in any share's sums gives NaN.
+@compute @workgroup_size(64)
+fn paged_attention_combine(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let pair = workgroup.y * params.grid_x + workgroup.x;
+    if (pair >= params.batch * params.n_head) {
+        return;
+    }
+    let record = head_dim() + 2u;
+    let base = pair * parts() * record;
+    var top = -3.4028234663852886e38;
+    for (var p = 0u; p < parts(); p++) {
+        top = max(top, f32(q[base + p * record + head_dim()]));
+    }
+    var total = 0.0;
+    for (var p = 0u; p < parts(); p++) {
+        let at = base + p * record;
+        total += f32(q[at + head_dim() + 1u]) * exp(f32(q[at + head_dim()]) - top);
+    }
+    for (var d = local; d < head_dim(); d += 64u) {
+        var value = 0.0;
+        for (var p = 0u; p < parts(); p++) {
+            let at = base + p * record;
+            value += f32(q[at + d]) * exp(f32(q[at + head_dim()]) - top);
+        }
+        out[pair * head_dim() + d] = Output(value / total);
     }
 }

@@ -329,7 +329,7 @@ fn params_layout(source: Source) -> Layout {
         Source::PagedAttention => layout!(PagedAttentionParams {
             batch: u32,
             n_head: u32,
-            head_dim: u32,
+            head_dim_parts: u32,
             block_tokens: u32,
             num_blocks: u32,
             max_blocks: u32,

@@ -145,11 +145,17 @@ impl Context {
             });
         }
         let dtype = common_dtype(OP, &[q, k_cache, v_cache])?;
-        let (workgroups, grid_x) = grid_1d(self, OP, (paged.batch * paged.n_head) as u64)?;
+        let pairs = paged.batch * paged.n_head;
+        let parts = attention_parts(
+            pairs,
+            paged.max_blocks * paged.block_tokens,
+            self.options().matmul.min_workgroups as usize,
+        );
+        let (workgroups, grid_x) = grid_1d(self, OP, (pairs * parts) as u64)?;
         let params = PagedAttentionParams {
             batch: kernel_u32(OP, "batch", paged.batch)?,
             n_head: kernel_u32(OP, "heads", paged.n_head)?,
-            head_dim: kernel_u32(OP, "head_dim", paged.head_dim)?,
+            head_dim_parts: kernel_u32(OP, "head_dim", paged.head_dim)? | (parts as u32) << 16,
             block_tokens: kernel_u32(OP, "block_tokens", paged.block_tokens)?,
             num_blocks: kernel_u32(OP, "blocks", paged.num_blocks)?,
             max_blocks: kernel_u32(OP, "max_blocks", paged.max_blocks)?,
@@ -158,21 +164,71 @@ impl Context {
         };
         self.before_op()?;
         let output = self.allocate_output(OP, q.shape().to_vec(), q.len(), dtype)?;
+        let bindings = |first: &Tensor, last: &Tensor| {
+            [
+                Arc::clone(&first.storage),
+                Arc::clone(&k_cache.storage),
+                Arc::clone(&v_cache.storage),
+                Arc::clone(&block_table.storage),
+                Arc::clone(&seq_lens.storage),
+                Arc::clone(&last.storage),
+            ]
+        };
+        if parts == 1 {
+            let bound = bindings(q, &output);
+            return self
+                .record(Dispatch {
+                    kernel: KernelKey::plain(Source::PagedAttention, OP)
+                        .typed(ElementTypes::same(dtype)),
+                    params: ParamsBlock::new(&params),
+                    bindings: &bound.iter().collect::<Vec<_>>(),
+                    workgroups,
+                })
+                .map(|()| output);
+        }
+        // Each share's record: head_dim sums, its max and its sum of weights, in f32.
+        let records = pairs * parts * (paged.head_dim + 2);
+        let partial = self.allocate_output(
+            "paged attention partial",
+            vec![records],
+            records,
+            DType::F32,
+        )?;
+        let bound = bindings(q, &partial);
         self.record(Dispatch {
-            kernel: KernelKey::plain(Source::PagedAttention, OP).typed(ElementTypes::same(dtype)),
+            kernel: KernelKey::plain(Source::PagedAttention, OP).typed(ElementTypes {
+                input: dtype,
+                output: DType::F32,
+            }),
             params: ParamsBlock::new(&params),
-            bindings: &[
-                &q.storage,
-                &k_cache.storage,
-                &v_cache.storage,
-                &block_table.storage,
-                &seq_lens.storage,
-                &output.storage,
-            ],
+            bindings: &bound.iter().collect::<Vec<_>>(),
+            workgroups,
+        })?;
+        let (workgroups, grid_x) = grid_1d(self, OP, pairs as u64)?;
+        let combine = PagedAttentionParams { grid_x, ..params };
+        let bound = bindings(&partial, &output);
+        self.record(Dispatch {
+            kernel: KernelKey::plain(Source::PagedAttention, "paged_attention_combine").typed(
+                ElementTypes {
+                    input: DType::F32,
+                    output: dtype,
+                },
+            ),
+            params: ParamsBlock::new(&combine),
+            bindings: &bound.iter().collect::<Vec<_>>(),
             workgroups,
         })?;
         Ok(output)
     }
+}
+
+/// Workgroups per (sequence, head) of the decode attention: enough shares of each sequence's
+/// tokens that `pairs` pairs make at least twice `min_workgroups` workgroups (the GPU's fill),
+/// at most one share per 256 of the table's `positions` and at most 16; 1 where the pairs alone
+/// fill the GPU (a prefill's rows).
+fn attention_parts(pairs: usize, positions: usize, min_workgroups: usize) -> usize {
+    let wanted = (2 * min_workgroups).div_ceil(pairs.max(1));
+    wanted.min(positions.div_ceil(256)).clamp(1, 16)
 }
 
 /// The sizes of a paged cache (`k_cache`, `v_cache`), its tokens (`k_new`, `v_new`:
