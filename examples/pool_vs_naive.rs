@@ -460,8 +460,7 @@ pub fn run(
     verbose: bool,
 ) -> Result<Vec<Comparison>> {
     let mut comparisons = Vec::new();
-    if settings.dtype == DType::F16 && !gpu.device.features().contains(wgpu::Features::SHADER_F16)
-    {
+    if settings.dtype == DType::F16 && !gpu.device.features().contains(wgpu::Features::SHADER_F16) {
         bail!(
             "--dtype f16 needs a device with SHADER_F16, which {} ({:?}) was not opened with",
             gpu.info.name,

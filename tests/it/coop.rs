@@ -302,7 +302,6 @@ fn f16_plans_on_cooperative_matrices_fuse_the_epilogue_and_replay_the_twin() {
 /// the twin of the operands rounded to f16 (the bias and the result stay f32), else against the
 /// twin of the operands as they are (the portable f32 kernels). The tolerance: twice the tiled
 /// kernels' f32 bound (see [`check`]).
-#[expect(clippy::too_many_arguments, reason = "a test's case, spelled out")]
 fn check_f32_as_f16(
     context: &Context,
     what: &str,
@@ -381,7 +380,10 @@ fn f32_matmul_opted_in_to_f16_operands_matches_the_twin_of_rounded_operands() {
     };
     let cases = [
         ("f32 as f16 automatic", automatic),
-        ("f32 as f16 64x64 split 3", context_with(&gpu, options(split))),
+        (
+            "f32 as f16 64x64 split 3",
+            context_with(&gpu, options(split)),
+        ),
     ];
     for (name, context) in &cases {
         for (m, n, k) in SHAPES {
