@@ -32,7 +32,8 @@ impl Context {
     /// ([`ComputeError::DTypeMismatch`] otherwise). On f16 the kernels load f16, accumulate in
     /// f32 (split-K partial products too) and round once to f16 as they store C; on a device
     /// opened with cooperative matrices, f16 products of 16 rows and more run on them
-    /// ([`Context::matmul_plan_for`]).
+    /// ([`Context::matmul_plan_for`]), and f32 ones too (their operands rounded to f16) under
+    /// [`MatmulOptions::cooperative_f32_as_f16`](crate::compute::MatmulOptions::cooperative_f32_as_f16).
     pub fn matmul_with(
         &self,
         a: &Tensor,
