@@ -1,4 +1,4 @@
-"""PyTorch's side of `pool_vs_naive`: the same server, eager and with CUDA graphs, fp32, TF32 off.
+"""PyTorch's side of `pool_vs_naive`: the same server, eager and with CUDA graphs, fp32 (TF32 off) or fp16.
 
     python3 benches/torch/serve.py --large --json torch_serve.json
     python3 benches/torch/serve.py --large --only mlp --dtype half
