@@ -1,4 +1,4 @@
-"""PyTorch's side of `pool_vs_naive`: the same server, eager and with CUDA graphs, fp32 (TF32 off) or fp16.
+"""PyTorch's side of `pool_vs_naive`: the same server, eager and with CUDA graphs, fp32 or fp16.
 
     python3 benches/torch/serve.py --large --json torch_serve.json
     python3 benches/torch/serve.py --large --only mlp --dtype half
@@ -33,8 +33,8 @@ The sides alternate (eager, cuda_graph, eager, ...) for 5 rounds (2 at `--scale 
 reports its median round. GELU: `--gelu tanh` (default) is the tanh approximation that our kernel
 computes; `--gelu erf` is `torch.nn.functional.gelu`'s default.
 
-The JSON: {"device", "torch", "dtype": "float" | "half", "tf32", "gelu", "workloads": [{"workload": {"name",
-"widths", "batch": [lo, hi], "requests"}, "eager": SIDE, "cuda_graph": SIDE, "speedup"}]}, with
+The JSON: {"device", "torch", "dtype": "float" | "half", "tf32", "gelu", "workloads":
+[{"workload": {"name", "widths", "batch": [lo, hi], "requests"}, "eager": SIDE, "cuda_graph": SIDE, "speedup"}]}, with
 SIDE = {"requests_per_s", "rounds_requests_per_s", "peak_allocated_bytes", "peak_reserved_bytes",
 "weights_bytes", "capture_s", "graphs", "checksum"} (`capture_s` and `graphs` 0 for eager);
 `checksum` = the sum over all requests (warm-up included) of sum_i p_i * (i % 7 + 1), in float64.
