@@ -34,7 +34,8 @@ reports its median round. GELU: `--gelu tanh` (default) is the tanh approximatio
 computes; `--gelu erf` is `torch.nn.functional.gelu`'s default.
 
 The JSON: {"device", "torch", "dtype": "float" | "half", "tf32", "gelu", "workloads":
-[{"workload": {"name", "widths", "batch": [lo, hi], "requests"}, "eager": SIDE, "cuda_graph": SIDE, "speedup"}]}, with
+[{"workload": {"name", "widths", "batch": [lo, hi], "requests"}, "eager": SIDE, "cuda_graph": SIDE,
+"speedup"}]}, with
 SIDE = {"requests_per_s", "rounds_requests_per_s", "peak_allocated_bytes", "peak_reserved_bytes",
 "weights_bytes", "capture_s", "graphs", "checksum"} (`capture_s` and `graphs` 0 for eager);
 `checksum` = the sum over all requests (warm-up included) of sum_i p_i * (i % 7 + 1), in float64.
