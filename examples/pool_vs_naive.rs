@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example pool_vs_naive -- [--large] [--out DIR] [--json OUT] [--profile]
 //!     [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune|--no-autotune]
+//!     [--cooperative-matrix] [--dtype f32|f16] [--f32-as-f16]
 //! ```
 //!
 //! A server answers requests with an MLP: each request brings a batch of inputs, runs a few
@@ -41,7 +42,13 @@
 //! Every side's matmuls choose tile and split-K by measurement on a GPU (the library's default);
 //! `--no-autotune` leaves it to the rules, `--autotune` tunes on a software GPU too.
 //! `--cooperative-matrix` opens the device with cooperative matrices where the adapter has them
-//! (JSON `cooperative_matrix`); the workloads are f32, which never runs on them.
+//! (JSON `cooperative_matrix`): f16 products of 16 rows and more run on them.
+//! `--dtype f16` stores the weights, the inputs and every activation as f16 on every side (pool,
+//! naive, planned; the kernels compute in f32 and round once as they store), on a device with
+//! `SHADER_F16` (refused otherwise); `benches/torch/serve.py --dtype half` is PyTorch's side of it.
+//! `--f32-as-f16` lets the f32 products run on cooperative matrices with their operands rounded
+//! to f16 (`MatmulOptions::cooperative_f32_as_f16`, as PyTorch's `allow_tf32`); JSON `dtype` and
+//! `f32_as_f16` record both.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -50,7 +57,7 @@ use anyhow::{bail, Context as _, Result};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 use wgpu_pool::compute::{
-    Autotune, CaptureOptions, Context, ContextOptions, Feed, KernelTiming, Plan, Tensor,
+    Autotune, CaptureOptions, Context, ContextOptions, DType, Feed, KernelTiming, Plan, Tensor,
 };
 use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::report::{write_exports, AllocatorReport, Report};
@@ -131,9 +138,34 @@ pub struct Settings {
     /// plans): the library's default (tuned on a GPU), `--autotune` (also on a software GPU) or
     /// `--no-autotune`.
     pub autotune: Autotune,
+    /// `--dtype`: the element type of the weights, the inputs and every activation, on every
+    /// side ([`DType::F16`] needs a device with `SHADER_F16`).
+    pub dtype: DType,
+    /// `--f32-as-f16`: `MatmulOptions::cooperative_f32_as_f16` on every side (f32 products on
+    /// cooperative matrices, their operands rounded to f16, where the device has them).
+    pub f32_as_f16: bool,
 }
 
 impl Settings {
+    /// The context options of every side: unchecked kernels (every op validates shapes and
+    /// offsets on the host), with the matmul options of these settings.
+    fn context_options(&self) -> ContextOptions {
+        let mut options = ContextOptions::unchecked();
+        options.matmul.autotune = self.autotune;
+        options.matmul.cooperative_f32_as_f16 = self.f32_as_f16;
+        options
+    }
+
+    /// The largest relative difference of checksums the sides may show: the planned side fuses
+    /// bias and GELU into its matmuls, rounding once where the eager sides round after each op,
+    /// which in f16 moves the answers by a few f16 ulps (2⁻¹¹ each).
+    pub fn checksum_tolerance(&self) -> f64 {
+        match self.dtype {
+            DType::F32 if !self.f32_as_f16 => 1e-4,
+            _ => 1e-2,
+        }
+    }
+
     /// `workload` with the overrides of these settings applied.
     fn apply(&self, mut workload: Workload) -> Workload {
         if workload.name == "small" && (self.small_width.is_some() || self.small_layers.is_some()) {
@@ -222,6 +254,8 @@ pub struct Comparison {
     pub speedup: f64,
     /// Planned requests/s over the pool's.
     pub planned_speedup: f64,
+    /// The element type of the weights, inputs and activations (`f32` or `f16`).
+    pub dtype: &'static str,
 }
 
 /// The whole run, as `--json` writes it: the `small` workload's figures at the top (the one where
@@ -232,6 +266,10 @@ struct JsonReport<'a> {
     backend: String,
     /// The device was opened with cooperative matrices (`--cooperative-matrix`).
     cooperative_matrix: bool,
+    /// The element type of the weights, inputs and activations (`--dtype`).
+    dtype: &'static str,
+    /// f32 products may run on cooperative matrices with f16 operands (`--f32-as-f16`).
+    f32_as_f16: bool,
     pool: &'a Side,
     naive: &'a Side,
     planned: &'a Side,
@@ -251,8 +289,8 @@ pub struct Args {
     /// `--profile`.
     pub profile: bool,
     /// `--cooperative-matrix`: open the device with cooperative matrices where the adapter has
-    /// them (`GpuOptions::cooperative_matrix`): f16 products of 16 rows and more run on them.
-    /// The workloads are f32 today, so their figures do not change.
+    /// them (`GpuOptions::cooperative_matrix`): f16 products of 16 rows and more run on them
+    /// (with `--dtype f16`, or f32 ones with `--f32-as-f16`); f32 figures do not change otherwise.
     pub cooperative_matrix: bool,
     /// `--only`, `--batch-ops`, `--width`, `--layers`.
     pub settings: Settings,
@@ -291,6 +329,15 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--cooperative-matrix" => args.cooperative_matrix = true,
             "--autotune" => args.settings.autotune = Autotune::Always,
             "--no-autotune" => args.settings.autotune = Autotune::Off,
+            "--f32-as-f16" => args.settings.f32_as_f16 = true,
+            "--dtype" => {
+                let name = iter.next().context("--dtype needs a type: f32 or f16")?;
+                args.settings.dtype = match name.as_str() {
+                    "f32" => DType::F32,
+                    "f16" => DType::F16,
+                    _ => bail!("--dtype takes f32 or f16, not {name:?}"),
+                };
+            }
             "--batch-ops" => {
                 let ops = iter.next().context("--batch-ops needs a number")?;
                 args.settings.max_ops_per_batch =
@@ -323,7 +370,7 @@ pub fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
                 "unknown argument {other}\n\
                  usage: pool_vs_naive [--large] [--out DIR] [--json OUT] [--profile] \
                  [--only small|mlp] [--batch-ops N] [--width W] [--layers L] [--autotune|--no-autotune] \
-                 [--cooperative-matrix]"
+                 [--cooperative-matrix] [--dtype f32|f16] [--f32-as-f16]"
             ),
         }
     }
@@ -344,6 +391,15 @@ fn main() -> Result<()> {
     let gpu = request_gpu_with(options)?;
     println!("adapter: {gpu}");
     println!("cooperative matrices: {}", gpu.cooperative_matrix());
+    println!(
+        "element type: {}{}",
+        args.settings.dtype.name(),
+        if args.settings.f32_as_f16 {
+            " (f32 products on cooperative matrices with f16 operands where the device has them)"
+        } else {
+            ""
+        }
+    );
     let settings = args.settings;
     let comparisons = run(&gpu, args.scale, &settings, Some(&args.out), true)?;
     if args.profile {
@@ -379,6 +435,8 @@ fn main() -> Result<()> {
             adapter: gpu.info.name.clone(),
             backend: format!("{:?}", gpu.info.backend),
             cooperative_matrix: gpu.cooperative_matrix(),
+            dtype: settings.dtype.name(),
+            f32_as_f16: settings.f32_as_f16,
             pool: &main.pool,
             naive: &main.naive,
             planned: &main.planned,
@@ -402,12 +460,21 @@ pub fn run(
     verbose: bool,
 ) -> Result<Vec<Comparison>> {
     let mut comparisons = Vec::new();
+    if settings.dtype == DType::F16 && !gpu.device.features().contains(wgpu::Features::SHADER_F16) {
+        bail!(
+            "--dtype f16 needs a device with SHADER_F16, which {} ({:?}) was not opened with",
+            gpu.info.name,
+            gpu.info.backend
+        );
+    }
     let max_binding = gpu.device.limits().max_storage_buffer_binding_size;
     for workload in scale.workloads() {
         let workload = settings.apply(workload);
         // A layer's weights are one tensor: it must fit a binding of this device.
         let widest = workload.widths.iter().max().copied().unwrap_or(0) as u64;
-        let weight_bytes = widest.saturating_mul(widest).saturating_mul(4);
+        let weight_bytes = widest
+            .saturating_mul(widest)
+            .saturating_mul(settings.dtype.size_bytes());
         if weight_bytes > max_binding {
             bail!(
                 "{}: a {widest} x {widest} layer of weights takes {weight_bytes} bytes, above this \
@@ -497,7 +564,7 @@ pub fn run(
         let planned = median_round(planned_rounds)?;
         for (name, side) in [("naive", &naive_side), ("planned", &planned)] {
             let relative = (pooled.checksum - side.checksum).abs() / side.checksum.abs().max(1.0);
-            if relative > 1e-4 {
+            if relative > settings.checksum_tolerance() {
                 bail!(
                     "the pool and {name} runs disagree: checksums {} and {}",
                     pooled.checksum,
@@ -532,6 +599,7 @@ pub fn run(
             planned,
             speedup,
             planned_speedup,
+            dtype: settings.dtype.name(),
         });
     }
     Ok(comparisons)
@@ -539,25 +607,24 @@ pub fn run(
 
 /// Serves the workload's requests on `pool`; returns the figures and every size allocated.
 fn serve(pool: &Pool, workload: &Workload, settings: &Settings) -> Result<(Side, Vec<u64>)> {
-    // Unchecked kernels: every op validates shapes and offsets on the host.
-    let mut options = ContextOptions::unchecked();
+    let mut options = settings.context_options();
     if let Some(ops) = settings.max_ops_per_batch {
         options.max_ops_per_batch = ops;
     }
-    options.matmul.autotune = settings.autotune;
-    serve_with(pool, workload, options).map(|(side, sizes, _)| (side, sizes))
+    serve_with(pool, workload, options, settings.dtype).map(|(side, sizes, _)| (side, sizes))
 }
 
-/// [`serve`] with the given context options; also returns the context's kernel timings (empty
-/// unless `options.profile`).
+/// [`serve`] with the given context options and tensors of `dtype`; also returns the context's
+/// kernel timings (empty unless `options.profile`).
 fn serve_with(
     pool: &Pool,
     workload: &Workload,
     options: ContextOptions,
+    dtype: DType,
 ) -> Result<(Side, Vec<u64>, Vec<KernelTiming>)> {
     let gpu = pool.gpu();
     let ctx = Context::new(pool, options)?;
-    let (layers, requests) = model_and_requests(&ctx, workload)?;
+    let (layers, requests) = model_and_requests(&ctx, workload, dtype)?;
 
     let warmup = (workload.requests / 10).max(1);
     let mut checksum = 0.0f64;
@@ -578,7 +645,7 @@ fn serve_with(
         // A request: a batch of inputs, then the layers; every intermediate is a new tensor,
         // dropped as soon as the next one exists.
         let request_start = Instant::now();
-        let mut x = ctx.tensor(input, &[*rows, workload.widths[0]])?;
+        let mut x = ctx.tensor_with(input, &[*rows, workload.widths[0]], dtype)?;
         sizes.push(x.size_bytes());
         for (index, (weights, bias)) in layers.iter().enumerate() {
             let product = ctx.matmul(&x, weights)?;
@@ -647,13 +714,14 @@ fn serve_with(
     Ok((side, sizes, timings))
 }
 
-/// The model's layers (weights `[fan_in, fan_out]` and bias) and every request's `(rows,
-/// input)`, made before any request is served, from one seeded generator: every side serves the
-/// same model and the same requests.
+/// The model's layers (weights `[fan_in, fan_out]` and bias, stored as `dtype`) and every
+/// request's `(rows, input)`, made before any request is served, from one seeded generator:
+/// every side serves the same model and the same requests.
 #[expect(clippy::type_complexity, reason = "two plain lists")]
 fn model_and_requests(
     ctx: &Context,
     workload: &Workload,
+    dtype: DType,
 ) -> Result<(Vec<(Tensor, Tensor)>, Vec<(usize, Vec<f32>)>)> {
     let mut rng = StdRng::seed_from_u64(7);
     // The model's weights live as long as the server: loaded once, before the first request.
@@ -668,8 +736,8 @@ fn model_and_requests(
                 .collect();
             let bias: Vec<f32> = (0..fan_out).map(|_| rng.gen_range(-0.1..0.1)).collect();
             Ok((
-                ctx.tensor(&weights, &[fan_in, fan_out])?,
-                ctx.tensor(&bias, &[fan_out])?,
+                ctx.tensor_with(&weights, &[fan_in, fan_out], dtype)?,
+                ctx.tensor_with(&bias, &[fan_out], dtype)?,
             ))
         })
         .collect::<Result<_>>()?;
@@ -735,10 +803,8 @@ fn forward(ctx: &Context, x: &Tensor, layers: &[(Tensor, Tensor)]) -> Result<Ten
 /// before the timed requests, sharing one arena.
 /// Also returns the largest plan's tensor lifetimes as MiniMalloc's CSV.
 fn serve_planned(pool: &Pool, workload: &Workload, settings: &Settings) -> Result<(Side, String)> {
-    let mut options = ContextOptions::unchecked();
-    options.matmul.autotune = settings.autotune;
-    let ctx = Context::new(pool, options)?;
-    let (layers, requests) = model_and_requests(&ctx, workload)?;
+    let ctx = Context::new(pool, settings.context_options())?;
+    let (layers, requests) = model_and_requests(&ctx, workload, settings.dtype)?;
     let build_start = Instant::now();
     let arena = ctx.plan_arena();
     let mut plans: std::collections::BTreeMap<usize, Plan> = Default::default();
@@ -746,7 +812,7 @@ fn serve_planned(pool: &Pool, workload: &Workload, settings: &Settings) -> Resul
     // Largest first: the arena is allocated once, at the size of the largest plan.
     for rows in sizes.iter().rev() {
         let mut capture = ctx.capture()?;
-        let x = capture.input(&[*rows, workload.widths[0]])?;
+        let x = capture.input_with(&[*rows, workload.widths[0]], settings.dtype)?;
         let probabilities = forward(&ctx, &x, &layers)?;
         let options = CaptureOptions {
             arena: Some(arena.clone()),
@@ -837,9 +903,9 @@ pub fn profile(
     let pool = Pool::new(gpu, PoolOptions::default())?;
     let options = ContextOptions {
         profile: true,
-        ..ContextOptions::unchecked()
+        ..settings.context_options()
     };
-    let (_, _, timings) = serve_with(&pool, &workload, options)?;
+    let (_, _, timings) = serve_with(&pool, &workload, options, settings.dtype)?;
     let requests = workload.requests as f64;
     let mut by_kernel: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
     for timing in timings {

@@ -4,6 +4,11 @@
 // f16, and subgroups of 32 invocations. CPU twin: `matmul` in src/compute/cpu.rs on the
 // f16-rounded operands.
 //
+// The operands' storage type is `Input`: f16, or f32 under `MatmulOptions::cooperative_f32_as_f16`
+// (load_a4 and load_b4 round each element to f16 in registers as they fetch the slab, so the
+// staging and the fragments are the same; the bias is read as `Input` and added in f32). An f32
+// operand beyond ±65,504 becomes ±∞ there on IEEE hardware: the caller guarantees range.
+//
 // The host puts `enable wgpu_cooperative_matrix;` first and these constants before the bindings
 // (src/compute/kernels.rs, from `CoopTiles`):
 //   BM, BN         outputs per workgroup

@@ -1,8 +1,15 @@
-"""PyTorch's side of `pool_vs_naive`: the same server, eager and with CUDA graphs, fp32, TF32 off.
+"""PyTorch's side of `pool_vs_naive`: the same server, eager and with CUDA graphs, fp32 or fp16.
 
     python3 benches/torch/serve.py --large --json torch_serve.json
+    python3 benches/torch/serve.py --large --only mlp --dtype half
+    python3 benches/torch/serve.py --large --only mlp --tf32
     python3 benches/torch/serve.py --large --only small --width 256 --layers 16
     python3 benches/torch/serve.py --scale test
+
+`--dtype half` keeps the weights, the inputs and every activation in torch.float16 (as
+`pool_vs_naive --dtype f16`; cuBLAS multiplies them on the tensor cores); the default `float` is
+float32. `--tf32` lets float32 matmuls use TF32 (`torch.backends.cuda.matmul.allow_tf32`, beside
+`pool_vs_naive --f32-as-f16`); off by default.
 
 The workloads are `pool_vs_naive`'s (`--scale test|default|large`, `--large` for large; `--only`,
 `--width`, `--layers` as there). A request: `rows` drawn uniformly from the workload's batch range
@@ -26,8 +33,9 @@ The sides alternate (eager, cuda_graph, eager, ...) for 5 rounds (2 at `--scale 
 reports its median round. GELU: `--gelu tanh` (default) is the tanh approximation that our kernel
 computes; `--gelu erf` is `torch.nn.functional.gelu`'s default.
 
-The JSON: {"device", "torch", "tf32": false, "gelu", "workloads": [{"workload": {"name",
-"widths", "batch": [lo, hi], "requests"}, "eager": SIDE, "cuda_graph": SIDE, "speedup"}]}, with
+The JSON: {"device", "torch", "dtype": "float" | "half", "tf32", "gelu", "workloads":
+[{"workload": {"name", "widths", "batch": [lo, hi], "requests"}, "eager": SIDE, "cuda_graph": SIDE,
+"speedup"}]}, with
 SIDE = {"requests_per_s", "rounds_requests_per_s", "peak_allocated_bytes", "peak_reserved_bytes",
 "weights_bytes", "capture_s", "graphs", "checksum"} (`capture_s` and `graphs` 0 for eager);
 `checksum` = the sum over all requests (warm-up included) of sum_i p_i * (i % 7 + 1), in float64.
@@ -59,14 +67,15 @@ def workloads(scale):
     ]
 
 
-def make_layers(widths):
+def make_layers(widths, dtype):
+    """Drawn in float32 (the same values whatever the dtype), then stored as `dtype`."""
     generator = torch.Generator(device="cuda").manual_seed(42)
     layers = []
     for fan_in, fan_out in zip(widths, widths[1:]):
         scale = (1.0 / fan_in) ** 0.5
         w = (torch.rand((fan_in, fan_out), device="cuda", generator=generator) * 2 - 1) * scale
         b = (torch.rand((fan_out,), device="cuda", generator=generator) * 2 - 1) * 0.1
-        layers.append((w, b))
+        layers.append((w.to(dtype), b.to(dtype)))
     return layers
 
 
@@ -78,8 +87,8 @@ def forward(x, layers, gelu):
     return torch.softmax(x, dim=-1)
 
 
-def make_requests(workload):
-    """Every request's rows and pinned input, made before anything is timed."""
+def make_requests(workload, dtype):
+    """Every request's rows and pinned input (of `dtype`), made before anything is timed."""
     rng = random.Random(7)
     width = workload["widths"][0]
     requests = []
@@ -87,7 +96,7 @@ def make_requests(workload):
         rows = rng.randint(*workload["batch"])
         i = torch.arange(rows * width, dtype=torch.int64)
         values = ((i * 31 + request) % 17).to(torch.float32) / 17 - 0.5
-        requests.append((rows, values.view(rows, width).pin_memory()))
+        requests.append((rows, values.to(dtype).view(rows, width).pin_memory()))
     return requests
 
 
@@ -95,7 +104,7 @@ def capture(layers, gelu, requests, width):
     """One graph per batch size drawn, largest first, in one pool: {rows: (graph, in, out)}."""
     sizes = sorted({rows for rows, _ in requests}, reverse=True)
     pool = torch.cuda.graph_pool_handle()
-    static_in = torch.zeros((sizes[0], width), device="cuda")
+    static_in = torch.zeros((sizes[0], width), device="cuda", dtype=requests[0][1].dtype)
     graphs = {}
     side = torch.cuda.Stream()
     for rows in sizes:
@@ -121,7 +130,8 @@ def serve(side, workload, layers, gelu, requests):
     torch.cuda.reset_peak_memory_stats()
     widths = workload["widths"]
     max_rows = workload["batch"][1]
-    host_out = torch.empty((max_rows, widths[-1]), dtype=torch.float32).pin_memory()
+    dtype = layers[0][0].dtype
+    host_out = torch.empty((max_rows, widths[-1]), dtype=dtype).pin_memory()
     # The checksum's weights, (i % 7) + 1 for i over the flattened answer.
     factors = (torch.arange(max_rows * widths[-1], dtype=torch.int64) % 7 + 1).to(torch.float64)
     stream = torch.cuda.current_stream()
@@ -199,6 +209,15 @@ def main():
     parser.add_argument("--width", type=int, help="the small workload's width (a multiple of 4)")
     parser.add_argument("--layers", type=int, help="the small workload's number of layers")
     parser.add_argument("--gelu", choices=["tanh", "erf"], default="tanh")
+    parser.add_argument(
+        "--dtype",
+        choices=["float", "half"],
+        default="float",
+        help="weights, inputs and activations in float32 (default) or float16",
+    )
+    parser.add_argument(
+        "--tf32", action="store_true", help="let float32 matmuls use TF32 (off by default)"
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     if args.width is not None and not (0 < args.width <= MAX_WIDTH and args.width % 4 == 0):
@@ -209,14 +228,20 @@ def main():
         parser.error("--width and --layers shape the small workload, which --only mlp leaves out")
     if not torch.cuda.is_available():
         raise SystemExit("serve.py: no CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
+    dtype = {"float": torch.float32, "half": torch.float16}[args.dtype]
+    # The sides' checksums agree to float32's precision, or float16's (or TF32's, whose
+    # rounding of the operands may differ with the kernel that cuBLAS picks in a graph).
+    tolerance = 1e-4 if args.dtype == "float" and not args.tf32 else 1e-2
     scale = "large" if args.large else args.scale
     gelu = "tanh" if args.gelu == "tanh" else "none"
 
     name = torch.cuda.get_device_name()
-    print(f"device: {name}, torch {torch.__version__}, fp32, TF32 off, GELU {args.gelu}")
+    precision = "fp16" if args.dtype == "half" else "fp32"
+    tf32 = "on" if args.tf32 else "off"
+    print(f"device: {name}, torch {torch.__version__}, {precision}, TF32 {tf32}, GELU {args.gelu}")
     results = []
     for workload in workloads(scale):
         if args.only and workload["name"] != args.only:
@@ -227,15 +252,15 @@ def main():
         lo, hi = workload["batch"]
         print(f"\n== {workload['name']}: widths {workload['widths']}, "
               f"batches of {lo} to {hi} rows, {workload['requests']} requests")
-        layers = make_layers(workload["widths"])
-        requests = make_requests(workload)
+        layers = make_layers(workload["widths"], dtype)
+        requests = make_requests(workload, dtype)
         rounds = {"eager": [], "cuda_graph": []}
         for _ in range(2 if scale == "test" else 5):
             for side in rounds:
                 rounds[side].append(serve(side, workload, layers, gelu, requests))
         eager, graph = median_round(rounds["eager"]), median_round(rounds["cuda_graph"])
         relative = abs(eager["checksum"] - graph["checksum"]) / max(abs(eager["checksum"]), 1.0)
-        if relative > 1e-4:
+        if relative > tolerance:
             sums = f"{eager['checksum']} and {graph['checksum']}"
             raise SystemExit(f"eager and cuda_graph disagree: checksums {sums}")
         speedup = graph["requests_per_s"] / eager["requests_per_s"]
@@ -251,7 +276,8 @@ def main():
                 {
                     "device": name,
                     "torch": torch.__version__,
-                    "tf32": False,
+                    "dtype": args.dtype,
+                    "tf32": args.tf32,
                     "gelu": args.gelu,
                     "workloads": results,
                 },

@@ -99,6 +99,10 @@ pub(crate) fn module_source(source: Source, variant: &Variant, types: ElementTyp
     if let Variant::Coop { .. } = variant {
         // A directive, so before any declaration.
         text.push_str("enable wgpu_cooperative_matrix;\n");
+        if !types.uses_f16() {
+            // f32 operands rounded to f16 as they are staged: the fragments are f16 still.
+            text.push_str("enable f16;\n");
+        }
     }
     text.push_str(&element_types(types));
     text.push_str(&constants(variant));

@@ -296,3 +296,135 @@ fn f16_plans_on_cooperative_matrices_fuse_the_epilogue_and_replay_the_twin() {
         assert_close("f16 plan", &outputs[0], &expected, bound);
     }
 }
+
+/// `act(A · B + bias)` of f32 operands on `context` (opted in to
+/// `MatmulOptions::cooperative_f32_as_f16`): where `rounds` (the cooperative kernel runs) against
+/// the twin of the operands rounded to f16 (the bias and the result stay f32), else against the
+/// twin of the operands as they are (the portable f32 kernels). The tolerance: twice the tiled
+/// kernels' f32 bound (see [`check`]).
+fn check_f32_as_f16(
+    context: &Context,
+    what: &str,
+    (m, n, k): (usize, usize, usize),
+    bias: bool,
+    activation: Activation,
+    rounds: bool,
+    rng: &mut StdRng,
+) {
+    // Not f16 values: the kernel must round them.
+    let a = random(rng, m * k, -1.0, 1.0);
+    let b = random(rng, k * n, -1.0, 1.0);
+    let bias_values = random(rng, n, -1.0, 1.0);
+    let ta = context.tensor(&a, &[m, k]).unwrap();
+    let tb = context.tensor(&b, &[k, n]).unwrap();
+    let tbias = context.tensor(&bias_values, &[n]).unwrap();
+    let epilogue = Epilogue {
+        bias: bias.then_some(&tbias),
+        activation,
+    };
+    let c = context.matmul_with(&ta, &tb, epilogue).unwrap();
+    assert_eq!((c.shape(), c.dtype()), (&[m, n][..], DType::F32));
+    let got = c.to_vec().unwrap();
+    let (a, b) = if rounds {
+        (cpu::rounded(&a, DType::F16), cpu::rounded(&b, DType::F16))
+    } else {
+        (a, b)
+    };
+    let expected = cpu::matmul_with(
+        &a,
+        &b,
+        m,
+        k,
+        n,
+        bias.then_some(&bias_values[..]),
+        activation,
+    );
+    let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
+    assert_close(
+        &format!("{what} {m}x{n}x{k} bias {bias} {activation:?}"),
+        &got,
+        &expected,
+        |i| {
+            let c = f64::from(expected[i]).abs();
+            let mut bound = 4.0 * k as f64 * U * f64::from(magnitude[i]) + 2.0 * U * c;
+            if activation == Activation::Gelu {
+                bound += 1e-5 * c + 1e-6;
+            }
+            bound
+        },
+    );
+}
+
+#[test]
+fn f32_matmul_opted_in_to_f16_operands_matches_the_twin_of_rounded_operands() {
+    let gpu = cooperative_gpu();
+    let mut rng = StdRng::seed_from_u64(30);
+    let opted = MatmulOptions {
+        cooperative_f32_as_f16: true,
+        ..MatmulOptions::default()
+    };
+    let automatic = context_with(&gpu, options(opted.clone()));
+    let coop = runs_cooperative(&gpu) && automatic.supports(DType::F16);
+    if !coop {
+        eprintln!(
+            "f32 matmul on cooperative matrices (cooperative_f32_as_f16) NOT TESTED: {} runs no \
+             cooperative kernel; checked instead that f32 plans keep the portable kernels and \
+             match the f32 twin of the unrounded operands",
+            gpu.info.name
+        );
+    }
+    let split = MatmulOptions {
+        cooperative_tiles: Some(CoopTiles::T64X64),
+        split_k: Some(3),
+        ..opted.clone()
+    };
+    let cases = [
+        ("f32 as f16 automatic", automatic),
+        (
+            "f32 as f16 64x64 split 3",
+            context_with(&gpu, options(split)),
+        ),
+    ];
+    for (name, context) in &cases {
+        for (m, n, k) in SHAPES {
+            let plan = context.matmul_plan_for(DType::F32, m, n, k).unwrap();
+            let forced = name.contains("split");
+            // As an f16 product of its shape would: from 16 rows on, or with a forced tile.
+            let rounds = coop && (forced || m >= 16);
+            assert_eq!(plan.cooperative.is_some(), rounds, "{name} {m}x{n}x{k}");
+            if !rounds {
+                assert_eq!(plan, context.matmul_plan(m, n, k).unwrap(), "{name}");
+            }
+            for (bias, activation) in [(false, Activation::None), (true, Activation::Gelu)] {
+                check_f32_as_f16(context, name, (m, n, k), bias, activation, rounds, &mut rng);
+            }
+        }
+    }
+    // Off by default: an f32 product never rounds its operands unasked.
+    let default = context_with(&gpu, ContextOptions::default());
+    for (m, n, k) in SHAPES {
+        let plan = default.matmul_plan_for(DType::F32, m, n, k).unwrap();
+        assert_eq!(plan.cooperative, None, "{m}x{n}x{k}");
+    }
+    if !coop {
+        return;
+    }
+    // Range: the caller guarantees it. An operand beyond ±65,504 becomes ±∞ as the kernel
+    // rounds it (documented at `MatmulOptions::cooperative_f32_as_f16`): its row of C is not
+    // finite, never silently finite and wrong; the other rows are as before.
+    let (m, n, k) = (32, 64, 64);
+    let mut a = random(&mut rng, m * k, -1.0, 1.0);
+    a[3] = 1.0e5;
+    let b: Vec<f32> = random(&mut rng, k * n, 0.5, 1.0);
+    let c = cases[0]
+        .1
+        .matmul(
+            &cases[0].1.tensor(&a, &[m, k]).unwrap(),
+            &cases[0].1.tensor(&b, &[k, n]).unwrap(),
+        )
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    assert!(c[..n].iter().all(|x| !x.is_finite()), "{:?}", &c[..n]);
+    assert!(c[n..].iter().all(|x| x.is_finite()));
+}

@@ -149,6 +149,68 @@ fn pool_vs_naive_example_takes_the_small_workloads_width_and_depth() {
 }
 
 #[test]
+fn pool_vs_naive_example_serves_in_f16_where_the_device_stores_it() {
+    use wgpu_pool::compute::{Context, ContextOptions, DType};
+    let settings = pool_vs_naive::Settings {
+        only: Some("mlp".into()),
+        dtype: DType::F16,
+        ..pool_vs_naive::Settings::default()
+    };
+    let pool = wgpu_pool::Pool::new(gpu(), wgpu_pool::PoolOptions::default()).unwrap();
+    let supports = Context::new(&pool, ContextOptions::default())
+        .unwrap()
+        .supports(DType::F16);
+    drop(pool);
+    let outcome = pool_vs_naive::run(gpu(), pool_vs_naive::Scale::Test, &settings, None, false);
+    if !supports {
+        // A device without SHADER_F16 (llvmpipe under GL): refused up front, with a message.
+        let error = outcome.unwrap_err().to_string();
+        assert!(
+            error.contains("--dtype f16 needs a device with SHADER_F16"),
+            "{error}"
+        );
+        eprintln!(
+            "pool_vs_naive --dtype f16 NOT SERVED: {} has no SHADER_F16; checked the refusal",
+            gpu().info.name
+        );
+        return;
+    }
+    let comparisons = outcome.unwrap();
+    assert_eq!(comparisons.len(), 1);
+    let comparison = &comparisons[0];
+    assert_eq!(comparison.dtype, "f16");
+    // The weights are f16: 2 bytes per element of [16, 32] + [32] and [32, 8] + [8].
+    let elements = 16 * 32 + 32 + 32 * 8 + 8;
+    for side in [&comparison.pool, &comparison.naive, &comparison.planned] {
+        assert_eq!(side.weights_bytes, 2 * elements as u64);
+        assert!(side.requests_per_s > 0.0 && side.checksum > 0.0);
+    }
+    // Every side answers alike within f16's tolerance (`run` checks it; again here).
+    for side in [&comparison.naive, &comparison.planned] {
+        let relative = (side.checksum - comparison.pool.checksum).abs() / side.checksum.abs();
+        assert!(relative <= settings.checksum_tolerance(), "{relative}");
+    }
+    assert_eq!(comparison.pool.create_buffer_calls_after_warmup, 0);
+}
+
+#[test]
+fn pool_vs_naive_example_takes_f32_products_on_f16_operands_when_asked() {
+    // `--f32-as-f16`: where the device has no cooperative matrices (the software GPUs; the
+    // test device is opened without them) the f32 products keep the portable kernels, and
+    // every side still answers alike.
+    let settings = pool_vs_naive::Settings {
+        only: Some("small".into()),
+        f32_as_f16: true,
+        ..pool_vs_naive::Settings::default()
+    };
+    let comparisons =
+        pool_vs_naive::run(gpu(), pool_vs_naive::Scale::Test, &settings, None, false).unwrap();
+    assert_eq!(comparisons.len(), 1);
+    assert_eq!(comparisons[0].dtype, "f32");
+    assert_eq!(comparisons[0].pool.create_buffer_calls_after_warmup, 0);
+}
+
+#[test]
 fn pool_vs_naive_example_refuses_bad_arguments_with_a_message() {
     let parse = |line: &str| pool_vs_naive::parse_args(line.split_whitespace().map(String::from));
     let args = parse("--large --only small --width 256 --layers 32 --batch-ops 8").unwrap();
@@ -157,6 +219,11 @@ fn pool_vs_naive_example_refuses_bad_arguments_with_a_message() {
     assert_eq!(args.settings.small_width, Some(256));
     assert_eq!(args.settings.small_layers, Some(32));
     assert_eq!(args.settings.max_ops_per_batch, Some(8));
+    assert_eq!(args.settings.dtype, wgpu_pool::compute::DType::F32);
+    assert!(!args.settings.f32_as_f16);
+    let args = parse("--dtype f16 --f32-as-f16 --cooperative-matrix").unwrap();
+    assert_eq!(args.settings.dtype, wgpu_pool::compute::DType::F16);
+    assert!(args.settings.f32_as_f16 && args.cooperative_matrix);
     for (line, expected) in [
         ("--width 0", "positive number"),
         ("--width 6", "multiple of 4"),
@@ -168,6 +235,8 @@ fn pool_vs_naive_example_refuses_bad_arguments_with_a_message() {
         ("--only big", "small or mlp"),
         ("--batch-ops many", "needs a number"),
         ("--fast", "unknown argument"),
+        ("--dtype f64", "f32 or f16"),
+        ("--dtype", "needs a type"),
     ] {
         let error = format!("{:#}", parse(line).unwrap_err());
         assert!(error.contains(expected), "{line}: {error}");

@@ -163,8 +163,11 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         .collect()
 }
 
-/// Every variant of the cooperative matmul (f16 operands): each named tile, vec4 and scalar,
-/// with every epilogue storing f16, and without one storing f32 partial products (split-K).
+/// Every variant of the cooperative matmul: each named tile, vec4 and scalar, with every
+/// epilogue storing f16, and without one storing f32 partial products (split-K), of f16
+/// operands; and of f32 operands rounded to f16 as they are staged
+/// (`MatmulOptions::cooperative_f32_as_f16`), with every epilogue storing f32 (split-K's partial
+/// products are the same f32 module without an epilogue).
 fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
     let f16 = ElementTypes::same(DType::F16);
     let partials = ElementTypes {
@@ -186,6 +189,7 @@ fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
                     if !bias && activation == Activation::None {
                         modules.push((Source::MatmulCoop, variant, partials));
                     }
+                    modules.push((Source::MatmulCoop, variant, ElementTypes::F32));
                 }
             }
         }
@@ -678,5 +682,28 @@ fn coop_fragments_products_and_epilogue_are_unrolled_with_bound_indices() {
             let is_name = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             assert!(is_name(index) && is_name(stride), "{line}");
         }
+    }
+}
+
+#[test]
+fn coop_of_f32_operands_enables_f16_and_rounds_them_as_it_fetches() {
+    // `MatmulOptions::cooperative_f32_as_f16`: f32 storage, f16 fragments.
+    for vec4 in [false, true] {
+        let variant = Variant::Coop {
+            tiles: CoopTiles::ALL[0],
+            vec4,
+            bias: true,
+            activation: Activation::Gelu,
+        };
+        let text = module_source(Source::MatmulCoop, &variant, ElementTypes::F32);
+        assert!(
+            text.starts_with("enable wgpu_cooperative_matrix;\nenable f16;\n"),
+            "{vec4}"
+        );
+        assert!(text.contains("alias Input = f32;\nalias Output = f32;\n"));
+        // The slabs and fragments stay f16: the operands are rounded in load_a4 and load_b4.
+        assert!(text.contains("var<workgroup> tile_a: array<vec4<f16>"));
+        assert!(text.contains("coopLoadT<coop_mat16x16<f16, A>>"));
+        validate(&text).unwrap_or_else(|error| panic!("{error}"));
     }
 }

@@ -151,8 +151,27 @@ pub struct MatmulOptions {
     /// where the device has them (opened with
     /// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix), 16×16×16 f16 →
     /// f32, subgroups of 32) and the product has at least `cooperative_min_rows` rows. `false`:
-    /// the portable kernels on every device. f32 matmuls never do.
+    /// the portable kernels on every device. f32 matmuls do only with
+    /// `cooperative_f32_as_f16`.
     pub cooperative: bool,
+    /// f32 matmuls may run on cooperative matrices too, their operands rounded to f16 as the
+    /// kernel stages them (f32 storage, f32 accumulation, the f32 bias and epilogue, f32 output),
+    /// where `cooperative` would run an f16 matmul of the same shape: the opt-in that PyTorch's
+    /// `torch.backends.cuda.matmul.allow_tf32` is for TF32. Off by default, never silent.
+    ///
+    /// f16 keeps TF32's 10-bit mantissa (a relative rounding error of at most 2⁻¹¹ per
+    /// operand) but not its range: an operand beyond ±65,504 overflows. **The caller guarantees
+    /// the range**: an operand of magnitude from 65,520 (which rounds past 65,504) becomes ±∞ as
+    /// the kernel rounds it on IEEE hardware (rounding to nearest overflows to ∞, as f16 storage
+    /// does; WGSL itself leaves an out-of-range conversion's value unspecified, and
+    /// `tests/it/coop.rs` checks the ∞ where the device runs the kernel), so the products it
+    /// enters are ±∞ or NaN, never a silently finite wrong value; magnitudes below 2⁻¹⁴ ≈ 6.1·10⁻⁵ lose precision
+    /// (subnormal) and below 2⁻²⁵ become 0. The plan does not check: the operands' range is only
+    /// known on the GPU, and a max-|x| pass over them before each product would cost a pass over
+    /// the operands plus a wait for the GPU, more than the tensor cores save. Weights and
+    /// activations of networks trained in f16 or bf16 with normalised layers are in range; keep it
+    /// off where values may exceed ±65,504 (unnormalised sums, large logits, raw counts).
+    pub cooperative_f32_as_f16: bool,
     /// f16 matmuls of fewer rows keep the portable kernels (the narrow kernel reads B at the
     /// memory's speed; a 16-row fragment would be mostly empty). Ignored where
     /// `cooperative_tiles` is forced.
@@ -182,6 +201,7 @@ impl Default for MatmulOptions {
             narrow_subgroups: true,
             autotune: Autotune::Gpu,
             cooperative: true,
+            cooperative_f32_as_f16: false,
             cooperative_min_rows: 16,
             cooperative_tiles: None,
         }

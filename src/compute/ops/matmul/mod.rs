@@ -96,7 +96,10 @@
 //! and 64×128 are candidates to force, [`MatmulOptions::cooperative_tiles`](crate::compute::MatmulOptions::cooperative_tiles)); K is split as for
 //! the tiled kernel where the block tiles are fewer than `min_workgroups / 2`. Fewer rows, f32
 //! operands, and every other device keep the kernels below (so lavapipe, GL and WebGPU plans
-//! are unchanged). With [`MatmulOptions::autotune`](crate::compute::MatmulOptions::autotune) the first f16 product of a shape class (M
+//! are unchanged); f32 operands take the same plans as f16 ones only under the opt-in
+//! [`MatmulOptions::cooperative_f32_as_f16`](crate::compute::MatmulOptions::cooperative_f32_as_f16)
+//! (the kernel reads f32 and rounds each element to f16 as it fetches the slab, accumulates
+//! in f32 and stores f32: TF32's mantissa with f16's range, which the caller guarantees). With [`MatmulOptions::autotune`](crate::compute::MatmulOptions::autotune) the first f16 product of a shape class (M
 //! rounded up to a power of two, N, K) times the rules' plan and every tile the device takes
 //! (with 2, 4, 8 and 16 splits too where the tile leaves the GPU idle), as the tiled kernel's
 //! candidates are timed, and the fastest serves the class. A 128×128 tile of this design ran 4096³ at 230 TFLOP/s on the H200 in a

@@ -32,7 +32,8 @@ impl Context {
     /// ([`ComputeError::DTypeMismatch`] otherwise). On f16 the kernels load f16, accumulate in
     /// f32 (split-K partial products too) and round once to f16 as they store C; on a device
     /// opened with cooperative matrices, f16 products of 16 rows and more run on them
-    /// ([`Context::matmul_plan_for`]).
+    /// ([`Context::matmul_plan_for`]), and f32 ones too (their operands rounded to f16) under
+    /// [`MatmulOptions::cooperative_f32_as_f16`](crate::compute::MatmulOptions::cooperative_f32_as_f16).
     pub fn matmul_with(
         &self,
         a: &Tensor,
@@ -214,7 +215,8 @@ impl Context {
             }
         };
         let (variant, params) = if let Some(tiles) = plan.cooperative {
-            coop_kernel(tiles, plan, fused, dtype, (m, n, k))?
+            let f32_as_f16 = self.options().matmul.cooperative_f32_as_f16;
+            coop_kernel(tiles, plan, fused, (dtype, f32_as_f16), (m, n, k))?
         } else if plan.narrow_lanes > 0 {
             let variant = Variant::Narrow {
                 rows: kernel_u32(OP, "rows", m)?,
@@ -262,20 +264,23 @@ impl Context {
     }
 }
 
-/// The cooperative matmul's variant and parameters for `plan` (of tile `tiles`) over f16
-/// operands of `[m, k] · [k, n]`, folding `fused`; a plan on cooperative matrices for operands of
-/// another type is a [`ComputeError::Config`].
+/// The cooperative matmul's variant and parameters for `plan` (of tile `tiles`) over operands
+/// of `[m, k] · [k, n]` stored as `dtype`, folding `fused`: f16, or f32 under `f32_as_f16`
+/// ([`MatmulOptions::cooperative_f32_as_f16`](crate::compute::MatmulOptions::cooperative_f32_as_f16):
+/// the kernel rounds them to f16 as it stages them); a plan on cooperative matrices for f32
+/// operands without it is a [`ComputeError::Config`].
 fn coop_kernel(
     tiles: CoopTiles,
     plan: &MatmulPlan,
     fused: FusedEpilogue,
-    dtype: DType,
+    (dtype, f32_as_f16): (DType, bool),
     (m, n, k): (usize, usize, usize),
 ) -> Result<(Variant, ParamsBlock), ComputeError> {
     const OP: &str = "matmul";
-    if dtype != DType::F16 {
+    if dtype == DType::F32 && !f32_as_f16 {
         return Err(ComputeError::Config(format!(
-            "a plan on cooperative matrices ({tiles}) multiplies f16 operands, not {dtype}"
+            "a plan on cooperative matrices ({tiles}) multiplies f16 operands, not {dtype} \
+             (unless MatmulOptions::cooperative_f32_as_f16)"
         )));
     }
     let variant = Variant::Coop {

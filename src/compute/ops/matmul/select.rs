@@ -106,7 +106,8 @@ pub(crate) fn plan_for(
     }
 }
 
-/// The plan of the matmul on cooperative matrices, where it applies: f16 operands,
+/// The plan of the matmul on cooperative matrices, where it applies: f16 operands (or f32 ones
+/// under [`MatmulOptions::cooperative_f32_as_f16`], rounded to f16 as the kernel stages them),
 /// [`MatmulOptions::cooperative`], a device with cooperative matrices
 /// ([`DeviceCaps::cooperative_f16`]), at least [`MatmulOptions::cooperative_min_rows`] rows
 /// (unless the tile is forced) and a tile the device takes. The tile: the forced one
@@ -127,7 +128,11 @@ pub(crate) fn cooperative_plan(
     k: usize,
 ) -> Result<Option<MatmulPlan>, ComputeError> {
     const OP: &str = "matmul";
-    if dtype != DType::F16 || !options.cooperative || !caps.cooperative_f16() {
+    let operands = match dtype {
+        DType::F16 => true,
+        DType::F32 => options.cooperative_f32_as_f16,
+    };
+    if !operands || !options.cooperative || !caps.cooperative_f16() {
         return Ok(None);
     }
     let limits = &caps.limits;

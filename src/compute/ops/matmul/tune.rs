@@ -170,7 +170,9 @@ impl Context {
     }
 
     /// The plan of `[m, k] · [k, n]` for operands of `dtype`, as [`Context::matmul_with`]
-    /// chooses it: for f16 on a device with cooperative matrices (opened with
+    /// chooses it: for f16 (or f32 under
+    /// [`MatmulOptions::cooperative_f32_as_f16`](crate::compute::MatmulOptions::cooperative_f32_as_f16))
+    /// on a device with cooperative matrices (opened with
     /// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)) the matmul on
     /// cooperative matrices where the rules of `src/compute/ops/matmul` give it (its tile is
     /// [`MatmulPlan::cooperative`]; with [`MatmulOptions::autotune`], and neither

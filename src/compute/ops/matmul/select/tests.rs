@@ -708,3 +708,39 @@ fn the_tuners_cooperative_candidates_start_with_the_rules_plan_and_fit_the_devic
         .all(|t| [CoopTiles::T64X64, CoopTiles::T32X128].contains(t)));
     assert_eq!(fitting.len(), 2);
 }
+
+#[test]
+fn f32_products_take_cooperative_matrices_only_when_opted_in() {
+    let caps = cooperative();
+    let opted = MatmulOptions {
+        cooperative_f32_as_f16: true,
+        ..rules()
+    };
+    assert!(!rules().cooperative_f32_as_f16, "off by default");
+    for (m, n, k) in shapes() {
+        // Opted in, an f32 product takes the plan an f16 one of its shape takes (the kernel
+        // rounds its operands to f16 as it stages them)...
+        assert_eq!(
+            plan_for(&opted, &caps, DType::F32, m, n, k),
+            plan_for(&rules(), &caps, DType::F16, m, n, k),
+            "{m}x{n}x{k}"
+        );
+        // ...and, without cooperative matrices or with `cooperative` off, the portable one.
+        assert_eq!(
+            plan_for(&opted, &h200(), DType::F32, m, n, k),
+            plan(&rules(), &h200(), m, n, k),
+            "{m}x{n}x{k}"
+        );
+        let off = MatmulOptions {
+            cooperative: false,
+            ..opted.clone()
+        };
+        assert_eq!(
+            plan_for(&off, &caps, DType::F32, m, n, k),
+            plan(&off, &caps, m, n, k),
+            "{m}x{n}x{k}"
+        );
+    }
+    let chosen = plan_for(&opted, &caps, DType::F32, 4096, 4096, 4096).unwrap();
+    assert_eq!(chosen.cooperative, Some(CoopTiles::T128X128));
+}
