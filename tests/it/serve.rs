@@ -446,3 +446,42 @@ fn bad_requests_and_options_are_typed_errors() {
         ));
     }
 }
+
+#[test]
+fn an_f16_model_serves_the_twins_greedy_tokens_within_f16_rounding() {
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    if !context.supports(DType::F16) {
+        eprintln!("f16 serving NOT TESTED: the device has no SHADER_F16; checking the refusal");
+        assert!(Gpt2::upload(&context, &weights, DType::F16).is_err());
+        return;
+    }
+    let model = Gpt2::upload(&context, &weights, DType::F16).unwrap();
+    let options = ServerOptions {
+        max_batch: 4,
+        kv_blocks: Some(40),
+        ..ServerOptions::default()
+    };
+    let mut server = Server::new(&context, model, options).unwrap();
+    let requests = stream(4, 8);
+    for request in &requests {
+        server.submit(request).unwrap();
+    }
+    let done = server.run().unwrap();
+    assert_eq!(done.len(), requests.len());
+    let vocab = weights.config.vocab_size;
+    for completion in &done {
+        let request = &requests[completion.id as usize];
+        assert_eq!(completion.output.len(), request.max_new_tokens);
+        // f16 weights and activations: the first token's logit within 0.05 of the twin's best.
+        let logits = weights.reference_logits(&request.prompt).unwrap();
+        let row = &logits[(request.prompt.len() - 1) * vocab..];
+        let best = row.iter().copied().fold(f32::MIN, f32::max);
+        let chosen = row[completion.output[0] as usize];
+        assert!(
+            best - chosen <= 0.05,
+            "first token {} logit {chosen}, best {best}",
+            completion.output[0]
+        );
+    }
+}
