@@ -550,6 +550,42 @@ impl Server {
         Ok(self.take_finished())
     }
 
+    /// The tokens request `id` has generated so far (all of them once finished and not yet
+    /// taken); `None` for an id the server does not hold.
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        self.running
+            .iter()
+            .chain(&self.waiting)
+            .find(|sequence| sequence.id == id)
+            .map(|sequence| sequence.output.as_slice())
+            .or_else(|| {
+                self.finished
+                    .iter()
+                    .find(|done| done.id == id)
+                    .map(|done| done.output.as_slice())
+            })
+    }
+
+    /// Stops request `id`, waiting or in flight (a client gone): its KV blocks are freed at
+    /// once and it is not finished. [`ServeError::Options`] for an id that is neither waiting
+    /// nor in flight.
+    pub fn cancel(&mut self, id: u64) -> Result<(), ServeError> {
+        if let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) {
+            self.waiting.remove(index);
+            return Ok(());
+        }
+        let index = self
+            .running
+            .iter()
+            .position(|sequence| sequence.id == id)
+            .ok_or_else(|| {
+                ServeError::Options(format!("request {id} is not waiting or in flight"))
+            })?;
+        self.running.remove(index);
+        self.blocks.release(id)?;
+        Ok(())
+    }
+
     /// The requests finished so far and not yet taken.
     pub fn take_finished(&mut self) -> Vec<Completion> {
         std::mem::take(&mut self.finished)

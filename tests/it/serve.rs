@@ -485,3 +485,41 @@ fn an_f16_model_serves_the_twins_greedy_tokens_within_f16_rounding() {
         );
     }
 }
+
+#[test]
+fn requests_stream_their_tokens_and_can_be_cancelled() {
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    let options = ServerOptions {
+        max_batch: 2,
+        kv_blocks: Some(20),
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    let request = |len: usize| RequestSpec {
+        prompt: (0..len as u32).collect(),
+        max_new_tokens: 10,
+    };
+    let (a, b, c) = (
+        server.submit(&request(5)).unwrap(),
+        server.submit(&request(7)).unwrap(),
+        server.submit(&request(9)).unwrap(),
+    );
+    server.step().unwrap(); // a and b admitted and prefilled: one token each
+    assert_eq!(server.tokens(a).map(<[u32]>::len), Some(1));
+    assert_eq!(
+        server.tokens(c).map(<[u32]>::len),
+        Some(0),
+        "c waits (batch of 2)"
+    );
+    let held = server.blocks().held_blocks();
+    server.cancel(b).unwrap();
+    assert!(server.blocks().held_blocks() < held, "b's blocks freed");
+    assert!(server.cancel(b).is_err(), "b is gone");
+    server.cancel(c).unwrap();
+    let done = server.run().unwrap();
+    assert_eq!(done.iter().map(|d| d.id).collect::<Vec<_>>(), vec![a]);
+    assert_eq!(done[0].output.len(), 10);
+    assert_eq!(server.tokens(b), None);
+    assert_eq!(server.blocks().held_blocks(), 0);
+}
