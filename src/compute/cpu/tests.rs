@@ -6,7 +6,7 @@ use crate::compute::kernels::module_source;
 use crate::compute::vocab::{CoopTiles, ElementTypes, MatmulTiles, Source, Variant};
 
 /// Entry points without a twin of their name, each with its reason.
-const EXCEPTIONS: [(&str, &str); 4] = [
+const EXCEPTIONS: [(&str, &str); 5] = [
     (
         "exp_kernel",
         "WGSL's builtin `exp` cannot be both called and shadowed: the twin is `exp`",
@@ -24,6 +24,10 @@ const EXCEPTIONS: [(&str, &str); 4] = [
         "matmul_coop",
         "the same product as `matmul` on cooperative matrices (f16 operands, f32 sums): the \
          twin is `matmul` / `matmul_with` on the f16-rounded operands",
+    ),
+    (
+        "paged_attention_combine",
+        "the second pass of `paged_attention_decode` where a sequence's tokens are split over          several workgroups (it adds their partial softmax records): the twin is          `paged_attention_decode`",
     ),
 ];
 
@@ -134,6 +138,7 @@ fn every_entry_point_has_a_cpu_twin_of_its_name_or_a_reason() {
         "argmax_rows",
         "kv_write",
         "paged_attention_decode",
+        "paged_attention_combine",
     ] {
         assert!(
             entries.iter().any(|e| e == expected),
