@@ -245,37 +245,7 @@ fn main() -> Result<()> {
 /// The example on `gpu` with the command line `list` (no GPU is needed for `--write-weights`).
 pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
     let args = parse_args(list.iter().cloned())?;
-    let (config, stream_spec) = match args.model.as_str() {
-        "gpt2" => {
-            let config = Gpt2Config::gpt2_small();
-            let spec =
-                StreamSpec::gpt2_serving(args.requests, config.vocab_size, config.n_ctx, args.seed);
-            (config, spec)
-        }
-        _ => {
-            let config = Gpt2Config::tiny();
-            let spec = StreamSpec {
-                requests: args.requests,
-                prompt_tokens: (3, 40),
-                output_tokens: (1, 24),
-                vocab_size: config.vocab_size,
-                max_tokens: config.n_ctx,
-                seed: args.seed,
-            };
-            (config, spec)
-        }
-    };
-    let (weights, source) = match &args.weights {
-        Some(path) => {
-            let loaded = Gpt2Weights::load(path, None)
-                .with_context(|| format!("reading {}", path.display()))?;
-            (loaded.weights, path.display().to_string())
-        }
-        None => (
-            Gpt2Weights::random(&config, args.seed)?,
-            format!("random, seed {}", args.seed),
-        ),
-    };
+    let (weights, source) = weights(&args)?;
     if let Some(path) = &args.write_weights {
         weights.write(path, StoredDtype::F32)?;
         println!(
@@ -286,11 +256,7 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
         return Ok(());
     }
     let config = weights.config;
-    let stream_spec = StreamSpec {
-        max_tokens: stream_spec.max_tokens.min(config.n_ctx),
-        vocab_size: config.vocab_size,
-        ..stream_spec
-    };
+    let stream_spec = stream_spec(&args, &config);
     let requests = stream_spec.generate()?;
     let gpu = gpu.context("serving needs a GPU")?;
     println!(
@@ -308,49 +274,9 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
     };
     let mut sides = serde_json::Map::new();
     let mut paged_blocks = None;
-    let mut runs: Vec<(String, KvLayout, Execution, bool)> = Vec::new();
-    for side in &args.sides {
-        let contiguous = KvLayout::Contiguous {
-            max_tokens: config.n_ctx,
-        };
-        runs.push(match side.as_str() {
-            "paged" => (side.clone(), KvLayout::Paged, Execution::Planned, false),
-            "contiguous" => (side.clone(), contiguous, Execution::Planned, false),
-            _ => (side.clone(), contiguous, Execution::Planned, true),
-        });
-    }
-    if args.eager {
-        runs.push((
-            "paged_eager".into(),
-            KvLayout::Paged,
-            Execution::Eager,
-            false,
-        ));
-    }
-    if args.profile {
-        // Timestamps around every dispatch: the eager path records them (a plan replays its
-        // prebuilt dispatches untimed); its kernels are the planned step's.
-        runs.push((
-            "paged_profile".into(),
-            KvLayout::Paged,
-            Execution::Eager,
-            false,
-        ));
-    }
-    for (name, layout, execution, naive) in runs {
-        let run = serve_side(
-            gpu,
-            &weights,
-            &requests,
-            &args,
-            budget,
-            layout,
-            execution,
-            naive,
-            &name,
-            paged_blocks,
-        );
-        match run {
+    for spec in side_specs(&args, config.n_ctx) {
+        let name = spec.name.clone();
+        match serve_side(gpu, &weights, &requests, &args, budget, &spec, paged_blocks) {
             Ok(side) => {
                 if name == "paged" {
                     paged_blocks = Some(side.kv_blocks);
@@ -365,31 +291,68 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
             }
         }
     }
-    if let Some(path) = &args.json {
-        let output = Output {
-            adapter: gpu.info.name.clone(),
-            backend: format!("{:?}", gpu.info.backend),
-            model: config,
-            weights: source,
-            max_batch: args.max_batch,
-            block_tokens: args.block_tokens,
-            budget_bytes: budget,
-            budget_rule: if args.budget.is_some() {
-                "--budget"
-            } else {
-                "weights + activations + half the contiguous cache of max_batch full contexts"
-            },
-            stream: Stream {
-                spec: &stream_spec,
-                requests: &requests,
-            },
-            sides,
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&output)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
+    let Some(path) = &args.json else {
+        return Ok(());
+    };
+    let output = Output {
+        adapter: gpu.info.name.clone(),
+        backend: format!("{:?}", gpu.info.backend),
+        model: config,
+        weights: source,
+        max_batch: args.max_batch,
+        block_tokens: args.block_tokens,
+        budget_bytes: budget,
+        budget_rule: if args.budget.is_some() {
+            "--budget"
+        } else {
+            "weights + activations + half the contiguous cache of max_batch full contexts"
+        },
+        stream: Stream {
+            spec: &stream_spec,
+            requests: &requests,
+        },
+        sides,
+    };
+    std::fs::write(path, serde_json::to_string_pretty(&output)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
     Ok(())
+}
+
+/// The weights (`--weights`, else seeded random ones of `--model`) and where they came from.
+fn weights(args: &Args) -> Result<(Gpt2Weights, String)> {
+    match &args.weights {
+        Some(path) => {
+            let loaded = Gpt2Weights::load(path, None)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Ok((loaded.weights, path.display().to_string()))
+        }
+        None => {
+            let config = match args.model.as_str() {
+                "gpt2" => Gpt2Config::gpt2_small(),
+                _ => Gpt2Config::tiny(),
+            };
+            let weights = Gpt2Weights::random(&config, args.seed)?;
+            Ok((weights, format!("random, seed {}", args.seed)))
+        }
+    }
+}
+
+/// The stream of `--model`'s distribution over `config` (the weights' configuration).
+fn stream_spec(args: &Args, config: &Gpt2Config) -> StreamSpec {
+    match args.model.as_str() {
+        "gpt2" => {
+            StreamSpec::gpt2_serving(args.requests, config.vocab_size, config.n_ctx, args.seed)
+        }
+        _ => StreamSpec {
+            requests: args.requests,
+            prompt_tokens: (3, 40),
+            output_tokens: (1, 24),
+            vocab_size: config.vocab_size,
+            max_tokens: config.n_ctx,
+            seed: args.seed,
+        },
+    }
 }
 
 /// The options of a side.
@@ -430,51 +393,163 @@ fn default_budget(gpu: &Gpu, weights: &Gpt2Weights, args: &Args) -> Result<u64> 
     Ok(fixed + contiguous / 2)
 }
 
+/// One side: its name, cache layout, execution and pool.
+#[derive(Debug, Clone)]
+struct SideSpec {
+    name: String,
+    layout: KvLayout,
+    execution: Execution,
+    naive: bool,
+}
+
+/// The sides the command line asks for.
+fn side_specs(args: &Args, n_ctx: usize) -> Vec<SideSpec> {
+    let spec = |name: &str, layout, execution, naive| SideSpec {
+        name: name.to_owned(),
+        layout,
+        execution,
+        naive,
+    };
+    let contiguous = KvLayout::Contiguous { max_tokens: n_ctx };
+    let mut specs: Vec<SideSpec> = args
+        .sides
+        .iter()
+        .map(|side| match side.as_str() {
+            "paged" => spec(side, KvLayout::Paged, Execution::Planned, false),
+            "contiguous" => spec(side, contiguous, Execution::Planned, false),
+            _ => spec(side, contiguous, Execution::Planned, true),
+        })
+        .collect();
+    if args.eager {
+        specs.push(spec(
+            "paged_eager",
+            KvLayout::Paged,
+            Execution::Eager,
+            false,
+        ));
+    }
+    if args.profile {
+        // Timestamps around every dispatch: the eager path records them (a plan replays its
+        // prebuilt dispatches untimed); its kernels are the planned step's.
+        specs.push(spec(
+            "paged_profile",
+            KvLayout::Paged,
+            Execution::Eager,
+            false,
+        ));
+    }
+    specs
+}
+
+/// A side's pool, context and server, warmed up, with the weights' bytes and the seconds it
+/// took. The eager sides' intermediates are not planned: they get no budget, and the paged
+/// side's cache (its blocks from the same budget) so that their steps are the same work.
+fn start_side(
+    gpu: &Gpu,
+    weights: &Gpt2Weights,
+    args: &Args,
+    budget: u64,
+    spec: &SideSpec,
+    paged_blocks: Option<usize>,
+) -> Result<(Pool, Context, Server, u64, f64)> {
+    let history = args.out.is_some().then(HistoryOptions::default);
+    let pool_options = PoolOptions {
+        history,
+        ..PoolOptions::default()
+    };
+    let pool = if spec.naive {
+        Pool::naive(gpu, pool_options)
+    } else {
+        Pool::new(gpu, pool_options)?
+    };
+    let context_options = ContextOptions {
+        profile: spec.name == "paged_profile",
+        ..ContextOptions::default()
+    };
+    let context = Context::new(&pool, context_options)?;
+    let built = Instant::now();
+    let model = Gpt2::upload(&context, weights, DType::F32)?;
+    let weights_bytes = model.bytes();
+    let side_options = match (spec.execution, paged_blocks) {
+        (Execution::Eager, Some(blocks)) => ServerOptions {
+            kv_blocks: Some(blocks),
+            ..options(args, None, spec.layout, spec.execution)
+        },
+        _ => options(args, Some(budget), spec.layout, spec.execution),
+    };
+    let server = Server::new(&context, model, side_options)?;
+    let build_s = built.elapsed().as_secs_f64();
+    Ok((pool, context, server, weights_bytes, build_s))
+}
+
+/// What serving the stream gave: the finished requests (in id order), the seconds, and the
+/// device's and the crate's largest figures read at one moment every 16 steps.
+struct Served {
+    done: Vec<Completion>,
+    wall_s: f64,
+    device_reported: Option<u64>,
+    accounted: u64,
+    ooms: u64,
+}
+
+/// Serves `requests` (all arriving now) to the end; exports the memory at half of them.
+fn serve_stream(
+    gpu: &Gpu,
+    pool: &Pool,
+    server: &mut Server,
+    requests: &[RequestSpec],
+    out: Option<&std::path::Path>,
+) -> Result<Served> {
+    let ooms_before = pool.stats().oom_count;
+    let start = Instant::now();
+    for request in requests {
+        server.submit(request)?;
+    }
+    let (mut device_reported, mut accounted, mut exported) = (None, 0, false);
+    let mut done: Vec<Completion> = Vec::new();
+    while server.busy() {
+        server.step()?;
+        done.extend(server.take_finished());
+        if server.stats().steps % 16 == 1 {
+            accounted = accounted.max(gpu.accounted().total_bytes());
+            if let Some(bytes) =
+                AllocatorReport::from_device(&gpu.device, gpu.info.backend).total_allocated_bytes()
+            {
+                device_reported = Some(device_reported.unwrap_or(0).max(bytes));
+            }
+        }
+        if !exported && done.len() * 2 >= requests.len() {
+            exported = true;
+            if let Some(dir) = out {
+                server.label_kv()?;
+                write_exports(pool, dir)?;
+            }
+        }
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    done.sort_by_key(|c| c.id);
+    Ok(Served {
+        done,
+        wall_s,
+        device_reported,
+        accounted,
+        ooms: pool.stats().oom_count - ooms_before,
+    })
+}
+
 /// Serves `requests` on a new pool and server; returns the side's figures.
-#[allow(clippy::too_many_arguments)] // one side's whole description, read once
 fn serve_side(
     gpu: &Gpu,
     weights: &Gpt2Weights,
     requests: &[RequestSpec],
     args: &Args,
     budget: u64,
-    layout: KvLayout,
-    execution: Execution,
-    naive: bool,
-    name: &str,
+    spec: &SideSpec,
     paged_blocks: Option<usize>,
 ) -> Result<Side> {
-    let history = args.out.is_some().then(HistoryOptions::default);
-    let profile = name == "paged_profile";
-    let pool_options = PoolOptions {
-        history,
-        ..PoolOptions::default()
-    };
-    let pool = if naive {
-        Pool::naive(gpu, pool_options)
-    } else {
-        Pool::new(gpu, pool_options)?
-    };
-    let context = Context::new(
-        &pool,
-        ContextOptions {
-            profile,
-            ..ContextOptions::default()
-        },
-    )?;
-    let built = Instant::now();
-    let model = Gpt2::upload(&context, weights, DType::F32)?;
-    let weights_bytes = model.bytes();
-    // The eager side's intermediates are not planned: it gets no budget, and the paged side's
-    // cache (its blocks from the same budget) so that its steps are the same work.
-    let side_options = match (execution, paged_blocks) {
-        (Execution::Eager, Some(blocks)) => ServerOptions {
-            kv_blocks: Some(blocks),
-            ..options(args, None, layout, execution)
-        },
-        _ => options(args, Some(budget), layout, execution),
-    };
-    let mut server = Server::new(&context, model, side_options)?;
+    let (pool, context, mut server, weights_bytes, mut build_s) =
+        start_side(gpu, weights, args, budget, spec, paged_blocks)?;
+    let warm = Instant::now();
     // Warm-up: a padding step of every planned row count (pipelines compiled at first use),
     // then the first request's prompt and two outputs.
     server.warm_up()?;
@@ -486,57 +561,58 @@ fn serve_side(
     server.reset_stats();
     // Peaks from here: sizing the cache may pass the budget by one layer's cache for a moment.
     pool.reset_peaks();
-    let build_s = built.elapsed().as_secs_f64();
-    let ooms_before = pool.stats().oom_count;
-    let mut ids = Vec::with_capacity(requests.len());
-    let start = Instant::now();
-    for request in requests {
-        ids.push(server.submit(request)?);
-    }
-    let (mut device_reported, mut accounted, mut exported) = (None, 0, false);
-    let mut done: Vec<Completion> = Vec::new();
-    while server.busy() {
-        server.step()?;
-        done.extend(server.take_finished());
-        // The crate's buffers and the device's figure, read at one moment every 16 steps.
-        if server.stats().steps % 16 == 1 {
-            accounted = accounted.max(gpu.accounted().total_bytes());
-            if let Some(bytes) =
-                AllocatorReport::from_device(&gpu.device, gpu.info.backend).total_allocated_bytes()
-            {
-                device_reported = Some(device_reported.unwrap_or(0).max(bytes));
-            }
-        }
-        if !exported && done.len() * 2 >= requests.len() {
-            exported = true;
-            if let Some(dir) = &args.out {
-                server.label_kv()?;
-                write_exports(&pool, dir.join(name))?;
-            }
-        }
-    }
-    let wall_s = start.elapsed().as_secs_f64();
-    let profile =
-        profile.then(|| kernel_profile(&context.take_kernel_timings(), server.stats().steps));
-    done.sort_by_key(|c| c.id);
+    build_s += warm.elapsed().as_secs_f64();
+    let out = args.out.as_ref().map(|dir| dir.join(&spec.name));
+    let served = serve_stream(gpu, &pool, &mut server, requests, out.as_deref())?;
+    let profile = (spec.name == "paged_profile")
+        .then(|| kernel_profile(&context.take_kernel_timings(), server.stats().steps));
+    Ok(side_figures(
+        &server,
+        &pool,
+        served,
+        spec,
+        weights_bytes,
+        build_s,
+        profile,
+        weights.config.n_ctx,
+    ))
+}
+
+/// The side's figures from its server, pool and run.
+#[allow(clippy::too_many_arguments)] // the parts of one side's figures, read once
+fn side_figures(
+    server: &Server,
+    pool: &Pool,
+    served: Served,
+    spec: &SideSpec,
+    weights_bytes: u64,
+    build_s: f64,
+    profile: Option<Vec<KernelShare>>,
+    n_ctx: usize,
+) -> Side {
     let stats = server.stats().clone();
     let pool_stats = pool.stats();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    let ttft: Vec<f64> = done.iter().map(|c| ms(c.time_to_first_token)).collect();
-    let tpot: Vec<f64> = done
+    let ttft: Vec<f64> = served
+        .done
+        .iter()
+        .map(|c| ms(c.time_to_first_token))
+        .collect();
+    let tpot: Vec<f64> = served
+        .done
         .iter()
         .filter_map(|c| c.time_per_output_token().map(ms))
         .collect();
     let block_bytes = server.cache().bytes_per_block();
-    let token_bytes = block_bytes / args.block_tokens as u64;
+    let token_bytes = block_bytes / server.options().block_tokens as u64;
     let kv_reserved = stats.kv_peak.held_blocks as u64 * block_bytes;
     let kv_used = stats.kv_peak.used_tokens as u64 * token_bytes;
-    Ok(Side {
-        layout: format!("{layout:?}"),
-        execution: format!("{execution:?}"),
+    Side {
+        layout: format!("{:?}", spec.layout),
+        execution: format!("{:?}", spec.execution),
         generated_tokens: stats.generated_tokens,
-        wall_s,
-        generated_tokens_per_s: stats.generated_tokens as f64 / wall_s,
+        wall_s: served.wall_s,
+        generated_tokens_per_s: stats.generated_tokens as f64 / served.wall_s,
         ttft_ms_p50: percentile(&ttft, 50.0).unwrap_or(0.0),
         ttft_ms_p99: percentile(&ttft, 99.0).unwrap_or(0.0),
         tpot_ms_p50: percentile(&tpot, 50.0).unwrap_or(0.0),
@@ -553,7 +629,7 @@ fn serve_side(
         } else {
             1.0 - kv_used as f64 / kv_reserved as f64
         },
-        capacity_at_max_length: server.capacity_for(weights.config.n_ctx),
+        capacity_at_max_length: server.capacity_for(n_ctx),
         weights_bytes,
         activation_bytes: server.activation_bytes(),
         peak_reserved_bytes: pool_stats.reserved_bytes.peak,
@@ -562,20 +638,21 @@ fn serve_side(
         in_flight_max: stats.in_flight_max,
         waits: stats.waits,
         preemptions: stats.preemptions,
-        oom_errors: pool_stats.oom_count - ooms_before,
+        oom_errors: served.ooms,
         segments_created: pool_stats.segments.total,
-        device_reported_bytes: device_reported,
-        accounted_bytes: accounted,
+        device_reported_bytes: served.device_reported,
+        accounted_bytes: served.accounted,
         build_s,
         profile,
-        requests: done
+        requests: served
+            .done
             .into_iter()
             .map(|c| RequestTokens {
                 prompt: c.prompt,
                 output: c.output,
             })
             .collect(),
-    })
+    }
 }
 
 fn print_side(name: &str, side: &Side) {

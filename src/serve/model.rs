@@ -60,7 +60,8 @@ pub struct Gpt2 {
 
 impl Gpt2 {
     /// Uploads `weights` as tensors of `dtype` (f16 where the device has it). Errors: those of
-    /// [`Context::tensor_labeled`] (out of memory, f16 unavailable).
+    /// [`Context::tensor_labeled`] (out of memory, f16 unavailable). Long: one upload a
+    /// checkpoint tensor, in the layout's order.
     pub fn upload(
         context: &Context,
         weights: &Gpt2Weights,

@@ -115,6 +115,7 @@ impl Context {
     /// Errors: those of [`Context::kv_write`] (with `q` for the new tokens);
     /// [`ComputeError::InvalidShape`] for a `head_dim` above 256;
     /// [`ComputeError::InvalidScalar`] for a `scale` that is not finite.
+    // Long: the one-pass and the split (partial, then combine) recordings side by side.
     pub fn paged_attention_decode(
         &self,
         q: &Tensor,
@@ -129,21 +130,7 @@ impl Context {
             self.check_owner(OP, tensor)?;
         }
         let paged = paged_shapes(OP, k_cache, v_cache, q, q, block_table, seq_lens)?;
-        if paged.head_dim > WORKGROUP_SIZE {
-            return Err(ComputeError::InvalidShape {
-                op: OP,
-                shape: q.shape().to_vec(),
-                reason: "head_dim above 256 (one invocation of 256 per output)",
-            });
-        }
-        if !scale.is_finite() {
-            return Err(ComputeError::InvalidScalar {
-                op: OP,
-                what: "scale",
-                value: scale,
-                expected: "finite",
-            });
-        }
+        check_attention(OP, q, &paged, scale)?;
         let dtype = common_dtype(OP, &[q, k_cache, v_cache])?;
         let pairs = paged.batch * paged.n_head;
         let parts = attention_parts(
@@ -165,26 +152,18 @@ impl Context {
         self.before_op()?;
         let output = self.allocate_output(OP, q.shape().to_vec(), q.len(), dtype)?;
         let bindings = |first: &Tensor, last: &Tensor| {
-            [
-                Arc::clone(&first.storage),
-                Arc::clone(&k_cache.storage),
-                Arc::clone(&v_cache.storage),
-                Arc::clone(&block_table.storage),
-                Arc::clone(&seq_lens.storage),
-                Arc::clone(&last.storage),
-            ]
+            [first, k_cache, v_cache, block_table, seq_lens, last].map(|t| Arc::clone(&t.storage))
         };
+        let attend = KernelKey::plain(Source::PagedAttention, OP);
         if parts == 1 {
             let bound = bindings(q, &output);
-            return self
-                .record(Dispatch {
-                    kernel: KernelKey::plain(Source::PagedAttention, OP)
-                        .typed(ElementTypes::same(dtype)),
-                    params: ParamsBlock::new(&params),
-                    bindings: &bound.iter().collect::<Vec<_>>(),
-                    workgroups,
-                })
-                .map(|()| output);
+            self.record(Dispatch {
+                kernel: attend.typed(ElementTypes::same(dtype)),
+                params: ParamsBlock::new(&params),
+                bindings: &bound.iter().collect::<Vec<_>>(),
+                workgroups,
+            })?;
+            return Ok(output);
         }
         // Each share's record: head_dim sums, its max and its sum of weights, in f32.
         let records = pairs * parts * (paged.head_dim + 2);
@@ -196,7 +175,7 @@ impl Context {
         )?;
         let bound = bindings(q, &partial);
         self.record(Dispatch {
-            kernel: KernelKey::plain(Source::PagedAttention, OP).typed(ElementTypes {
+            kernel: attend.typed(ElementTypes {
                 input: dtype,
                 output: DType::F32,
             }),
@@ -205,7 +184,6 @@ impl Context {
             workgroups,
         })?;
         let (workgroups, grid_x) = grid_1d(self, OP, pairs as u64)?;
-        let combine = PagedAttentionParams { grid_x, ..params };
         let bound = bindings(&partial, &output);
         self.record(Dispatch {
             kernel: KernelKey::plain(Source::PagedAttention, "paged_attention_combine").typed(
@@ -214,12 +192,37 @@ impl Context {
                     output: dtype,
                 },
             ),
-            params: ParamsBlock::new(&combine),
+            params: ParamsBlock::new(&PagedAttentionParams { grid_x, ..params }),
             bindings: &bound.iter().collect::<Vec<_>>(),
             workgroups,
         })?;
         Ok(output)
     }
+}
+
+/// Refuses a head size above one workgroup's invocations and a scale that is not finite.
+fn check_attention(
+    op: &'static str,
+    q: &Tensor,
+    paged: &Paged,
+    scale: f32,
+) -> Result<(), ComputeError> {
+    if paged.head_dim > WORKGROUP_SIZE {
+        return Err(ComputeError::InvalidShape {
+            op,
+            shape: q.shape().to_vec(),
+            reason: "head_dim above 256 (one invocation of 256 per output)",
+        });
+    }
+    if !scale.is_finite() {
+        return Err(ComputeError::InvalidScalar {
+            op,
+            what: "scale",
+            value: scale,
+            expected: "finite",
+        });
+    }
+    Ok(())
 }
 
 /// Workgroups per (sequence, head) of the decode attention: enough shares of each sequence's
@@ -234,7 +237,8 @@ fn attention_parts(pairs: usize, positions: usize, min_workgroups: usize) -> usi
 /// The sizes of a paged cache (`k_cache`, `v_cache`), its tokens (`k_new`, `v_new`:
 /// `[batch, n_head, head_dim]`, `q` twice for attention), its block table
 /// (`[batch, max_blocks]`) and its per-sequence integers (`[batch]`), checked against each
-/// other (the element types apart, which [`common_dtype`] checks).
+/// other (the element types apart, which [`common_dtype`] checks). Long: one check a rule,
+/// each with its own message.
 fn paged_shapes(
     op: &'static str,
     k_cache: &Tensor,
