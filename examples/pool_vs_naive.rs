@@ -427,10 +427,12 @@ fn main() -> Result<()> {
     }
 
     if let Some(path) = &args.json {
+        // The top-level sides: the small workload's, or the one workload run (`--only`).
         let main = comparisons
             .iter()
             .find(|c| c.workload.name == "small")
-            .context("--json needs the small workload")?;
+            .or_else(|| comparisons.first())
+            .context("--json needs a workload")?;
         let report = JsonReport {
             adapter: gpu.info.name.clone(),
             backend: format!("{:?}", gpu.info.backend),
