@@ -127,7 +127,6 @@ pub(crate) fn cooperative_plan(
     n: usize,
     k: usize,
 ) -> Result<Option<MatmulPlan>, ComputeError> {
-    const OP: &str = "matmul";
     let operands = match dtype {
         DType::F16 => true,
         DType::F32 => options.cooperative_f32_as_f16,
@@ -135,54 +134,31 @@ pub(crate) fn cooperative_plan(
     if !operands || !options.cooperative || !caps.cooperative_f16() {
         return Ok(None);
     }
-    let limits = &caps.limits;
     let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-    let Some(tiles) = cooperative_tile(options, limits, m64, n64)? else {
+    let Some(tiles) = cooperative_tile(options, &caps.limits, m64, n64)? else {
         return Ok(None);
     };
-    let tiles_n = n64.div_ceil(u64::from(tiles.bn));
-    let tiles_m = m64.div_ceil(u64::from(tiles.bm));
-    let blocks = tiles_n.saturating_mul(tiles_m);
-    let bk = u64::from(CoopTiles::BK);
+    let blocks = n64
+        .div_ceil(u64::from(tiles.bn))
+        .saturating_mul(m64.div_ceil(u64::from(tiles.bm)));
     let wanted = cooperative_splits(options, blocks, k64);
-    // The partial products (rounded up to 16 bytes) must fit one binding.
-    let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
-        / m64.saturating_mul(n64).saturating_mul(4))
-    .max(1);
-    let wanted = wanted.min(max_binding_splits);
-    let k_chunk = k64.div_ceil(wanted).div_ceil(bk).saturating_mul(bk);
-    let splits = k64.div_ceil(k_chunk);
-    let max = u64::from(limits.max_compute_workgroups_per_dimension);
-    if splits > max {
-        return Err(ComputeError::ExceedsLimit {
-            op: OP,
-            what: "splits along K",
-            value: splits,
-            limit_name: "max_compute_workgroups_per_dimension",
-            limit: max,
-        });
-    }
-    let (x, y) = if tiles_n <= u64::from(caps.max_grid_x) && tiles_m <= max {
-        (tiles_n, tiles_m)
-    } else {
-        let (grid, _) = caps.grid_1d(OP, blocks)?;
-        (u64::from(grid[0]), u64::from(grid[1]))
-    };
-    // The kernel multiplies them in a u32.
-    kernel_u32(OP, "block tiles", blocks)?;
+    let grid = block_grid(
+        caps,
+        (
+            u64::from(tiles.bm),
+            u64::from(tiles.bn),
+            u64::from(CoopTiles::BK),
+        ),
+        (m64, n64, k64),
+        wanted,
+    )?;
     Ok(Some(MatmulPlan {
         tiles: options.small_tiles,
-        splits: kernel_u32(OP, "splits along K", splits)?,
-        k_chunk: kernel_u32(OP, "depth of K per split", k_chunk)?,
+        splits: grid.splits,
+        k_chunk: grid.k_chunk,
         vec4: k.is_multiple_of(4) && n.is_multiple_of(4),
-        edges: !m64.is_multiple_of(u64::from(tiles.bm))
-            || !n64.is_multiple_of(u64::from(tiles.bn))
-            || !k64.is_multiple_of(bk),
-        workgroups: [
-            kernel_u32(OP, "workgroups along N", x)?,
-            kernel_u32(OP, "workgroups along M", y)?,
-            kernel_u32(OP, "splits along K", splits)?,
-        ],
+        edges: grid.edges,
+        workgroups: grid.workgroups,
         narrow_lanes: 0,
         narrow_subgroup: 0,
         cooperative: Some(tiles),
@@ -267,20 +243,62 @@ pub(crate) fn tiled_plan(
     n: usize,
     k: usize,
 ) -> Result<MatmulPlan, ComputeError> {
+    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+    let tiles = tiled_tile(options, &caps.limits, m64, n64);
+    let wanted = tiled_splits(options, tiles, m64, n64, k64);
+    let grid = block_grid(
+        caps,
+        (
+            u64::from(tiles.bm),
+            u64::from(tiles.bn),
+            u64::from(tiles.bk),
+        ),
+        (m64, n64, k64),
+        wanted,
+    )?;
+    Ok(MatmulPlan {
+        tiles,
+        splits: grid.splits,
+        k_chunk: grid.k_chunk,
+        vec4: k.is_multiple_of(4) && n.is_multiple_of(4),
+        edges: grid.edges,
+        workgroups: grid.workgroups,
+        narrow_lanes: 0,
+        narrow_subgroup: 0,
+        cooperative: None,
+    })
+}
+
+/// The split along K, grid and edges of a product by block tiles.
+struct BlockGrid {
+    splits: u32,
+    k_chunk: u32,
+    workgroups: [u32; 3],
+    edges: bool,
+}
+
+/// The grid of an `m × n × k` product by block tiles of `bm × bn` walking K by `bk`, split at
+/// most `wanted` ways along K: as many splits as keep their f32 partial products within one
+/// binding, each a multiple of `bk` deep; the block tiles as the grid where the device takes it,
+/// else laid over rows of linear ids (the kernels map both through `block_id`). Errors: more
+/// splits or block tiles than the device's grid or the kernels' `u32`s take.
+fn block_grid(
+    caps: &DeviceCaps,
+    (bm, bn, bk): (u64, u64, u64),
+    (m, n, k): (u64, u64, u64),
+    wanted: u64,
+) -> Result<BlockGrid, ComputeError> {
     const OP: &str = "matmul";
     let limits = &caps.limits;
-    let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-    let tiles = tiled_tile(options, limits, m64, n64);
-    let bk = u64::from(tiles.bk.max(1));
-    let wanted = tiled_splits(options, tiles, m64, n64, k64);
+    let (bm, bn, bk) = (bm.max(1), bn.max(1), bk.max(1));
     // The partial products (rounded up to 16 bytes) must fit one binding.
     let max_binding_splits = (limits.max_storage_buffer_binding_size.saturating_sub(16)
-        / m64.saturating_mul(n64).saturating_mul(4))
+        / m.saturating_mul(n).saturating_mul(4))
     .max(1);
     let wanted = wanted.min(max_binding_splits);
     // At least `bk` (K is not 0), so the division below is sound.
-    let k_chunk = k64.div_ceil(wanted).div_ceil(bk).saturating_mul(bk);
-    let splits = k64.div_ceil(k_chunk);
+    let k_chunk = k.div_ceil(wanted).div_ceil(bk).saturating_mul(bk);
+    let splits = k.div_ceil(k_chunk);
     let max = u64::from(limits.max_compute_workgroups_per_dimension);
     if splits > max {
         return Err(ComputeError::ExceedsLimit {
@@ -291,35 +309,25 @@ pub(crate) fn tiled_plan(
             limit: max,
         });
     }
-    let tiles_n = n64.div_ceil(u64::from(tiles.bn.max(1)));
-    let tiles_m = m64.div_ceil(u64::from(tiles.bm.max(1)));
-    // The block tiles as the grid where the device takes it, else over a grid of rows of
-    // linear ids (the kernel maps both through `block_id`).
+    let (tiles_n, tiles_m) = (n.div_ceil(bn), m.div_ceil(bm));
+    let blocks = tiles_n.saturating_mul(tiles_m);
     let (x, y) = if tiles_n <= u64::from(caps.max_grid_x) && tiles_m <= max {
         (tiles_n, tiles_m)
     } else {
-        let (grid, _) = caps.grid_1d(OP, tiles_n.saturating_mul(tiles_m))?;
+        let (grid, _) = caps.grid_1d(OP, blocks)?;
         (u64::from(grid[0]), u64::from(grid[1]))
     };
     // The kernel multiplies them in a u32.
-    kernel_u32(OP, "block tiles", tiles_n.saturating_mul(tiles_m))?;
-    let z = splits;
-    Ok(MatmulPlan {
-        tiles,
+    kernel_u32(OP, "block tiles", blocks)?;
+    Ok(BlockGrid {
         splits: kernel_u32(OP, "splits along K", splits)?,
         k_chunk: kernel_u32(OP, "depth of K per split", k_chunk)?,
-        vec4: k.is_multiple_of(4) && n.is_multiple_of(4),
-        edges: !m64.is_multiple_of(u64::from(tiles.bm))
-            || !n64.is_multiple_of(u64::from(tiles.bn))
-            || !k64.is_multiple_of(bk),
         workgroups: [
             kernel_u32(OP, "workgroups along N", x)?,
             kernel_u32(OP, "workgroups along M", y)?,
-            kernel_u32(OP, "splits along K", z)?,
+            kernel_u32(OP, "splits along K", splits)?,
         ],
-        narrow_lanes: 0,
-        narrow_subgroup: 0,
-        cooperative: None,
+        edges: !m.is_multiple_of(bm) || !n.is_multiple_of(bn) || !k.is_multiple_of(bk),
     })
 }
 
