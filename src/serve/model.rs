@@ -99,8 +99,10 @@ impl Gpt2 {
             };
             let ((wq, bq), (wk, bk), (wv, bv)) = (columns(0), columns(1), columns(2));
             blocks.push(Block {
-                ln_1: pair(&mut upload, &block.ln_1_weight, &block.ln_1_bias, 1, "ln_1")
-                    .map(|(g, b)| (g.reshape(&[e]).expect("same length"), b))?,
+                ln_1: (
+                    upload(&block.ln_1_weight, &[e], &name("ln_1.weight"))?,
+                    upload(&block.ln_1_bias, &[e], &name("ln_1.bias"))?,
+                ),
                 q: pair(&mut upload, &wq, &bq, e, "attn.c_attn.q")?,
                 k: pair(&mut upload, &wk, &bk, e, "attn.c_attn.k")?,
                 v: pair(&mut upload, &wv, &bv, e, "attn.c_attn.v")?,
@@ -111,8 +113,10 @@ impl Gpt2 {
                     e,
                     "attn.c_proj",
                 )?,
-                ln_2: pair(&mut upload, &block.ln_2_weight, &block.ln_2_bias, 1, "ln_2")
-                    .map(|(g, b)| (g.reshape(&[e]).expect("same length"), b))?,
+                ln_2: (
+                    upload(&block.ln_2_weight, &[e], &name("ln_2.weight"))?,
+                    upload(&block.ln_2_bias, &[e], &name("ln_2.bias"))?,
+                ),
                 fc: pair(
                     &mut upload,
                     &block.mlp_c_fc_weight,

@@ -158,12 +158,6 @@ pub struct Server {
     stats: ServerStats,
 }
 
-/// The memory a server's steps need besides the weights and the cache.
-struct Sizing {
-    /// Bytes kept for the steps' activations (the plans' arena, or an eager step's estimate).
-    activation_bytes: u64,
-}
-
 impl Server {
     /// A server of `model` on `context`: sizes the KV cache (from the budget, after the weights
     /// and the steps' activations, or as `kv_blocks` says), makes it, and, for planned
@@ -178,7 +172,8 @@ impl Server {
         check_options(&options, config.n_ctx)?;
         let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
         let arena = context.plan_arena();
-        let sizing = Self::size_activations(context, &model, &options, max_blocks, &arena)?;
+        let activation_bytes =
+            Self::size_activations(context, &model, &options, max_blocks, &arena)?;
         let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
         let cache = match (options.budget_bytes, options.kv_blocks) {
             (budget, Some(blocks)) => {
@@ -201,7 +196,7 @@ impl Server {
                     context,
                     &model,
                     &options,
-                    sizing.activation_bytes,
+                    activation_bytes,
                     min_blocks,
                     block_bytes,
                 )?
@@ -248,7 +243,7 @@ impl Server {
         options: &ServerOptions,
         max_blocks: usize,
         arena: &PlanArena,
-    ) -> Result<Sizing, ServeError> {
+    ) -> Result<u64, ServeError> {
         let config = model.config();
         let probe = KvCache::new(context, &config, options.block_tokens, 2, model.dtype())?;
         let rows = StepRows::bucket(options.max_step_tokens);
@@ -270,7 +265,7 @@ impl Server {
         drop(plan);
         drop(probe);
         context.trim()?;
-        Ok(Sizing { activation_bytes })
+        Ok(activation_bytes)
     }
 
     /// The plan of a step of `rows` rows over `cache`, in the server's arena.

@@ -13,22 +13,8 @@ use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use wgpu_pool::compute::cpu::{self, KvLayout};
 use wgpu_pool::compute::{BinaryOp, ComputeError, Context, ContextOptions, DType, Feed, Tensor};
 
-use crate::compute::{assert_close, context_with, random, refused};
+use crate::compute::{assert_close, context_with, contexts, random, refused};
 use crate::gpu::both;
-
-/// A default context and one whose grids are at most 2 workgroups wide (2-D past that).
-fn contexts(gpu: &wgpu_pool::Gpu) -> [Context; 2] {
-    [
-        context_with(gpu, ContextOptions::default()),
-        context_with(
-            gpu,
-            ContextOptions {
-                max_grid_x: Some(2),
-                ..ContextOptions::default()
-            },
-        ),
-    ]
-}
 
 /// One case: the cache's layout, its blocks, and the sequences' lengths.
 struct Case {

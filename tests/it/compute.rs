@@ -37,6 +37,21 @@ pub(crate) fn context_with(gpu: &Gpu, options: ContextOptions) -> Context {
     Context::new(&pool, options).expect("context")
 }
 
+/// A default context and one whose grids are at most 2 workgroups wide (2-D past that): the
+/// transformer and attention tests run on both.
+pub(crate) fn contexts(gpu: &Gpu) -> [Context; 2] {
+    [
+        context_with(gpu, ContextOptions::default()),
+        context_with(
+            gpu,
+            ContextOptions {
+                max_grid_x: Some(2),
+                ..ContextOptions::default()
+            },
+        ),
+    ]
+}
+
 fn context(gpu: &Gpu) -> Context {
     context_with(gpu, ContextOptions::default())
 }

@@ -12,25 +12,11 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wgpu_pool::compute::{cpu, ComputeError, Context, ContextOptions, DType, Feed, Tensor};
 
-use crate::compute::{assert_close, context_with, random, refused};
+use crate::compute::{assert_close, context_with, contexts, random, refused};
 use crate::gpu::both;
 
 /// `(rows, cols)`: odd, one column, one row, past one workgroup's stride, several strides.
 const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 17), (17, 3), (2, 129), (5, 257), (2, 1000)];
-
-/// A default context and one whose grids are at most 2 workgroups wide (2-D past that).
-fn contexts(gpu: &wgpu_pool::Gpu) -> [Context; 2] {
-    [
-        context_with(gpu, ContextOptions::default()),
-        context_with(
-            gpu,
-            ContextOptions {
-                max_grid_x: Some(2),
-                ..ContextOptions::default()
-            },
-        ),
-    ]
-}
 
 fn layer_norm_tolerance(expected: &[f32]) -> impl Fn(usize) -> f64 + '_ {
     |i| 2e-5 * (f64::from(expected[i]).abs() + 1.0)
