@@ -25,8 +25,10 @@
 //! Every side admits under `--budget` (bytes; default: the weights and the steps' activations,
 //! plus half of what the contiguous cache needs for `--max-batch` sequences of the full context):
 //! the KV cache takes what the weights and activations leave, and a request waits until its
-//! blocks are free. `--eager` adds `paged_eager`, the paged side with every step's ops run
-//! eagerly (the planned-versus-eager comparison).
+//! blocks are free. Planned sides pipeline their steps (`Server::step_ahead`: the next step is
+//! submitted before the one in flight is read). `--eager` adds `paged_eager`, the paged side
+//! with every step's ops run eagerly, and `paged_sync`, the paged side planned but each step
+//! waited for (the planned-versus-eager comparison, and what pipelining adds).
 //!
 //! Weights: `--weights FILE` (safetensors, Hugging Face's GPT-2 layout, the configuration in its
 //! `__metadata__`), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
@@ -135,6 +137,9 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
 struct Side {
     layout: String,
     execution: String,
+    /// Steps pipelined (`Server::step_ahead`), and the rows fed on the GPU so.
+    pipelined: bool,
+    fed_rows: u64,
     generated_tokens: u64,
     wall_s: f64,
     generated_tokens_per_s: f64,
@@ -393,13 +398,14 @@ fn default_budget(gpu: &Gpu, weights: &Gpt2Weights, args: &Args) -> Result<u64> 
     Ok(fixed + contiguous / 2)
 }
 
-/// One side: its name, cache layout, execution and pool.
+/// One side: its name, cache layout, execution and pool, and whether its steps are pipelined.
 #[derive(Debug, Clone)]
 struct SideSpec {
     name: String,
     layout: KvLayout,
     execution: Execution,
     naive: bool,
+    pipelined: bool,
 }
 
 /// The sides the command line asks for.
@@ -409,6 +415,7 @@ fn side_specs(args: &Args, n_ctx: usize) -> Vec<SideSpec> {
         layout,
         execution,
         naive,
+        pipelined: execution == Execution::Planned,
     };
     let contiguous = KvLayout::Contiguous { max_tokens: n_ctx };
     let mut specs: Vec<SideSpec> = args
@@ -427,6 +434,10 @@ fn side_specs(args: &Args, n_ctx: usize) -> Vec<SideSpec> {
             Execution::Eager,
             false,
         ));
+        specs.push(SideSpec {
+            pipelined: false,
+            ..spec("paged_sync", KvLayout::Paged, Execution::Planned, false)
+        });
     }
     if args.profile {
         // Timestamps around every dispatch: the eager path records them (a plan replays its
@@ -498,6 +509,7 @@ fn serve_stream(
     pool: &Pool,
     server: &mut Server,
     requests: &[RequestSpec],
+    pipelined: bool,
     out: Option<&std::path::Path>,
 ) -> Result<Served> {
     let ooms_before = pool.stats().oom_count;
@@ -508,7 +520,11 @@ fn serve_stream(
     let (mut device_reported, mut accounted, mut exported) = (None, 0, false);
     let mut done: Vec<Completion> = Vec::new();
     while server.busy() {
-        server.step()?;
+        if pipelined {
+            server.step_ahead()?;
+        } else {
+            server.step()?;
+        }
         done.extend(server.take_finished());
         if server.stats().steps % 16 == 1 {
             accounted = accounted.max(gpu.accounted().total_bytes());
@@ -563,7 +579,14 @@ fn serve_side(
     pool.reset_peaks();
     build_s += warm.elapsed().as_secs_f64();
     let out = args.out.as_ref().map(|dir| dir.join(&spec.name));
-    let served = serve_stream(gpu, &pool, &mut server, requests, out.as_deref())?;
+    let served = serve_stream(
+        gpu,
+        &pool,
+        &mut server,
+        requests,
+        spec.pipelined,
+        out.as_deref(),
+    )?;
     let profile = (spec.name == "paged_profile")
         .then(|| kernel_profile(&context.take_kernel_timings(), server.stats().steps));
     Ok(side_figures(
@@ -610,6 +633,8 @@ fn side_figures(
     Side {
         layout: format!("{:?}", spec.layout),
         execution: format!("{:?}", spec.execution),
+        pipelined: spec.pipelined,
+        fed_rows: stats.fed_rows,
         generated_tokens: stats.generated_tokens,
         wall_s: served.wall_s,
         generated_tokens_per_s: stats.generated_tokens as f64 / served.wall_s,

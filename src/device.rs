@@ -496,12 +496,25 @@ const GL_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
 /// wait is made of slices of [`GL_WAIT_SLICE`], the context free between them; elsewhere it is
 /// one wait.
 pub(crate) fn wait_for_submitted(device: &wgpu::Device) -> Result<(), wgpu::PollError> {
+    wait_for_submission(device, None)
+}
+
+/// [`wait_for_submitted`] for the submission `index` and those before it only (`None`: all).
+pub(crate) fn wait_for_submission(
+    device: &wgpu::Device,
+    index: Option<wgpu::SubmissionIndex>,
+) -> Result<(), wgpu::PollError> {
     if device.adapter_info().backend != wgpu::Backend::Gl {
-        return device.poll(wgpu::PollType::wait_indefinitely()).map(drop);
+        return device
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
+            .map(drop);
     }
     loop {
         let slice = wgpu::PollType::Wait {
-            submission_index: None,
+            submission_index: index.clone(),
             timeout: Some(GL_WAIT_SLICE),
         };
         match device.poll(slice) {
@@ -531,6 +544,18 @@ pub(crate) fn read_mapped_with<R>(
     size: u64,
     read: impl FnOnce(&[u8]) -> R,
 ) -> Result<R, String> {
+    read_mapped_after(device, buffer, size, None, read)
+}
+
+/// [`read_mapped_with`] for a buffer whose copy was in submission `index`: a blocking wait waits
+/// for that submission only, not for those after it (`None`: for all).
+pub(crate) fn read_mapped_after<R>(
+    device: &wgpu::Device,
+    buffer: &wgpu::Buffer,
+    size: u64,
+    index: Option<wgpu::SubmissionIndex>,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<R, String> {
     let (sender, receiver) = std::sync::mpsc::channel();
     buffer.map_async(wgpu::MapMode::Read, 0..size, move |result| {
         sender.send(result).ok();
@@ -541,7 +566,7 @@ pub(crate) fn read_mapped_with<R>(
             break Some(result);
         }
         if started.elapsed() > SPIN_BEFORE_BLOCKING {
-            wait_for_submitted(device).map_err(|e| e.to_string())?;
+            wait_for_submission(device, index).map_err(|e| e.to_string())?;
             // The submission is done, so the callback has run, is running on another thread
             // whose poll took it (a device shared between threads), or was dropped: wait for
             // it rather than try once.

@@ -136,7 +136,7 @@ mod user_kernel;
 mod vocab;
 
 pub use context::{Context, ContextOptions, ContextStats, TensorAllocation};
-pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanStats};
+pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanRun, PlanStats};
 pub use ops::custom::Launch;
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};

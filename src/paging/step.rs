@@ -12,11 +12,17 @@ use super::error::PagingError;
 /// (`max_blocks` ids, the unused ones 0). Padding rows hold token 0 at position 0 of a table of
 /// block 0, which no sequence is given: their cache writes land there and change nothing
 /// another row reads. Everything is f32 (exact integers), as the kernels read it.
+///
+/// A row's token may also be left to the GPU ([`StepRows::push_fed`]): it is then the token the
+/// previous step sampled at a given index, which the host has not read yet — so that the step
+/// can be submitted before the previous one is done.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRows {
     max_blocks: usize,
     rows: usize,
     ids: Vec<f32>,
+    picks: Vec<f32>,
+    fed: Vec<f32>,
     positions: Vec<f32>,
     table: Vec<f32>,
     samples: Vec<f32>,
@@ -36,6 +42,8 @@ impl StepRows {
             max_blocks,
             rows: 0,
             ids: vec![0.0; rows],
+            picks: vec![0.0; rows],
+            fed: vec![0.0; rows],
             positions: vec![0.0; rows],
             table: vec![0.0; rows * max_blocks],
             samples: vec![0.0; samples],
@@ -106,6 +114,35 @@ impl StepRows {
         Ok(Some(self.sampled - 1))
     }
 
+    /// Adds a row as [`StepRows::push`] does, whose token is the one the previous step sampled
+    /// at index `previous_sample` (of as many sampled rows as this step's): its id is left to
+    /// the GPU ([`StepRows::picks`], [`StepRows::fed`]). Errors as [`StepRows::push`], and
+    /// [`PagingError::Config`] for an index past the sampled rows.
+    pub fn push_fed(
+        &mut self,
+        previous_sample: usize,
+        position: usize,
+        blocks: &[u32],
+        block_tokens: usize,
+        sample: bool,
+    ) -> Result<Option<usize>, PagingError> {
+        if previous_sample >= self.samples.len() {
+            return Err(PagingError::Config(
+                "a fed row's previous sample lies past the sampled rows",
+            ));
+        }
+        let row = self.rows;
+        let sampled = self.push(0, position, blocks, block_tokens, sample)?;
+        self.picks[row] = previous_sample as f32;
+        self.fed[row] = 1.0;
+        Ok(sampled)
+    }
+
+    /// Rows whose token the GPU takes from the previous step's samples.
+    pub fn fed_rows(&self) -> usize {
+        self.fed.iter().filter(|&&fed| fed != 0.0).count()
+    }
+
     /// Rows added.
     pub fn rows(&self) -> usize {
         self.rows
@@ -131,9 +168,21 @@ impl StepRows {
         self.max_blocks
     }
 
-    /// Token ids, `[rows]`.
+    /// Token ids, `[rows]` (0 for the rows [`StepRows::push_fed`] added).
     pub fn ids(&self) -> &[f32] {
         &self.ids
+    }
+
+    /// For each row, the index among the previous step's sampled rows whose token it takes,
+    /// `[rows]` (0 where [`StepRows::fed`] is 0).
+    pub fn picks(&self) -> &[f32] {
+        &self.picks
+    }
+
+    /// 1 for each row whose token is the previous step's sample (its id is
+    /// `ids + fed · previous[picks]`), else 0, `[rows]`.
+    pub fn fed(&self) -> &[f32] {
+        &self.fed
     }
 
     /// Positions, `[rows]`.

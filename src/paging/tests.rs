@@ -115,6 +115,27 @@ fn step_rows_pad_with_block_zero_and_record_samples() {
 }
 
 #[test]
+fn fed_rows_take_their_token_from_the_previous_samples() {
+    let mut step = StepRows::new(4, 2, 2).unwrap();
+    step.push(7, 0, &[3], 4, false).unwrap();
+    assert_eq!(step.push_fed(1, 4, &[3, 6], 4, true).unwrap(), Some(0));
+    assert!(
+        step.push_fed(2, 0, &[3], 4, false).is_err(),
+        "previous sample past the sampled rows"
+    );
+    assert!(
+        step.push_fed(0, 9, &[3], 4, false).is_err(),
+        "position past the blocks"
+    );
+    assert_eq!(step.rows(), 2, "refused rows add nothing");
+    assert_eq!(step.ids(), &[7.0, 0.0, 0.0, 0.0]);
+    assert_eq!(step.picks(), &[0.0, 1.0, 0.0, 0.0]);
+    assert_eq!(step.fed(), &[0.0, 1.0, 0.0, 0.0]);
+    assert_eq!(step.fed_rows(), 1);
+    assert_eq!(step.samples(), &[1.0, 0.0]);
+}
+
+#[test]
 fn streams_are_seeded_and_stay_within_the_context() {
     let spec = StreamSpec::gpt2_serving(200, 50257, 600, 3);
     let a = spec.generate().unwrap();

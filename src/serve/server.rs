@@ -1,13 +1,15 @@
 //! A GPT-2 server over a paged KV cache with continuous batching and admission by predicted
 //! memory: [`Server`], [`ServerOptions`], [`Completion`], [`ServerStats`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::{Gpt2, Head, StepTensors};
-use crate::compute::{CaptureOptions, Context, Feed, Plan, PlanArena};
+use crate::compute::{
+    CaptureOptions, ComputeError, Context, DType, Feed, Plan, PlanArena, PlanRun, Tensor,
+};
 use crate::model::Gpt2Weights;
 use crate::paging::{BlockManager, KvLayout, KvPeak, RequestSpec, StepRows};
 
@@ -98,6 +100,9 @@ pub struct ServerStats {
     pub rows: u64,
     /// Token rows run, padding included.
     pub padded_rows: u64,
+    /// Token rows whose token the GPU took from the step before, unread by the host
+    /// (pipelined steps, [`Server::step_ahead`]).
+    pub fed_rows: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
     /// Sequences in each step, summed (over `steps` for the mean).
@@ -134,6 +139,31 @@ struct Sequence {
     waited: bool,
 }
 
+/// A step's sampled tokens: being computed by a submitted plan, or read already (eager).
+enum Tokens {
+    Run(PlanRun),
+    Ready(Vec<f32>),
+}
+
+impl Tokens {
+    /// The tokens, as f32 ids (waiting for the plan's run).
+    fn wait(self) -> Result<Vec<f32>, ServeError> {
+        match self {
+            Tokens::Run(run) => Ok(run.wait()?.swap_remove(0)),
+            Tokens::Ready(tokens) => Ok(tokens),
+        }
+    }
+}
+
+/// A step submitted and not yet finished.
+struct InFlight {
+    tokens: Tokens,
+    /// The sequence of each sampled row, in sample order.
+    samples: Vec<u64>,
+    /// Whether every row of the step was a decoding one.
+    decode_only: bool,
+}
+
 /// Serves GPT-2 requests: continuous batching (sequences join and leave between steps), a KV
 /// cache of blocks from the pool, and admission by predicted memory — a request is admitted when
 /// the KV blocks it can reach (its prompt and every output) are free, the steps' activations
@@ -141,7 +171,9 @@ struct Sequence {
 ///
 /// Each step mixes the newest token of every decoding sequence with prompt tokens of the
 /// sequences being filled (up to [`ServerOptions::max_step_tokens`] rows) and samples the next
-/// token greedily after each sequence's last row.
+/// token greedily after each sequence's last row. Planned steps can be pipelined
+/// ([`Server::step_ahead`], which [`Server::run`] uses): the next step is submitted before the
+/// one in flight is read, its decoding rows taking their newest tokens on the GPU.
 pub struct Server {
     context: Context,
     model: Gpt2,
@@ -156,6 +188,10 @@ pub struct Server {
     finished: Vec<Completion>,
     next_id: u64,
     stats: ServerStats,
+    /// Planned: the last step's sampled tokens, which the next step's fed rows read
+    /// ([`StepRows::push_fed`]).
+    sampled: Option<Tensor>,
+    in_flight: Option<InFlight>,
 }
 
 impl Server {
@@ -174,6 +210,15 @@ impl Server {
         let arena = context.plan_arena();
         let activation_bytes =
             Self::size_activations(context, &model, &options, max_blocks, &arena)?;
+        // Before the cache, which takes what the budget leaves.
+        let sampled = match options.execution {
+            Execution::Planned => Some(context.zeros_labeled(
+                &[options.max_batch],
+                DType::F32,
+                "serve sampled tokens",
+            )?),
+            Execution::Eager => None,
+        };
         let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
         let cache = match (options.budget_bytes, options.kv_blocks) {
             (budget, Some(blocks)) => {
@@ -218,6 +263,8 @@ impl Server {
             next_id: 0,
             stats: ServerStats::default(),
             options,
+            sampled,
+            in_flight: None,
         };
         if server.options.execution == Execution::Planned {
             let mut rows = server.first_bucket();
@@ -291,7 +338,7 @@ impl Server {
         loop {
             let capacity = StepRows::bucket(rows);
             let step = StepRows::new(capacity, self.options.max_batch, self.max_blocks)?;
-            self.run_rows(&step)?;
+            self.run_rows(&step)?.wait()?;
             if capacity >= self.options.max_step_tokens {
                 return Ok(());
             }
@@ -366,53 +413,117 @@ impl Server {
         Ok(())
     }
 
-    /// Whether requests are waiting or in flight.
+    /// Whether requests are waiting or in flight (or a step is).
     pub fn busy(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty() || !self.running.is_empty() || self.in_flight.is_some()
     }
 
     /// Runs one step: admits what fits, runs every decoding sequence's newest token and prompt
     /// tokens of the sequences being filled, and appends each sampled next token. Returns the
-    /// tokens generated (0 when nothing is queued).
+    /// tokens generated (0 when nothing is queued), those of a step [`Server::step_ahead`] left
+    /// in flight included.
     pub fn step(&mut self) -> Result<usize, ServeError> {
+        self.advance(false)
+    }
+
+    /// Runs one step without waiting for it (planned execution): admits what fits, submits the
+    /// next step — its decoding rows whose newest token the step in flight samples take that
+    /// token on the GPU, unread — and only then finishes the step in flight (its tokens
+    /// appended, its finished sequences retired). The host's work for a step (building its
+    /// rows, recording the plan's replay, reading tokens) so overlaps the GPU's for the one
+    /// before. A step's tokens show one call later ([`Server::tokens`], [`Server::take_finished`])
+    /// or after [`Server::sync`]. Eager execution runs the step as [`Server::step`] does.
+    /// Returns the tokens the finished step generated.
+    pub fn step_ahead(&mut self) -> Result<usize, ServeError> {
+        self.advance(true)
+    }
+
+    /// Finishes the step [`Server::step_ahead`] left in flight, if any: waits for it, appends
+    /// its tokens and retires the sequences it finished. Returns the tokens it generated.
+    pub fn sync(&mut self) -> Result<usize, ServeError> {
+        let Some(step) = self.in_flight.take() else {
+            return Ok(0);
+        };
+        let next = step.tokens.wait()?;
+        let now = Instant::now();
+        for (sample, id) in step.samples.iter().enumerate() {
+            let token = next.get(sample).copied().unwrap_or(f32::NAN);
+            if let Some(sequence) = self.running.iter_mut().find(|s| s.id == *id) {
+                sequence.output.push(token as u32);
+                sequence.first.get_or_insert(now);
+            }
+        }
+        self.stats.generated_tokens += step.samples.len() as u64;
+        self.retire(now)?;
+        Ok(step.samples.len())
+    }
+
+    /// One step, left in flight when `ahead` (planned) or finished.
+    fn advance(&mut self, ahead: bool) -> Result<usize, ServeError> {
         let started = Instant::now();
         self.admit()?;
-        if self.running.is_empty() {
-            return Ok(0);
+        let launched = self.launch()?;
+        let mut generated = self.sync()?;
+        let decode_only = launched.as_ref().map(|step| step.decode_only);
+        self.in_flight = launched;
+        if !ahead || self.options.execution == Execution::Eager {
+            generated += self.sync()?;
         }
-        let (rows, samples) = self.build_rows()?;
-        let decode_only = samples.len() == rows.rows();
-        let next = self.run_rows(&rows)?;
-        let now = Instant::now();
-        for (sample, &index) in samples.iter().enumerate() {
-            let token = next.get(sample).copied().unwrap_or(f32::NAN);
-            let sequence = &mut self.running[index];
-            sequence.output.push(token as u32);
-            sequence.first.get_or_insert(now);
-        }
-        self.stats.generated_tokens += samples.len() as u64;
-        self.stats.steps += 1;
-        self.stats.rows += rows.rows() as u64;
-        self.stats.padded_rows += rows.capacity() as u64;
-        self.stats.in_flight_sum += self.running.len() as u64;
-        self.stats.in_flight_max = self.stats.in_flight_max.max(self.running.len());
-        self.retire(now)?;
         let seconds = started.elapsed().as_secs_f64();
         self.stats.step_seconds += seconds;
-        if decode_only {
+        if decode_only == Some(true) {
             self.stats.decode_step_seconds += seconds;
             self.stats.decode_steps += 1;
         }
-        Ok(samples.len())
+        Ok(generated)
+    }
+
+    /// Builds the next step's rows and submits them (`None` when no sequence has a row).
+    fn launch(&mut self) -> Result<Option<InFlight>, ServeError> {
+        let pending: HashMap<u64, usize> = self
+            .in_flight
+            .iter()
+            .flat_map(|step| step.samples.iter().enumerate())
+            .map(|(sample, &id)| (id, sample))
+            .collect();
+        let (rows, samples, sequences) = self.build_rows(&pending)?;
+        if rows.rows() == 0 {
+            return Ok(None);
+        }
+        let decode_only = samples.len() == rows.rows();
+        let tokens = self.run_rows(&rows)?;
+        self.stats.steps += 1;
+        self.stats.rows += rows.rows() as u64;
+        self.stats.padded_rows += rows.capacity() as u64;
+        self.stats.fed_rows += rows.fed_rows() as u64;
+        self.stats.in_flight_sum += sequences as u64;
+        self.stats.in_flight_max = self.stats.in_flight_max.max(sequences);
+        Ok(Some(InFlight {
+            tokens,
+            samples,
+            decode_only,
+        }))
     }
 
     /// The step's rows: one per decoding sequence, then prompt chunks up to the step's rows;
-    /// and, per sampled row, the index of its sequence in `running`.
-    fn build_rows(&mut self) -> Result<(StepRows, Vec<usize>), ServeError> {
+    /// the sequence of each sampled row; and the sequences not finished by the step in flight.
+    /// `pending` maps the sequences the step in flight samples to their sample index: their
+    /// rows take that token on the GPU, and those it gives their last token have no row.
+    fn build_rows(
+        &mut self,
+        pending: &HashMap<u64, usize>,
+    ) -> Result<(StepRows, Vec<u64>, usize), ServeError> {
         let limit = self.options.max_step_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new(); // (sequence index, rows)
         let mut total = 0;
+        let mut sequences = 0;
         for (index, sequence) in self.running.iter().enumerate() {
+            let outstanding =
+                sequence.output.len() + usize::from(pending.contains_key(&sequence.id));
+            if outstanding >= sequence.max_new_tokens {
+                continue; // finished by the step in flight
+            }
+            sequences += 1;
             if sequence.filled == sequence.prompt.len() {
                 plan.push((index, 1));
                 total += 1;
@@ -426,6 +537,9 @@ impl Server {
                 total += chunk;
             }
         }
+        if total == 0 {
+            return Ok((StepRows::new(1, 1, 1)?, Vec::new(), 0));
+        }
         // Eager steps are padded as planned ones are: the same shapes, so that the same kernels
         // (and the matmul tuner's choices, made once per shape) serve both.
         let mut rows = StepRows::new(
@@ -434,51 +548,82 @@ impl Server {
             self.max_blocks,
         )?;
         let mut samples = Vec::new();
-        let block_tokens = self.options.block_tokens;
         for (index, count) in plan {
-            let sequence = &mut self.running[index];
-            let start = self.blocks.grow(sequence.id, count)?;
-            let table = self.blocks.blocks(sequence.id).unwrap_or_default();
-            if sequence.filled == sequence.prompt.len() {
-                let token = *sequence
-                    .output
-                    .last()
-                    .expect("a decoding sequence has an output");
-                rows.push(token, start, table, block_tokens, true)?;
-                samples.push(index);
-                continue;
+            if self.push_rows(&mut rows, index, count, pending)? {
+                samples.push(self.running[index].id);
             }
-            for offset in 0..count {
-                let last = sequence.filled + offset + 1 == sequence.prompt.len();
-                let token = sequence.prompt[sequence.filled + offset];
-                if rows
-                    .push(token, start + offset, table, block_tokens, last)?
-                    .is_some()
-                {
-                    samples.push(index);
-                }
-            }
-            sequence.filled += count;
         }
-        Ok((rows, samples))
+        Ok((rows, samples, sequences))
     }
 
-    /// Runs the step's rows; returns the sampled rows' next tokens (as f32 ids).
-    fn run_rows(&mut self, rows: &StepRows) -> Result<Vec<f32>, ServeError> {
+    /// Pushes `count` rows of sequence `index` (its newest token when decoding, else its next
+    /// prompt tokens); whether its last row is sampled.
+    fn push_rows(
+        &mut self,
+        rows: &mut StepRows,
+        index: usize,
+        count: usize,
+        pending: &HashMap<u64, usize>,
+    ) -> Result<bool, ServeError> {
+        let block_tokens = self.options.block_tokens;
+        let sequence = &mut self.running[index];
+        let start = self.blocks.grow(sequence.id, count)?;
+        let table = self.blocks.blocks(sequence.id).unwrap_or_default();
+        if sequence.filled == sequence.prompt.len() {
+            if let Some(&previous) = pending.get(&sequence.id) {
+                rows.push_fed(previous, start, table, block_tokens, true)?;
+                return Ok(true);
+            }
+            let token = *sequence.output.last().ok_or_else(|| {
+                ServeError::Options(format!(
+                    "request {} is decoding without a token (a failed step lost it)",
+                    sequence.id
+                ))
+            })?;
+            rows.push(token, start, table, block_tokens, true)?;
+            return Ok(true);
+        }
+        let mut sampled = false;
+        for offset in 0..count {
+            let last = sequence.filled + offset + 1 == sequence.prompt.len();
+            let token = sequence.prompt[sequence.filled + offset];
+            sampled |= rows
+                .push(token, start + offset, table, block_tokens, last)?
+                .is_some();
+        }
+        sequence.filled += count;
+        Ok(sampled)
+    }
+
+    /// Submits the step's rows: planned, a replay left running (its decoding rows fed from
+    /// the last step's samples where [`StepRows::fed`] says); eager, the ops run and read.
+    fn run_rows(&mut self, rows: &StepRows) -> Result<Tokens, ServeError> {
         match self.options.execution {
             Execution::Planned => {
                 let plan = self.plans.get_mut(&rows.capacity()).ok_or_else(|| {
                     ServeError::Options(format!("no plan of {} rows", rows.capacity()))
                 })?;
+                let sampled = self
+                    .sampled
+                    .as_ref()
+                    .expect("planned servers keep their sampled tokens");
                 let feeds = [
+                    Feed::Tensor(sampled),
                     Feed::Data(rows.ids()),
+                    Feed::Data(rows.picks()),
+                    Feed::Data(rows.fed()),
                     Feed::Data(rows.positions()),
                     Feed::Data(rows.table()),
                     Feed::Data(rows.samples()),
                 ];
-                Ok(plan.run(&feeds)?.swap_remove(0))
+                Ok(Tokens::Run(plan.submit(&feeds, &[sampled])?))
             }
             Execution::Eager => {
+                if rows.fed_rows() > 0 {
+                    return Err(ServeError::Options(
+                        "eager steps read their tokens: none is fed on the GPU".into(),
+                    ));
+                }
                 let context = &self.context;
                 let (n, max_blocks) = (rows.capacity(), rows.max_blocks());
                 let ids = context.tensor(rows.ids(), &[n])?;
@@ -494,7 +639,7 @@ impl Server {
                 let next = self
                     .model
                     .forward(context, &self.cache, inputs, Head::Argmax)?;
-                Ok(next.to_vec()?)
+                Ok(Tokens::Ready(next.to_vec()?))
             }
         }
     }
@@ -523,22 +668,22 @@ impl Server {
         Ok(())
     }
 
-    /// Steps until every queued request is finished; returns the finished requests (also those
-    /// finished by earlier steps and not yet taken), in order of finishing.
+    /// Steps until every queued request is finished ([`Server::step_ahead`]: planned steps
+    /// pipelined); returns the finished requests (also those finished by earlier steps and not
+    /// yet taken), in order of finishing.
     pub fn run(&mut self) -> Result<Vec<Completion>, ServeError> {
         while self.busy() {
-            let before = (
-                self.waiting.len(),
-                self.running.len(),
-                self.stats.generated_tokens,
-            );
-            self.step()?;
-            if (
-                self.waiting.len(),
-                self.running.len(),
-                self.stats.generated_tokens,
-            ) == before
-            {
+            let progress = |server: &Self| {
+                (
+                    server.waiting.len(),
+                    server.running.len(),
+                    server.stats.generated_tokens,
+                    server.stats.steps,
+                )
+            };
+            let before = progress(self);
+            self.step_ahead()?;
+            if progress(self) == before {
                 return Err(ServeError::Options("a step made no progress".into()));
             }
         }
@@ -565,6 +710,7 @@ impl Server {
     /// once and it is not finished. [`ServeError::Options`] for an id that is neither waiting
     /// nor in flight.
     pub fn cancel(&mut self, id: u64) -> Result<(), ServeError> {
+        self.sync()?;
         if let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) {
             self.waiting.remove(index);
             return Ok(());
@@ -748,7 +894,9 @@ fn cache_under_budget(
     result
 }
 
-/// Captures one step of `rows` rows and `samples` sampled rows over `cache` (greedy tokens out).
+/// Captures one step of `rows` rows and `samples` sampled rows over `cache` (greedy tokens
+/// out). Its inputs: the last step's samples, then [`StepRows`]'s ids, picks, fed, positions,
+/// table and samples.
 fn capture(
     context: &Context,
     model: &Gpt2,
@@ -759,7 +907,20 @@ fn capture(
     arena: Option<&PlanArena>,
 ) -> Result<Plan, ServeError> {
     let mut capture = context.capture()?;
-    let ids = capture.input(&[rows])?;
+    let previous = capture.input(&[samples])?;
+    let host_ids = capture.input(&[rows])?;
+    let picks = capture.input(&[rows])?;
+    let fed = capture.input(&[rows])?;
+    // ids + fed · previous[picks]: the host's ids, and the last step's samples where fed.
+    let column = previous
+        .clone()
+        .reshape(&[samples, 1])
+        .map_err(ComputeError::from)?;
+    let taken = context
+        .embedding(&column, &picks)?
+        .reshape(&[rows])
+        .map_err(ComputeError::from)?;
+    let ids = context.add(&host_ids, &context.mul(&fed, &taken)?)?;
     let positions = capture.input(&[rows])?;
     let table = capture.input(&[rows, max_blocks])?;
     let sampled = capture.input(&[samples])?;

@@ -35,7 +35,8 @@ pub enum BufferRole {
     Parameters,
     /// Timestamp resolve and read-back buffers of profiled contexts.
     Timestamps,
-    /// The buffers plans read their outputs back through (one per context, shared by its plans).
+    /// The buffers plans read their outputs back through (one per context, shared by its plans;
+    /// and each plan's for its submitted runs).
     PlanReadBack,
 }
 

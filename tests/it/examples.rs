@@ -615,7 +615,7 @@ fn serve_gpt_example_serves_three_sides_and_reads_its_weights_back() {
     assert_eq!(random["stream"]["requests"].as_array().unwrap().len(), 10);
     assert_eq!(random["max_batch"], 6);
     let sides = &random["sides"];
-    for name in ["paged", "contiguous", "naive", "paged_eager"] {
+    for name in ["paged", "contiguous", "naive", "paged_eager", "paged_sync"] {
         let side = &sides[name];
         for key in [
             "generated_tokens_per_s",
@@ -659,6 +659,16 @@ fn serve_gpt_example_serves_three_sides_and_reads_its_weights_back() {
     }
     let waste = |name: &str| sides[name]["kv_waste"].as_f64().unwrap();
     assert!(waste("paged") < waste("contiguous"), "{sides}");
+    // Pipelined, waited for or eager: the same tokens; only the pipelined side feeds rows.
+    for name in ["paged_sync", "paged_eager", "contiguous", "naive"] {
+        assert_eq!(
+            sides[name]["requests"], sides["paged"]["requests"],
+            "{name}"
+        );
+    }
+    assert!(sides["paged"]["fed_rows"].as_u64().unwrap() > 0);
+    assert_eq!(sides["paged_sync"]["fed_rows"], 0);
+    assert_eq!(sides["paged_eager"]["fed_rows"], 0);
     assert!(
         sides["paged"]["in_flight_max"].as_u64() >= sides["contiguous"]["in_flight_max"].as_u64()
     );

@@ -868,3 +868,57 @@ fn plans_of_two_contexts_replay_from_two_threads_at_once() {
     });
     assert_eq!(wrong, [0, 0], "wrong replays of {REPLAYS} per thread");
 }
+
+#[test]
+fn submitted_replays_run_ahead_and_feed_each_other() {
+    use wgpu_pool::state::BufferRole;
+    let gpu = gpu();
+    let ctx = context(gpu);
+    let mut capture = ctx.capture().expect("capture");
+    let x = capture.input(&[5]).expect("input");
+    let doubled = ctx.add(&x, &x).expect("add");
+    let y = ctx
+        .binary_scalar(wgpu_pool::compute::BinaryOp::Add, &doubled, 1.0)
+        .expect("add 1");
+    let mut plan = capture.finish(&[&y]).expect("finish");
+    let f = |v: &[f32]| v.iter().map(|a| 2.0 * a + 1.0).collect::<Vec<f32>>();
+    let input = [0.5, -3.0, 7.0, 0.0, 1.25];
+    let kept = ctx.empty(&[5]).expect("empty");
+    let mut read_back = Vec::new();
+    for round in 0..3 {
+        // Three replays in flight, each fed the one before on the GPU, read in reverse order.
+        let first = plan
+            .submit(&[Feed::Data(&input)], &[&kept])
+            .expect("submit");
+        let second = plan
+            .submit(&[Feed::Tensor(&kept)], &[&kept])
+            .expect("submit");
+        let third = plan.submit(&[Feed::Tensor(&kept)], &[]).expect("submit");
+        let once = f(&input);
+        let twice = f(&once);
+        assert_eq!(third.wait().expect("third")[0], f(&twice), "round {round}");
+        assert_eq!(second.wait().expect("second")[0], twice, "round {round}");
+        assert_eq!(first.wait().expect("first")[0], once, "round {round}");
+        assert_eq!(
+            kept.to_vec().expect("kept"),
+            twice,
+            "kept holds the second's"
+        );
+        // A run dropped unread gives its buffer back too.
+        drop(plan.submit(&[Feed::Data(&input)], &[]).expect("submit"));
+        read_back.push(gpu.accounted().bytes_of(BufferRole::PlanReadBack));
+    }
+    assert!(
+        read_back.windows(2).all(|w| w[0] == w[1]) && read_back[0] > 0,
+        "read-back buffers are reused: {read_back:?}"
+    );
+    let wrong = ctx.empty(&[4]).expect("empty");
+    assert!(matches!(
+        plan.submit(&[Feed::Data(&input)], &[&wrong]),
+        Err(ComputeError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        plan.submit(&[Feed::Data(&input[..4])], &[]),
+        Err(ComputeError::DataLength { .. })
+    ));
+}

@@ -523,3 +523,75 @@ fn requests_stream_their_tokens_and_can_be_cancelled() {
     assert_eq!(server.tokens(b), None);
     assert_eq!(server.blocks().held_blocks(), 0);
 }
+
+#[test]
+fn pipelined_steps_feed_tokens_on_the_gpu_and_match_synchronous_ones() {
+    let weights = weights();
+    let requests = stream(10, 5);
+    let mut outputs = Vec::new();
+    for ahead in [false, true] {
+        let context = context_with(gpu(), ContextOptions::default());
+        let options = ServerOptions {
+            max_batch: 4,
+            block_tokens: 8,
+            max_step_tokens: 32,
+            kv_blocks: Some(48),
+            ..ServerOptions::default()
+        };
+        let mut server = server(&context, &weights, options);
+        for request in &requests {
+            server.submit(request).unwrap();
+        }
+        let mut done = Vec::new();
+        while server.busy() {
+            if ahead {
+                server.step_ahead().unwrap();
+            } else {
+                server.step().unwrap();
+            }
+            done.extend(server.take_finished());
+        }
+        assert_eq!(server.sync().unwrap(), 0, "nothing left in flight");
+        done.sort_by_key(|completion| completion.id);
+        let stats = server.stats();
+        if ahead {
+            assert!(
+                stats.fed_rows > 0,
+                "decoding rows fed on the GPU: {stats:?}"
+            );
+        } else {
+            assert_eq!(stats.fed_rows, 0, "{stats:?}");
+        }
+        for completion in &done {
+            let request = &requests[completion.id as usize];
+            assert_eq!(completion.output.len(), request.max_new_tokens);
+            assert_greedy(&weights, "pipelined", &request.prompt, &completion.output);
+        }
+        assert_eq!(server.blocks().held_blocks(), 0);
+        outputs.push(done.into_iter().map(|c| c.output).collect::<Vec<_>>());
+    }
+    assert_eq!(outputs[0], outputs[1], "the same tokens, pipelined or not");
+
+    // A step left in flight shows its tokens after the next call, or after `sync`.
+    let context = context_with(gpu(), ContextOptions::default());
+    let options = ServerOptions {
+        max_batch: 2,
+        kv_blocks: Some(20),
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    let id = server
+        .submit(&RequestSpec {
+            prompt: vec![3, 1, 4],
+            max_new_tokens: 5,
+        })
+        .unwrap();
+    assert_eq!(server.step_ahead().unwrap(), 0, "the prefill is in flight");
+    assert_eq!(server.tokens(id).map(<[u32]>::len), Some(0));
+    assert_eq!(server.step_ahead().unwrap(), 1, "the prefill's token read");
+    assert_eq!(server.sync().unwrap(), 1, "the first decode step's token");
+    assert_eq!(server.tokens(id).map(<[u32]>::len), Some(2));
+    let done = server.run().unwrap();
+    assert_eq!(done[0].output.len(), 5);
+    assert_greedy(&weights, "step_ahead", &[3, 1, 4], &done[0].output);
+}

@@ -251,6 +251,7 @@ impl<'a> Planner<'a> {
             stats,
             bind_groups_created: 0,
             lifetimes: Vec::new(),
+            spare: Default::default(),
         })
     }
 

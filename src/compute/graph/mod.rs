@@ -80,4 +80,4 @@ mod replay;
 pub use arena::PlanArena;
 pub use capture::Capture;
 pub use ir::{CaptureOptions, PlanStats};
-pub use replay::{Feed, Plan};
+pub use replay::{Feed, Plan, PlanRun};

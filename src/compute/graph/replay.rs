@@ -5,10 +5,14 @@ use super::arena::PlanArena;
 use super::ir::{binding_range, Binding, PlanStats, PlanStep, Slot};
 use crate::compute::context::Context;
 use crate::compute::record::{storage_group, Encoded, PassRecorder, Range};
+use crate::compute::shared::lock_ignoring_poison;
 use crate::compute::tensor::Tensor;
+use crate::compute::vocab::DType;
 use crate::compute::vocab::{decode_elements, encode_elements, ComputeError, PARAMS_BYTES};
 use crate::device::AccountedBuffer;
 use crate::plan::Buffer;
+use crate::state::BufferRole;
+use std::sync::{Arc, Mutex};
 
 /// The bind groups of a plan over one generation of its arena.
 pub(super) struct Bound {
@@ -31,13 +35,15 @@ pub enum Feed<'a> {
     Tensor(&'a Tensor),
 }
 
-/// Where a replay puts its outputs.
+/// Where a replay puts its outputs: into tensors of the caller's, into a read-back buffer (one
+/// after another), or both.
 #[derive(Clone, Copy)]
-enum Outputs<'a> {
-    /// Copied into these tensors ([`Plan::run_into`]).
-    Tensors(&'a [&'a Tensor]),
-    /// Copied one after another into this buffer, to be read back ([`Plan::run`]).
-    ReadBack(&'a wgpu::Buffer),
+struct Outputs<'a> {
+    /// Copied into these tensors ([`Plan::run_into`], [`Plan::submit`]); empty for none.
+    tensors: &'a [&'a Tensor],
+    /// Copied one after another into this buffer, to be read back ([`Plan::run`],
+    /// [`Plan::submit`]).
+    read_back: Option<&'a wgpu::Buffer>,
 }
 
 /// A captured forward, planned: see [`Context::capture`](crate::compute::Context::capture) and the `compute` module's documentation.
@@ -59,6 +65,8 @@ pub struct Plan {
     pub(super) bind_groups_created: u64,
     /// The tensors' lifetimes and sizes, as planned (ids in order of first use).
     pub(super) lifetimes: Vec<Buffer>,
+    /// Read-back buffers of [`Plan::submit`]'s runs, given back when a run is dropped.
+    pub(super) spare: Arc<Mutex<Vec<AccountedBuffer>>>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -132,7 +140,13 @@ impl Plan {
         // The context's read-back buffer, shared by its plans, held from the copies to the read.
         let context = self.context.clone();
         let read_back = context.plan_read_back(self.output_bytes);
-        self.replay(inputs, Outputs::ReadBack(&read_back))?;
+        self.replay(
+            inputs,
+            Outputs {
+                tensors: &[],
+                read_back: Some(&read_back),
+            },
+        )?;
         let outputs = &self.outputs;
         // Straight from the mapped read-back buffer into the outputs' vectors.
         let read = crate::device::read_mapped_with(
@@ -166,6 +180,72 @@ impl Plan {
         inputs: &[Feed<'_>],
         outputs: &[&Tensor],
     ) -> Result<(), ComputeError> {
+        self.check_outputs(outputs)?;
+        self.replay(
+            inputs,
+            Outputs {
+                tensors: outputs,
+                read_back: None,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Replays the forward on `inputs` without waiting for it: the outputs are copied into
+    /// `keep` (tensors of the context with the outputs' lengths and element types, one per
+    /// output; or none) and into a read-back buffer of the plan's, which [`PlanRun::wait`] reads.
+    /// So the host can record and submit the next replay (which may take `keep` as a
+    /// [`Feed::Tensor`]) while this one runs. Errors as [`Plan::run_into`]; nothing is submitted
+    /// on a refused input or output.
+    pub fn submit(
+        &mut self,
+        inputs: &[Feed<'_>],
+        keep: &[&Tensor],
+    ) -> Result<PlanRun, ComputeError> {
+        if !keep.is_empty() {
+            self.check_outputs(keep)?;
+        }
+        let buffer = self.spare_read_back();
+        let index = self.replay(
+            inputs,
+            Outputs {
+                tensors: keep,
+                read_back: Some(&buffer),
+            },
+        )?;
+        Ok(PlanRun {
+            context: self.context.clone(),
+            buffer: Some(buffer),
+            spare: self.spare.clone(),
+            outputs: self
+                .outputs
+                .iter()
+                .map(|slot| (slot.len, slot.dtype, slot.bytes))
+                .collect(),
+            bytes: self.output_bytes,
+            index,
+        })
+    }
+
+    /// A read-back buffer of the outputs' size for [`Plan::submit`]: one a finished run gave
+    /// back, or a new one.
+    fn spare_read_back(&self) -> AccountedBuffer {
+        if let Some(buffer) = lock_ignoring_poison(&self.spare).pop() {
+            return buffer;
+        }
+        self.context.gpu().create_accounted_buffer(
+            BufferRole::PlanReadBack,
+            &wgpu::BufferDescriptor {
+                label: Some("wgpu-pool plan run read-back"),
+                size: self.output_bytes.max(4),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            },
+        )
+    }
+
+    /// Checks that `outputs` are one tensor per output, each fit for it.
+    fn check_outputs(&self, outputs: &[&Tensor]) -> Result<(), ComputeError> {
         if outputs.len() != self.outputs.len() {
             return Err(ComputeError::Capture(format!(
                 "the plan has {} outputs, {} tensors given",
@@ -176,7 +256,7 @@ impl Plan {
         for (tensor, slot) in outputs.iter().zip(&self.outputs) {
             self.check_tensor("plan output", tensor, slot)?;
         }
-        self.replay(inputs, Outputs::Tensors(outputs))
+        Ok(())
     }
 
     /// Checks that `tensor` has memory, belongs to the plan's context and has `slot`'s length.
@@ -263,7 +343,11 @@ impl Plan {
 
     /// Records and submits one replay: inputs in, the steps, outputs out (to `outputs`, or to
     /// the read-back buffer).
-    fn replay(&mut self, feeds: &[Feed<'_>], outputs: Outputs<'_>) -> Result<(), ComputeError> {
+    fn replay(
+        &mut self,
+        feeds: &[Feed<'_>],
+        outputs: Outputs<'_>,
+    ) -> Result<wgpu::SubmissionIndex, ComputeError> {
         if feeds.len() != self.inputs.len() {
             return Err(ComputeError::Capture(format!(
                 "the plan has {} inputs, {} given",
@@ -287,8 +371,8 @@ impl Plan {
         // A compaction on another thread between binding and submitting moves tensors the
         // replay names: record it again over their new ranges (bounded, in case they keep moving).
         for _ in 0..8 {
-            if self.record_and_submit(feeds, outputs)? {
-                return Ok(());
+            if let Some(index) = self.record_and_submit(feeds, outputs)? {
+                return Ok(index);
             }
         }
         Err(ComputeError::Capture(
@@ -297,13 +381,13 @@ impl Plan {
         ))
     }
 
-    /// Binds, records and submits one replay (see [`Plan::replay`]); `false` when a compaction
+    /// Binds, records and submits one replay (see [`Plan::replay`]); `None` when a compaction
     /// moved tensors since the bind groups were made, and nothing was submitted.
     fn record_and_submit(
         &mut self,
         feeds: &[Feed<'_>],
         outputs: Outputs<'_>,
-    ) -> Result<bool, ComputeError> {
+    ) -> Result<Option<wgpu::SubmissionIndex>, ComputeError> {
         self.bind()?;
         let bound = self.bound.as_ref().expect("bound above");
         let device = &self.context.gpu().device;
@@ -321,10 +405,11 @@ impl Plan {
                 Feed::Data(_) => None,
             })
             .collect();
-        let copies_out: Vec<(&Slot, &Tensor)> = match outputs {
-            Outputs::Tensors(tensors) => self.outputs.iter().zip(tensors.iter().copied()).collect(),
-            Outputs::ReadBack(_) => Vec::new(),
-        };
+        let copies_out: Vec<(&Slot, &Tensor)> = self
+            .outputs
+            .iter()
+            .zip(outputs.tensors.iter().copied())
+            .collect();
         for &(slot, tensor) in &copies_in {
             self.copy_tensor(
                 bound,
@@ -347,7 +432,7 @@ impl Plan {
             );
         }
         recorder.end();
-        if let Outputs::ReadBack(read_back) = outputs {
+        if let Some(read_back) = outputs.read_back {
             let mut at = 0;
             for slot in &self.outputs {
                 let (buffer, offset, _) = slot_range(slot, bound);
@@ -366,10 +451,8 @@ impl Plan {
             }
             Ok(())
         };
-        let submitted = self
-            .context
-            .submit_after_batch(writes, vec![commands], bound.moved)?;
-        Ok(submitted.is_some())
+        self.context
+            .submit_after_batch(writes, vec![commands], bound.moved)
     }
 
     /// Records the plan's steps through the one recording path: dispatches into the open pass,
@@ -457,6 +540,64 @@ impl Plan {
             },
             None,
         );
+    }
+}
+
+/// A replay [`Plan::submit`] submitted, whose outputs are read by [`PlanRun::wait`]. Dropped
+/// unread, it gives its read-back buffer back to the plan all the same.
+#[must_use = "a submitted replay's outputs are read by `wait`"]
+pub struct PlanRun {
+    context: Context,
+    /// `Some` until the run is dropped.
+    buffer: Option<AccountedBuffer>,
+    /// The plan's spare read-back buffers, where this one goes back.
+    spare: Arc<Mutex<Vec<AccountedBuffer>>>,
+    /// Each output's length, element type and bytes, in order.
+    outputs: Vec<(usize, DType, u64)>,
+    bytes: u64,
+    index: wgpu::SubmissionIndex,
+}
+
+impl std::fmt::Debug for PlanRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanRun")
+            .field("outputs", &self.outputs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PlanRun {
+    /// Waits for this replay only (not for what was submitted after it) and reads its outputs
+    /// back as f32 values (f16 outputs widened exactly). Errors: [`ComputeError::Wait`].
+    pub fn wait(self) -> Result<Vec<Vec<f32>>, ComputeError> {
+        let buffer = self.buffer.as_ref().expect("held until dropped");
+        let outputs = &self.outputs;
+        crate::device::read_mapped_after(
+            &self.context.gpu().device,
+            buffer,
+            self.bytes.max(4),
+            Some(self.index.clone()),
+            |bytes| {
+                let mut start = 0usize;
+                outputs
+                    .iter()
+                    .map(|&(len, dtype, bytes_of)| {
+                        let values = decode_elements(&bytes[start..], len, dtype);
+                        start += bytes_of as usize;
+                        values
+                    })
+                    .collect()
+            },
+        )
+        .map_err(ComputeError::Wait)
+    }
+}
+
+impl Drop for PlanRun {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            lock_ignoring_poison(&self.spare).push(buffer);
+        }
     }
 }
 
