@@ -169,10 +169,27 @@ struct Side {
     device_reported_bytes: Option<u64>,
     accounted_bytes: u64,
     build_s: f64,
-    /// `--profile`: GPU time per kernel over the whole run, most first.
+    /// `--profile`: GPU time per kernel, most first, over the decode-only steps and over the
+    /// others (those with prompt rows).
     #[serde(skip_serializing_if = "Option::is_none")]
-    profile: Option<Vec<KernelShare>>,
+    profile: Option<Profile>,
     requests: Vec<RequestTokens>,
+}
+
+/// A profiled run's GPU time per kernel, decode-only steps apart.
+#[derive(Debug, Serialize)]
+struct Profile {
+    decode_steps: Vec<KernelShare>,
+    other_steps: Vec<KernelShare>,
+}
+
+/// The kernel timings of a profiled run, by the kind of step they came from.
+#[derive(Debug, Default)]
+struct Timings {
+    decode: Vec<wgpu_pool::compute::KernelTiming>,
+    decode_steps: u64,
+    other: Vec<wgpu_pool::compute::KernelTiming>,
+    other_steps: u64,
 }
 
 /// One kernel's GPU time in a profiled run.
@@ -185,7 +202,11 @@ struct KernelShare {
 }
 
 /// GPU time per kernel (timestamps around every dispatch), most first.
-fn kernel_profile(timings: &[wgpu_pool::compute::KernelTiming], steps: u64) -> Vec<KernelShare> {
+fn kernel_profile(
+    what: &str,
+    timings: &[wgpu_pool::compute::KernelTiming],
+    steps: u64,
+) -> Vec<KernelShare> {
     let mut by_kernel: std::collections::BTreeMap<&str, (u64, f64)> = Default::default();
     for timing in timings {
         let entry = by_kernel.entry(timing.kernel.as_str()).or_default();
@@ -202,6 +223,8 @@ fn kernel_profile(timings: &[wgpu_pool::compute::KernelTiming], steps: u64) -> V
         })
         .collect();
     shares.sort_by(|a, b| b.gpu_ms.total_cmp(&a.gpu_ms));
+    let total: f64 = shares.iter().map(|share| share.gpu_us_per_step).sum();
+    println!("  {what}: {steps} steps, {total:.1} µs of kernels a step");
     for share in shares.iter().take(12) {
         println!(
             "  {:>9.1} µs/step {:>6} dispatches  {}",
@@ -497,6 +520,7 @@ fn start_side(
 /// device's and the crate's largest figures read at one moment every 16 steps.
 struct Served {
     done: Vec<Completion>,
+    timings: Option<Timings>,
     wall_s: f64,
     device_reported: Option<u64>,
     accounted: u64,
@@ -509,10 +533,12 @@ fn serve_stream(
     pool: &Pool,
     server: &mut Server,
     requests: &[RequestSpec],
-    pipelined: bool,
+    spec: &SideSpec,
+    profiled: Option<&Context>,
     out: Option<&std::path::Path>,
 ) -> Result<Served> {
     let ooms_before = pool.stats().oom_count;
+    let mut timings = profiled.map(|_| Timings::default());
     let start = Instant::now();
     for request in requests {
         server.submit(request)?;
@@ -520,10 +546,21 @@ fn serve_stream(
     let (mut device_reported, mut accounted, mut exported) = (None, 0, false);
     let mut done: Vec<Completion> = Vec::new();
     while server.busy() {
-        if pipelined {
+        let decode_steps = server.stats().decode_steps;
+        if spec.pipelined {
             server.step_ahead()?;
         } else {
             server.step()?;
+        }
+        if let (Some(context), Some(timings)) = (profiled, timings.as_mut()) {
+            let step = context.take_kernel_timings();
+            if server.stats().decode_steps > decode_steps {
+                timings.decode.extend(step);
+                timings.decode_steps += 1;
+            } else {
+                timings.other.extend(step);
+                timings.other_steps += 1;
+            }
         }
         done.extend(server.take_finished());
         if server.stats().steps % 16 == 1 {
@@ -546,6 +583,7 @@ fn serve_stream(
     done.sort_by_key(|c| c.id);
     Ok(Served {
         done,
+        timings,
         wall_s,
         device_reported,
         accounted,
@@ -579,16 +617,26 @@ fn serve_side(
     pool.reset_peaks();
     build_s += warm.elapsed().as_secs_f64();
     let out = args.out.as_ref().map(|dir| dir.join(&spec.name));
-    let served = serve_stream(
+    let profiled = (spec.name == "paged_profile").then_some(&context);
+    // Warm-up's timings apart.
+    drop(context.take_kernel_timings());
+    let mut served = serve_stream(
         gpu,
         &pool,
         &mut server,
         requests,
-        spec.pipelined,
+        spec,
+        profiled,
         out.as_deref(),
     )?;
-    let profile = (spec.name == "paged_profile")
-        .then(|| kernel_profile(&context.take_kernel_timings(), server.stats().steps));
+    let profile = served.timings.take().map(|timings| Profile {
+        decode_steps: kernel_profile("decode-only steps", &timings.decode, timings.decode_steps),
+        other_steps: kernel_profile(
+            "steps with prompt rows",
+            &timings.other,
+            timings.other_steps,
+        ),
+    });
     Ok(side_figures(
         &server,
         &pool,
@@ -610,7 +658,7 @@ fn side_figures(
     spec: &SideSpec,
     weights_bytes: u64,
     build_s: f64,
-    profile: Option<Vec<KernelShare>>,
+    profile: Option<Profile>,
     n_ctx: usize,
 ) -> Side {
     let stats = server.stats().clone();

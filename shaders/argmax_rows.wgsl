@@ -2,7 +2,8 @@
 // first on ties, stored as an f32 (exact: the host refuses rows of more than 2^24 columns).
 // Rows holding NaN give an unspecified index of the row. One workgroup of 256 invocations per row
 // (a 2-D grid past the x limit): each invocation keeps its first largest value of a stride of
-// 256, then a tree reduction keeps the larger value, and the lower index on ties.
+// 256 (four loads in flight), then a tree reduction keeps the larger value, and the lower index
+// on ties.
 // CPU twin: `argmax_rows` in src/compute/cpu.rs.
 // `Input` (f32 or f16, written by the host): what x holds; `Output` is f32. Every storage
 // binding is read_write.
@@ -22,6 +23,12 @@ struct RowsParams {
 // No index yet (an invocation past the row's end).
 const NO_INDEX: u32 = 0xffffffffu;
 
+// Whether (v, i) beats (best, best_index): an index, and a larger value or the same at a lower
+// index.
+fn better(v: f32, i: u32, best: f32, best_index: u32) -> bool {
+    return i != NO_INDEX && (best_index == NO_INDEX || v > best || (v == best && i < best_index));
+}
+
 var<workgroup> best_values: array<f32, 256>;
 var<workgroup> best_indices: array<u32, 256>;
 
@@ -32,13 +39,33 @@ fn argmax_rows(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoc
         return;
     }
     let base = row * params.cols;
-    var value = 0.0;
-    var index = NO_INDEX;
-    for (var col = local; col < params.cols; col += 256u) {
+    // Four columns a step (col, +256, +512, +768: four loads in flight), each with its own
+    // first largest value, then the rest; the four merged at the end.
+    var values = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    var indices = array<u32, 4>(NO_INDEX, NO_INDEX, NO_INDEX, NO_INDEX);
+    var col = local;
+    for (; col + 768u < params.cols; col += 1024u) {
+        let v = vec4<f32>(f32(x[base + col]), f32(x[base + col + 256u]), f32(x[base + col + 512u]), f32(x[base + col + 768u]));
+        for (var j = 0u; j < 4u; j++) {
+            if (indices[j] == NO_INDEX || v[j] > values[j]) {
+                values[j] = v[j];
+                indices[j] = col + 256u * j;
+            }
+        }
+    }
+    for (; col < params.cols; col += 256u) {
         let v = f32(x[base + col]);
-        if (index == NO_INDEX || v > value) {
-            value = v;
-            index = col;
+        if (indices[0] == NO_INDEX || v > values[0]) {
+            values[0] = v;
+            indices[0] = col;
+        }
+    }
+    var value = values[0];
+    var index = indices[0];
+    for (var j = 1u; j < 4u; j++) {
+        if (better(values[j], indices[j], value, index)) {
+            value = values[j];
+            index = indices[j];
         }
     }
     best_values[local] = value;
@@ -47,10 +74,8 @@ fn argmax_rows(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoc
     for (var stride = 128u; stride > 0u; stride >>= 1u) {
         if (local < stride) {
             let other = best_indices[local + stride];
-            let mine = best_indices[local];
             let v = best_values[local + stride];
-            let better = v > best_values[local] || (v == best_values[local] && other < mine);
-            if (other != NO_INDEX && (mine == NO_INDEX || better)) {
+            if (better(v, other, best_values[local], best_indices[local])) {
                 best_values[local] = v;
                 best_indices[local] = other;
             }

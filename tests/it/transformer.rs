@@ -261,6 +261,31 @@ fn argmax_rows_picks_the_first_largest() {
                 assert_same(&what, &y.to_vec().unwrap(), &as_f32);
                 assert_eq!(context.argmax_rows_ids(&tx).unwrap(), expected, "{what}");
             }
+            // Wide rows (four columns a step in the kernel): the maximum tied at several of the
+            // columns one invocation reads in one step, and far apart.
+            let cols = 5003;
+            let mut x = random(&mut rng, 4 * cols, -4.0, 4.0);
+            for (row, ties) in [
+                [700, 1724, 4000],
+                [1, 257, 513],
+                [4999, 3000, 3256],
+                [2048, 1024, 5002],
+            ]
+            .iter()
+            .enumerate()
+            {
+                for &col in ties {
+                    x[row * cols + col] = 9.0;
+                }
+            }
+            let tx = context.tensor(&x, &[4, cols]).unwrap();
+            let expected = cpu::argmax_rows(&x, cols);
+            assert_eq!(expected, [700, 1, 3000, 1024]);
+            assert_eq!(
+                context.argmax_rows_ids(&tx).unwrap(),
+                expected,
+                "wide ({limits})"
+            );
             // Equal rows give 0; −∞ everywhere but one; the maximum last; a 1-D tensor.
             let mut x = vec![2.0f32; 300];
             x.extend(std::iter::repeat_n(f32::NEG_INFINITY, 299));
