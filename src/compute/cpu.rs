@@ -388,6 +388,26 @@ pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], cols: usize, eps: f32)
     y
 }
 
+/// `x + r` (rounded to f32) and [`layer_norm`] of it: the sum and the normalized rows, as a
+/// plan's fused residual add and layer norm computes them.
+pub fn add_layer_norm(
+    x: &[f32],
+    r: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    cols: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    assert_eq!(
+        x.len(),
+        r.len(),
+        "add_layer_norm twin: x and r differ in length"
+    );
+    let sum: Vec<f32> = x.iter().zip(r).map(|(a, b)| a + b).collect();
+    let normalized = layer_norm(&sum, gamma, beta, cols, eps);
+    (sum, normalized)
+}
+
 /// Softmax of each row of `cols` values of `scale · x` (the product rounded to f32, as the
 /// kernel computes it, then in f64), the kept maximum subtracted first. With `causal` =
 /// `Some(offset)`, row `r` is query `i = r mod queries` and keeps the columns `c ≤ i + offset`,

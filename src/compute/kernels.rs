@@ -78,6 +78,10 @@ fn source_text(source: Source) -> &'static str {
             include_str!("../../shaders/workgroup_reduce.wgsl"),
             include_str!("../../shaders/layer_norm.wgsl")
         ),
+        Source::AddLayerNorm => concat!(
+            include_str!("../../shaders/workgroup_reduce.wgsl"),
+            include_str!("../../shaders/add_layer_norm.wgsl")
+        ),
         Source::SoftmaxRows => concat!(
             include_str!("../../shaders/workgroup_reduce.wgsl"),
             include_str!("../../shaders/softmax_rows.wgsl")

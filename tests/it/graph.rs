@@ -922,3 +922,51 @@ fn submitted_replays_run_ahead_and_feed_each_other() {
         Err(ComputeError::DataLength { .. })
     ));
 }
+
+#[test]
+fn a_residual_add_and_its_layer_norm_fuse_with_the_bits_of_both() {
+    use wgpu_pool::compute::cpu;
+    for (limits, gpu) in both() {
+        let ctx = context(gpu);
+        let mut rng = StdRng::seed_from_u64(12);
+        for (rows, cols) in [(3, 5), (16, 768), (2, 300)] {
+            let x = random(&mut rng, rows * cols);
+            let r = random(&mut rng, rows * cols);
+            let gamma = random(&mut rng, cols);
+            let beta = random(&mut rng, cols);
+            let (tg, tb) = (
+                ctx.tensor(&gamma, &[cols]).unwrap(),
+                ctx.tensor(&beta, &[cols]).unwrap(),
+            );
+            let forward = |a: &Tensor, b: &Tensor| -> Vec<Tensor> {
+                let sum = ctx.add(a, b).unwrap();
+                let normed = ctx.layer_norm(&sum, &tg, &tb, 1e-5).unwrap();
+                // The sum goes on (a residual stream), and is an output too.
+                let next = ctx.add(&sum, &normed).unwrap();
+                vec![normed, next, sum]
+            };
+            let (tx, tr) = (
+                ctx.tensor(&x, &[rows, cols]).unwrap(),
+                ctx.tensor(&r, &[rows, cols]).unwrap(),
+            );
+            let eager: Vec<Vec<f32>> = forward(&tx, &tr)
+                .iter()
+                .map(|t| t.to_vec().unwrap())
+                .collect();
+            let mut capture = ctx.capture().expect("capture");
+            let a = capture.input(&[rows, cols]).unwrap();
+            let b = capture.input(&[rows, cols]).unwrap();
+            let outputs = forward(&a, &b);
+            let mut plan = capture
+                .finish(&outputs.iter().collect::<Vec<_>>())
+                .expect("finish");
+            assert_eq!(plan.stats().fused_steps, 1, "{limits}: {:?}", plan.stats());
+            let got = plan.run(&[Feed::Data(&x), Feed::Data(&r)]).unwrap();
+            let what = format!("add_layer_norm {rows}x{cols} ({limits})");
+            assert_eq!(got, eager, "{what}: the bits of the two ops");
+            let (sum, normed) = cpu::add_layer_norm(&x, &r, &gamma, &beta, cols, 1e-5);
+            assert_eq!(got[2], sum, "{what}: sum");
+            assert_close(&what, &got[0], &normed);
+        }
+    }
+}

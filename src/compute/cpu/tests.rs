@@ -43,6 +43,7 @@ fn every_source() -> Vec<(Source, Variant)> {
         Source::MatmulCoop,
         Source::Rows,
         Source::LayerNorm,
+        Source::AddLayerNorm,
         Source::SoftmaxRows,
         Source::Embedding,
         Source::ArgmaxRows,
@@ -58,6 +59,7 @@ fn every_source() -> Vec<(Source, Variant)> {
                 | Source::Binary
                 | Source::Rows
                 | Source::LayerNorm
+                | Source::AddLayerNorm
                 | Source::SoftmaxRows
                 | Source::Embedding
                 | Source::ArgmaxRows

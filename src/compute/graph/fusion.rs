@@ -1,11 +1,13 @@
 //! Fusion: bias adds and activations folded into the matmuls (or split-K reductions) that feed
-//! them, on a capture's tape.
+//! them, and residual adds joined to the layer norm of their sum, on a capture's tape.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::compute::shared::{Step, Storage};
-use crate::compute::vocab::{Activation, ElementwiseParams, FusedEpilogue, Source};
+use crate::compute::vocab::{
+    Activation, ElementwiseParams, FusedEpilogue, KernelKey, Source, Variant,
+};
 
 /// What an element-wise step would fold into the epilogue of the step that produced its
 /// operand: a bias add (the bias and the result) or an activation (and the result).
@@ -89,7 +91,75 @@ pub(super) fn fuse(steps: Vec<Step>, keep: &[*const Storage], capture: u64) -> V
         producer.insert(Arc::as_ptr(fold.result()), at);
         steps[index] = None;
     }
-    steps.into_iter().flatten().collect()
+    join_residual_norms(steps.into_iter().flatten().collect())
+}
+
+/// Joins each `add` that the next step, a `layer_norm`, normalizes the sum of into one
+/// `add_layer_norm` step, which writes the sum (still bound by later steps, or kept) and the
+/// normalized rows with the bits of the two ops (`shaders/add_layer_norm.wgsl`): one dispatch,
+/// and the sum read back by the invocation that wrote it, not by another kernel.
+fn join_residual_norms(steps: Vec<Step>) -> Vec<Step> {
+    let mut joined = Vec::with_capacity(steps.len());
+    let mut steps = steps.into_iter().peekable();
+    while let Some(step) = steps.next() {
+        let Some(next) = steps.peek() else {
+            joined.push(step);
+            break;
+        };
+        match residual_norm(&step, next) {
+            Some(fused) => {
+                joined.push(fused);
+                steps.next();
+            }
+            None => joined.push(step),
+        }
+    }
+    joined
+}
+
+/// The `add_layer_norm` step of an `add` and a `layer_norm` of its result, of the same element
+/// types; `None` for any other pair.
+fn residual_norm(add: &Step, norm: &Step) -> Option<Step> {
+    let (
+        Step::Kernel {
+            kernel: add_kernel,
+            bindings: add_bindings,
+            ..
+        },
+        Step::Kernel {
+            kernel: norm_kernel,
+            params,
+            bindings: norm_bindings,
+            workgroups,
+        },
+    ) = (add, norm)
+    else {
+        return None;
+    };
+    let is = |kernel: &KernelKey, source, entry| {
+        kernel.source == source && kernel.entry == entry && kernel.variant == Variant::Plain
+    };
+    if !is(add_kernel, Source::Binary, "add")
+        || !is(norm_kernel, Source::LayerNorm, "layer_norm")
+        || add_kernel.types != norm_kernel.types
+        || !Arc::ptr_eq(&add_bindings[2], &norm_bindings[0])
+    {
+        return None;
+    }
+    let kernel = KernelKey {
+        source: Source::AddLayerNorm,
+        entry: "add_layer_norm",
+        variant: Variant::Plain,
+        types: norm_kernel.types,
+    };
+    let [x, r, sum] = [0, 1, 2].map(|i| add_bindings[i].clone());
+    let [_, gamma, beta, y] = [0, 1, 2, 3].map(|i| norm_bindings[i].clone());
+    Some(Step::Kernel {
+        kernel,
+        params: *params,
+        bindings: vec![x, r, gamma, beta, y, sum],
+        workgroups: *workgroups,
+    })
 }
 
 /// A step's epilogue output storage and the epilogue it folds now, for the kernels that fold

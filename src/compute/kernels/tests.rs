@@ -50,6 +50,7 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         (Source::Binary, Variant::Plain),
         (Source::Rows, Variant::Plain),
         (Source::LayerNorm, Variant::Plain),
+        (Source::AddLayerNorm, Variant::Plain),
         (Source::SoftmaxRows, Variant::Plain),
         (Source::Embedding, Variant::Plain),
         (Source::ArgmaxRows, Variant::Plain),
@@ -294,7 +295,7 @@ fn params_layout(source: Source) -> Layout {
             splits: u32,
             grid_x: u32,
         }),
-        Source::LayerNorm => layout!(LayerNormParams {
+        Source::LayerNorm | Source::AddLayerNorm => layout!(LayerNormParams {
             rows: u32,
             cols: u32,
             grid_x: u32,

@@ -37,6 +37,9 @@ pub(crate) enum Source {
     Rows,
     /// `shaders/layer_norm.wgsl` (after `shaders/workgroup_reduce.wgsl`).
     LayerNorm,
+    /// `shaders/add_layer_norm.wgsl` (after `shaders/workgroup_reduce.wgsl`): a plan's fusion of
+    /// an add and the layer norm of its sum.
+    AddLayerNorm,
     /// `shaders/softmax_rows.wgsl` (after `shaders/workgroup_reduce.wgsl`).
     SoftmaxRows,
     /// `shaders/embedding.wgsl`.
@@ -56,7 +59,7 @@ impl Source {
             Self::Unary | Self::Rows | Self::SoftmaxRows | Self::ArgmaxRows => 2,
             Self::Binary | Self::MatmulReduce | Self::Embedding => 3,
             Self::Matmul | Self::MatmulNarrow | Self::MatmulCoop | Self::LayerNorm => 4,
-            Self::KvWrite | Self::PagedAttention => 6,
+            Self::KvWrite | Self::PagedAttention | Self::AddLayerNorm => 6,
         }
     }
 }
