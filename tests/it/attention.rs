@@ -179,29 +179,37 @@ fn f16_paged_writes_and_decode_attention_match_their_twins() {
 
 #[test]
 fn out_of_range_tables_write_nothing_and_attend_to_nan() {
+    // A head of 3 (scalar kernel) and of 4 (the vec4 kernel).
+    for head_dim in [3, 4] {
+        out_of_range_tables(head_dim);
+    }
+}
+
+fn out_of_range_tables(head_dim: usize) {
     let (_, gpu) = both()[0];
     let context = context_with(gpu, ContextOptions::default());
     let layout = KvLayout {
         block_tokens: 4,
         n_head: 2,
-        head_dim: 3,
+        head_dim,
     };
+    let token = 2 * head_dim;
     let mut rng = StdRng::seed_from_u64(28);
-    let cache_len = 3 * 4 * 6;
+    let cache_len = 3 * 4 * token;
     let mut k_cpu = random(&mut rng, cache_len, -1.0, 1.0);
     let mut v_cpu = random(&mut rng, cache_len, -1.0, 1.0);
-    let k_cache = context.tensor(&k_cpu, &[3, 4, 2, 3]).unwrap();
-    let v_cache = context.tensor(&v_cpu, &[3, 4, 2, 3]).unwrap();
+    let k_cache = context.tensor(&k_cpu, &[3, 4, 2, head_dim]).unwrap();
+    let v_cache = context.tensor(&v_cpu, &[3, 4, 2, head_dim]).unwrap();
     // Four sequences, two blocks each: in range; a block id past the cache; a negative one;
     // a fractional one.
     let table = [2.0, 0.0, 3.0, 1.0, -1.0, 1.0, 0.5, 1.0];
     let t_table = context.tensor(&table, &[4, 2]).unwrap();
     // Positions: in range, in the bad block, in the bad block, and past the table (8 slots).
     let positions = [5.0, 1.0, 2.0, 8.0];
-    let k_new = random(&mut rng, 4 * 6, -1.0, 1.0);
-    let v_new = random(&mut rng, 4 * 6, -1.0, 1.0);
-    let tk = context.tensor(&k_new, &[4, 2, 3]).unwrap();
-    let tv = context.tensor(&v_new, &[4, 2, 3]).unwrap();
+    let k_new = random(&mut rng, 4 * token, -1.0, 1.0);
+    let v_new = random(&mut rng, 4 * token, -1.0, 1.0);
+    let tk = context.tensor(&k_new, &[4, 2, head_dim]).unwrap();
+    let tv = context.tensor(&v_new, &[4, 2, head_dim]).unwrap();
     let tp = context.tensor(&positions, &[4]).unwrap();
     context
         .kv_write(&k_cache, &v_cache, &tk, &tv, &t_table, &tp)
@@ -212,24 +220,27 @@ fn out_of_range_tables_write_nothing_and_attend_to_nan() {
     );
     // Only sequence 0's token was written: block 0, slot 1.
     let changed: Vec<usize> = (0..cache_len).filter(|&i| k_cpu[i] != before[i]).collect();
-    assert_eq!(changed, (6..12).collect::<Vec<_>>());
+    assert_eq!(changed, (token..2 * token).collect::<Vec<_>>());
     assert_eq!(context.read(&k_cache).unwrap(), k_cpu);
     assert_eq!(context.read(&v_cache).unwrap(), v_cpu);
 
     // Lengths: in range (reads block 2 then 0); through the bad block; 0; past the table.
     let lens = [6.0, 6.0, 0.0, 9.0];
-    let q = random(&mut rng, 4 * 6, -1.0, 1.0);
-    let tq = context.tensor(&q, &[4, 2, 3]).unwrap();
+    let q = random(&mut rng, 4 * token, -1.0, 1.0);
+    let tq = context.tensor(&q, &[4, 2, head_dim]).unwrap();
     let tl = context.tensor(&lens, &[4]).unwrap();
     let out = context
         .paged_attention_decode(&tq, &k_cache, &v_cache, &t_table, &tl, 0.5)
         .unwrap();
     let got = context.read(&out).unwrap();
     let expected = cpu::paged_attention_decode(&q, &k_cpu, &v_cpu, &table, &lens, layout, 0.5);
-    assert!(expected[..6].iter().all(|v| v.is_finite()));
-    assert!(expected[6..].iter().all(|v| v.is_nan()));
-    assert!(got[6..].iter().all(|v| v.is_nan()), "{got:?}");
-    assert_close("in range", &got[..6], &expected[..6], |i| {
+    assert!(expected[..token].iter().all(|v| v.is_finite()));
+    assert!(expected[token..].iter().all(|v| v.is_nan()));
+    assert!(
+        got[token..].iter().all(|v| v.is_nan()),
+        "{head_dim}: {got:?}"
+    );
+    assert_close("in range", &got[..token], &expected[..token], |i| {
         1e-5 * (f64::from(expected[i]).abs() + 1.0)
     });
 }

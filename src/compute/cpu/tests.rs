@@ -49,6 +49,7 @@ fn every_source() -> Vec<(Source, Variant)> {
         Source::ArgmaxRows,
         Source::KvWrite,
         Source::PagedAttention,
+        Source::PagedAttentionVec4,
     ];
     sources
         .into_iter()
@@ -64,7 +65,8 @@ fn every_source() -> Vec<(Source, Variant)> {
                 | Source::Embedding
                 | Source::ArgmaxRows
                 | Source::KvWrite
-                | Source::PagedAttention => Variant::Plain,
+                | Source::PagedAttention
+                | Source::PagedAttentionVec4 => Variant::Plain,
                 Source::Matmul => Variant::Matmul {
                     tiles: MatmulTiles::T64X64X8,
                     group_rows: 8,

@@ -56,6 +56,7 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         (Source::ArgmaxRows, Variant::Plain),
         (Source::KvWrite, Variant::Plain),
         (Source::PagedAttention, Variant::Plain),
+        (Source::PagedAttentionVec4, Variant::Plain),
     ];
     let epilogues = || {
         [false, true]
@@ -331,7 +332,7 @@ fn params_layout(source: Source) -> Layout {
             grid_x: u32,
             pad: u32,
         }),
-        Source::PagedAttention => layout!(PagedAttentionParams {
+        Source::PagedAttention | Source::PagedAttentionVec4 => layout!(PagedAttentionParams {
             batch: u32,
             n_head: u32,
             head_dim_parts: u32,

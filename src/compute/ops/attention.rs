@@ -154,7 +154,13 @@ impl Context {
         let bindings = |first: &Tensor, last: &Tensor| {
             [first, k_cache, v_cache, block_table, seq_lens, last].map(|t| Arc::clone(&t.storage))
         };
-        let attend = KernelKey::plain(Source::PagedAttention, OP);
+        // Heads of whole vec4s (GPT-2's 64) read q and the caches as vec4s.
+        let source = if paged.head_dim % 4 == 0 {
+            Source::PagedAttentionVec4
+        } else {
+            Source::PagedAttention
+        };
+        let attend = KernelKey::plain(source, OP);
         if parts == 1 {
             let bound = bindings(q, &output);
             self.record(Dispatch {

@@ -50,6 +50,9 @@ pub(crate) enum Source {
     KvWrite,
     /// `shaders/paged_attention.wgsl` (after `shaders/workgroup_reduce.wgsl`).
     PagedAttention,
+    /// `shaders/paged_attention_vec4.wgsl` (after `shaders/workgroup_reduce.wgsl`): the decode
+    /// attention's first pass for a head size that is a multiple of 4.
+    PagedAttentionVec4,
 }
 
 impl Source {
@@ -59,7 +62,10 @@ impl Source {
             Self::Unary | Self::Rows | Self::SoftmaxRows | Self::ArgmaxRows => 2,
             Self::Binary | Self::MatmulReduce | Self::Embedding => 3,
             Self::Matmul | Self::MatmulNarrow | Self::MatmulCoop | Self::LayerNorm => 4,
-            Self::KvWrite | Self::PagedAttention | Self::AddLayerNorm => 6,
+            Self::KvWrite
+            | Self::PagedAttention
+            | Self::PagedAttentionVec4
+            | Self::AddLayerNorm => 6,
         }
     }
 }
