@@ -872,7 +872,8 @@ fn plans_of_two_contexts_replay_from_two_threads_at_once() {
 #[test]
 fn submitted_replays_run_ahead_and_feed_each_other() {
     use wgpu_pool::state::BufferRole;
-    let gpu = gpu();
+    // A device of its own: its ledger counts this test's read-back buffers only.
+    let gpu = &crate::gpu::fresh_gpu();
     let ctx = context(gpu);
     let mut capture = ctx.capture().expect("capture");
     let x = capture.input(&[5]).expect("input");
