@@ -13,7 +13,7 @@ struct RowsParams {
     rows: u32,
     cols: u32,
     grid_x: u32,
-    pad: u32,
+    take: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: RowsParams;

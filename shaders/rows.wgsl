@@ -1,8 +1,9 @@
-// Row-wise reductions over the last dimension of a [rows, cols] tensor: `sum` (y[r] = Σ_c x[r, c])
-// and `softmax` (numerically stable: y[r, c] = exp(x[r, c] − max_r) / Σ exp(x[r, ·] − max_r)).
+// Row-wise kernels over the last dimension of a [rows, cols] tensor: `sum` (y[r] = Σ_c x[r, c]),
+// `softmax` (numerically stable: y[r, c] = exp(x[r, c] − max_r) / Σ exp(x[r, ·] − max_r)) and
+// `take_columns` (y[r, c] = x[r, c] for c < take: y is [rows, take]).
 // One workgroup of 256 invocations per row (a 2-D grid past 65,535 rows); each invocation walks
 // the row with a stride of 256, then a tree reduction in workgroup memory.
-// CPU twins: `sum` and `softmax` in src/compute/cpu.rs.
+// CPU twins: `sum`, `softmax` and `take_columns` in src/compute/cpu.rs.
 // `Input`, `Output` (f32 or f16, written by the host): what x and y hold; sums and the softmax are
 // computed in f32. Every storage binding is read_write (pool rule).
 
@@ -11,7 +12,8 @@ struct RowsParams {
     rows: u32,
     cols: u32,
     grid_x: u32,
-    pad: u32,
+    // The columns `take_columns` keeps (0 for the others).
+    take: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: RowsParams;
@@ -57,5 +59,16 @@ fn softmax(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocatio
     let denominator = workgroup_sum(partial_sum, local);
     for (var col = local; col < params.cols; col += 256u) {
         y[base + col] = Output(exp(f32(x[base + col]) - row_max) / denominator);
+    }
+}
+
+@compute @workgroup_size(256)
+fn take_columns(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let row = workgroup.y * params.grid_x + workgroup.x;
+    if (row >= params.rows) {
+        return;
+    }
+    for (var col = local; col < params.take; col += 256u) {
+        y[row * params.take + col] = Output(f32(x[row * params.cols + col]));
     }
 }

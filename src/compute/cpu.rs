@@ -388,6 +388,16 @@ pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], cols: usize, eps: f32)
     y
 }
 
+/// The first `take` of each row's `cols` values.
+pub fn take_columns(x: &[f32], cols: usize, take: usize) -> Vec<f32> {
+    assert_rows("take_columns", x, cols);
+    assert!(take <= cols, "take_columns twin: take above cols");
+    x.chunks_exact(cols.max(1))
+        .flat_map(|row| &row[..take])
+        .copied()
+        .collect()
+}
+
 /// `x + r` (rounded to f32) and [`layer_norm`] of it: the sum and the normalized rows, as a
 /// plan's fused residual add and layer norm computes them.
 pub fn add_layer_norm(

@@ -46,7 +46,8 @@ pub struct StepTensors<'a> {
 
 /// GPT-2's weights on the GPU, each tensor labelled with its checkpoint name in the pool's
 /// reports (`gpt2 h.3.mlp.c_fc.weight`), and the output projection as `wteᵀ` (`[n_embd,
-/// vocab_size]`, one more copy of the embedding: the products have no transposed operand).
+/// vocab_size]` padded to a multiple of 4 columns, one more copy of the embedding: the products
+/// have no transposed operand).
 pub struct Gpt2 {
     config: Gpt2Config,
     dtype: DType,
@@ -54,7 +55,10 @@ pub struct Gpt2 {
     wpe: Tensor,
     blocks: Vec<Block>,
     ln_f: (Tensor, Tensor),
+    /// `[e, vocab_size]` rounded up to a multiple of 4 columns (zeros past the vocabulary).
     lm_head: Tensor,
+    /// −∞ past the vocabulary, 0 before it (`None` for a vocabulary of a multiple of 4).
+    lm_padding: Option<Tensor>,
     bytes: u64,
 }
 
@@ -137,12 +141,29 @@ impl Gpt2 {
             upload(&weights.ln_f_weight, &[e], "ln_f.weight")?,
             upload(&weights.ln_f_bias, &[e], "ln_f.bias")?,
         );
-        let transposed = transpose(&weights.wte, config.vocab_size, e);
-        let lm_head = upload(
-            &transposed,
-            &[e, config.vocab_size],
-            "lm_head (wte transposed)",
-        )?;
+        // Columns padded to a multiple of 4 (GPT-2's 50,257 to 50,260), so that the output
+        // product reads them as vec4s (the narrow kernel for a step's few sampled rows); the
+        // padding's logits are −∞ by a bias, so that no greedy choice takes one.
+        let padded = config.vocab_size.next_multiple_of(4);
+        let mut transposed = transpose(&weights.wte, config.vocab_size, e);
+        if padded > config.vocab_size {
+            transposed = transposed
+                .chunks_exact(config.vocab_size)
+                .flat_map(|row| {
+                    row.iter()
+                        .copied()
+                        .chain(std::iter::repeat_n(0.0, padded - config.vocab_size))
+                })
+                .collect();
+        }
+        let lm_head = upload(&transposed, &[e, padded], "lm_head (wte transposed)")?;
+        let lm_padding = if padded > config.vocab_size {
+            let mut bias = vec![0.0; padded];
+            bias[config.vocab_size..].fill(f32::NEG_INFINITY);
+            Some(upload(&bias, &[padded], "lm_head padding (−∞ logits)")?)
+        } else {
+            None
+        };
         Ok(Self {
             config,
             dtype,
@@ -151,6 +172,7 @@ impl Gpt2 {
             blocks,
             ln_f,
             lm_head,
+            lm_padding,
             bytes,
         })
     }
@@ -224,8 +246,18 @@ impl Gpt2 {
         let last = context.embedding(&x, inputs.samples)?;
         drop(x);
         let h = context.layer_norm(&last, &self.ln_f.0, &self.ln_f.1, LAYER_NORM_EPS)?;
-        let logits = context.matmul(&h, &self.lm_head)?;
+        let logits = context.matmul_with(
+            &h,
+            &self.lm_head,
+            Epilogue {
+                bias: self.lm_padding.as_ref(),
+                activation: Activation::None,
+            },
+        )?;
         match head {
+            Head::Logits if self.lm_padding.is_some() => {
+                context.take_columns(&logits, self.config.vocab_size)
+            }
             Head::Logits => Ok(logits),
             Head::Argmax => context.argmax_rows(&logits),
         }

@@ -85,8 +85,12 @@ fn step_logits(
 /// Two sequences (prompts of 19 and 6 tokens) prefilled in one step, then decoded together for
 /// 16 steps over blocks of 4 tokens that interleave; after every step each sequence's logits
 /// equal the twin's over its tokens so far.
-fn prompt_and_16_decode_steps(planned: bool) {
-    let weights = weights();
+fn prompt_and_16_decode_steps(planned: bool, vocab_size: usize) {
+    let config = Gpt2Config {
+        vocab_size,
+        ..Gpt2Config::tiny()
+    };
+    let weights = Gpt2Weights::random(&config, 11).expect("weights");
     let config = weights.config;
     let context = context_with(gpu(), ContextOptions::default());
     let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
@@ -99,7 +103,7 @@ fn prompt_and_16_decode_steps(planned: bool) {
         .map(|&(id, len)| Seq {
             id,
             tokens: (0..len)
-                .map(|i| ((i * 37 + 5 * id as usize) % 256) as u32)
+                .map(|i| ((i * 37 + 5 * id as usize) % vocab_size) as u32)
                 .collect(),
             in_cache: 0,
         })
@@ -156,16 +160,50 @@ fn prompt_and_16_decode_steps(planned: bool) {
 
 #[test]
 fn eager_steps_match_the_cpu_twin() {
-    prompt_and_16_decode_steps(false);
+    prompt_and_16_decode_steps(false, 256);
 }
 
 #[test]
 fn planned_steps_match_the_cpu_twin() {
-    prompt_and_16_decode_steps(true);
+    prompt_and_16_decode_steps(true, 256);
 }
 
 /// Checks that every output is a greedy choice of the twin: the twin's logit of the chosen
 /// token is within the tolerance of its largest (so only near-ties may differ).
+/// A vocabulary of no multiple of 4 (GPT-2's 50,257): the output product's padding columns
+/// are never chosen, and the logits come without them, eager and planned; the server's greedy
+/// tokens are the twin's.
+#[test]
+fn a_vocabulary_of_no_multiple_of_4_is_padded_and_taken_off() {
+    prompt_and_16_decode_steps(false, 253);
+    prompt_and_16_decode_steps(true, 253);
+    let config = Gpt2Config {
+        vocab_size: 253,
+        ..Gpt2Config::tiny()
+    };
+    let weights = Gpt2Weights::random(&config, 5).expect("weights");
+    let context = context_with(gpu(), ContextOptions::default());
+    let options = ServerOptions {
+        max_batch: 4,
+        kv_blocks: Some(32),
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    let requests = [vec![252, 0, 7], vec![5; 20], vec![100, 200, 250, 1, 2]];
+    for prompt in &requests {
+        server
+            .submit(&RequestSpec {
+                prompt: prompt.clone(),
+                max_new_tokens: 12,
+            })
+            .unwrap();
+    }
+    for done in server.run().unwrap() {
+        assert!(done.output.iter().all(|&t| t < 253), "{:?}", done.output);
+        assert_greedy(&weights, "vocab 253", &done.prompt, &done.output);
+    }
+}
+
 fn assert_greedy(weights: &Gpt2Weights, what: &str, prompt: &[u32], output: &[u32]) {
     let vocab = weights.config.vocab_size;
     let mut tokens = prompt.to_vec();

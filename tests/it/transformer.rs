@@ -569,3 +569,33 @@ fn f16_transformer_ops_match_their_twins() {
         }
     }
 }
+
+#[test]
+fn take_columns_keeps_the_first_columns_of_each_row() {
+    for (limits, gpu) in both() {
+        for context in contexts(gpu) {
+            let mut rng = StdRng::seed_from_u64(31);
+            for (rows, cols, take) in [(1, 1, 1), (3, 17, 5), (2, 1000, 999), (4, 300, 300)] {
+                let x = random(&mut rng, rows * cols, -4.0, 4.0);
+                let tx = context.tensor(&x, &[rows, cols]).unwrap();
+                let y = context.take_columns(&tx, take).unwrap();
+                assert_eq!(y.shape(), [rows, take]);
+                let expected = cpu::take_columns(&x, cols, take);
+                assert_same(
+                    &format!("take_columns {rows}x{cols} {take} ({limits})"),
+                    &y.to_vec().unwrap(),
+                    &expected,
+                );
+            }
+            let tx = context.tensor(&[1.0; 12], &[2, 2, 3]).unwrap();
+            let y = context.take_columns(&tx, 2).unwrap();
+            assert_eq!(y.shape(), [2, 2, 2]);
+            for take in [0, 4] {
+                assert!(matches!(
+                    context.take_columns(&tx, take),
+                    Err(ComputeError::InvalidShape { .. })
+                ));
+            }
+        }
+    }
+}

@@ -346,7 +346,7 @@ fn params_layout(source: Source) -> Layout {
             rows: u32,
             cols: u32,
             grid_x: u32,
-            pad: u32,
+            take: u32,
         }),
     }
 }

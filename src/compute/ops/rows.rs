@@ -1,7 +1,9 @@
-//! Row-wise reductions over the last dimension: `sum` and numerically stable `softmax`.
+//! Row-wise ops over the last dimension: `sum`, numerically stable `softmax`, and
+//! `take_columns` (the first columns of each row).
 //! Kernels: `shaders/rows.wgsl` (a workgroup of 256 per row, a 2-D grid past the x limit).
 //! On f16 tensors the kernels load f16, sum and exponentiate in f32, and round once to f16 as
-//! they store. CPU twins: [`crate::compute::cpu::sum`] and [`crate::compute::cpu::softmax`].
+//! they store. CPU twins: [`crate::compute::cpu::sum`], [`crate::compute::cpu::softmax`] and
+//! [`crate::compute::cpu::take_columns`].
 
 use super::grid_1d;
 use crate::compute::context::{Context, Dispatch};
@@ -27,11 +29,41 @@ impl Context {
         self.rows("softmax", x, x.shape().to_vec())
     }
 
+    /// The first `take` columns of each row: `[.., cols]` → `[.., take]`, a copy (e.g. logits
+    /// of a vocabulary padded to a multiple of 4, without the padding). Errors:
+    /// [`ComputeError::InvalidShape`] for `take` 0 or above the columns.
+    pub fn take_columns(&self, x: &Tensor, take: usize) -> Result<Tensor, ComputeError> {
+        const OP: &str = "take_columns";
+        let (_, cols) = x.rows_cols();
+        if take == 0 || take > cols {
+            return Err(ComputeError::InvalidShape {
+                op: OP,
+                shape: x.shape().to_vec(),
+                reason: "take_columns keeps 1 to all of the last dimension's columns",
+            });
+        }
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("shapes have a dimension") = take;
+        self.rows_with(OP, x, shape, take)
+    }
+
     fn rows(
         &self,
         op: &'static str,
         x: &Tensor,
         shape: Vec<usize>,
+    ) -> Result<Tensor, ComputeError> {
+        self.rows_with(op, x, shape, 0)
+    }
+
+    /// A `shaders/rows.wgsl` kernel over the rows of `x`, into a tensor of `shape`; `take` for
+    /// `take_columns`.
+    fn rows_with(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        shape: Vec<usize>,
+        take: usize,
     ) -> Result<Tensor, ComputeError> {
         self.check_owner(op, x)?;
         let (rows, cols) = x.rows_cols();
@@ -43,7 +75,7 @@ impl Context {
             rows: kernel_u32(op, "rows", rows)?,
             cols: kernel_u32(op, "columns", cols)?,
             grid_x,
-            pad: 0,
+            take: kernel_u32(op, "columns taken", take)?,
         };
         self.record(Dispatch {
             kernel: KernelKey::plain(Source::Rows, op).typed(ElementTypes::same(x.dtype())),

@@ -282,7 +282,7 @@ impl Context {
             rows: kernel_u32(OP, "rows", rows)?,
             cols: kernel_u32(OP, "columns", cols)?,
             grid_x,
-            pad: 0,
+            take: 0,
         };
         let types = ElementTypes {
             input: x.dtype(),

@@ -140,8 +140,8 @@ pub(crate) struct RowsParams {
     pub(crate) cols: u32,
     /// Workgroups per row of the grid.
     pub(crate) grid_x: u32,
-    /// Unused (0).
-    pub(crate) pad: u32,
+    /// The columns `take_columns` keeps; 0 for the other kernels.
+    pub(crate) take: u32,
 }
 
 /// The parameters of the layer norm; WGSL `LayerNormParams` in `shaders/layer_norm.wgsl`.
