@@ -1,4 +1,5 @@
-// The write of one new token's keys and values into a paged KV cache. The caches k_cache and
+// The write of one new token's keys and values into a paged KV cache (this file: from a
+// separate K and V; kv_write_qkv.wgsl: from a fused query-key-value tensor). The caches k_cache and
 // v_cache are [num_blocks, block_tokens, n_head, head_dim]; k_new and v_new are
 // [batch, n_head, head_dim]; sequence b's token goes to position positions[b], that is block
 // table[b, pos / block_tokens], slot pos % block_tokens. Block ids and positions are f32 values

@@ -1,5 +1,6 @@
 // Attention of one new token per sequence over a paged KV cache (decode). q and out are
-// [batch, n_head, head_dim]; the caches k_cache and v_cache are
+// [batch, n_head, head_dim] (q may be the first third of each row of a fused
+// [batch, 3, n_head, head_dim] query-key-value tensor: `q_stride` elements a sequence); the caches k_cache and v_cache are
 // [num_blocks, block_tokens, n_head, head_dim]; sequence b's token t (t < seq_lens[b]) is at
 // block table[b, t / block_tokens], slot t % block_tokens. For each (b, h):
 // s_t = scale · Σ_d q[b, h, d] · K[t, h, d]; p_t = exp(s_t − max_t s_t) / Σ_t exp(s_t − max);
@@ -31,13 +32,25 @@ struct PagedAttentionParams {
     scale: f32,
 }
 
-// The head size and the shares per (sequence, head), packed in `head_dim_parts`.
+// The head size, the shares per (sequence, head) and whether q is fused, packed in
+// `head_dim_parts`.
 fn head_dim() -> u32 {
     return params.head_dim_parts & 0xffffu;
 }
 
 fn parts() -> u32 {
-    return params.head_dim_parts >> 16u;
+    return (params.head_dim_parts >> 16u) & 0x7fffu;
+}
+
+// Elements from one sequence's query to the next: n_head · head_dim, or three times that where
+// q is a fused [batch, 3, n_head, head_dim] query-key-value tensor (the top bit of
+// `head_dim_parts`).
+fn q_stride() -> u32 {
+    let token = params.n_head * head_dim();
+    if ((params.head_dim_parts >> 31u) == 1u) {
+        return 3u * token;
+    }
+    return token;
 }
 
 @group(0) @binding(0) var<uniform> params: PagedAttentionParams;
@@ -112,7 +125,7 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
         }
     }
     if (local < head_dim()) {
-        query_values[local] = f32(q[query + local]);
+        query_values[local] = f32(q[b * q_stride() + h * head_dim() + local]);
     }
     let count = workgroupUniformLoad(&token_count);
     if (count == 0u) {

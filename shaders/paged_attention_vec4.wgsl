@@ -33,7 +33,18 @@ fn quads() -> u32 {
 }
 
 fn parts() -> u32 {
-    return params.head_dim_parts >> 16u;
+    return (params.head_dim_parts >> 16u) & 0x7fffu;
+}
+
+// Elements from one sequence's query to the next: n_head · head_dim, or three times that where
+// q is a fused [batch, 3, n_head, head_dim] query-key-value tensor (the top bit of
+// `head_dim_parts`).
+fn q_stride() -> u32 {
+    let token = params.n_head * head_dim();
+    if ((params.head_dim_parts >> 31u) == 1u) {
+        return 3u * token;
+    }
+    return token;
 }
 
 @group(0) @binding(0) var<uniform> params: PagedAttentionParams;
@@ -107,7 +118,7 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
         }
     }
     if (local < n) {
-        query_values[local] = vec4<f32>(q[pair * n + local]);
+        query_values[local] = vec4<f32>(q[b * q_stride() / 4u + h * n + local]);
     }
     let count = workgroupUniformLoad(&token_count);
     if (count == 0u) {

@@ -543,6 +543,43 @@ impl KvLayout {
     }
 }
 
+/// [`kv_write`] from a fused query-key-value tensor `qkv` (`[batch, 3, n_head, head_dim]`):
+/// its keys and values, the queries left alone.
+pub fn kv_write_qkv(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    qkv: &[f32],
+    block_table: &[f32],
+    positions: &[f32],
+    layout: KvLayout,
+) {
+    let [_, k_new, v_new] = split_qkv(qkv, layout.token_len());
+    kv_write(
+        k_cache,
+        v_cache,
+        &k_new,
+        &v_new,
+        block_table,
+        positions,
+        layout,
+    );
+}
+
+/// The queries, keys and values of a fused `[batch, 3, token_len]` tensor, each
+/// `[batch, token_len]`.
+pub fn split_qkv(qkv: &[f32], token_len: usize) -> [Vec<f32>; 3] {
+    assert!(
+        qkv.len().is_multiple_of(3 * token_len.max(1)),
+        "split_qkv: not [batch, 3, token_len]"
+    );
+    std::array::from_fn(|part| {
+        qkv.chunks_exact(3 * token_len.max(1))
+            .flat_map(|row| &row[part * token_len..(part + 1) * token_len])
+            .copied()
+            .collect()
+    })
+}
+
 /// Writes each sequence's new token (`k_new`, `v_new`: `[batch, n_head, head_dim]`) into the
 /// caches at position `positions[b]`: block `block_table[b, pos / block_tokens]` (a table of
 /// `batch` rows), slot `pos % block_tokens`. Positions and block ids are f32 values of exact

@@ -89,6 +89,7 @@ fn source_text(source: Source) -> &'static str {
         Source::Embedding => include_str!("../../shaders/embedding.wgsl"),
         Source::ArgmaxRows => include_str!("../../shaders/argmax_rows.wgsl"),
         Source::KvWrite => include_str!("../../shaders/kv_write.wgsl"),
+        Source::KvWriteQkv => include_str!("../../shaders/kv_write_qkv.wgsl"),
         Source::PagedAttentionVec4 => concat!(
             include_str!("../../shaders/workgroup_reduce.wgsl"),
             include_str!("../../shaders/paged_attention_vec4.wgsl")

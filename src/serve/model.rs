@@ -6,14 +6,12 @@ use super::kv::KvCache;
 use crate::compute::{Activation, BinaryOp, ComputeError, Context, DType, Epilogue, Tensor};
 use crate::model::{Gpt2Config, Gpt2Weights, LAYER_NORM_EPS};
 
-/// One block's tensors. The attention's `c_attn` is split on upload into its query, key and
-/// value columns, so that each comes out of its own product in the layout the cache kernels
-/// read.
+/// One block's tensors. The attention's `c_attn` stays whole: one product gives each row's
+/// query, key and value (`[rows, 3, n_head, head_dim]`), which the cache kernels read in place
+/// (`kv_write_qkv`, `paged_attention_decode_qkv`).
 struct Block {
     ln_1: (Tensor, Tensor),
-    q: (Tensor, Tensor),
-    k: (Tensor, Tensor),
-    v: (Tensor, Tensor),
+    qkv: (Tensor, Tensor),
     attn_proj: (Tensor, Tensor),
     ln_2: (Tensor, Tensor),
     fc: (Tensor, Tensor),
@@ -92,24 +90,18 @@ impl Gpt2 {
                         upload(b, &[cols], &name(&format!("{suffix}.bias")))?,
                     ))
                 };
-            let columns = |part: usize| -> (Vec<f32>, Vec<f32>) {
-                let w = block
-                    .attn_c_attn_weight
-                    .chunks_exact(3 * e)
-                    .flat_map(|row| &row[part * e..(part + 1) * e])
-                    .copied()
-                    .collect();
-                (w, block.attn_c_attn_bias[part * e..(part + 1) * e].to_vec())
-            };
-            let ((wq, bq), (wk, bk), (wv, bv)) = (columns(0), columns(1), columns(2));
             blocks.push(Block {
                 ln_1: (
                     upload(&block.ln_1_weight, &[e], &name("ln_1.weight"))?,
                     upload(&block.ln_1_bias, &[e], &name("ln_1.bias"))?,
                 ),
-                q: pair(&mut upload, &wq, &bq, e, "attn.c_attn.q")?,
-                k: pair(&mut upload, &wk, &bk, e, "attn.c_attn.k")?,
-                v: pair(&mut upload, &wv, &bv, e, "attn.c_attn.v")?,
+                qkv: pair(
+                    &mut upload,
+                    &block.attn_c_attn_weight,
+                    &block.attn_c_attn_bias,
+                    e,
+                    "attn.c_attn",
+                )?,
                 attn_proj: pair(
                     &mut upload,
                     &block.attn_c_proj_weight,
@@ -227,15 +219,13 @@ impl Gpt2 {
         for (layer, block) in self.blocks.iter().enumerate() {
             let (k_cache, v_cache) = cache.layer(layer);
             let h = context.layer_norm(&x, &block.ln_1.0, &block.ln_1.1, LAYER_NORM_EPS)?;
-            let split = |pair| -> Result<Tensor, ComputeError> {
-                Ok(linear(&h, pair, Activation::None)?.reshape(&[rows, heads, head_dim])?)
-            };
-            let (q, k, v) = (split(&block.q)?, split(&block.k)?, split(&block.v)?);
-            context.kv_write(k_cache, v_cache, &k, &v, inputs.table, inputs.positions)?;
+            let qkv =
+                linear(&h, &block.qkv, Activation::None)?.reshape(&[rows, 3, heads, head_dim])?;
+            context.kv_write_qkv(k_cache, v_cache, &qkv, inputs.table, inputs.positions)?;
             let attended = context
-                .paged_attention_decode(&q, k_cache, v_cache, inputs.table, &seq_lens, scale)?
+                .paged_attention_decode_qkv(&qkv, k_cache, v_cache, inputs.table, &seq_lens, scale)?
                 .reshape(&[rows, e])?;
-            drop((q, k, v, h));
+            drop((qkv, h));
             let projected = linear(&attended, &block.attn_proj, Activation::None)?;
             x = context.add(&x, &projected)?;
             let h = context.layer_norm(&x, &block.ln_2.0, &block.ln_2.1, LAYER_NORM_EPS)?;

@@ -114,12 +114,22 @@ fn check_case(context: &Context, rng: &mut StdRng, case: &Case, dtype: DType, li
         let tk = upload(&k_new, &token_shape);
         let tv = upload(&v_new, &token_shape);
         let tp = context.tensor(&positions, &[3]).unwrap();
-        context
-            .kv_write(&k_cache, &v_cache, &tk, &tv, &t_table, &tp)
-            .unwrap();
-        cpu::kv_write(
-            &mut k_cpu, &mut v_cpu, &k_new, &v_new, &table, &positions, layout,
-        );
+        if step % 2 == 0 {
+            context
+                .kv_write(&k_cache, &v_cache, &tk, &tv, &t_table, &tp)
+                .unwrap();
+            cpu::kv_write(
+                &mut k_cpu, &mut v_cpu, &k_new, &v_new, &table, &positions, layout,
+            );
+        } else {
+            // Odd steps from a fused query-key-value tensor.
+            let qkv = fuse_qkv(&values(rng, 3 * token_len), &k_new, &v_new, token_len);
+            let fused = upload(&qkv, &[3, 3, layout.n_head, layout.head_dim]);
+            context
+                .kv_write_qkv(&k_cache, &v_cache, &fused, &t_table, &tp)
+                .unwrap();
+            cpu::kv_write_qkv(&mut k_cpu, &mut v_cpu, &qkv, &table, &positions, layout);
+        }
     }
     let what = format!("{limits}: {dtype:?} {cache_shape:?} lens {:?}", case.lens);
     assert_eq!(context.read(&k_cache).unwrap(), k_cpu, "{what}: K cache");
@@ -148,6 +158,33 @@ fn check_case(context: &Context, rng: &mut StdRng, case: &Case, dtype: DType, li
         &expected,
         |i| 1e-5 * (f64::from(expected[i]).abs() + 1.0) + ulp(expected[i]),
     );
+    // The same queries from a fused query-key-value tensor: the same bits.
+    let qkv = fuse_qkv(
+        &q,
+        &values(rng, 3 * token_len),
+        &values(rng, 3 * token_len),
+        token_len,
+    );
+    let fused = upload(&qkv, &[3, 3, layout.n_head, layout.head_dim]);
+    assert_eq!(cpu::split_qkv(&qkv, token_len)[0], q);
+    let from_fused = context
+        .paged_attention_decode_qkv(&fused, &k_cache, &v_cache, &t_table, &tl, scale)
+        .unwrap();
+    assert_eq!(from_fused.shape(), token_shape);
+    assert_eq!(
+        context.read(&from_fused).unwrap(),
+        context.read(&out).unwrap(),
+        "{what}: attention from a fused tensor"
+    );
+}
+
+/// `[batch, 3, token_len]` from the queries, keys and values of a batch.
+fn fuse_qkv(q: &[f32], k: &[f32], v: &[f32], token_len: usize) -> Vec<f32> {
+    q.chunks_exact(token_len)
+        .zip(k.chunks_exact(token_len))
+        .zip(v.chunks_exact(token_len))
+        .flat_map(|((q, k), v)| q.iter().chain(k).chain(v).copied())
+        .collect()
 }
 
 #[test]
@@ -349,6 +386,36 @@ fn bad_shapes_are_typed_errors_that_record_nothing() {
     for (what, k, v, new, table, per, expected) in cases {
         refused(&context, what, || write(k, v, new, table, per), expected);
         refused(&context, what, || decode(new, k, v, table, per), expected);
+    }
+    // Fused query-key-value tensors: [batch, 3, n_head, head_dim] accepted, others refused.
+    let (fused, unfused, fused_heads) = (t(&[2, 3, 3, 5]), t(&[2, 2, 3, 5]), t(&[2, 3, 4, 5]));
+    context.flush().unwrap();
+    context.kv_write_qkv(&k, &v, &fused, &table, &per).unwrap();
+    context
+        .paged_attention_decode_qkv(&fused, &k, &v, &table, &per, 1.0)
+        .unwrap();
+    context.flush().unwrap();
+    for (what, tokens, expected) in [
+        (
+            "a fused tensor of two parts",
+            &unfused,
+            &invalid as &dyn Fn(&ComputeError) -> bool,
+        ),
+        ("a separate key as a fused tensor", &new, &invalid),
+        ("a fused tensor of other heads", &fused_heads, &shape),
+    ] {
+        refused(
+            &context,
+            what,
+            || context.kv_write_qkv(&k, &v, tokens, &table, &per),
+            expected,
+        );
+        refused(
+            &context,
+            what,
+            || context.paged_attention_decode_qkv(tokens, &k, &v, &table, &per, 1.0),
+            expected,
+        );
     }
     // Heads of more than 256 values: written, not attended to.
     write(&wide_k, &wide_v, &wide_q, &one_row, &one).unwrap();

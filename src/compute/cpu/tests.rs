@@ -48,6 +48,7 @@ fn every_source() -> Vec<(Source, Variant)> {
         Source::Embedding,
         Source::ArgmaxRows,
         Source::KvWrite,
+        Source::KvWriteQkv,
         Source::PagedAttention,
         Source::PagedAttentionVec4,
     ];
@@ -65,6 +66,7 @@ fn every_source() -> Vec<(Source, Variant)> {
                 | Source::Embedding
                 | Source::ArgmaxRows
                 | Source::KvWrite
+                | Source::KvWriteQkv
                 | Source::PagedAttention
                 | Source::PagedAttentionVec4 => Variant::Plain,
                 Source::Matmul => Variant::Matmul {

@@ -55,6 +55,7 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         (Source::Embedding, Variant::Plain),
         (Source::ArgmaxRows, Variant::Plain),
         (Source::KvWrite, Variant::Plain),
+        (Source::KvWriteQkv, Variant::Plain),
         (Source::PagedAttention, Variant::Plain),
         (Source::PagedAttentionVec4, Variant::Plain),
     ];
@@ -322,7 +323,7 @@ fn params_layout(source: Source) -> Layout {
             pad0: u32,
             pad1: u32,
         }),
-        Source::KvWrite => layout!(KvWriteParams {
+        Source::KvWrite | Source::KvWriteQkv => layout!(KvWriteParams {
             batch: u32,
             n_head: u32,
             head_dim: u32,

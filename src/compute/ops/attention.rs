@@ -29,6 +29,23 @@ const EXACT_F32_INTEGERS: usize = 1 << 24;
 /// Invocations per workgroup of both kernels.
 const WORKGROUP_SIZE: usize = 256;
 
+/// The new tokens of a call: a key and a value tensor (`[batch, n_head, head_dim]`; a query
+/// given twice), or one fused query-key-value tensor (`[batch, 3, n_head, head_dim]`).
+#[derive(Clone, Copy)]
+enum Tokens<'a> {
+    Pair(&'a Tensor, &'a Tensor),
+    Fused(&'a Tensor),
+}
+
+impl<'a> Tokens<'a> {
+    /// The tensor the shape errors name.
+    fn first(self) -> &'a Tensor {
+        match self {
+            Tokens::Pair(first, _) | Tokens::Fused(first) => first,
+        }
+    }
+}
+
 /// The sizes of one paged cache and the batch that reads or writes it.
 struct Paged {
     num_blocks: usize,
@@ -69,7 +86,14 @@ impl Context {
         for tensor in [k_cache, v_cache, k_new, v_new, block_table, positions] {
             self.check_owner(OP, tensor)?;
         }
-        let paged = paged_shapes(OP, k_cache, v_cache, k_new, v_new, block_table, positions)?;
+        let paged = paged_shapes(
+            OP,
+            k_cache,
+            v_cache,
+            Tokens::Pair(k_new, v_new),
+            block_table,
+            positions,
+        )?;
         let dtype = common_dtype(OP, &[k_cache, v_cache, k_new, v_new])?;
         let len = paged.batch * paged.n_head * paged.head_dim;
         let (workgroups, grid_x) = grid_1d(self, OP, len.div_ceil(WORKGROUP_SIZE) as u64)?;
@@ -99,6 +123,59 @@ impl Context {
         })
     }
 
+    /// [`Context::kv_write`] from a fused query-key-value tensor `qkv`
+    /// (`[batch, 3, n_head, head_dim]`: each sequence's query, key and value, as GPT-2's
+    /// attention product gives them): the keys and values go into the caches, the queries are
+    /// left to [`Context::paged_attention_decode_qkv`]. Errors as [`Context::kv_write`], the
+    /// fused tensor in place of the new tokens.
+    pub fn kv_write_qkv(
+        &self,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        qkv: &Tensor,
+        block_table: &Tensor,
+        positions: &Tensor,
+    ) -> Result<(), ComputeError> {
+        const OP: &str = "kv_write_qkv";
+        for tensor in [k_cache, v_cache, qkv, block_table, positions] {
+            self.check_owner(OP, tensor)?;
+        }
+        let paged = paged_shapes(
+            OP,
+            k_cache,
+            v_cache,
+            Tokens::Fused(qkv),
+            block_table,
+            positions,
+        )?;
+        let dtype = common_dtype(OP, &[k_cache, v_cache, qkv])?;
+        let len = paged.batch * paged.n_head * paged.head_dim;
+        let (workgroups, grid_x) = grid_1d(self, OP, len.div_ceil(WORKGROUP_SIZE) as u64)?;
+        let params = KvWriteParams {
+            batch: kernel_u32(OP, "batch", paged.batch)?,
+            n_head: kernel_u32(OP, "heads", paged.n_head)?,
+            head_dim: kernel_u32(OP, "head_dim", paged.head_dim)?,
+            block_tokens: kernel_u32(OP, "block_tokens", paged.block_tokens)?,
+            num_blocks: kernel_u32(OP, "blocks", paged.num_blocks)?,
+            max_blocks: kernel_u32(OP, "max_blocks", paged.max_blocks)?,
+            grid_x,
+            pad: 0,
+        };
+        self.before_op()?;
+        self.record(Dispatch {
+            kernel: KernelKey::plain(Source::KvWriteQkv, OP).typed(ElementTypes::same(dtype)),
+            params: ParamsBlock::new(&params),
+            bindings: &[
+                &k_cache.storage,
+                &v_cache.storage,
+                &qkv.storage,
+                &block_table.storage,
+                &positions.storage,
+            ],
+            workgroups,
+        })
+    }
+
     /// Attention of one query token per sequence over a paged KV cache (decode): for sequence
     /// `b` and head `h`, `softmax(scale · q[b, h] · Kᵀ) · V` over the sequence's first
     /// `seq_lens[b]` tokens (the tokens already written, the new one included), each found
@@ -115,7 +192,6 @@ impl Context {
     /// Errors: those of [`Context::kv_write`] (with `q` for the new tokens);
     /// [`ComputeError::InvalidShape`] for a `head_dim` above 256;
     /// [`ComputeError::InvalidScalar`] for a `scale` that is not finite.
-    // Long: the one-pass and the split (partial, then combine) recordings side by side.
     pub fn paged_attention_decode(
         &self,
         q: &Tensor,
@@ -125,11 +201,44 @@ impl Context {
         seq_lens: &Tensor,
         scale: f32,
     ) -> Result<Tensor, ComputeError> {
+        let tokens = Tokens::Pair(q, q);
+        self.attend(tokens, k_cache, v_cache, block_table, seq_lens, scale)
+    }
+
+    /// [`Context::paged_attention_decode`] with each sequence's query taken from a fused
+    /// query-key-value tensor `qkv` (`[batch, 3, n_head, head_dim]`, see
+    /// [`Context::kv_write_qkv`]). Returns `[batch, n_head, head_dim]`. Errors as
+    /// [`Context::paged_attention_decode`], the fused tensor in place of `q`.
+    pub fn paged_attention_decode_qkv(
+        &self,
+        qkv: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_table: &Tensor,
+        seq_lens: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor, ComputeError> {
+        let tokens = Tokens::Fused(qkv);
+        self.attend(tokens, k_cache, v_cache, block_table, seq_lens, scale)
+    }
+
+    /// The decode attention of [`Context::paged_attention_decode`] over the queries of `tokens`.
+    // Long: the one-pass and the split (partial, then combine) recordings side by side.
+    fn attend(
+        &self,
+        tokens: Tokens<'_>,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_table: &Tensor,
+        seq_lens: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor, ComputeError> {
         const OP: &str = "paged_attention_decode";
+        let q = tokens.first();
         for tensor in [q, k_cache, v_cache, block_table, seq_lens] {
             self.check_owner(OP, tensor)?;
         }
-        let paged = paged_shapes(OP, k_cache, v_cache, q, q, block_table, seq_lens)?;
+        let paged = paged_shapes(OP, k_cache, v_cache, tokens, block_table, seq_lens)?;
         check_attention(OP, q, &paged, scale)?;
         let dtype = common_dtype(OP, &[q, k_cache, v_cache])?;
         let pairs = paged.batch * paged.n_head;
@@ -142,7 +251,9 @@ impl Context {
         let params = PagedAttentionParams {
             batch: kernel_u32(OP, "batch", paged.batch)?,
             n_head: kernel_u32(OP, "heads", paged.n_head)?,
-            head_dim_parts: kernel_u32(OP, "head_dim", paged.head_dim)? | (parts as u32) << 16,
+            head_dim_parts: kernel_u32(OP, "head_dim", paged.head_dim)?
+                | (parts as u32) << 16
+                | u32::from(matches!(tokens, Tokens::Fused(_))) << 31,
             block_tokens: kernel_u32(OP, "block_tokens", paged.block_tokens)?,
             num_blocks: kernel_u32(OP, "blocks", paged.num_blocks)?,
             max_blocks: kernel_u32(OP, "max_blocks", paged.max_blocks)?,
@@ -150,7 +261,13 @@ impl Context {
             scale,
         };
         self.before_op()?;
-        let output = self.allocate_output(OP, q.shape().to_vec(), q.len(), dtype)?;
+        let shape = vec![paged.batch, paged.n_head, paged.head_dim];
+        let output = self.allocate_output(
+            OP,
+            shape,
+            paged.batch * paged.n_head * paged.head_dim,
+            dtype,
+        )?;
         let bindings = |first: &Tensor, last: &Tensor| {
             [first, k_cache, v_cache, block_table, seq_lens, last].map(|t| Arc::clone(&t.storage))
         };
@@ -249,11 +366,11 @@ fn paged_shapes(
     op: &'static str,
     k_cache: &Tensor,
     v_cache: &Tensor,
-    k_new: &Tensor,
-    v_new: &Tensor,
+    tokens: Tokens<'_>,
     block_table: &Tensor,
     per_sequence: &Tensor,
 ) -> Result<Paged, ComputeError> {
+    let k_new = tokens.first();
     let invalid = |tensor: &Tensor, reason| ComputeError::InvalidShape {
         op,
         shape: tensor.shape().to_vec(),
@@ -281,18 +398,30 @@ fn paged_shapes(
             "K and V caches that are two tensors",
         ));
     }
-    let [batch, heads, dim] = *k_new.shape() else {
-        return Err(invalid(k_new, "tokens are [batch, n_head, head_dim]"));
+    let (batch, heads, dim) = match (tokens, k_new.shape()) {
+        (Tokens::Pair(..), &[batch, heads, dim]) => (batch, heads, dim),
+        (Tokens::Fused(_), &[batch, 3, heads, dim]) => (batch, heads, dim),
+        (Tokens::Pair(..), _) => {
+            return Err(invalid(k_new, "tokens are [batch, n_head, head_dim]"))
+        }
+        (Tokens::Fused(_), _) => {
+            return Err(invalid(
+                k_new,
+                "fused tokens are [batch, 3, n_head, head_dim] (query, key, value)",
+            ))
+        }
     };
     if heads != n_head || dim != head_dim {
         return Err(mismatch(
             k_cache,
             k_new,
-            "tokens [batch, n_head, head_dim] of the cache's n_head and head_dim",
+            "tokens of the cache's n_head and head_dim",
         ));
     }
-    if v_new.shape() != k_new.shape() {
-        return Err(mismatch(k_new, v_new, "new K and V of one shape"));
+    if let Tokens::Pair(k_new, v_new) = tokens {
+        if v_new.shape() != k_new.shape() {
+            return Err(mismatch(k_new, v_new, "new K and V of one shape"));
+        }
     }
     let [table_batch, max_blocks] = *block_table.shape() else {
         return Err(invalid(block_table, "a block table is [batch, max_blocks]"));

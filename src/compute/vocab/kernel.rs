@@ -48,6 +48,8 @@ pub(crate) enum Source {
     ArgmaxRows,
     /// `shaders/kv_write.wgsl`.
     KvWrite,
+    /// `shaders/kv_write_qkv.wgsl`: the key and value from a fused query-key-value tensor.
+    KvWriteQkv,
     /// `shaders/paged_attention.wgsl` (after `shaders/workgroup_reduce.wgsl`).
     PagedAttention,
     /// `shaders/paged_attention_vec4.wgsl` (after `shaders/workgroup_reduce.wgsl`): the decode
@@ -61,6 +63,7 @@ impl Source {
         match self {
             Self::Unary | Self::Rows | Self::SoftmaxRows | Self::ArgmaxRows => 2,
             Self::Binary | Self::MatmulReduce | Self::Embedding => 3,
+            Self::KvWriteQkv => 5,
             Self::Matmul | Self::MatmulNarrow | Self::MatmulCoop | Self::LayerNorm => 4,
             Self::KvWrite
             | Self::PagedAttention

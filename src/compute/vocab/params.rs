@@ -228,9 +228,10 @@ pub(crate) struct PagedAttentionParams {
     /// Sequences, one query token each.
     pub(crate) batch: u32,
     pub(crate) n_head: u32,
-    /// `head_dim | parts << 16`: the head size (at most 256) and the workgroups per (sequence,
-    /// head), each over its share of the tokens (past 1 they write partial records that
-    /// `paged_attention_combine` adds).
+    /// `head_dim | parts << 16 | fused << 31`: the head size (at most 256), the workgroups per
+    /// (sequence, head), each over its share of the tokens (past 1 they write partial records
+    /// that `paged_attention_combine` adds), and 1 where the queries are the first third of each
+    /// row of a fused `[batch, 3, n_head, head_dim]` query-key-value tensor.
     pub(crate) head_dim_parts: u32,
     /// Token slots per block of the cache.
     pub(crate) block_tokens: u32,
