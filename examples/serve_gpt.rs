@@ -142,6 +142,8 @@ struct Side {
     fed_rows: u64,
     generated_tokens: u64,
     wall_s: f64,
+    /// When the stream started and ended (seconds since the Unix epoch).
+    span_unix_s: [f64; 2],
     generated_tokens_per_s: f64,
     ttft_ms_p50: f64,
     ttft_ms_p99: f64,
@@ -522,6 +524,8 @@ struct Served {
     done: Vec<Completion>,
     timings: Option<Timings>,
     wall_s: f64,
+    /// When the stream started and ended (seconds since the Unix epoch), to lay beside a clock log.
+    span_unix_s: [f64; 2],
     device_reported: Option<u64>,
     accounted: u64,
     ooms: u64,
@@ -540,6 +544,7 @@ fn serve_stream(
     let ooms_before = pool.stats().oom_count;
     let mut timings = profiled.map(|_| Timings::default());
     let start = Instant::now();
+    let from_unix_s = unix_seconds();
     for request in requests {
         server.submit(request)?;
     }
@@ -580,10 +585,12 @@ fn serve_stream(
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
+    let span_unix_s = [from_unix_s, unix_seconds()];
     done.sort_by_key(|c| c.id);
     Ok(Served {
         done,
         timings,
+        span_unix_s,
         wall_s,
         device_reported,
         accounted,
@@ -685,6 +692,7 @@ fn side_figures(
         fed_rows: stats.fed_rows,
         generated_tokens: stats.generated_tokens,
         wall_s: served.wall_s,
+        span_unix_s: served.span_unix_s,
         generated_tokens_per_s: stats.generated_tokens as f64 / served.wall_s,
         ttft_ms_p50: percentile(&ttft, 50.0).unwrap_or(0.0),
         ttft_ms_p99: percentile(&ttft, 99.0).unwrap_or(0.0),
@@ -749,4 +757,11 @@ fn print_side(name: &str, side: &Side) {
         mib(side.peak_reserved_bytes),
         side.oom_errors
     );
+}
+
+/// Seconds since the Unix epoch (0 on a clock before it).
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64())
 }
