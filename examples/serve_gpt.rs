@@ -6,7 +6,7 @@
 //! cargo run --release --example serve_gpt -- [--model tiny|gpt2] [--weights FILE]
 //!     [--write-weights FILE] [--requests N] [--max-batch B] [--budget BYTES] [--seed S]
 //!     [--json OUT] [--out DIR] [--sides paged,contiguous,naive] [--eager] [--block-tokens T]
-//!     [--max-step-tokens R]
+//!     [--max-step-tokens R] [--min-step-rows R] [--profile] [--warm-s S]
 //! ```
 //!
 //! A seeded stream of requests (`--seed`, default 1): prompt lengths uniform in 32–512 tokens and
@@ -28,7 +28,11 @@
 //! blocks are free. Planned sides pipeline their steps (`Server::step_ahead`: the next step is
 //! submitted before the one in flight is read). `--eager` adds `paged_eager`, the paged side
 //! with every step's ops run eagerly, and `paged_sync`, the paged side planned but each step
-//! waited for (the planned-versus-eager comparison, and what pipelining adds).
+//! waited for (the planned-versus-eager comparison, and what pipelining adds); both may also be
+//! named in `--sides`, which sets the order. `--profile` adds `paged_profile` (eager, GPU
+//! timestamps around every dispatch, decode-only steps apart). `--warm-s S` keeps each side's
+//! GPU busy with padding steps for S seconds before its stream (clocks that follow the load have
+//! risen); each side's `span_unix_s` lets its run be laid beside a clock log.
 //!
 //! Weights: `--weights FILE` (safetensors, Hugging Face's GPT-2 layout, the configuration in its
 //! `__metadata__`), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
@@ -70,6 +74,7 @@ struct Args {
     max_step_tokens: usize,
     min_step_rows: usize,
     profile: bool,
+    warm_s: f64,
 }
 
 fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
@@ -89,6 +94,7 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
         max_step_tokens: 512,
         min_step_rows: 1,
         profile: false,
+        warm_s: 0.0,
     };
     let mut it = arguments.into_iter();
     while let Some(flag) = it.next() {
@@ -106,6 +112,7 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--sides" => args.sides = value()?.split(',').map(str::to_owned).collect(),
             "--eager" => args.eager = true,
             "--profile" => args.profile = true,
+            "--warm-s" => args.warm_s = value()?.parse().context("--warm-s")?,
             "--min-step-rows" => {
                 args.min_step_rows = value()?.parse().context("--min-step-rows")?
             }
@@ -119,12 +126,16 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
     if !matches!(args.model.as_str(), "tiny" | "gpt2") {
         bail!("--model is tiny or gpt2, not {:?}", args.model);
     }
-    if let Some(side) = args
-        .sides
-        .iter()
-        .find(|s| !matches!(s.as_str(), "paged" | "contiguous" | "naive"))
-    {
-        bail!("--sides takes paged, contiguous and naive, not {side:?}");
+    if let Some(side) = args.sides.iter().find(|s| {
+        !matches!(
+            s.as_str(),
+            "paged" | "contiguous" | "naive" | "paged_eager" | "paged_sync"
+        )
+    }) {
+        bail!("--sides takes paged, contiguous, naive, paged_eager and paged_sync, not {side:?}");
+    }
+    if !(args.warm_s >= 0.0 && args.warm_s <= 60.0) {
+        bail!("--warm-s is 0 to 60 seconds");
     }
     if args.requests == 0 || args.max_batch == 0 {
         bail!("--requests and --max-batch must be at least 1");
@@ -449,20 +460,27 @@ fn side_specs(args: &Args, n_ctx: usize) -> Vec<SideSpec> {
         .map(|side| match side.as_str() {
             "paged" => spec(side, KvLayout::Paged, Execution::Planned, false),
             "contiguous" => spec(side, contiguous, Execution::Planned, false),
+            "paged_eager" => spec(side, KvLayout::Paged, Execution::Eager, false),
+            "paged_sync" => SideSpec {
+                pipelined: false,
+                ..spec(side, KvLayout::Paged, Execution::Planned, false)
+            },
             _ => spec(side, contiguous, Execution::Planned, true),
         })
         .collect();
     if args.eager {
-        specs.push(spec(
-            "paged_eager",
-            KvLayout::Paged,
-            Execution::Eager,
-            false,
-        ));
-        specs.push(SideSpec {
-            pipelined: false,
-            ..spec("paged_sync", KvLayout::Paged, Execution::Planned, false)
-        });
+        for name in ["paged_eager", "paged_sync"] {
+            if !specs.iter().any(|spec| spec.name == name) {
+                let (execution, pipelined) = match name {
+                    "paged_eager" => (Execution::Eager, false),
+                    _ => (Execution::Planned, false),
+                };
+                specs.push(SideSpec {
+                    pipelined,
+                    ..spec(name, KvLayout::Paged, execution, false)
+                });
+            }
+        }
     }
     if args.profile {
         // Timestamps around every dispatch: the eager path records them (a plan replays its
@@ -619,6 +637,12 @@ fn serve_side(
         max_new_tokens: 2,
     })?;
     server.run()?;
+    // `--warm-s`: padding steps for that long, so that the GPU's clock, which follows its load
+    // on some machines (the lent H200 under Vulkan), has risen before the stream.
+    let warming = Instant::now();
+    while warming.elapsed().as_secs_f64() < args.warm_s {
+        server.warm_up()?;
+    }
     server.reset_stats();
     // Peaks from here: sizing the cache may pass the budget by one layer's cache for a moment.
     pool.reset_peaks();
