@@ -314,14 +314,17 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
         None => default_budget(gpu, &weights, &args)?,
     };
     let mut sides = serde_json::Map::new();
-    let mut paged_blocks = None;
-    for spec in side_specs(&args, config.n_ctx) {
+    let specs = side_specs(&args, config.n_ctx);
+    // The eager sides take the paged side's cache, whichever side comes first.
+    let paged_blocks = if specs.iter().any(|spec| spec.execution == Execution::Eager) {
+        Some(paged_cache_blocks(gpu, &weights, &args, budget)?)
+    } else {
+        None
+    };
+    for spec in specs {
         let name = spec.name.clone();
         match serve_side(gpu, &weights, &requests, &args, budget, &spec, paged_blocks) {
             Ok(side) => {
-                if name == "paged" {
-                    paged_blocks = Some(side.kv_blocks);
-                }
                 print_side(&name, &side);
                 sides.insert(name, serde_json::to_value(side)?);
             }
@@ -432,6 +435,16 @@ fn default_budget(gpu: &Gpu, weights: &Gpt2Weights, args: &Args) -> Result<u64> 
     let contiguous =
         args.max_batch as u64 * config.n_ctx.div_ceil(args.block_tokens) as u64 * block_bytes;
     Ok(fixed + contiguous / 2)
+}
+
+/// The blocks of the paged side's KV cache under `budget`: what the eager sides' caches get.
+fn paged_cache_blocks(gpu: &Gpu, weights: &Gpt2Weights, args: &Args, budget: u64) -> Result<usize> {
+    let pool = Pool::new(gpu, PoolOptions::default())?;
+    let context = Context::new(&pool, ContextOptions::default())?;
+    let model = Gpt2::upload(&context, weights, DType::F32)?;
+    let options = options(args, Some(budget), KvLayout::Paged, Execution::Planned);
+    let server = Server::new(&context, model, options)?;
+    Ok(server.cache().num_blocks())
 }
 
 /// One side: its name, cache layout, execution and pool, and whether its steps are pipelined.
