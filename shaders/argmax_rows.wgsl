@@ -4,7 +4,11 @@
 // (a 2-D grid past the x limit): each invocation keeps its first largest value of a stride of
 // 256 (four loads in flight), then a tree reduction keeps the larger value, and the lower index
 // on ties.
-// CPU twin: `argmax_rows` in src/compute/cpu.rs.
+// Rows of more than 2,048 columns go in two passes instead: `argmax_rows_partial`, one
+// workgroup per 2,048 columns of a row (the `aux` parts), each storing its first largest value
+// and its index (as f32) into y = [rows, parts, 2]; then `argmax_rows_combine`, one workgroup
+// per row, reading those records through x, keeps the largest, the lowest index on ties.
+// CPU twin: `argmax_rows` in src/compute/cpu.rs (both passes together).
 // `Input` (f32 or f16, written by the host): what x holds; `Output` is f32. Every storage
 // binding is read_write.
 
@@ -13,7 +17,8 @@ struct RowsParams {
     rows: u32,
     cols: u32,
     grid_x: u32,
-    take: u32,
+    // The parts of a row (argmax_rows_partial, argmax_rows_combine); 0 for argmax_rows.
+    aux: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: RowsParams;
@@ -66,6 +71,86 @@ fn argmax_rows(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invoc
         if (better(values[j], indices[j], value, index)) {
             value = values[j];
             index = indices[j];
+        }
+    }
+    best_values[local] = value;
+    best_indices[local] = index;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (local < stride) {
+            let other = best_indices[local + stride];
+            let v = best_values[local + stride];
+            if (better(v, other, best_values[local], best_indices[local])) {
+                best_values[local] = v;
+                best_indices[local] = other;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (local == 0u) {
+        y[row] = Output(f32(best_indices[0]));
+    }
+}
+
+// The first largest value of x[row, first .. end) and its index, over the workgroup (every
+// invocation reads a stride of 256 from first + local).
+fn chunk_best(base: u32, first: u32, end: u32, local: u32) -> vec2<f32> {
+    var value = 0.0;
+    var index = NO_INDEX;
+    for (var col = first + local; col < end; col += 256u) {
+        let v = f32(x[base + col]);
+        if (index == NO_INDEX || v > value) {
+            value = v;
+            index = col;
+        }
+    }
+    best_values[local] = value;
+    best_indices[local] = index;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (local < stride) {
+            let other = best_indices[local + stride];
+            let v = best_values[local + stride];
+            if (better(v, other, best_values[local], best_indices[local])) {
+                best_values[local] = v;
+                best_indices[local] = other;
+            }
+        }
+        workgroupBarrier();
+    }
+    return vec2<f32>(best_values[0], f32(best_indices[0]));
+}
+
+@compute @workgroup_size(256)
+fn argmax_rows_partial(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let linear = workgroup.y * params.grid_x + workgroup.x;
+    if (linear >= params.rows * params.aux) {
+        return;
+    }
+    let row = linear / params.aux;
+    let first = (linear % params.aux) * 2048u;
+    let best = chunk_best(row * params.cols, first, min(first + 2048u, params.cols), local);
+    if (local == 0u) {
+        y[2u * linear] = Output(best.x);
+        y[2u * linear + 1u] = Output(best.y);
+    }
+}
+
+@compute @workgroup_size(256)
+fn argmax_rows_combine(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
+    let row = workgroup.y * params.grid_x + workgroup.x;
+    if (row >= params.rows) {
+        return;
+    }
+    var value = 0.0;
+    var index = NO_INDEX;
+    for (var part = local; part < params.aux; part += 256u) {
+        let at = 2u * (row * params.aux + part);
+        let v = f32(x[at]);
+        let i = u32(f32(x[at + 1u]));
+        if (better(v, i, value, index)) {
+            value = v;
+            index = i;
         }
     }
     best_values[local] = value;

@@ -13,7 +13,7 @@ struct RowsParams {
     cols: u32,
     grid_x: u32,
     // The columns `take_columns` keeps (0 for the others).
-    take: u32,
+    aux: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: RowsParams;
@@ -68,7 +68,7 @@ fn take_columns(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invo
     if (row >= params.rows) {
         return;
     }
-    for (var col = local; col < params.take; col += 256u) {
-        y[row * params.take + col] = Output(f32(x[row * params.cols + col]));
+    for (var col = local; col < params.aux; col += 256u) {
+        y[row * params.aux + col] = Output(f32(x[row * params.cols + col]));
     }
 }

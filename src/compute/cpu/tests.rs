@@ -6,7 +6,7 @@ use crate::compute::kernels::module_source;
 use crate::compute::vocab::{CoopTiles, ElementTypes, MatmulTiles, Source, Variant};
 
 /// Entry points without a twin of their name, each with its reason.
-const EXCEPTIONS: [(&str, &str); 5] = [
+const EXCEPTIONS: [(&str, &str); 7] = [
     (
         "exp_kernel",
         "WGSL's builtin `exp` cannot be both called and shadowed: the twin is `exp`",
@@ -27,7 +27,19 @@ const EXCEPTIONS: [(&str, &str); 5] = [
     ),
     (
         "paged_attention_combine",
-        "the second pass of `paged_attention_decode` where a sequence's tokens are split over          several workgroups (it adds their partial softmax records): the twin is          `paged_attention_decode`",
+        "the second pass of `paged_attention_decode` where a sequence's tokens are split over \
+         several workgroups (it adds their partial softmax records): the twin is \
+         `paged_attention_decode`",
+    ),
+    (
+        "argmax_rows_partial",
+        "the first pass of `argmax_rows` over rows of more than 2,048 columns (each part's first \
+         largest value and index): the twin is `argmax_rows`",
+    ),
+    (
+        "argmax_rows_combine",
+        "the second pass of `argmax_rows` over rows of more than 2,048 columns (the parts' \
+         records reduced): the twin is `argmax_rows`",
     ),
 ];
 

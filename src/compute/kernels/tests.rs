@@ -347,7 +347,7 @@ fn params_layout(source: Source) -> Layout {
             rows: u32,
             cols: u32,
             grid_x: u32,
-            take: u32,
+            aux: u32,
         }),
     }
 }

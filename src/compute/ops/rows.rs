@@ -75,7 +75,7 @@ impl Context {
             rows: kernel_u32(op, "rows", rows)?,
             cols: kernel_u32(op, "columns", cols)?,
             grid_x,
-            take: kernel_u32(op, "columns taken", take)?,
+            aux: kernel_u32(op, "columns taken", take)?,
         };
         self.record(Dispatch {
             kernel: KernelKey::plain(Source::Rows, op).typed(ElementTypes::same(x.dtype())),

@@ -25,6 +25,9 @@ const EXACT_F32_INTEGERS: usize = 1 << 24;
 /// Invocations per workgroup of the embedding gather.
 const WORKGROUP_SIZE: u64 = 256;
 
+/// Columns of a row one workgroup of `argmax_rows` takes: longer rows go in two passes.
+const ARGMAX_PART: usize = 2048;
+
 impl Context {
     /// Layer normalization over the last dimension: for each row of `x` (`[.., cols]`),
     /// `y = (x − mean) / √(var + eps) · gamma + beta` with the biased variance (over `cols`, as
@@ -282,7 +285,7 @@ impl Context {
             rows: kernel_u32(OP, "rows", rows)?,
             cols: kernel_u32(OP, "columns", cols)?,
             grid_x,
-            take: 0,
+            aux: 0,
         };
         let types = ElementTypes {
             input: x.dtype(),
@@ -290,10 +293,38 @@ impl Context {
         };
         self.before_op()?;
         let output = self.allocate_output(OP, shape, rows, DType::F32)?;
+        if cols <= ARGMAX_PART {
+            self.record(Dispatch {
+                kernel: KernelKey::plain(Source::ArgmaxRows, OP).typed(types),
+                params: ParamsBlock::new(&params),
+                bindings: &[&x.storage, &output.storage],
+                workgroups,
+            })?;
+            return Ok(output);
+        }
+        // Long rows (a vocabulary's logits): a workgroup per part of a row, then one per row
+        // adds the parts' records — a row alone would keep one workgroup busy for all of it.
+        let parts = cols.div_ceil(ARGMAX_PART);
+        let records = rows * parts * 2;
+        let partial =
+            self.allocate_output("argmax_rows partial", vec![records], records, DType::F32)?;
+        let (part_groups, part_grid_x) = grid_1d(self, OP, (rows * parts) as u64)?;
+        let aux = kernel_u32(OP, "parts", parts)?;
         self.record(Dispatch {
-            kernel: KernelKey::plain(Source::ArgmaxRows, OP).typed(types),
-            params: ParamsBlock::new(&params),
-            bindings: &[&x.storage, &output.storage],
+            kernel: KernelKey::plain(Source::ArgmaxRows, "argmax_rows_partial").typed(types),
+            params: ParamsBlock::new(&RowsParams {
+                grid_x: part_grid_x,
+                aux,
+                ..params
+            }),
+            bindings: &[&x.storage, &partial.storage],
+            workgroups: part_groups,
+        })?;
+        self.record(Dispatch {
+            kernel: KernelKey::plain(Source::ArgmaxRows, "argmax_rows_combine")
+                .typed(ElementTypes::same(DType::F32)),
+            params: ParamsBlock::new(&RowsParams { aux, ..params }),
+            bindings: &[&partial.storage, &output.storage],
             workgroups,
         })?;
         Ok(output)

@@ -140,8 +140,9 @@ pub(crate) struct RowsParams {
     pub(crate) cols: u32,
     /// Workgroups per row of the grid.
     pub(crate) grid_x: u32,
-    /// The columns `take_columns` keeps; 0 for the other kernels.
-    pub(crate) take: u32,
+    /// `take_columns`: the columns kept; `argmax_rows_partial` and `argmax_rows_combine`: the
+    /// parts of a row (2,048 columns each); 0 for the other kernels.
+    pub(crate) aux: u32,
 }
 
 /// The parameters of the layer norm; WGSL `LayerNormParams` in `shaders/layer_norm.wgsl`.
