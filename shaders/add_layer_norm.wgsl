@@ -27,6 +27,8 @@ struct LayerNormParams {
 @group(0) @binding(5) var<storage, read_write> y: array<Output>;
 @group(0) @binding(6) var<storage, read_write> s: array<Output>;
 
+const CACHED: u32 = 4u;
+
 @compute @workgroup_size(256)
 fn add_layer_norm(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocation_index) local: u32) {
     let row = workgroup.y * params.grid_x + workgroup.x;
@@ -35,21 +37,45 @@ fn add_layer_norm(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_in
     }
     let base = row * params.cols;
     let count = f32(params.cols);
+    // As layer_norm.wgsl: the first CACHED sums of the stride kept in registers.
+    var kept: array<f32, CACHED>;
     var partial = 0.0;
-    for (var col = local; col < params.cols; col += 256u) {
+    for (var i = 0u; i < CACHED; i++) {
+        let col = local + 256u * i;
+        if (col < params.cols) {
+            let sum = Output(f32(x[base + col]) + f32(r[base + col]));
+            s[base + col] = sum;
+            kept[i] = f32(sum);
+            partial += kept[i];
+        }
+    }
+    for (var col = local + 256u * CACHED; col < params.cols; col += 256u) {
         let sum = Output(f32(x[base + col]) + f32(r[base + col]));
         s[base + col] = sum;
         partial += f32(sum);
     }
     let mean = workgroup_sum(partial, local) / count;
     var squares = 0.0;
-    for (var col = local; col < params.cols; col += 256u) {
+    for (var i = 0u; i < CACHED; i++) {
+        if (local + 256u * i < params.cols) {
+            let centered = kept[i] - mean;
+            squares += centered * centered;
+        }
+    }
+    for (var col = local + 256u * CACHED; col < params.cols; col += 256u) {
         let centered = f32(s[base + col]) - mean;
         squares += centered * centered;
     }
     let variance = workgroup_sum(squares, local) / count;
     let inverse = 1.0 / sqrt(variance + params.eps);
-    for (var col = local; col < params.cols; col += 256u) {
+    for (var i = 0u; i < CACHED; i++) {
+        let col = local + 256u * i;
+        if (col < params.cols) {
+            let normalized = (kept[i] - mean) * inverse;
+            y[base + col] = Output(normalized * f32(gamma[col]) + f32(beta[col]));
+        }
+    }
+    for (var col = local + 256u * CACHED; col < params.cols; col += 256u) {
         let normalized = (f32(s[base + col]) - mean) * inverse;
         y[base + col] = Output(normalized * f32(gamma[col]) + f32(beta[col]));
     }

@@ -930,7 +930,7 @@ fn a_residual_add_and_its_layer_norm_fuse_with_the_bits_of_both() {
     for (limits, gpu) in both() {
         let ctx = context(gpu);
         let mut rng = StdRng::seed_from_u64(12);
-        for (rows, cols) in [(3, 5), (16, 768), (2, 300)] {
+        for (rows, cols) in [(3, 5), (16, 768), (2, 300), (2, 1500)] {
             let x = random(&mut rng, rows * cols);
             let r = random(&mut rng, rows * cols);
             let gamma = random(&mut rng, cols);

@@ -15,8 +15,17 @@ use wgpu_pool::compute::{cpu, ComputeError, Context, ContextOptions, DType, Feed
 use crate::compute::{assert_close, context_with, contexts, random, refused};
 use crate::gpu::both;
 
-/// `(rows, cols)`: odd, one column, one row, past one workgroup's stride, several strides.
-const SHAPES: [(usize, usize); 6] = [(1, 1), (3, 17), (17, 3), (2, 129), (5, 257), (2, 1000)];
+/// `(rows, cols)`: odd, one column, one row, past one workgroup's stride, several strides, past
+/// the four values a layer norm keeps in registers (and argmax's 2,048-column parts).
+const SHAPES: [(usize, usize); 7] = [
+    (1, 1),
+    (3, 17),
+    (17, 3),
+    (2, 129),
+    (5, 257),
+    (2, 1000),
+    (3, 3000),
+];
 
 fn layer_norm_tolerance(expected: &[f32]) -> impl Fn(usize) -> f64 + '_ {
     |i| 2e-5 * (f64::from(expected[i]).abs() + 1.0)
