@@ -60,8 +60,10 @@ var<workgroup> weights: array<f32, 256>;
 var<workgroup> rows: array<u32, 256>;
 var<workgroup> query_values: array<vec4<f32>, 64>;
 const SCORES_CACHED: u32 = 2048u;
+// The scores of the share's first 2,048 tokens; once the weighted sums are made, each
+// invocation's vec4 of them (scores[4 · local ..]), so that the workgroup's memory stays within
+// WebGPU's default limit (16,384 bytes).
 var<workgroup> scores: array<f32, 2048>;
-var<workgroup> partial: array<vec4<f32>, 256>;
 var<workgroup> token_count: u32;
 
 // The first vec4 of token t's row of head h, and whether its block id is valid (block 0 is read
@@ -184,14 +186,19 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
         }
         workgroupBarrier();
     }
-    partial[local] = acc;
+    // The last chunk's barrier is behind every read of the scores.
+    scores[4u * local] = acc.x;
+    scores[4u * local + 1u] = acc.y;
+    scores[4u * local + 2u] = acc.z;
+    scores[4u * local + 3u] = acc.w;
     workgroupBarrier();
     let total = workgroup_sum(partial_sum, local);
     let any_bad = workgroup_max(bad, local);
     if (local < n) {
         var value = vec4<f32>(0.0);
         for (var g = 0u; g < groups; g++) {
-            value += partial[g * n + local];
+            let at = 4u * (g * n + local);
+            value += vec4<f32>(scores[at], scores[at + 1u], scores[at + 2u], scores[at + 3u]);
         }
         if (parts() == 1u) {
             value = value / total;

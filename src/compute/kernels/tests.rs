@@ -429,6 +429,38 @@ fn check_bindings(module: &naga::Module, expected: &Layout, storage: usize) -> R
     Ok(())
 }
 
+/// Bytes of workgroup memory the module declares.
+fn workgroup_bytes(module: &naga::Module) -> u32 {
+    module
+        .global_variables
+        .iter()
+        .filter(|(_, global)| global.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, global)| module.types[global.ty].inner.size(module.to_ctx()))
+        .sum()
+}
+
+/// Checks that the module's workgroup memory is what the host checks against the device's
+/// limit: a matmul tile's own count (its `check` compares that with the device's limit), and for
+/// every other kernel, which runs whatever the device, at most WebGPU's default limit (16,384
+/// bytes, `Limits::default`; the crate asks a device for no more).
+fn check_workgroup_memory(module: &naga::Module, variant: &Variant) -> Result<(), String> {
+    let bytes = workgroup_bytes(module);
+    let (allowed, what) = match variant {
+        Variant::Matmul { tiles, .. } => (tiles.workgroup_storage_bytes(), format!("tile {tiles}")),
+        Variant::Coop { tiles, .. } => (tiles.workgroup_storage_bytes(), format!("tile {tiles}")),
+        _ => (
+            wgpu::Limits::default().max_compute_workgroup_storage_size,
+            "WebGPU's default limit".to_string(),
+        ),
+    };
+    if bytes > allowed {
+        return Err(format!(
+            "{bytes} bytes of workgroup memory, more than the {allowed} of {what}"
+        ));
+    }
+    Ok(())
+}
+
 #[test]
 fn every_variant_is_valid_wgsl_with_the_parameters_of_its_rust_struct() {
     let modules = every_module();
@@ -443,7 +475,8 @@ fn every_variant_is_valid_wgsl_with_the_parameters_of_its_rust_struct() {
                         let text = module_source(*source, variant, *types);
                         let checked = validate(&text).and_then(|(module, _)| {
                             let layout = params_layout(*source);
-                            check_bindings(&module, &layout, source.storage_bindings())
+                            check_bindings(&module, &layout, source.storage_bindings())?;
+                            check_workgroup_memory(&module, variant)
                         });
                         if let Err(error) = checked {
                             failures.push(format!(
