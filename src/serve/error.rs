@@ -20,6 +20,16 @@ pub enum ServeError {
     /// The KV cache's bookkeeping refused.
     #[error(transparent)]
     Paging(#[from] PagingError),
+    /// A step failed (the device lost, a wait timed out, an op refused): the requests the
+    /// server was running were stopped, their KV blocks freed, so that what it holds stays
+    /// consistent; the waiting ones are kept, and steps go on with them.
+    #[error("a step failed and stopped requests {stopped:?}: {source}")]
+    StepFailed {
+        /// Why.
+        source: Box<ServeError>,
+        /// The requests stopped, in the order they were admitted.
+        stopped: Vec<u64>,
+    },
     /// Options that describe no usable server.
     #[error("server options: {0}")]
     Options(String),

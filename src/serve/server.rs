@@ -109,7 +109,9 @@ pub struct ServerStats {
     pub in_flight_sum: u64,
     /// The most sequences in one step.
     pub in_flight_max: usize,
-    /// Requests admission kept waiting for memory at least once.
+    /// Requests admission kept waiting for memory at least once. Pipelined steps admit before
+    /// the step in flight retires the sequences it finishes, so a request may wait a step more
+    /// than with synchronous ones.
     pub waits: u64,
     /// Steps at which a request waited for memory.
     pub wait_steps: u64,
@@ -120,7 +122,9 @@ pub struct ServerStats {
     pub kv_peak: KvPeak,
     /// Seconds spent in steps (host and GPU).
     pub step_seconds: f64,
-    /// Seconds spent in decode-only steps, and their count: the decode step's cost.
+    /// Seconds spent in decode-only steps, and their count: the decode step's cost. Pipelined
+    /// ([`Server::step_ahead`]), a call's time — submitting one step and finishing the one
+    /// before — counts to the step it submits.
     pub decode_step_seconds: f64,
     /// Decode-only steps.
     pub decode_steps: u64,
@@ -331,14 +335,17 @@ impl Server {
     /// Runs a step of padding rows (each writing block 0 only, which no sequence holds) for
     /// every row count steps are padded to (powers of two up to `max_step_tokens`), planned or
     /// eager: the drivers that compile pipelines at their first use do it here, and the matmul
-    /// tuner measures each shape here, not in a request's step. Changes no sequence and no
-    /// statistic.
+    /// tuner measures each shape here, not in a request's step. Finishes a step in flight first
+    /// ([`Server::sync`]); changes no sequence and no statistic otherwise.
     pub fn warm_up(&mut self) -> Result<(), ServeError> {
+        self.sync()?;
         let mut rows = self.first_bucket();
         loop {
             let capacity = StepRows::bucket(rows);
             let step = StepRows::new(capacity, self.options.max_batch, self.max_blocks)?;
-            self.run_rows(&step)?.wait()?;
+            self.run_rows(&step)
+                .and_then(Tokens::wait)
+                .map_err(|error| self.stop_running(error))?;
             if capacity >= self.options.max_step_tokens {
                 return Ok(());
             }
@@ -421,7 +428,8 @@ impl Server {
     /// Runs one step: admits what fits, runs every decoding sequence's newest token and prompt
     /// tokens of the sequences being filled, and appends each sampled next token. Returns the
     /// tokens generated (0 when nothing is queued), those of a step [`Server::step_ahead`] left
-    /// in flight included.
+    /// in flight included. A failed step stops the running requests
+    /// ([`ServeError::StepFailed`]).
     pub fn step(&mut self) -> Result<usize, ServeError> {
         self.advance(false)
     }
@@ -440,7 +448,13 @@ impl Server {
 
     /// Finishes the step [`Server::step_ahead`] left in flight, if any: waits for it, appends
     /// its tokens and retires the sequences it finished. Returns the tokens it generated.
+    /// Errors: [`ServeError::StepFailed`].
     pub fn sync(&mut self) -> Result<usize, ServeError> {
+        self.finish().map_err(|error| self.stop_running(error))
+    }
+
+    /// [`Server::sync`]'s work.
+    fn finish(&mut self) -> Result<usize, ServeError> {
         let Some(step) = self.in_flight.take() else {
             return Ok(0);
         };
@@ -458,16 +472,24 @@ impl Server {
         Ok(step.samples.len())
     }
 
-    /// One step, left in flight when `ahead` (planned) or finished.
+    /// One step, left in flight when `ahead` (planned) or finished; a failure stops the
+    /// running requests.
     fn advance(&mut self, ahead: bool) -> Result<usize, ServeError> {
+        self.advance_or_fail(ahead)
+            .map_err(|error| self.stop_running(error))
+    }
+
+    /// [`Server::advance`]'s work. An error may leave the running sequences part-way through a
+    /// step (rows pushed, blocks grown, tokens not read): the caller stops them.
+    fn advance_or_fail(&mut self, ahead: bool) -> Result<usize, ServeError> {
         let started = Instant::now();
         self.admit()?;
         let launched = self.launch()?;
-        let mut generated = self.sync()?;
+        let mut generated = self.finish()?;
         let decode_only = launched.as_ref().map(|step| step.decode_only);
         self.in_flight = launched;
         if !ahead || self.options.execution == Execution::Eager {
-            generated += self.sync()?;
+            generated += self.finish()?;
         }
         let seconds = started.elapsed().as_secs_f64();
         self.stats.step_seconds += seconds;
@@ -644,6 +666,23 @@ impl Server {
         }
     }
 
+    /// Stops every running sequence after `error` (a failed step): drops the step in flight,
+    /// frees the sequences' blocks and returns [`ServeError::StepFailed`] naming them. The
+    /// waiting requests stay queued.
+    fn stop_running(&mut self, error: ServeError) -> ServeError {
+        self.in_flight = None;
+        let stopped: Vec<u64> = self.running.drain(..).map(|sequence| sequence.id).collect();
+        for &id in &stopped {
+            // Every running sequence was admitted, so it holds blocks to release; a refusal
+            // would only mean it holds none.
+            let _ = self.blocks.release(id);
+        }
+        ServeError::StepFailed {
+            source: Box::new(error),
+            stopped,
+        }
+    }
+
     /// Moves the sequences that have all their tokens to the finished list, freeing their blocks.
     fn retire(&mut self, now: Instant) -> Result<(), ServeError> {
         let mut index = 0;
@@ -706,13 +745,18 @@ impl Server {
             })
     }
 
-    /// Stops request `id`, waiting or in flight (a client gone): its KV blocks are freed at
-    /// once and it is not finished. [`ServeError::Options`] for an id that is neither waiting
-    /// nor in flight.
+    /// Stops request `id`, waiting or in flight (a client gone): finishes a step in flight
+    /// ([`Server::sync`]), then frees the request's KV blocks and drops it, finished or not:
+    /// [`Server::take_finished`] will not list it. [`ServeError::Options`] for an id the server
+    /// does not hold (unknown, cancelled, or finished and taken already).
     pub fn cancel(&mut self, id: u64) -> Result<(), ServeError> {
         self.sync()?;
         if let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) {
             self.waiting.remove(index);
+            return Ok(());
+        }
+        if let Some(index) = self.finished.iter().position(|done| done.id == id) {
+            self.finished.remove(index);
             return Ok(());
         }
         let index = self
@@ -720,7 +764,9 @@ impl Server {
             .iter()
             .position(|sequence| sequence.id == id)
             .ok_or_else(|| {
-                ServeError::Options(format!("request {id} is not waiting or in flight"))
+                ServeError::Options(format!(
+                    "request {id} is not waiting, in flight or finished"
+                ))
             })?;
         self.running.remove(index);
         self.blocks.release(id)?;

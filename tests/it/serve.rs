@@ -2,7 +2,8 @@
 //! twin (`Gpt2Weights::reference_logits`, f64) within 1e-3 for a prompt and 16 decode steps of
 //! two interleaved sequences, eager and planned; the server's greedy tokens against the twin's;
 //! admission by KV blocks (paged against contiguous), the budget, the KV labels in the pool's
-//! reports, and typed refusals. Every test runs on the backend `WGPU_BACKEND` selects.
+//! reports, typed refusals, cancelling, pipelined steps, and a failed step (its requests
+//! stopped, the waiting ones served after). Every test runs on the backend `WGPU_BACKEND` selects.
 
 use wgpu_pool::compute::{Context, ContextOptions, DType, Feed, Plan};
 use wgpu_pool::model::{Gpt2Config, Gpt2Weights};
@@ -168,8 +169,6 @@ fn planned_steps_match_the_cpu_twin() {
     prompt_and_16_decode_steps(true, 256);
 }
 
-/// Checks that every output is a greedy choice of the twin: the twin's logit of the chosen
-/// token is within the tolerance of its largest (so only near-ties may differ).
 /// A vocabulary of no multiple of 4 (GPT-2's 50,257): the output product's padding columns
 /// are never chosen, and the logits come without them, eager and planned; the server's greedy
 /// tokens are the twin's.
@@ -204,6 +203,8 @@ fn a_vocabulary_of_no_multiple_of_4_is_padded_and_taken_off() {
     }
 }
 
+/// Checks that every output is a greedy choice of the twin: the twin's logit of the chosen
+/// token is within the tolerance of its largest (so only near-ties may differ).
 fn assert_greedy(weights: &Gpt2Weights, what: &str, prompt: &[u32], output: &[u32]) {
     let vocab = weights.config.vocab_size;
     let mut tokens = prompt.to_vec();
@@ -560,6 +561,17 @@ fn requests_stream_their_tokens_and_can_be_cancelled() {
     assert_eq!(done[0].output.len(), 10);
     assert_eq!(server.tokens(b), None);
     assert_eq!(server.blocks().held_blocks(), 0);
+
+    // A request finished by the step a cancel waits for is dropped all the same.
+    let d = server.submit(&request(4)).unwrap();
+    while server.tokens(d).map(<[u32]>::len) != Some(9) {
+        server.step().unwrap();
+    }
+    server.step_ahead().unwrap(); // the last token in flight
+    server.cancel(d).unwrap();
+    assert!(server.take_finished().is_empty(), "d is not listed");
+    assert_eq!(server.blocks().held_blocks(), 0);
+    assert!(!server.busy());
 }
 
 #[test]
@@ -632,4 +644,60 @@ fn pipelined_steps_feed_tokens_on_the_gpu_and_match_synchronous_ones() {
     let done = server.run().unwrap();
     assert_eq!(done[0].output.len(), 5);
     assert_greedy(&weights, "step_ahead", &[3, 1, 4], &done[0].output);
+}
+
+#[test]
+fn a_failed_step_stops_the_running_requests_and_keeps_the_waiting_ones() {
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    let options = ServerOptions {
+        max_batch: 1,
+        kv_blocks: Some(20),
+        execution: Execution::Eager,
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    let request = |first: u32| RequestSpec {
+        prompt: (first..first + 6).collect(),
+        max_new_tokens: 4,
+    };
+    let (a, b) = (
+        server.submit(&request(0)).unwrap(),
+        server.submit(&request(9)).unwrap(),
+    );
+    // The pool may reserve no more, and what it holds is all taken: the step's first tensor
+    // is refused.
+    let pool = context.pool();
+    pool.set_budget(Some(pool.stats().reserved_bytes.current));
+    let mut held = Vec::new();
+    while pool.stats().largest_free_bytes > 0 {
+        match pool.allocate(pool.stats().largest_free_bytes) {
+            Ok(allocation) => held.push(allocation),
+            Err(_) => break,
+        }
+    }
+    let error = server.step().unwrap_err();
+    let ServeError::StepFailed { source, stopped } = &error else {
+        panic!("a step's failure is StepFailed: {error:?}");
+    };
+    assert_eq!(stopped, &[a], "{error}");
+    assert!(
+        matches!(**source, ServeError::Compute(_)),
+        "the pool's refusal: {source:?}"
+    );
+    assert_eq!(server.tokens(a), None, "a is stopped");
+    assert_eq!(server.blocks().held_blocks(), 0, "a's blocks freed");
+    assert_eq!((server.running(), server.waiting()), (0, 1));
+    // With memory back, the waiting request is served as if nothing had happened.
+    drop(held);
+    pool.set_budget(None);
+    let done = server.run().unwrap();
+    assert_eq!(done.iter().map(|d| d.id).collect::<Vec<_>>(), vec![b]);
+    assert_greedy(
+        &weights,
+        "after a failed step",
+        &request(9).prompt,
+        &done[0].output,
+    );
+    assert!(server.cancel(a).is_err(), "a is gone");
 }

@@ -548,7 +548,7 @@ impl Plan {
 #[must_use = "a submitted replay's outputs are read by `wait`"]
 pub struct PlanRun {
     context: Context,
-    /// `Some` until the run is dropped.
+    /// `Some` until the run is dropped or its wait fails.
     buffer: Option<AccountedBuffer>,
     /// The plan's spare read-back buffers, where this one goes back.
     spare: Arc<Mutex<Vec<AccountedBuffer>>>,
@@ -568,11 +568,13 @@ impl std::fmt::Debug for PlanRun {
 
 impl PlanRun {
     /// Waits for this replay only (not for what was submitted after it) and reads its outputs
-    /// back as f32 values (f16 outputs widened exactly). Errors: [`ComputeError::Wait`].
-    pub fn wait(self) -> Result<Vec<Vec<f32>>, ComputeError> {
+    /// back as f32 values (f16 outputs widened exactly). Errors: [`ComputeError::Wait`] (the
+    /// read-back buffer, whose mapping may still be pending, is then freed rather than used
+    /// again).
+    pub fn wait(mut self) -> Result<Vec<Vec<f32>>, ComputeError> {
         let buffer = self.buffer.as_ref().expect("held until dropped");
         let outputs = &self.outputs;
-        crate::device::read_mapped_after(
+        let read = crate::device::read_mapped_after(
             &self.context.gpu().device,
             buffer,
             self.bytes.max(4),
@@ -589,7 +591,11 @@ impl PlanRun {
                     .collect()
             },
         )
-        .map_err(ComputeError::Wait)
+        .map_err(ComputeError::Wait);
+        if read.is_err() {
+            self.buffer = None;
+        }
+        read
     }
 }
 

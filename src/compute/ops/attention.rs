@@ -1,6 +1,8 @@
 //! Attention over a paged KV cache for one-token decode, and the write of each sequence's new
-//! token into that cache. Kernels: `shaders/kv_write.wgsl`, `shaders/paged_attention.wgsl`
-//! (after `shaders/workgroup_reduce.wgsl`). Each is recorded through [`Context::record`], so it
+//! token into that cache. Kernels: `shaders/kv_write.wgsl` (and `shaders/kv_write_qkv.wgsl`,
+//! which takes the keys and values from a fused query-key-value tensor),
+//! `shaders/paged_attention.wgsl` and, for head sizes that are multiples of 4,
+//! `shaders/paged_attention_vec4.wgsl` (both after `shaders/workgroup_reduce.wgsl`). Each is recorded through [`Context::record`], so it
 //! runs eagerly and is captured into plans alike. CPU twins of the same names in
 //! [`crate::compute::cpu`].
 //!
