@@ -33,14 +33,24 @@
 //! - `error.rs`: [`ServeError`].
 //! - `kv.rs`: [`KvCache`].
 //! - `model.rs`: [`Gpt2`], [`Head`], [`StepTensors`].
-//! - `server.rs`: [`Server`], [`ServerOptions`], [`Execution`], [`Completion`], [`ServerStats`].
+//! - `options.rs`: [`ServerOptions`], [`Execution`].
+//! - `server.rs`: [`Server`].
+//! - `sizing.rs`: the steps' activations and the KV cache a budget leaves room for.
+//! - `stats.rs`: [`Completion`], [`ServerStats`].
+//! - `step.rs`: the plan of one step.
 
 mod error;
 mod kv;
 mod model;
+mod options;
 mod server;
+mod sizing;
+mod stats;
+mod step;
 
 pub use error::ServeError;
 pub use kv::KvCache;
 pub use model::{Gpt2, Head, StepTensors};
-pub use server::{Completion, Execution, Server, ServerOptions, ServerStats};
+pub use options::{Execution, ServerOptions};
+pub use server::Server;
+pub use stats::{Completion, ServerStats};

@@ -1,134 +1,19 @@
 //! A GPT-2 server over a paged KV cache with continuous batching and admission by predicted
-//! memory: [`Server`], [`ServerOptions`], [`Completion`], [`ServerStats`].
+//! memory: [`Server`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::{Gpt2, Head, StepTensors};
-use crate::compute::{
-    CaptureOptions, ComputeError, Context, DType, Feed, Plan, PlanArena, PlanRun, Tensor,
-};
+use super::options::{check_options, Execution, ServerOptions};
+use super::sizing::{activation_bytes, cache_under_budget};
+use super::stats::{Completion, ServerStats};
+use super::step::capture;
+use crate::compute::{Context, DType, Feed, Plan, PlanArena, PlanRun, Tensor};
 use crate::model::Gpt2Weights;
-use crate::paging::{BlockManager, KvLayout, KvPeak, RequestSpec, StepRows};
-
-/// How a server runs its steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Execution {
-    /// Each step replays a plan captured for its row count (a power of two), all plans in one
-    /// arena: the activations' memory is known before the first request and never grows.
-    #[default]
-    Planned,
-    /// Each step's ops run eagerly; their intermediates come from the pool as they are made.
-    /// Steps are padded to the same row counts as planned ones.
-    Eager,
-}
-
-/// How a [`Server`] serves.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServerOptions {
-    /// The most sequences in one step (and so in flight).
-    pub max_batch: usize,
-    /// How the KV cache gives blocks to sequences.
-    pub layout: KvLayout,
-    /// Tokens per KV block.
-    pub block_tokens: usize,
-    /// The most token rows in one step (decode rows and prompt rows); longer prompts are filled
-    /// over several steps. At least `max_batch`.
-    pub max_step_tokens: usize,
-    /// Steps are padded to at least this many rows (rounded up to a power of two): 1 (the
-    /// default) plans a step for every power of two; `max_batch` runs every decode step at the
-    /// largest batch's plan (fewer plans, more padding).
-    pub min_step_rows: usize,
-    /// The most bytes the pool may reserve: the KV cache takes what the weights and the steps'
-    /// activations leave. `None`: the cache has `kv_blocks` blocks.
-    pub budget_bytes: Option<u64>,
-    /// The KV cache's blocks when there is no budget (block 0, kept for padding, included).
-    pub kv_blocks: Option<usize>,
-    /// Planned or eager steps.
-    pub execution: Execution,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        Self {
-            max_batch: 16,
-            layout: KvLayout::Paged,
-            block_tokens: 16,
-            max_step_tokens: 512,
-            min_step_rows: 1,
-            budget_bytes: None,
-            kv_blocks: None,
-            execution: Execution::Planned,
-        }
-    }
-}
-
-/// A finished request: its tokens and when they came.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
-    /// The id [`Server::submit`] returned.
-    pub id: u64,
-    /// The prompt.
-    pub prompt: Vec<u32>,
-    /// The generated tokens (greedy), `max_new_tokens` of them.
-    pub output: Vec<u32>,
-    /// From submission to the first generated token on the host.
-    pub time_to_first_token: Duration,
-    /// From submission to the last.
-    pub time_to_last_token: Duration,
-    /// Whether admission made it wait for memory at least once.
-    pub waited: bool,
-}
-
-impl Completion {
-    /// Time per output token after the first: `(last − first) / (outputs − 1)`; `None` for one
-    /// output.
-    pub fn time_per_output_token(&self) -> Option<Duration> {
-        let later = self.output.len().checked_sub(1).filter(|&n| n > 0)?;
-        Some((self.time_to_last_token - self.time_to_first_token) / later as u32)
-    }
-}
-
-/// What a server has done so far.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct ServerStats {
-    /// Steps run.
-    pub steps: u64,
-    /// Token rows run, padding apart.
-    pub rows: u64,
-    /// Token rows run, padding included.
-    pub padded_rows: u64,
-    /// Token rows whose token the GPU took from the step before, unread by the host
-    /// (pipelined steps, [`Server::step_ahead`]).
-    pub fed_rows: u64,
-    /// Tokens generated.
-    pub generated_tokens: u64,
-    /// Sequences in each step, summed (over `steps` for the mean).
-    pub in_flight_sum: u64,
-    /// The most sequences in one step.
-    pub in_flight_max: usize,
-    /// Requests admission kept waiting for memory at least once. Pipelined steps admit before
-    /// the step in flight retires the sequences it finishes, so a request may wait a step more
-    /// than with synchronous ones.
-    pub waits: u64,
-    /// Steps at which a request waited for memory.
-    pub wait_steps: u64,
-    /// Sequences stopped to free memory (never: admission promises every block a sequence can
-    /// reach).
-    pub preemptions: u64,
-    /// KV blocks held at the cache's peak, and the tokens they held then.
-    pub kv_peak: KvPeak,
-    /// Seconds spent in steps (host and GPU).
-    pub step_seconds: f64,
-    /// Seconds spent in decode-only steps, and their count: the decode step's cost. Pipelined
-    /// ([`Server::step_ahead`]), a call's time — submitting one step and finishing the one
-    /// before — counts to the step it submits.
-    pub decode_step_seconds: f64,
-    /// Decode-only steps.
-    pub decode_steps: u64,
-}
+use crate::paging::{BlockManager, RequestSpec, StepRows};
 
 /// A sequence in flight.
 struct Sequence {
@@ -212,8 +97,7 @@ impl Server {
         check_options(&options, config.n_ctx)?;
         let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
         let arena = context.plan_arena();
-        let activation_bytes =
-            Self::size_activations(context, &model, &options, max_blocks, &arena)?;
+        let activation_bytes = activation_bytes(context, &model, &options, max_blocks, &arena)?;
         // Before the cache, which takes what the budget leaves.
         let sampled = match options.execution {
             Execution::Planned => Some(context.zeros_labeled(
@@ -282,41 +166,6 @@ impl Server {
             }
         }
         Ok(server)
-    }
-
-    /// The steps' activation bytes, measured by capturing the largest step over a cache of two
-    /// blocks: planned, its plan is built in `arena`, which keeps that memory for the real plans;
-    /// eager, its plan's heap (what the eager step's intermediates need at least: they are not
-    /// planned, so the pool may round them above it).
-    fn size_activations(
-        context: &Context,
-        model: &Gpt2,
-        options: &ServerOptions,
-        max_blocks: usize,
-        arena: &PlanArena,
-    ) -> Result<u64, ServeError> {
-        let config = model.config();
-        let probe = KvCache::new(context, &config, options.block_tokens, 2, model.dtype())?;
-        let rows = StepRows::bucket(options.max_step_tokens);
-        let planned = options.execution == Execution::Planned;
-        let plan = capture(
-            context,
-            model,
-            &probe,
-            rows,
-            options.max_batch,
-            max_blocks,
-            planned.then_some(arena),
-        )?;
-        let activation_bytes = if planned {
-            arena.bytes()
-        } else {
-            plan.stats().heap_bytes
-        };
-        drop(plan);
-        drop(probe);
-        context.trim()?;
-        Ok(activation_bytes)
     }
 
     /// The plan of a step of `rows` rows over `cache`, in the server's arena.
@@ -838,148 +687,4 @@ impl Server {
             .label_sequences(&self.context, self.blocks.sequences())
             .map_err(|error| ServeError::Compute(error.into()))
     }
-}
-
-/// Refuses options that serve nothing.
-fn check_options(options: &ServerOptions, n_ctx: usize) -> Result<(), ServeError> {
-    let refuse = |reason: &str| Err(ServeError::Options(reason.into()));
-    if options.max_batch == 0 || options.block_tokens == 0 {
-        return refuse("max_batch and block_tokens must be at least 1");
-    }
-    if options.min_step_rows == 0 || options.min_step_rows > options.max_step_tokens {
-        return refuse("min_step_rows must be in 1..=max_step_tokens");
-    }
-    if options.max_step_tokens < options.max_batch {
-        return refuse(
-            "max_step_tokens must be at least max_batch (one row per decoding sequence)",
-        );
-    }
-    if let KvLayout::Contiguous { max_tokens } = options.layout {
-        if max_tokens == 0 || max_tokens > n_ctx {
-            return refuse("a contiguous layout's max_tokens must be in 1..=n_ctx");
-        }
-    }
-    if options.budget_bytes.is_none() && options.kv_blocks.is_none() {
-        return refuse("give a budget_bytes or kv_blocks");
-    }
-    Ok(())
-}
-
-/// The largest KV cache that fits under `options.budget_bytes` after what the pool reserves now
-/// and `activation_bytes` more (eager steps), then sets the pool's budget. Sized without a
-/// budget on the pool (so that no refusal is counted or reported): its blocks from the bytes
-/// left, scaled by the rounding the pool's segments gave a one-layer cache of that size, then,
-/// while the pool still reserved more than the budget for it, fewer in proportion, until it
-/// fits. While sizing, the pool may reserve up to a one-layer cache more than the budget.
-fn cache_under_budget(
-    context: &Context,
-    model: &Gpt2,
-    options: &ServerOptions,
-    activation_bytes: u64,
-    min_blocks: usize,
-    block_bytes: u64,
-) -> Result<KvCache, ServeError> {
-    let config = model.config();
-    let budget = options.budget_bytes.unwrap_or(u64::MAX);
-    let pool = context.pool();
-    pool.set_budget(None);
-    let base = pool.stats().reserved_bytes.current;
-    let kept = match options.execution {
-        Execution::Planned => 0,
-        Execution::Eager => activation_bytes,
-    };
-    let left = budget.saturating_sub(base).saturating_sub(kept);
-    // What the pool reserves for one layer's key tensor of the size the bytes left allow, over
-    // its size: the segments' rounding, applied to the whole cache's first size.
-    let mut blocks = (left / block_bytes) as usize;
-    if blocks >= min_blocks {
-        let one = KvCache::new(
-            context,
-            &crate::model::Gpt2Config {
-                n_layer: 1,
-                ..config
-            },
-            options.block_tokens,
-            blocks,
-            model.dtype(),
-        )?;
-        let took = pool.stats().reserved_bytes.current.saturating_sub(base);
-        let asked = one.bytes();
-        drop(one);
-        context.trim()?;
-        if took > asked {
-            blocks = (blocks as u128 * u128::from(asked) / u128::from(took)) as usize;
-        }
-    }
-    let result = loop {
-        if blocks < min_blocks {
-            break Err(ServeError::Budget {
-                budget_bytes: budget,
-                weights_bytes: model.bytes(),
-                activation_bytes,
-                kv_min_bytes: min_blocks as u64 * block_bytes,
-            });
-        }
-        let cache = KvCache::new(
-            context,
-            &config,
-            options.block_tokens,
-            blocks,
-            model.dtype(),
-        )?;
-        let took = pool.stats().reserved_bytes.current.saturating_sub(base);
-        if took <= left {
-            break Ok(cache);
-        }
-        drop(cache);
-        context.trim()?;
-        let scaled = (blocks as u128 * u128::from(left) / u128::from(took)) as usize;
-        blocks = scaled.min(blocks - 1);
-    };
-    pool.set_budget(Some(budget));
-    result
-}
-
-/// Captures one step of `rows` rows and `samples` sampled rows over `cache` (greedy tokens
-/// out). Its inputs: the last step's samples, then [`StepRows`]'s ids, picks, fed, positions,
-/// table and samples.
-fn capture(
-    context: &Context,
-    model: &Gpt2,
-    cache: &KvCache,
-    rows: usize,
-    samples: usize,
-    max_blocks: usize,
-    arena: Option<&PlanArena>,
-) -> Result<Plan, ServeError> {
-    let mut capture = context.capture()?;
-    let previous = capture.input(&[samples])?;
-    let host_ids = capture.input(&[rows])?;
-    let picks = capture.input(&[rows])?;
-    let fed = capture.input(&[rows])?;
-    // ids + fed · previous[picks]: the host's ids, and the last step's samples where fed.
-    let column = previous
-        .clone()
-        .reshape(&[samples, 1])
-        .map_err(ComputeError::from)?;
-    let taken = context
-        .embedding(&column, &picks)?
-        .reshape(&[rows])
-        .map_err(ComputeError::from)?;
-    let ids = context.add(&host_ids, &context.mul(&fed, &taken)?)?;
-    let positions = capture.input(&[rows])?;
-    let table = capture.input(&[rows, max_blocks])?;
-    let sampled = capture.input(&[samples])?;
-    let inputs = StepTensors {
-        ids: &ids,
-        positions: &positions,
-        table: &table,
-        samples: &sampled,
-    };
-    let next = model.forward(context, cache, inputs, Head::Argmax)?;
-    let options = CaptureOptions {
-        arena: arena.cloned(),
-        ..CaptureOptions::default()
-    };
-    Ok(capture.finish_with(&[&next], options)?)
 }

@@ -1,0 +1,51 @@
+//! The plan of one server step: the token ids (the host's, or the last step's samples fed on
+//! the GPU), the model's forward pass over the KV cache, and the greedy tokens out.
+
+use super::error::ServeError;
+use super::kv::KvCache;
+use super::model::{Gpt2, Head, StepTensors};
+use crate::compute::{CaptureOptions, ComputeError, Context, Plan, PlanArena};
+
+/// Captures one step of `rows` rows and `samples` sampled rows over `cache` (greedy tokens
+/// out). Its inputs: the last step's samples, then [`StepRows`]'s ids, picks, fed, positions,
+/// table and samples.
+pub(super) fn capture(
+    context: &Context,
+    model: &Gpt2,
+    cache: &KvCache,
+    rows: usize,
+    samples: usize,
+    max_blocks: usize,
+    arena: Option<&PlanArena>,
+) -> Result<Plan, ServeError> {
+    let mut capture = context.capture()?;
+    let previous = capture.input(&[samples])?;
+    let host_ids = capture.input(&[rows])?;
+    let picks = capture.input(&[rows])?;
+    let fed = capture.input(&[rows])?;
+    // ids + fed · previous[picks]: the host's ids, and the last step's samples where fed.
+    let column = previous
+        .clone()
+        .reshape(&[samples, 1])
+        .map_err(ComputeError::from)?;
+    let taken = context
+        .embedding(&column, &picks)?
+        .reshape(&[rows])
+        .map_err(ComputeError::from)?;
+    let ids = context.add(&host_ids, &context.mul(&fed, &taken)?)?;
+    let positions = capture.input(&[rows])?;
+    let table = capture.input(&[rows, max_blocks])?;
+    let sampled = capture.input(&[samples])?;
+    let inputs = StepTensors {
+        ids: &ids,
+        positions: &positions,
+        table: &table,
+        samples: &sampled,
+    };
+    let next = model.forward(context, cache, inputs, Head::Argmax)?;
+    let options = CaptureOptions {
+        arena: arena.cloned(),
+        ..CaptureOptions::default()
+    };
+    Ok(capture.finish_with(&[&next], options)?)
+}
