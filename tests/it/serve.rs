@@ -701,3 +701,36 @@ fn a_failed_step_stops_the_running_requests_and_keeps_the_waiting_ones() {
     );
     assert!(server.cancel(a).is_err(), "a is gone");
 }
+
+/// A server, its model and its cache move to another thread (a serving loop of its own), and
+/// its statistics and completions are plain data.
+#[test]
+fn a_server_moves_to_another_thread() {
+    fn send<T: Send>() {}
+    fn shared<T: Send + Sync>() {}
+    send::<Server>();
+    shared::<Gpt2>();
+    shared::<KvCache>();
+    shared::<wgpu_pool::serve::ServerStats>();
+    shared::<wgpu_pool::serve::Completion>();
+    shared::<ServeError>();
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    let options = ServerOptions {
+        max_batch: 2,
+        kv_blocks: Some(20),
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    let prompt = vec![7, 3, 9];
+    server
+        .submit(&RequestSpec {
+            prompt: prompt.clone(),
+            max_new_tokens: 4,
+        })
+        .unwrap();
+    let done = std::thread::spawn(move || server.run().unwrap())
+        .join()
+        .unwrap();
+    assert_greedy(&weights, "another thread", &prompt, &done[0].output);
+}
