@@ -127,7 +127,19 @@ pub enum WeightsError {
         /// The type found, as safetensors names it.
         found: String,
     },
-    /// A tensor held in memory has another number of elements than its shape (on writing).
+    /// Weights held in memory have another number of blocks than the configuration's layers.
+    #[error("{found} blocks of weights for a configuration of {expected} layers")]
+    Layers {
+        /// The configuration's `n_layer`.
+        expected: usize,
+        /// The blocks held.
+        found: usize,
+    },
+    /// The tokens cannot be run through the model (the CPU twin's refusal).
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
+    /// A tensor held in memory has another number of elements than its shape (on writing, on
+    /// upload, or before the CPU twin runs).
     #[error("tensor `{tensor}` holds {found} values, its shape {shape:?} needs {expected}")]
     Length {
         /// Its name.

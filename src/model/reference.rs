@@ -2,7 +2,7 @@
 //! ([`Gpt2Weights::reference_logits`]).
 
 use super::config::Gpt2Config;
-use super::error::TokensError;
+use super::error::{TokensError, WeightsError};
 use super::weights::{Gpt2Block, Gpt2Weights};
 
 /// Layer normalization's epsilon in GPT-2.
@@ -34,7 +34,10 @@ impl Gpt2Weights {
     /// attention, tied output projection), computed in f64 from the f32 weights: the reference
     /// the GPU's steps are tested against. GELU is the tanh approximation (GPT-2's `gelu_new`),
     /// layer norms use ε = 1e-5. Slow (no cache, one thread): for small models and tests.
-    pub fn reference_logits(&self, tokens: &[u32]) -> Result<Vec<f32>, TokensError> {
+    /// Errors: [`WeightsError::Tokens`] for tokens the model cannot run, and those of
+    /// [`Gpt2Weights::check`].
+    pub fn reference_logits(&self, tokens: &[u32]) -> Result<Vec<f32>, WeightsError> {
+        self.check()?;
         let config = self.config;
         Self::check_tokens(&config, tokens)?;
         let e = config.n_embd;

@@ -9,7 +9,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
 use super::config::{Gpt2Config, METADATA_KEYS};
-use super::error::{ConfigError, WeightsError};
+use super::error::{ConfigError, TokensError, WeightsError};
 use super::layout::{gpt2_layout, Init};
 use super::weights::Gpt2Weights;
 use super::write::{write_random, StoredDtype};
@@ -607,7 +607,7 @@ fn files_cut_anywhere_or_corrupted_are_refused_never_a_panic() {
 }
 
 #[test]
-fn weights_that_do_not_fit_their_configuration_are_not_written() {
+fn weights_that_do_not_fit_their_configuration_are_not_written_nor_run() {
     let mut weights = tiny_weights();
     weights.blocks[1].mlp_c_fc_bias.pop();
     let error = weights
@@ -618,11 +618,34 @@ fn weights_that_do_not_fit_their_configuration_are_not_written() {
             if tensor == "h.1.mlp.c_fc.bias"),
         "{error}"
     );
+    assert!(matches!(
+        weights.reference_logits(&[1, 2]),
+        Err(WeightsError::Length { .. })
+    ));
     let mut weights = tiny_weights();
     weights.blocks.pop();
     assert!(matches!(
         weights.write(temp_path("never.safetensors"), StoredDtype::F32),
-        Err(WeightsError::Length { .. })
+        Err(WeightsError::Layers {
+            expected: 2,
+            found: 1
+        })
     ));
     assert!(!temp_path("never.safetensors").exists());
+    assert!(matches!(
+        weights.reference_logits(&[1, 2]),
+        Err(WeightsError::Layers { .. })
+    ));
+    let mut weights = tiny_weights();
+    weights.config.n_head = 5;
+    assert!(matches!(
+        weights.check(),
+        Err(WeightsError::Config(
+            ConfigError::HeadsDoNotDivideWidth { .. }
+        ))
+    ));
+    assert!(matches!(
+        tiny_weights().reference_logits(&[]),
+        Err(WeightsError::Tokens(TokensError::Empty))
+    ));
 }

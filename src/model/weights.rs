@@ -2,6 +2,7 @@
 //! checkpoint's layout.
 
 use super::config::Gpt2Config;
+use super::error::WeightsError;
 use super::layout::{gpt2_layout, TensorSpec};
 
 /// The parameters of one transformer block `h.{i}`, named after Hugging Face's tensors
@@ -101,6 +102,31 @@ impl Gpt2Weights {
     /// `h · wteᵀ`).
     pub fn lm_head(&self) -> &[f32] {
         &self.wte
+    }
+
+    /// Checks the weights against their configuration (the fields are public, so anything may
+    /// be put in them): the configuration valid ([`Gpt2Config::validate`]), as many blocks as
+    /// layers ([`WeightsError::Layers`]), every tensor holding its shape's values
+    /// ([`WeightsError::Length`], naming it). Writing, uploading and the CPU twin check first.
+    pub fn check(&self) -> Result<(), WeightsError> {
+        self.config.validate()?;
+        if self.blocks.len() != self.config.n_layer {
+            return Err(WeightsError::Layers {
+                expected: self.config.n_layer,
+                found: self.blocks.len(),
+            });
+        }
+        for (spec, values) in self.tensors() {
+            if values.len() != spec.len() {
+                return Err(WeightsError::Length {
+                    expected: spec.len(),
+                    found: values.len(),
+                    tensor: spec.name,
+                    shape: spec.shape,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Every tensor with its spec, in the layout's order ([`gpt2_layout`]).

@@ -122,30 +122,10 @@ impl Gpt2Weights {
         Ok(Self::from_layout_order(*config, tensors))
     }
 
-    /// The tensors checked against the configuration: as many blocks as layers, each tensor
-    /// holding its shape's values.
+    /// The tensors, checked against the configuration ([`Gpt2Weights::check`]).
     fn checked_tensors(&self) -> Result<Vec<(TensorSpec, &[f32])>, WeightsError> {
-        self.config.validate()?;
-        if self.blocks.len() != self.config.n_layer {
-            return Err(WeightsError::Length {
-                tensor: "h".to_owned(),
-                shape: vec![self.config.n_layer],
-                expected: self.config.n_layer,
-                found: self.blocks.len(),
-            });
-        }
-        let tensors = self.tensors();
-        for (spec, values) in &tensors {
-            if values.len() != spec.len() {
-                return Err(WeightsError::Length {
-                    tensor: spec.name.clone(),
-                    shape: spec.shape.clone(),
-                    expected: spec.len(),
-                    found: values.len(),
-                });
-            }
-        }
-        Ok(tensors)
+        self.check()?;
+        Ok(self.tensors())
     }
 
     fn stored(&self, dtype: StoredDtype) -> Result<Vec<(String, Stored<'_>)>, WeightsError> {

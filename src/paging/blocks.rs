@@ -63,6 +63,10 @@ pub struct KvPeak {
 }
 
 impl BlockManager {
+    /// The most blocks a cache may have: block ids travel to the kernels as f32 integers, exact
+    /// below 2^24.
+    pub const MAX_BLOCKS: usize = 1 << 24;
+
     /// A cache of `num_blocks` blocks (block 0 included) of `block_tokens` tokens.
     /// [`PagingError::Config`] for a block of no tokens, fewer than 2 blocks, more than 2²⁴
     /// blocks (ids travel as exact f32 integers), or a contiguous layout of no tokens.
@@ -79,7 +83,7 @@ impl BlockManager {
                 "fewer than 2 blocks (block 0 is kept for padding)",
             ));
         }
-        if num_blocks > 1 << 24 {
+        if num_blocks > Self::MAX_BLOCKS {
             return Err(PagingError::Config(
                 "more than 2^24 blocks (ids are exact f32 integers)",
             ));

@@ -15,9 +15,11 @@ pub struct RequestSpec {
 }
 
 impl RequestSpec {
-    /// The most tokens the request's sequence reaches: its prompt and its outputs.
+    /// The most tokens the request's sequence reaches: its prompt and its outputs (`usize::MAX`
+    /// where their sum would pass it). The cache holds one fewer: the last output is sampled
+    /// and never run through the model.
     pub fn reach_tokens(&self) -> usize {
-        self.prompt.len() + self.max_new_tokens
+        self.prompt.len().saturating_add(self.max_new_tokens)
     }
 }
 

@@ -30,6 +30,15 @@ pub enum ServeError {
         /// The requests stopped, in the order they were admitted.
         stopped: Vec<u64>,
     },
+    /// A request of no output tokens.
+    #[error("request refused: it asks for no output tokens")]
+    NoOutputs,
+    /// An id the server does not hold (never submitted, cancelled, or finished and taken).
+    #[error("request {id} is not waiting, in flight or finished")]
+    UnknownRequest {
+        /// The id.
+        id: u64,
+    },
     /// Options that describe no usable server.
     #[error("server options: {0}")]
     Options(String),

@@ -17,11 +17,44 @@ pub struct KvCache {
     block_bytes: u64,
 }
 
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("layers", &self.layers.len())
+            .field("block_tokens", &self.block_tokens)
+            .field("num_blocks", &self.num_blocks)
+            .field("bytes_per_block", &self.block_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 impl KvCache {
     /// Bytes one block takes over every layer, keys and values.
     pub fn block_bytes(config: &Gpt2Config, block_tokens: usize, dtype: DType) -> u64 {
         let per_token = config.n_embd as u64 * dtype.size_bytes();
         2 * config.n_layer as u64 * block_tokens as u64 * per_token
+    }
+
+    /// The most blocks a cache of `config` may have on a device of `limits`: each layer's key and
+    /// value tensor within the storage binding limit (and the largest buffer), and at most
+    /// [`BlockManager::MAX_BLOCKS`](crate::paging::BlockManager::MAX_BLOCKS). 0 where one block
+    /// alone passes the limit.
+    pub fn max_blocks(
+        config: &Gpt2Config,
+        block_tokens: usize,
+        dtype: DType,
+        limits: &wgpu::Limits,
+    ) -> usize {
+        let layer_block = (block_tokens as u64)
+            .saturating_mul(config.n_embd as u64)
+            .saturating_mul(dtype.size_bytes())
+            .max(1);
+        let limit = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        usize::try_from(limit / layer_block)
+            .unwrap_or(usize::MAX)
+            .min(crate::paging::BlockManager::MAX_BLOCKS)
     }
 
     /// A zeroed cache of `num_blocks` blocks of `block_tokens` tokens for `config`, of `dtype`.
@@ -84,9 +117,11 @@ impl KvCache {
             .sum()
     }
 
-    /// Names the blocks of each sequence (`(id, its blocks)`) in the pool's reports: every
-    /// layer's tensors get parts `seq {id}` over each run of consecutive blocks a sequence
-    /// holds (replacing the names given before; blocks no sequence holds stay unnamed).
+    /// Names the blocks of each sequence (`(id, its blocks)`) in the pool's memory state and
+    /// the snapshots and segment maps made from it ([`Pool::label_parts`](crate::Pool::label_parts)):
+    /// every layer's tensors get parts `seq {id}` over each run of consecutive blocks a sequence
+    /// holds (replacing the names given before); blocks no sequence holds show as
+    /// `kv h.{layer}.k (between parts)`.
     pub fn label_sequences<'a>(
         &self,
         context: &Context,

@@ -2,6 +2,7 @@
 //! forward over a paged KV cache ([`Gpt2::forward`]), recorded through the context's ops (so it
 //! runs eagerly or is captured into a plan alike).
 
+use super::error::ServeError;
 use super::kv::KvCache;
 use crate::compute::{Activation, BinaryOp, ComputeError, Context, DType, Epilogue, Tensor};
 use crate::model::{Gpt2Config, Gpt2Weights, LAYER_NORM_EPS};
@@ -60,15 +61,28 @@ pub struct Gpt2 {
     bytes: u64,
 }
 
+impl std::fmt::Debug for Gpt2 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpt2")
+            .field("config", &self.config())
+            .field("dtype", &self.dtype())
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Gpt2 {
-    /// Uploads `weights` as tensors of `dtype` (f16 where the device has it). Errors: those of
+    /// Uploads `weights` as tensors of `dtype` (f16 where the device has it). Errors:
+    /// [`ServeError::Weights`] for weights that do not match their configuration
+    /// ([`Gpt2Weights::check`]); [`ServeError::Compute`] for those of
     /// [`Context::tensor_labeled`] (out of memory, f16 unavailable). Long: one upload a
     /// checkpoint tensor, in the layout's order.
     pub fn upload(
         context: &Context,
         weights: &Gpt2Weights,
         dtype: DType,
-    ) -> Result<Self, ComputeError> {
+    ) -> Result<Self, ServeError> {
+        weights.check()?;
         let config = weights.config;
         let e = config.n_embd;
         let mut bytes = 0;

@@ -23,7 +23,7 @@ pub struct ServerOptions {
     pub max_batch: usize,
     /// How the KV cache gives blocks to sequences.
     pub layout: KvLayout,
-    /// Tokens per KV block.
+    /// Tokens per KV block (1 to the model's context).
     pub block_tokens: usize,
     /// The most token rows in one step (decode rows and prompt rows); longer prompts are filled
     /// over several steps. At least `max_batch`.
@@ -32,10 +32,17 @@ pub struct ServerOptions {
     /// default) plans a step for every power of two; `max_batch` runs every decode step at the
     /// largest batch's plan (fewer plans, more padding).
     pub min_step_rows: usize,
-    /// The most bytes the pool may reserve: the KV cache takes what the weights and the steps'
-    /// activations leave. `None`: the cache has `kv_blocks` blocks.
+    /// The most bytes the pool may reserve (set on the pool: one server's budget per pool). The
+    /// KV cache takes what the weights and the steps' activations leave, as far as the pool's
+    /// segments let it: layer tensors of 1 to 16 MiB sit in power-of-two segments, so at small
+    /// budgets the cache may get little more than half of what is left (give `kv_blocks` too
+    /// for an exact count). While the cache is sized the pool's reservation may pass the budget
+    /// (its peak shows it); the server is within it once made. `None`: the cache has
+    /// `kv_blocks` blocks and the pool no budget.
     pub budget_bytes: Option<u64>,
-    /// The KV cache's blocks when there is no budget (block 0, kept for padding, included).
+    /// The KV cache's blocks (block 0, kept for padding, included; at least 2), which the
+    /// budget, if any, must then hold. Each layer's key and value tensor must fit the device's
+    /// storage binding limit ([`KvCache::max_blocks`](crate::serve::KvCache::max_blocks)).
     pub kv_blocks: Option<usize>,
     /// Planned or eager steps.
     pub execution: Execution,
@@ -62,6 +69,9 @@ pub(super) fn check_options(options: &ServerOptions, n_ctx: usize) -> Result<(),
     if options.max_batch == 0 || options.block_tokens == 0 {
         return refuse("max_batch and block_tokens must be at least 1");
     }
+    if options.block_tokens > n_ctx {
+        return refuse("block_tokens must be at most the model's context (n_ctx)");
+    }
     if options.min_step_rows == 0 || options.min_step_rows > options.max_step_tokens {
         return refuse("min_step_rows must be in 1..=max_step_tokens");
     }
@@ -74,6 +84,9 @@ pub(super) fn check_options(options: &ServerOptions, n_ctx: usize) -> Result<(),
         if max_tokens == 0 || max_tokens > n_ctx {
             return refuse("a contiguous layout's max_tokens must be in 1..=n_ctx");
         }
+    }
+    if options.kv_blocks.is_some_and(|blocks| blocks < 2) {
+        return refuse("kv_blocks must be at least 2 (block 0 is kept for padding)");
     }
     if options.budget_bytes.is_none() && options.kv_blocks.is_none() {
         return refuse("give a budget_bytes or kv_blocks");

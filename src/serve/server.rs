@@ -83,6 +83,19 @@ pub struct Server {
     in_flight: Option<InFlight>,
 }
 
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("options", &self.options)
+            .field("waiting", &self.waiting.len())
+            .field("running", &self.running.len())
+            .field("finished", &self.finished.len())
+            .field("step_in_flight", &self.in_flight.is_some())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Server {
     /// A server of `model` on `context`: sizes the KV cache (from the budget, after the weights
     /// and the steps' activations, or as `kv_blocks` says), makes it, and, for planned
@@ -108,7 +121,22 @@ impl Server {
             Execution::Eager => None,
         };
         let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
+        let most_blocks = KvCache::max_blocks(
+            &config,
+            options.block_tokens,
+            model.dtype(),
+            context.limits(),
+        );
         let cache = match (options.budget_bytes, options.kv_blocks) {
+            (_, Some(blocks)) if blocks > most_blocks => {
+                return Err(ServeError::Options(format!(
+                    "kv_blocks {blocks}: at most {most_blocks} blocks of {} tokens fit in one \
+                     layer's key tensor on this device (its binding limit is {} bytes), and \
+                     at most 2^24 blocks in any cache",
+                    options.block_tokens,
+                    context.limits().max_storage_buffer_binding_size
+                )));
+            }
             (budget, Some(blocks)) => {
                 let cache = KvCache::new(
                     context,
@@ -125,12 +153,21 @@ impl Server {
             (Some(_), None) => {
                 let probe = BlockManager::new(options.layout, options.block_tokens, 2)?;
                 let min_blocks = 1 + probe.admission_blocks(config.n_ctx);
+                if most_blocks < min_blocks {
+                    return Err(ServeError::Options(format!(
+                        "a sequence of the model's context takes {min_blocks} blocks of {} \
+                         tokens, but one layer's key tensor holds at most {most_blocks} on this \
+                         device (its binding limit is {} bytes)",
+                        options.block_tokens,
+                        context.limits().max_storage_buffer_binding_size
+                    )));
+                }
                 cache_under_budget(
                     context,
                     &model,
                     &options,
                     activation_bytes,
-                    min_blocks,
+                    min_blocks..=most_blocks,
                     block_bytes,
                 )?
             }
@@ -209,13 +246,15 @@ impl Server {
 
     /// Queues a request; it is admitted when its KV blocks are free. Returns its id.
     /// Errors: [`ServeError::Tokens`] for an empty prompt, a token outside the vocabulary, or a
-    /// prompt and outputs longer than the model's context; [`ServeError::Options`] for no
-    /// outputs; [`ServeError::Paging`] for a request the empty cache could not admit.
+    /// prompt and outputs longer than the model's context; [`ServeError::NoOutputs`];
+    /// [`ServeError::Paging`] for a request the empty cache could not admit. A request of
+    /// prompt and outputs `L` holds `L − 1` tokens in the cache (the last output is sampled,
+    /// never run).
     pub fn submit(&mut self, request: &RequestSpec) -> Result<u64, ServeError> {
         let config = self.model.config();
         Gpt2Weights::check_tokens(&config, &request.prompt)?;
         if request.max_new_tokens == 0 {
-            return Err(ServeError::Options("a request of no output tokens".into()));
+            return Err(ServeError::NoOutputs);
         }
         if request.reach_tokens() > config.n_ctx {
             return Err(crate::model::TokensError::TooLong {
@@ -596,8 +635,8 @@ impl Server {
 
     /// Stops request `id`, waiting or in flight (a client gone): finishes a step in flight
     /// ([`Server::sync`]), then frees the request's KV blocks and drops it, finished or not:
-    /// [`Server::take_finished`] will not list it. [`ServeError::Options`] for an id the server
-    /// does not hold (unknown, cancelled, or finished and taken already).
+    /// [`Server::take_finished`] will not list it. [`ServeError::UnknownRequest`] for an id the
+    /// server does not hold (unknown, cancelled, or finished and taken already).
     pub fn cancel(&mut self, id: u64) -> Result<(), ServeError> {
         self.sync()?;
         if let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) {
@@ -612,11 +651,7 @@ impl Server {
             .running
             .iter()
             .position(|sequence| sequence.id == id)
-            .ok_or_else(|| {
-                ServeError::Options(format!(
-                    "request {id} is not waiting, in flight or finished"
-                ))
-            })?;
+            .ok_or(ServeError::UnknownRequest { id })?;
         self.running.remove(index);
         self.blocks.release(id)?;
         Ok(())
@@ -629,8 +664,12 @@ impl Server {
 
     /// How many sequences of `tokens` tokens (prompt and outputs) the KV cache holds at once:
     /// the answer to "how many sequences of length L fit in this budget?" (the batch limit
-    /// apart).
+    /// apart). 0 for no tokens and for more than the model's context (no such request is
+    /// admitted).
     pub fn capacity_for(&self, tokens: usize) -> usize {
+        if tokens == 0 || tokens > self.model.config().n_ctx {
+            return 0;
+        }
         self.blocks.capacity_for(tokens.saturating_sub(1).max(1))
     }
 

@@ -1,6 +1,8 @@
 //! Sizing a server's memory: the steps' activations, measured by capturing the largest step,
 //! and the largest KV cache the budget leaves room for.
 
+use std::ops::RangeInclusive;
+
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::Gpt2;
@@ -49,15 +51,18 @@ pub(super) fn activation_bytes(
 /// budget on the pool (so that no refusal is counted or reported): its blocks from the bytes
 /// left, scaled by the rounding the pool's segments gave a one-layer cache of that size, then,
 /// while the pool still reserved more than the budget for it, fewer in proportion, until it
-/// fits. While sizing, the pool may reserve up to a one-layer cache more than the budget.
+/// fits. `blocks` bounds the count: from the fewest that serve one sequence of the model's
+/// context to the most one layer's tensors take on the device. While sizing, the pool's
+/// reservation may pass the budget (its peak shows it); the cache returned is within it.
 pub(super) fn cache_under_budget(
     context: &Context,
     model: &Gpt2,
     options: &ServerOptions,
     activation_bytes: u64,
-    min_blocks: usize,
+    blocks: RangeInclusive<usize>,
     block_bytes: u64,
 ) -> Result<KvCache, ServeError> {
+    let (min_blocks, most_blocks) = blocks.into_inner();
     let config = model.config();
     let budget = options.budget_bytes.unwrap_or(u64::MAX);
     let pool = context.pool();
@@ -70,7 +75,9 @@ pub(super) fn cache_under_budget(
     let left = budget.saturating_sub(base).saturating_sub(kept);
     // What the pool reserves for one layer's key tensor of the size the bytes left allow, over
     // its size: the segments' rounding, applied to the whole cache's first size.
-    let mut blocks = (left / block_bytes) as usize;
+    let mut blocks = usize::try_from(left / block_bytes.max(1))
+        .unwrap_or(usize::MAX)
+        .min(most_blocks);
     if blocks >= min_blocks {
         let one = KvCache::new(
             context,

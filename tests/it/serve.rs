@@ -6,14 +6,14 @@
 //! stopped, the waiting ones served after). Every test runs on the backend `WGPU_BACKEND` selects.
 
 use wgpu_pool::compute::{Context, ContextOptions, DType, Feed, Plan};
-use wgpu_pool::model::{Gpt2Config, Gpt2Weights};
+use wgpu_pool::model::{Gpt2Config, Gpt2Weights, TokensError, WeightsError};
 use wgpu_pool::paging::{BlockManager, KvLayout, RequestSpec, StepRows, StreamSpec};
 use wgpu_pool::serve::{
     Execution, Gpt2, Head, KvCache, ServeError, Server, ServerOptions, StepTensors,
 };
 
 use crate::compute::context_with;
-use crate::gpu::gpu;
+use crate::gpu::{gpu, gpu_default_limits};
 
 /// The tolerance on logits (f32 against the f64 twin).
 const LOGIT_TOLERANCE: f64 = 1e-3;
@@ -444,7 +444,21 @@ fn bad_requests_and_options_are_typed_errors() {
     ));
     assert!(matches!(
         refuse(&mut server, vec![1], 0),
-        ServeError::Options(_)
+        ServeError::NoOutputs
+    ));
+    // Outputs past usize's range: too long, not an overflow.
+    for (prompt, outputs) in [(2, usize::MAX), (3, usize::MAX - 1), (1, usize::MAX)] {
+        assert!(matches!(
+            refuse(&mut server, vec![1; prompt], outputs),
+            ServeError::Tokens(TokensError::TooLong { .. })
+        ));
+    }
+    assert_eq!(server.waiting(), 0, "nothing refused is queued");
+    assert_eq!((server.capacity_for(0), server.capacity_for(129)), (0, 0));
+    assert_eq!(server.capacity_for(128), 1);
+    assert!(matches!(
+        server.cancel(99),
+        Err(ServeError::UnknownRequest { id: 99 })
     ));
     // 8 usable blocks of 16: 128 tokens fit, not 129 (the context is 128 anyway).
     assert!(server
@@ -476,13 +490,33 @@ fn bad_requests_and_options_are_typed_errors() {
             kv_blocks: Some(9),
             ..ServerOptions::default()
         },
+        ServerOptions {
+            kv_blocks: Some(1),
+            ..ServerOptions::default()
+        },
+        // Blocks past what one layer's tensor may bind, or past 2^24.
+        ServerOptions {
+            kv_blocks: Some(usize::MAX),
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            kv_blocks: Some((1 << 24) + 1),
+            block_tokens: 1,
+            ..ServerOptions::default()
+        },
+        ServerOptions {
+            block_tokens: usize::MAX / 2,
+            budget_bytes: Some(64 << 20),
+            ..ServerOptions::default()
+        },
         ServerOptions::default(),
     ] {
         let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
-        assert!(matches!(
-            Server::new(&context, model, options),
-            Err(ServeError::Options(_))
-        ));
+        let what = format!("{options:?}");
+        match Server::new(&context, model, options) {
+            Err(ServeError::Options(_)) => {}
+            other => panic!("{what}: {:?}", other.map(|_| "a server")),
+        }
     }
 }
 
@@ -554,7 +588,10 @@ fn requests_stream_their_tokens_and_can_be_cancelled() {
     let held = server.blocks().held_blocks();
     server.cancel(b).unwrap();
     assert!(server.blocks().held_blocks() < held, "b's blocks freed");
-    assert!(server.cancel(b).is_err(), "b is gone");
+    assert!(
+        matches!(server.cancel(b), Err(ServeError::UnknownRequest { .. })),
+        "b is gone"
+    );
     server.cancel(c).unwrap();
     let done = server.run().unwrap();
     assert_eq!(done.iter().map(|d| d.id).collect::<Vec<_>>(), vec![a]);
@@ -733,4 +770,60 @@ fn a_server_moves_to_another_thread() {
         .join()
         .unwrap();
     assert_greedy(&weights, "another thread", &prompt, &done[0].output);
+}
+
+/// Weights whose fields disagree with their configuration are refused at upload, naming what
+/// is wrong; a budget larger than one layer's tensors may bind gives a cache within the
+/// device's binding limit.
+#[test]
+fn inconsistent_weights_and_large_budgets() {
+    let context = context_with(gpu(), ContextOptions::default());
+    let mut short = weights();
+    short.blocks.pop();
+    assert!(matches!(
+        Gpt2::upload(&context, &short, DType::F32),
+        Err(ServeError::Weights(WeightsError::Layers {
+            expected: 2,
+            found: 1
+        }))
+    ));
+    let mut narrow = weights();
+    narrow.blocks[0].attn_c_proj_bias.truncate(3);
+    let error = Gpt2::upload(&context, &narrow, DType::F32).unwrap_err();
+    assert!(
+        matches!(&error, ServeError::Weights(WeightsError::Length { tensor, .. })
+            if tensor == "h.0.attn.c_proj.bias"),
+        "{error}"
+    );
+
+    // WebGPU's default limits: bindings of at most 128 MiB, so that the cache stays small.
+    let context = context_with(gpu_default_limits(), ContextOptions::default());
+    let weights = weights();
+    let limit = context.limits().max_storage_buffer_binding_size;
+    let budget = 4 * limit + (64 << 20);
+    let options = ServerOptions {
+        budget_bytes: Some(budget),
+        max_batch: 2,
+        max_step_tokens: 16,
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    let (k, _) = server.cache().layer(0);
+    assert!(k.size_bytes() <= limit, "{} > {limit}", k.size_bytes());
+    let most = KvCache::max_blocks(&weights.config, 16, DType::F32, context.limits());
+    let blocks = server.cache().num_blocks();
+    assert!(
+        blocks <= most && 2 * blocks > most,
+        "{blocks} blocks of at most {most}"
+    );
+    assert!(context.pool().stats().reserved_bytes.current <= budget);
+    let prompt = vec![5, 6, 7];
+    server
+        .submit(&RequestSpec {
+            prompt: prompt.clone(),
+            max_new_tokens: 3,
+        })
+        .unwrap();
+    let done = server.run().unwrap();
+    assert_greedy(&weights, "large budget", &prompt, &done[0].output);
 }
