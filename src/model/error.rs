@@ -109,6 +109,15 @@ pub enum WeightsError {
         /// Its name, as it should appear in the file.
         tensor: String,
     },
+    /// A tensor of the layout is in the file only under the other prefix: the file's names mix
+    /// `transformer.` and none.
+    #[error("tensor `{tensor}` is missing; the file has `{found}` (its names mix the `transformer.` prefix and none)")]
+    MixedPrefix {
+        /// Its name, with the prefix the file's other names carry.
+        tensor: String,
+        /// The name the file has.
+        found: String,
+    },
     /// A tensor's shape is not the layout's for the configuration.
     #[error("tensor `{tensor}` has shape {found:?}, expected {expected:?}")]
     Shape {

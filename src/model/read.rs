@@ -78,11 +78,23 @@ impl Gpt2Weights {
         let mut expected = BTreeSet::new();
         for spec in &layout {
             let name = format!("{prefix}{}", spec.name);
-            let view = file
-                .tensor(&name)
-                .map_err(|_| WeightsError::MissingTensor {
-                    tensor: name.clone(),
-                })?;
+            let view = file.tensor(&name).map_err(|_| {
+                let other = if prefix.is_empty() {
+                    format!("{TRANSFORMER_PREFIX}{}", spec.name)
+                } else {
+                    spec.name.clone()
+                };
+                if names.contains(other.as_str()) {
+                    WeightsError::MixedPrefix {
+                        tensor: name.clone(),
+                        found: other,
+                    }
+                } else {
+                    WeightsError::MissingTensor {
+                        tensor: name.clone(),
+                    }
+                }
+            })?;
             if view.shape() != spec.shape.as_slice() {
                 return Err(WeightsError::Shape {
                     tensor: name,

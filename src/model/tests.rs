@@ -319,6 +319,23 @@ fn names_with_the_transformer_prefix_load_and_extra_tensors_are_listed() {
         matches!(&error, WeightsError::MissingTensor { tensor } if tensor == "transformer.ln_f.bias"),
         "{error}"
     );
+    // Names that mix the prefix and none: the tensor found under the other is named.
+    let raw: Vec<Raw> = raw_tensors(&weights, "transformer.")
+        .into_iter()
+        .map(|mut t| {
+            if t.0 == "transformer.h.1.ln_1.weight" {
+                t.0 = "h.1.ln_1.weight".to_owned();
+            }
+            t
+        })
+        .collect();
+    let error = Gpt2Weights::from_bytes(&file_of(&raw, Some(weights.config.to_metadata())), None)
+        .expect_err("mixed");
+    assert!(
+        matches!(&error, WeightsError::MixedPrefix { tensor, found }
+            if tensor == "transformer.h.1.ln_1.weight" && found == "h.1.ln_1.weight"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -43,10 +43,13 @@ pub enum ServeError {
     #[error("server options: {0}")]
     Options(String),
     /// The memory budget leaves no room for the KV cache the options need.
-    #[error("budget of {budget_bytes} bytes: weights {weights_bytes}, step activations {activation_bytes}, and a KV cache of at least {kv_min_bytes} do not fit")]
+    #[error("budget of {budget_bytes} bytes: weights {weights_bytes}, step activations {activation_bytes}, and a KV cache of at least {kv_min_bytes} do not fit (the pool reserved {reserved_bytes} before the cache, its segments rounding the weights and activations up)")]
     Budget {
         /// The budget.
         budget_bytes: u64,
+        /// What the pool reserved before the cache (the weights, the planned activations and
+        /// the eager steps' share, as its segments round them).
+        reserved_bytes: u64,
         /// The weights' bytes.
         weights_bytes: u64,
         /// The planned steps' activations.

@@ -101,6 +101,7 @@ pub(super) fn cache_under_budget(
         if blocks < min_blocks {
             break Err(ServeError::Budget {
                 budget_bytes: budget,
+                reserved_bytes: base.saturating_add(kept),
                 weights_bytes: model.bytes(),
                 activation_bytes,
                 kv_min_bytes: min_blocks as u64 * block_bytes,
