@@ -178,6 +178,7 @@ struct Side {
     waits: u64,
     preemptions: u64,
     oom_errors: u64,
+    /// Segments the pool created while serving the stream (building the server apart).
     segments_created: u64,
     device_reported_bytes: Option<u64>,
     accounted_bytes: u64,
@@ -560,6 +561,8 @@ struct Served {
     device_reported: Option<u64>,
     accounted: u64,
     ooms: u64,
+    /// Segments the pool created while serving.
+    segments: u64,
 }
 
 /// Serves `requests` (all arriving now) to the end; exports the memory at half of them.
@@ -572,7 +575,7 @@ fn serve_stream(
     profiled: Option<&Context>,
     out: Option<&std::path::Path>,
 ) -> Result<Served> {
-    let ooms_before = pool.stats().oom_count;
+    let (ooms_before, segments_before) = (pool.stats().oom_count, pool.stats().segments.total);
     let mut timings = profiled.map(|_| Timings::default());
     let start = Instant::now();
     let from_unix_s = unix_seconds();
@@ -626,6 +629,7 @@ fn serve_stream(
         device_reported,
         accounted,
         ooms: pool.stats().oom_count - ooms_before,
+        segments: pool.stats().segments.total - segments_before,
     })
 }
 
@@ -657,7 +661,7 @@ fn serve_side(
         server.warm_up()?;
     }
     server.reset_stats();
-    // Peaks from here: sizing the cache may pass the budget by one layer's cache for a moment.
+    // Peaks from here: the serving's (building sized the cache by trial allocations).
     pool.reset_peaks();
     build_s += warm.elapsed().as_secs_f64();
     let out = args.out.as_ref().map(|dir| dir.join(&spec.name));
@@ -757,7 +761,7 @@ fn side_figures(
         waits: stats.waits,
         preemptions: stats.preemptions,
         oom_errors: served.ooms,
-        segments_created: pool_stats.segments.total,
+        segments_created: served.segments,
         device_reported_bytes: served.device_reported,
         accounted_bytes: served.accounted,
         build_s,

@@ -143,6 +143,7 @@ pub use ops::matmul::{Epilogue, MatmulPlan};
 pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
 pub use user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};
+pub(crate) use vocab::tensor_bytes;
 pub use vocab::{
     Activation, Autotune, ComputeError, CoopTiles, DType, MatmulOptions, MatmulTiles, ShaderChecks,
 };

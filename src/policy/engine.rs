@@ -101,6 +101,12 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.segments.len() - self.vacant_slots.len()
     }
 
+    /// Takes back the count of the last refusal: its request was a trial the caller expected
+    /// might be refused (sizing by trial), not an out-of-memory error.
+    pub(crate) fn forget_refusal(&mut self) {
+        self.stats.oom_count = self.stats.oom_count.saturating_sub(1);
+    }
+
     /// The segment events since the last call (creations and destructions, in order).
     pub fn take_events(&mut self) -> Vec<SegmentEvent> {
         std::mem::take(&mut self.events)

@@ -210,6 +210,32 @@ impl Pool {
         size_bytes: u64,
         options: AllocOptions<'_>,
     ) -> Result<Allocation, PoolError> {
+        self.allocate_as(size_bytes, options, false)
+    }
+
+    /// A trial allocation (sizing something by trial under the budget): `None` where the pool
+    /// refuses it for memory, which is then not an out-of-memory error (not counted, recorded
+    /// in the history or reported to observers). Other refusals are errors as for
+    /// [`Pool::allocate_with`].
+    pub(crate) fn try_allocate(
+        &self,
+        size_bytes: u64,
+        options: AllocOptions<'_>,
+    ) -> Result<Option<Allocation>, PoolError> {
+        match self.allocate_as(size_bytes, options, true) {
+            Ok(allocation) => Ok(Some(allocation)),
+            Err(PoolError::OutOfMemory(_)) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// [`Pool::allocate_with`], a `trial` or not ([`Pool::try_allocate`]).
+    fn allocate_as(
+        &self,
+        size_bytes: u64,
+        options: AllocOptions<'_>,
+        trial: bool,
+    ) -> Result<Allocation, PoolError> {
         if size_bytes == 0 {
             return Err(PoolError::ZeroSize);
         }
@@ -227,7 +253,7 @@ impl Pool {
             });
         }
         let label = Label::new(options.label);
-        let reserved = self.shared.reserve(size_bytes, &label)?;
+        let reserved = self.shared.reserve(size_bytes, &label, trial)?;
         let allocation = Allocation::new(Arc::clone(&self.shared), reserved, size_bytes, label);
         if options.zeroed {
             let mut encoder =

@@ -119,8 +119,14 @@ impl Shared {
     }
 
     /// Asks the policy for `size_bytes` (already checked against the device's limits) and records
-    /// the allocation in the slab and the history.
-    pub(super) fn reserve(&self, size_bytes: u64, label: &Label) -> Result<Reserved, PoolError> {
+    /// the allocation in the slab and the history. A `trial`'s refusal is not an out-of-memory
+    /// error: not counted, recorded or reported (the caller sizes something by trial).
+    pub(super) fn reserve(
+        &self,
+        size_bytes: u64,
+        label: &Label,
+        trial: bool,
+    ) -> Result<Reserved, PoolError> {
         let mut guard = self.lock();
         let State {
             core,
@@ -142,12 +148,16 @@ impl Shared {
         let time_us = history.as_ref().map(|_| self.now_us());
         if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
             record_segment_events(history, segment_events, time_us);
-            if let Err(PolicyError::OutOfMemory(oom)) = &result {
+            if let (Err(PolicyError::OutOfMemory(oom)), false) = (&result, trial) {
                 record_oom(history, time_us, oom, op.as_ref());
             }
         }
         let placement = match result {
             Ok(placement) => placement,
+            Err(PolicyError::OutOfMemory(oom)) if trial => {
+                core.forget_refusal();
+                return Err(PolicyError::OutOfMemory(oom).into());
+            }
             Err(PolicyError::OutOfMemory(oom)) => {
                 // The pool as it is at the refusal, taken under this lock; observers run after
                 // it is released (they may use the pool).

@@ -34,11 +34,10 @@ pub struct ServerOptions {
     pub min_step_rows: usize,
     /// The most bytes the pool may reserve (set on the pool: one server's budget per pool). The
     /// KV cache takes what the weights and the steps' activations leave, as far as the pool's
-    /// segments let it: layer tensors of 1 to 16 MiB sit in power-of-two segments, so at small
-    /// budgets the cache may get little more than half of what is left (give `kv_blocks` too
-    /// for an exact count). While the cache is sized the pool's reservation may pass the budget
-    /// (its peak shows it); the server is within it once made. `None`: the cache has
-    /// `kv_blocks` blocks and the pool no budget.
+    /// segments let it: it is sized by trial allocations under the budget (never passing it,
+    /// and counting no out-of-memory error), the largest count of blocks whose tensors the
+    /// pool places, to within 1/64. `None`: the cache has `kv_blocks` blocks and the pool no
+    /// budget.
     pub budget_bytes: Option<u64>,
     /// The KV cache's blocks (block 0, kept for padding, included; at least 2), which the
     /// budget, if any, must then hold. Each layer's key and value tensor must fit the device's

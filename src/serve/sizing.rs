@@ -8,8 +8,9 @@ use super::kv::KvCache;
 use super::model::Gpt2;
 use super::options::{Execution, ServerOptions};
 use super::step::capture;
-use crate::compute::{Context, PlanArena};
+use crate::compute::{tensor_bytes, Context, PlanArena};
 use crate::paging::StepRows;
+use crate::{AllocOptions, PoolError};
 
 /// The steps' activation bytes, measured by capturing the largest step over a cache of two
 /// blocks: planned, its plan is built in `arena`, which keeps that memory for the real plans;
@@ -47,13 +48,13 @@ pub(super) fn activation_bytes(
 }
 
 /// The largest KV cache that fits under `options.budget_bytes` after what the pool reserves now
-/// and `activation_bytes` more (eager steps), then sets the pool's budget. Sized without a
-/// budget on the pool (so that no refusal is counted or reported): its blocks from the bytes
-/// left, scaled by the rounding the pool's segments gave a one-layer cache of that size, then,
-/// while the pool still reserved more than the budget for it, fewer in proportion, until it
-/// fits. `blocks` bounds the count: from the fewest that serve one sequence of the model's
-/// context to the most one layer's tensors take on the device. While sizing, the pool's
-/// reservation may pass the budget (its peak shows it); the cache returned is within it.
+/// and `activation_bytes` more (eager steps), then sets the pool's budget. Sized by trial under
+/// that budget, so that the pool's reservation never passes it and the pool packs the cache as
+/// it would near its budget: each trial allocates the cache's tensors uninitialised
+/// ([`Pool::try_allocate`](crate::Pool), whose refusals are no out-of-memory errors) and gives
+/// them back at once. `blocks` bounds the count: from the fewest that serve one sequence of the
+/// model's context to the most one layer's tensors take on the device. The trials bisect the
+/// count down to a step of 1/64 of it (at most some twenty of them).
 pub(super) fn cache_under_budget(
     context: &Context,
     model: &Gpt2,
@@ -65,64 +66,114 @@ pub(super) fn cache_under_budget(
     let (min_blocks, most_blocks) = blocks.into_inner();
     let config = model.config();
     let budget = options.budget_bytes.unwrap_or(u64::MAX);
-    let pool = context.pool();
-    pool.set_budget(None);
-    let base = pool.stats().reserved_bytes.current;
     let kept = match options.execution {
         Execution::Planned => 0,
         Execution::Eager => activation_bytes,
     };
-    let left = budget.saturating_sub(base).saturating_sub(kept);
-    // What the pool reserves for one layer's key tensor of the size the bytes left allow, over
-    // its size: the segments' rounding, applied to the whole cache's first size.
-    let mut blocks = usize::try_from(left / block_bytes.max(1))
+    let pool = context.pool();
+    // Nothing of the context's pending: the trials' ranges are the only ones freed meanwhile.
+    context.trim()?;
+    let base = pool.stats().reserved_bytes.current;
+    pool.set_budget(Some(budget.saturating_sub(kept)));
+    let left = budget.saturating_sub(kept).saturating_sub(base);
+    let fits = |blocks: usize| {
+        let bytes = tensor_bytes(
+            blocks
+                .saturating_mul(options.block_tokens)
+                .saturating_mul(config.n_embd),
+            model.dtype(),
+        );
+        let mut held = Vec::with_capacity(2 * config.n_layer);
+        let mut fit = true;
+        for _ in 0..2 * config.n_layer {
+            match pool.try_allocate(bytes, AllocOptions::labeled("kv cache sizing"))? {
+                Some(allocation) => held.push(allocation),
+                None => {
+                    fit = false;
+                    break;
+                }
+            }
+        }
+        // Never used on the GPU: free at once, and the segments made for them given back.
+        pool.free_submitted(held);
+        pool.trim();
+        Ok::<_, PoolError>(fit)
+    };
+    let most = usize::try_from(left / block_bytes.max(1))
         .unwrap_or(usize::MAX)
         .min(most_blocks);
-    if blocks >= min_blocks {
-        let one = KvCache::new(
-            context,
-            &crate::model::Gpt2Config {
-                n_layer: 1,
-                ..config
-            },
-            options.block_tokens,
-            blocks,
-            model.dtype(),
-        )?;
-        let took = pool.stats().reserved_bytes.current.saturating_sub(base);
-        let asked = one.bytes();
-        drop(one);
-        context.trim()?;
-        if took > asked {
-            blocks = (blocks as u128 * u128::from(asked) / u128::from(took)) as usize;
-        }
-    }
-    let result = loop {
-        if blocks < min_blocks {
-            break Err(ServeError::Budget {
+    let result = largest_fitting(min_blocks, most, fits)
+        .map_err(|error| ServeError::Compute(error.into()))
+        .and_then(|found| match found {
+            Some(blocks) => Ok(KvCache::new(
+                context,
+                &config,
+                options.block_tokens,
+                blocks,
+                model.dtype(),
+            )?),
+            None => Err(ServeError::Budget {
                 budget_bytes: budget,
                 reserved_bytes: base.saturating_add(kept),
                 weights_bytes: model.bytes(),
                 activation_bytes,
                 kv_min_bytes: min_blocks as u64 * block_bytes,
-            });
-        }
-        let cache = KvCache::new(
-            context,
-            &config,
-            options.block_tokens,
-            blocks,
-            model.dtype(),
-        )?;
-        let took = pool.stats().reserved_bytes.current.saturating_sub(base);
-        if took <= left {
-            break Ok(cache);
-        }
-        drop(cache);
-        context.trim()?;
-        let scaled = (blocks as u128 * u128::from(left) / u128::from(took)) as usize;
-        blocks = scaled.min(blocks - 1);
-    };
+            }),
+        });
     pool.set_budget(Some(budget));
     result
+}
+
+/// The largest count in `low..=high` for which `fits` holds, found by bisection down to a step
+/// of 1/64 of the count found (`fits` is taken as monotone; where it is not, a fitting count
+/// all the same); `None` when `low` does not fit or the range is empty.
+fn largest_fitting<E>(
+    low: usize,
+    high: usize,
+    mut fits: impl FnMut(usize) -> Result<bool, E>,
+) -> Result<Option<usize>, E> {
+    if high < low || !fits(low)? {
+        return Ok(None);
+    }
+    if fits(high)? {
+        return Ok(Some(high));
+    }
+    // `good` fits, `bad` does not.
+    let (mut good, mut bad) = (low, high);
+    while bad - good > (good / 64).max(1) {
+        let middle = good + (bad - good) / 2;
+        if fits(middle)? {
+            good = middle;
+        } else {
+            bad = middle;
+        }
+    }
+    Ok(Some(good))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::largest_fitting;
+
+    #[test]
+    fn the_largest_fitting_count_is_found_within_a_64th() {
+        for limit in [1, 2, 3, 63, 64, 65, 1000, 4097, 100_000] {
+            let mut trials = 0;
+            let found = largest_fitting(1, 200_000, |n| {
+                trials += 1;
+                Ok::<_, ()>(n <= limit)
+            })
+            .unwrap()
+            .unwrap();
+            assert!(
+                found <= limit && found >= limit - limit / 64,
+                "{limit}: {found}"
+            );
+            assert!(trials <= 24, "{limit}: {trials} trials");
+        }
+        assert_eq!(largest_fitting(5, 9, |_| Ok::<_, ()>(true)), Ok(Some(9)));
+        assert_eq!(largest_fitting(5, 9, |n| Ok::<_, ()>(n < 5)), Ok(None));
+        assert_eq!(largest_fitting(9, 5, |_| Ok::<_, ()>(true)), Ok(None));
+        assert_eq!(largest_fitting(1, 9, |_| Err::<bool, _>("e")), Err("e"));
+    }
 }

@@ -361,8 +361,19 @@ fn a_budget_sizes_the_cache_and_bounds_the_pool() {
         "{}",
         server.cache().num_blocks()
     );
-    assert!(context.pool().stats().reserved_bytes.current <= budget);
-    context.pool().reset_peaks(); // sizing may pass the budget by one layer's cache
+    // Sized by trial under the budget: never past it, no refusal counted, and the cache takes
+    // most of what the weights and activations left (the pool's segments round its 8 MiB
+    // tensors: 69% on lavapipe).
+    let built = context.pool().stats();
+    assert!(built.reserved_bytes.peak <= budget, "{built:?}");
+    assert_eq!(built.oom_count, 0);
+    let cache = server.cache().bytes();
+    let before_cache = built.reserved_bytes.current - cache;
+    assert!(
+        cache * 10 >= (budget - before_cache) * 6,
+        "the cache takes {cache} of the {} bytes left",
+        budget - before_cache
+    );
     assert!(server.activation_bytes() > 0);
     for request in stream(5, 2) {
         server.submit(&request).unwrap();
