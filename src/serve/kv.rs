@@ -29,10 +29,13 @@ impl std::fmt::Debug for KvCache {
 }
 
 impl KvCache {
-    /// Bytes one block takes over every layer, keys and values.
+    /// Bytes one block takes over every layer, keys and values (`u64::MAX` where that passes
+    /// it).
     pub fn block_bytes(config: &Gpt2Config, block_tokens: usize, dtype: DType) -> u64 {
-        let per_token = config.n_embd as u64 * dtype.size_bytes();
-        2 * config.n_layer as u64 * block_tokens as u64 * per_token
+        (2 * config.n_layer as u64)
+            .saturating_mul(block_tokens as u64)
+            .saturating_mul(config.n_embd as u64)
+            .saturating_mul(dtype.size_bytes())
     }
 
     /// The most blocks a cache of `config` may have on a device of `limits`: each layer's key and

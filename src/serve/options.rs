@@ -23,7 +23,7 @@ pub struct ServerOptions {
     pub max_batch: usize,
     /// How the KV cache gives blocks to sequences.
     pub layout: KvLayout,
-    /// Tokens per KV block (1 to the model's context).
+    /// Tokens per KV block (a block of the cache's tensors within the device's binding limit).
     pub block_tokens: usize,
     /// The most token rows in one step (decode rows and prompt rows); longer prompts are filled
     /// over several steps. At least `max_batch`.
@@ -67,9 +67,6 @@ pub(super) fn check_options(options: &ServerOptions, n_ctx: usize) -> Result<(),
     let refuse = |reason: &str| Err(ServeError::Options(reason.into()));
     if options.max_batch == 0 || options.block_tokens == 0 {
         return refuse("max_batch and block_tokens must be at least 1");
-    }
-    if options.block_tokens > n_ctx {
-        return refuse("block_tokens must be at most the model's context (n_ctx)");
     }
     if options.min_step_rows == 0 || options.min_step_rows > options.max_step_tokens {
         return refuse("min_step_rows must be in 1..=max_step_tokens");

@@ -108,6 +108,21 @@ impl Server {
     pub fn new(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
         let config = model.config();
         check_options(&options, config.n_ctx)?;
+        let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
+        let most_blocks = KvCache::max_blocks(
+            &config,
+            options.block_tokens,
+            model.dtype(),
+            context.limits(),
+        );
+        if most_blocks < 2 {
+            return Err(ServeError::Options(format!(
+                "blocks of {} tokens: two of them pass one layer's key tensor's binding limit \
+                 of {} bytes on this device",
+                options.block_tokens,
+                context.limits().max_storage_buffer_binding_size
+            )));
+        }
         let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
         let arena = context.plan_arena();
         let activation_bytes = activation_bytes(context, &model, &options, max_blocks, &arena)?;
@@ -120,13 +135,6 @@ impl Server {
             )?),
             Execution::Eager => None,
         };
-        let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
-        let most_blocks = KvCache::max_blocks(
-            &config,
-            options.block_tokens,
-            model.dtype(),
-            context.limits(),
-        );
         let cache = match (options.budget_bytes, options.kv_blocks) {
             (_, Some(blocks)) if blocks > most_blocks => {
                 return Err(ServeError::Options(format!(

@@ -844,3 +844,27 @@ fn inconsistent_weights_and_large_budgets() {
     let done = server.run().unwrap();
     assert_greedy(&weights, "large budget", &prompt, &done[0].output);
 }
+
+/// A block of more tokens than the model's context (one block a sequence) serves as well.
+#[test]
+fn a_block_longer_than_the_context_serves() {
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    let options = ServerOptions {
+        block_tokens: 200,
+        kv_blocks: Some(4),
+        max_batch: 2,
+        ..ServerOptions::default()
+    };
+    let mut server = server(&context, &weights, options);
+    assert_eq!(server.capacity_for(128), 3);
+    let prompt = vec![9, 8, 7, 6];
+    server
+        .submit(&RequestSpec {
+            prompt: prompt.clone(),
+            max_new_tokens: 5,
+        })
+        .unwrap();
+    let done = server.run().unwrap();
+    assert_greedy(&weights, "blocks of 200", &prompt, &done[0].output);
+}
