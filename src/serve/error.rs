@@ -54,7 +54,8 @@ pub enum ServeError {
         weights_bytes: u64,
         /// The planned steps' activations.
         activation_bytes: u64,
-        /// The smallest KV cache that serves one sequence of the longest length.
+        /// The smallest KV cache that serves one sequence of the model's context (or the cache
+        /// of `kv_blocks` blocks, when given with the budget).
         kv_min_bytes: u64,
     },
 }

@@ -8,7 +8,7 @@ use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::{Gpt2, Head, StepTensors};
 use super::options::{check_options, Execution, ServerOptions};
-use super::sizing::{activation_bytes, cache_under_budget};
+use super::sizing::{activation_bytes, cache_of_blocks, cache_under_budget};
 use super::stats::{Completion, ServerStats};
 use super::step::capture;
 use crate::compute::{Context, DType, Feed, Plan, PlanArena, PlanRun, Tensor};
@@ -145,18 +145,8 @@ impl Server {
                     context.limits().max_storage_buffer_binding_size
                 )));
             }
-            (budget, Some(blocks)) => {
-                let cache = KvCache::new(
-                    context,
-                    &config,
-                    options.block_tokens,
-                    blocks,
-                    model.dtype(),
-                )?;
-                if budget.is_some() {
-                    context.pool().set_budget(budget);
-                }
-                cache
+            (_, Some(blocks)) => {
+                cache_of_blocks(context, &model, &options, blocks, activation_bytes)?
             }
             (Some(_), None) => {
                 let probe = BlockManager::new(options.layout, options.block_tokens, 2)?;

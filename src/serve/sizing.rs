@@ -124,6 +124,45 @@ pub(super) fn cache_under_budget(
     result
 }
 
+/// The cache of `blocks` blocks (`kv_blocks`); with a budget too, refused with
+/// [`ServeError::Budget`] unless the pool then holds it within the budget (the eager steps'
+/// share kept), and the pool's budget set.
+pub(super) fn cache_of_blocks(
+    context: &Context,
+    model: &Gpt2,
+    options: &ServerOptions,
+    blocks: usize,
+    activation_bytes: u64,
+) -> Result<KvCache, ServeError> {
+    let before = context.pool().stats().reserved_bytes.current;
+    let cache = KvCache::new(
+        context,
+        &model.config(),
+        options.block_tokens,
+        blocks,
+        model.dtype(),
+    )?;
+    let Some(budget_bytes) = options.budget_bytes else {
+        return Ok(cache);
+    };
+    let kept = match options.execution {
+        Execution::Planned => 0,
+        Execution::Eager => activation_bytes,
+    };
+    let reserved = context.pool().stats().reserved_bytes.current;
+    if reserved.saturating_add(kept) > budget_bytes {
+        return Err(ServeError::Budget {
+            budget_bytes,
+            reserved_bytes: before.saturating_add(kept),
+            weights_bytes: model.bytes(),
+            activation_bytes,
+            kv_min_bytes: cache.bytes(),
+        });
+    }
+    context.pool().set_budget(Some(budget_bytes));
+    Ok(cache)
+}
+
 /// The largest count in `low..=high` for which `fits` holds, found by bisection down to a step
 /// of 1/64 of the count found (`fits` is taken as monotone; where it is not, a fitting count
 /// all the same); `None` when `low` does not fit or the range is empty.

@@ -402,6 +402,28 @@ fn a_budget_sizes_the_cache_and_bounds_the_pool() {
     let stats = context.pool().stats();
     assert!(stats.reserved_bytes.peak <= budget, "{stats:?}");
     assert_eq!(stats.oom_count, 0);
+    // A budget and a count of blocks: the budget must hold them.
+    for (blocks, fits) in [(40, true), (4000, false)] {
+        let context = context_with(gpu(), ContextOptions::default());
+        let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
+        let options = ServerOptions {
+            budget_bytes: Some(8 << 20),
+            kv_blocks: Some(blocks),
+            ..ServerOptions::default()
+        };
+        match Server::new(&context, model, options) {
+            Ok(server) => {
+                assert!(fits, "{blocks} blocks");
+                assert_eq!(server.cache().num_blocks(), blocks);
+                assert!(context.pool().stats().reserved_bytes.current <= 8 << 20);
+            }
+            Err(ServeError::Budget { kv_min_bytes, .. }) => {
+                assert!(!fits, "{blocks} blocks");
+                assert_eq!(kv_min_bytes, blocks as u64 * 16 * 64 * 4 * 4);
+            }
+            Err(error) => panic!("{blocks} blocks: {error}"),
+        }
+    }
     // Too small a budget is a typed refusal, not an out-of-memory later.
     let small = ServerOptions {
         budget_bytes: Some(1 << 16),
