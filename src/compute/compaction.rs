@@ -39,7 +39,9 @@ impl Context {
     /// [`CompactionLimits::default`]: at most the request's size is copied). Nothing moves when it
     /// already fits, or when no plan over the context's tensors makes room (an out-of-memory
     /// error's [`OutOfMemory::compaction`](crate::policy::OutOfMemory::compaction) says whether
-    /// one would). The same guarantees as [`Context::compact`].
+    /// one would). Room is made in one segment by moving tensors out of it into free space of
+    /// other segments, never within it: the holes of a pool of one segment are not closed up
+    /// (its tensors have nowhere else to go). The same guarantees as [`Context::compact`].
     pub fn compact_for(&self, size_bytes: u64) -> Result<Compaction, ComputeError> {
         self.compact_with(|pool, allocations| {
             pool.compact_for(size_bytes, allocations, CompactionLimits::default())

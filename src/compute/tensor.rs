@@ -234,8 +234,9 @@ impl Context {
         self.tensor_labeled(data, shape, dtype, "tensor")
     }
 
-    /// [`Context::tensor_with`] under `label` in the pool's reports (memory summary, segment
-    /// map, snapshots, history), e.g. a weight's name.
+    /// [`Context::tensor_with`] under `label` in the pool's memory state and what is made from
+    /// it (snapshots for memory_viz, the JSON report) and in its history, e.g. a weight's name.
+    /// The text summary and the segment maps show sizes, not labels.
     pub fn tensor_labeled(
         &self,
         data: &[f32],
@@ -279,7 +280,8 @@ impl Context {
         Ok(tensor)
     }
 
-    /// A tensor of `shape` of `dtype` filled with zeros, under `label` in the pool's reports: for
+    /// A tensor of `shape` of `dtype` filled with zeros, under `label` in the pool's memory state
+    /// (as [`Context::tensor_labeled`]): for
     /// state that lives across steps and plans, such as a KV cache. The pool clears its range on
     /// the GPU before handing it out; its memory is real even while the context captures (a plan
     /// binds it as it binds weights).

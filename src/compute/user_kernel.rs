@@ -30,10 +30,10 @@ pub struct UserKernelDesc<'a> {
     /// The entry point (`@compute fn`).
     pub entry_point: &'a str,
     /// Tensors the kernel binds, at bindings `1..=tensors` of group 0, each declared
-    /// `var<storage, read_write>`.
+    /// `var<storage, read_write>` (every one of them: an undeclared binding is refused).
     pub tensors: usize,
-    /// Bytes of the kernel's parameters (a `var<uniform>` at binding 0 of group 0), `0` when it
-    /// takes none.
+    /// Bytes of the kernel's parameters (a `var<uniform>` at binding 0 of group 0, of at most
+    /// this size), `0` when it takes none.
     pub params_bytes: u64,
     /// The layouts of groups `1..` (uniforms, textures and other resources outside the pool), in
     /// group order.
@@ -312,7 +312,7 @@ fn check_interface(
         let bytes = u64::from(layouter[var.ty].size);
         match (group, index, var.space) {
             (0, 0, naga::AddressSpace::Uniform)
-                if bytes <= desc.params_bytes.next_multiple_of(16) && desc.params_bytes > 0 => {}
+                if bytes <= desc.params_bytes && desc.params_bytes > 0 => {}
             (0, 0, _) => {
                 return Err(config(
                     desc,
@@ -358,8 +358,26 @@ fn check_interface(
             _ => {}
         }
     }
-    // A binding the WGSL does not declare takes any tensor.
-    Ok(min_bytes.into_iter().map(|b| b.unwrap_or(0)).collect())
+    // Every tensor the kernel is said to bind is declared: a tensor bound to nothing would be
+    // an output never written (unspecified memory) or an input never read.
+    min_bytes
+        .into_iter()
+        .enumerate()
+        .map(|(index, bytes)| {
+            bytes.ok_or_else(|| {
+                config(
+                    desc,
+                    format!(
+                        "binding {} of group 0 is not declared, but the kernel is said to bind {} \
+                         tensors (at bindings 1..={})",
+                        index + 1,
+                        desc.tensors,
+                        desc.tensors
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// The layout of group 0 of a user's kernel: the parameters' uniform (dynamic offset) at binding

@@ -40,7 +40,8 @@ pub struct PoolStats {
     /// whose ranges wait for a submission before reuse (`pending_free_bytes` of them; see
     /// [`PoolStats::live_allocated_bytes`]).
     pub allocated_bytes: Counter,
-    /// Bytes asked for by live allocations.
+    /// Bytes asked for by the allocations holding a range: live ones and pending frees, as in
+    /// `allocated_bytes`.
     pub requested_bytes: Counter,
     /// Allocations holding a range: live ones and pending frees (see
     /// [`PoolStats::live_allocations`]).

@@ -380,9 +380,10 @@ impl Pool {
     /// submitted before) and the old ranges become reusable after that submission. Work recorded
     /// but not submitted that uses one of `allocations`, or bind groups made over them, must not
     /// outlive the call: submit the work first, make the bind groups again. Nothing moves when the
-    /// request already fits or no plan over these allocations makes room. Allocations of another
-    /// pool are passed over. The compute context's `Context::compact_for` calls this with its
-    /// tensors.
+    /// request already fits or no plan over these allocations makes room. Room is made in a
+    /// segment by moving allocations out of it into other segments' free space, never within
+    /// it, so one segment's holes are not closed up. Allocations of another pool are passed
+    /// over. The compute context's `Context::compact_for` calls this with its tensors.
     pub fn compact_for(
         &self,
         size_bytes: u64,
@@ -416,8 +417,9 @@ impl Pool {
         compact::estimate(&self.shared, size_bytes, allocations)
     }
 
-    /// Names parts of `allocation` in the pool's memory state, summary, segment map and
-    /// snapshots: `parts` are `(offset from the allocation's start, bytes, label)`, each shown as a
+    /// Names parts of `allocation` in the pool's memory state and the snapshots and JSON
+    /// report made from it (the text summary and segment maps show sizes, not labels): `parts`
+    /// are `(offset from the allocation's start, bytes, label)`, each shown as a
     /// span labelled `"<allocation's label>: <label>"` (a plan's arena names the tensors that share
     /// each range). Replaces earlier parts; empty parts show the allocation whole again. Parts
     /// that are empty, overlap or pass the allocation's size are [`PoolError::InvalidParts`] and

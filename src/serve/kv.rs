@@ -8,8 +8,8 @@ use crate::PoolError;
 
 /// The keys and values of every layer, in blocks of `block_tokens` tokens. Each tensor is one
 /// pool allocation labelled `kv h.{layer}.k` / `kv h.{layer}.v`; [`KvCache::label_sequences`]
-/// names the blocks each sequence holds inside them, so the memory summary, segment map and
-/// snapshots show where every sequence's cache lives.
+/// names the blocks each sequence holds inside them, so the memory state and the snapshots
+/// made from it (memory_viz, the JSON report) show where every sequence's cache lives.
 pub struct KvCache {
     layers: Vec<(Tensor, Tensor)>,
     block_tokens: usize,

@@ -378,7 +378,7 @@ pub struct PoolFigures {
     pub budget_headroom_bytes: Option<u64>,
     /// Bytes of segments that hold nothing (given back by `trim()`).
     pub empty_segment_bytes: u64,
-    /// Dropped allocations waiting for a submission.
+    /// Dropped allocations waiting for a submission (one for an allocation of labelled parts).
     pub pending_free_count: u64,
     /// Their bytes (after rounding).
     pub pending_free_bytes: u64,
@@ -417,6 +417,12 @@ impl PoolFigures {
                     _ => {}
                 }
             }
+        }
+        // An allocation with labelled parts shows as several spans: a live pool's statistics
+        // count its pending frees as allocations; a state imported without them (PyTorch's
+        // snapshots have no parts) by its spans.
+        if stats.pending_frees > 0 {
+            pending_free_count = stats.pending_frees;
         }
         let budget_bytes = state.policy.as_ref().and_then(|p| p.budget_bytes);
         let largest_allocation_now_bytes = match &state.policy {

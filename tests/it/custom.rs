@@ -566,6 +566,12 @@ fn a_users_kernel_is_checked_once_against_its_wgsl() {
     config(kernel_of(&context, AXPB, 2, 0, &[]));
     config(kernel_of(&context, AXPB, 1, 16, &[]));
     config(kernel_of(&context, AXPB, 0, 16, &[]));
+    // More tensors than the WGSL declares (one would be bound to nothing), and parameters
+    // smaller than the uniform (its last bytes never given).
+    let message = config(kernel_of(&context, AXPB, 3, 16, &[]));
+    assert!(message.contains("binding 3"), "{message}");
+    let message = config(kernel_of(&context, AXPB, 2, 8, &[]));
+    assert!(message.contains("params_bytes (8)"), "{message}");
     let missing_entry = context.user_kernel(&UserKernelDesc {
         label: "test",
         wgsl: AXPB,

@@ -903,3 +903,33 @@ fn every_buffer_the_crate_creates_is_accounted() {
     assert_eq!(gpu.accounted().total_bytes(), 0, "{:?}", gpu.accounted());
     assert!(gpu.accounted().roles.iter().all(|row| row.buffers == 0));
 }
+
+/// An allocation of labelled parts (a plan's arena) waiting for a submission is one pending free
+/// in the report, as in the pool's statistics, however many spans its parts make.
+#[test]
+fn a_pending_allocation_of_parts_is_one_pending_free() {
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let allocation = pool
+        .allocate_with(4096, AllocOptions::labeled("arena"))
+        .unwrap();
+    pool.label_parts(
+        &allocation,
+        &[(0, 256, "t0".to_owned()), (1024, 512, "t1".to_owned())],
+    )
+    .unwrap();
+    drop(allocation);
+    let stats = pool.stats();
+    assert_eq!(stats.pending_frees, 1);
+    let report = Report::from_pool(&pool);
+    assert_eq!(report.pool.pending_free_count, 1);
+    assert_eq!(report.pool.pending_free_bytes, stats.pending_free_bytes);
+    let spans = pool
+        .memory_state()
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.spans)
+        .filter(|span| span.kind == wgpu_pool::state::SpanKind::PendingFree)
+        .count();
+    assert!(spans > 1, "the parts show as spans: {spans}");
+    assert!(report.to_string().contains("Pending frees: 1 "), "{report}");
+}

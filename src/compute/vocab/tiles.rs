@@ -15,9 +15,10 @@ pub struct MatmulTiles {
     pub bn: u32,
     /// Depth of K per step (through workgroup memory).
     pub bk: u32,
-    /// Rows of C per invocation: 8 or 16.
+    /// Rows of C per invocation: 4, 8 or 16.
     pub tm: u32,
-    /// Columns of C per invocation: 8 or 16 (not both 16: too many registers).
+    /// Columns of C per invocation: 4, 8 or 16 (not both `tm` and `tn` 16: too many
+    /// registers).
     pub tn: u32,
 }
 
