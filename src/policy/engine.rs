@@ -101,8 +101,9 @@ impl<S: SegmentStorage> PoolCore<S> {
         self.segments.len() - self.vacant_slots.len()
     }
 
-    /// Takes back the count of the last refusal: its request was a trial the caller expected
-    /// might be refused (sizing by trial), not an out-of-memory error.
+    /// Takes back the count of the last refusal, which was no out-of-memory error after all: its
+    /// request was served by a last resort, or was a trial the caller expected might be refused
+    /// (sizing by trial).
     pub(crate) fn forget_refusal(&mut self) {
         self.stats.oom_count = self.stats.oom_count.saturating_sub(1);
     }

@@ -222,7 +222,7 @@ impl<S: SegmentStorage> PoolCore<S> {
         else {
             return Err(error);
         };
-        self.stats.oom_count -= 1;
+        self.forget_refusal();
         Ok(self.place_large(slot, offset, size_bytes, rounded))
     }
 

@@ -2,7 +2,7 @@
 //! each `[num_blocks, block_tokens, n_head, head_dim]`, whose blocks the paging layer's
 //! [`BlockManager`](crate::paging::BlockManager) gives to sequences.
 
-use crate::compute::{ComputeError, Context, DType, Tensor};
+use crate::compute::{tensor_bytes, ComputeError, Context, DType, Tensor};
 use crate::model::Gpt2Config;
 use crate::PoolError;
 
@@ -58,6 +58,21 @@ impl KvCache {
         usize::try_from(limit / layer_block)
             .unwrap_or(usize::MAX)
             .min(crate::paging::BlockManager::MAX_BLOCKS)
+    }
+
+    /// Bytes the pool is asked for one layer's key (or value) tensor of `num_blocks` blocks.
+    pub(crate) fn layer_tensor_bytes(
+        config: &Gpt2Config,
+        block_tokens: usize,
+        num_blocks: usize,
+        dtype: DType,
+    ) -> u64 {
+        tensor_bytes(
+            num_blocks
+                .saturating_mul(block_tokens)
+                .saturating_mul(config.n_embd),
+            dtype,
+        )
     }
 
     /// A zeroed cache of `num_blocks` blocks of `block_tokens` tokens for `config`, of `dtype`.

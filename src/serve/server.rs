@@ -108,7 +108,6 @@ impl Server {
     pub fn new(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
         let config = model.config();
         check_options(&options, config.n_ctx)?;
-        let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
         let most_blocks = KvCache::max_blocks(
             &config,
             options.block_tokens,
@@ -135,41 +134,17 @@ impl Server {
             )?),
             Execution::Eager => None,
         };
-        let cache = match (options.budget_bytes, options.kv_blocks) {
-            (_, Some(blocks)) if blocks > most_blocks => {
-                return Err(ServeError::Options(format!(
-                    "kv_blocks {blocks}: at most {most_blocks} blocks of {} tokens fit in one \
-                     layer's key tensor on this device (its binding limit is {} bytes), and \
-                     at most 2^24 blocks in any cache",
-                    options.block_tokens,
-                    context.limits().max_storage_buffer_binding_size
-                )));
-            }
-            (_, Some(blocks)) => {
-                cache_of_blocks(context, &model, &options, blocks, activation_bytes)?
-            }
-            (Some(_), None) => {
-                let probe = BlockManager::new(options.layout, options.block_tokens, 2)?;
-                let min_blocks = 1 + probe.admission_blocks(config.n_ctx);
-                if most_blocks < min_blocks {
-                    return Err(ServeError::Options(format!(
-                        "a sequence of the model's context takes {min_blocks} blocks of {} \
-                         tokens, but one layer's key tensor holds at most {most_blocks} on this \
-                         device (its binding limit is {} bytes)",
-                        options.block_tokens,
-                        context.limits().max_storage_buffer_binding_size
-                    )));
-                }
-                cache_under_budget(
-                    context,
-                    &model,
-                    &options,
-                    activation_bytes,
-                    min_blocks..=most_blocks,
-                    block_bytes,
-                )?
-            }
-            (None, None) => unreachable!("check_options refuses"),
+        // `check_options` refuses options of neither `kv_blocks` nor a budget.
+        let cache = match options.kv_blocks {
+            Some(blocks) => cache_of_blocks(
+                context,
+                &model,
+                &options,
+                blocks,
+                most_blocks,
+                activation_bytes,
+            )?,
+            None => cache_under_budget(context, &model, &options, activation_bytes, most_blocks)?,
         };
         let blocks = BlockManager::new(options.layout, options.block_tokens, cache.num_blocks())?;
         let mut server = Self {

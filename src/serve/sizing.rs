@@ -1,15 +1,13 @@
 //! Sizing a server's memory: the steps' activations, measured by capturing the largest step,
 //! and the largest KV cache the budget leaves room for.
 
-use std::ops::RangeInclusive;
-
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::Gpt2;
 use super::options::{Execution, ServerOptions};
 use super::step::capture;
-use crate::compute::{tensor_bytes, Context, PlanArena};
-use crate::paging::StepRows;
+use crate::compute::{Context, PlanArena};
+use crate::paging::{BlockManager, StepRows};
 use crate::{AllocOptions, PoolError};
 
 /// The steps' activation bytes, measured by capturing the largest step over a cache of two
@@ -53,23 +51,31 @@ pub(super) fn activation_bytes(
 /// it would near its budget: each trial allocates the cache's tensors uninitialised
 /// ([`Pool::try_allocate`](crate::Pool), whose refusals are no out-of-memory errors) and gives
 /// them back at once. `blocks` bounds the count: from the fewest that serve one sequence of the
-/// model's context to the most one layer's tensors take on the device. The trials bisect the
-/// count down to a step of 1/64 of it (at most some twenty of them).
+/// model's context ([`ServeError::Options`] where one layer's tensors cannot hold them on the
+/// device) to `most_blocks`, the most they hold. The trials bisect the count down to a step of
+/// 1/64 of it (at most some twenty of them).
 pub(super) fn cache_under_budget(
     context: &Context,
     model: &Gpt2,
     options: &ServerOptions,
     activation_bytes: u64,
-    blocks: RangeInclusive<usize>,
-    block_bytes: u64,
+    most_blocks: usize,
 ) -> Result<KvCache, ServeError> {
-    let (min_blocks, most_blocks) = blocks.into_inner();
     let config = model.config();
+    let probe = BlockManager::new(options.layout, options.block_tokens, 2)?;
+    let min_blocks = 1 + probe.admission_blocks(config.n_ctx);
+    if most_blocks < min_blocks {
+        return Err(ServeError::Options(format!(
+            "a sequence of the model's context takes {min_blocks} blocks of {} tokens, but one \
+             layer's key tensor holds at most {most_blocks} on this device (its binding limit \
+             is {} bytes)",
+            options.block_tokens,
+            context.limits().max_storage_buffer_binding_size
+        )));
+    }
+    let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
     let budget = options.budget_bytes.unwrap_or(u64::MAX);
-    let kept = match options.execution {
-        Execution::Planned => 0,
-        Execution::Eager => activation_bytes,
-    };
+    let kept = eager_share(options, activation_bytes);
     let pool = context.pool();
     // Nothing of the context's pending: the trials' ranges are the only ones freed meanwhile.
     context.trim()?;
@@ -77,12 +83,8 @@ pub(super) fn cache_under_budget(
     pool.set_budget(Some(budget.saturating_sub(kept)));
     let left = budget.saturating_sub(kept).saturating_sub(base);
     let fits = |blocks: usize| {
-        let bytes = tensor_bytes(
-            blocks
-                .saturating_mul(options.block_tokens)
-                .saturating_mul(config.n_embd),
-            model.dtype(),
-        );
+        let bytes =
+            KvCache::layer_tensor_bytes(&config, options.block_tokens, blocks, model.dtype());
         let mut held = Vec::with_capacity(2 * config.n_layer);
         let mut fit = true;
         for _ in 0..2 * config.n_layer {
@@ -124,7 +126,8 @@ pub(super) fn cache_under_budget(
     result
 }
 
-/// The cache of `blocks` blocks (`kv_blocks`); with a budget too, refused with
+/// The cache of `blocks` blocks (`kv_blocks`): [`ServeError::Options`] past `most_blocks`, the
+/// most one layer's tensors hold on the device; with a budget too, refused with
 /// [`ServeError::Budget`] unless the pool then holds it within the budget (the eager steps'
 /// share kept), and the pool's budget set.
 pub(super) fn cache_of_blocks(
@@ -132,8 +135,18 @@ pub(super) fn cache_of_blocks(
     model: &Gpt2,
     options: &ServerOptions,
     blocks: usize,
+    most_blocks: usize,
     activation_bytes: u64,
 ) -> Result<KvCache, ServeError> {
+    if blocks > most_blocks {
+        return Err(ServeError::Options(format!(
+            "kv_blocks {blocks}: at most {most_blocks} blocks of {} tokens fit in one layer's key \
+             tensor on this device (its binding limit is {} bytes), and at most 2^24 blocks in \
+             any cache",
+            options.block_tokens,
+            context.limits().max_storage_buffer_binding_size
+        )));
+    }
     let before = context.pool().stats().reserved_bytes.current;
     let cache = KvCache::new(
         context,
@@ -145,10 +158,7 @@ pub(super) fn cache_of_blocks(
     let Some(budget_bytes) = options.budget_bytes else {
         return Ok(cache);
     };
-    let kept = match options.execution {
-        Execution::Planned => 0,
-        Execution::Eager => activation_bytes,
-    };
+    let kept = eager_share(options, activation_bytes);
     let reserved = context.pool().stats().reserved_bytes.current;
     if reserved.saturating_add(kept) > budget_bytes {
         return Err(ServeError::Budget {
@@ -161,6 +171,15 @@ pub(super) fn cache_of_blocks(
     }
     context.pool().set_budget(Some(budget_bytes));
     Ok(cache)
+}
+
+/// What the budget keeps beside the cache for the steps' activations: eager steps' intermediates
+/// come from the pool as they run; planned ones' arena is reserved already.
+fn eager_share(options: &ServerOptions, activation_bytes: u64) -> u64 {
+    match options.execution {
+        Execution::Planned => 0,
+        Execution::Eager => activation_bytes,
+    }
 }
 
 /// The largest count in `low..=high` for which `fits` holds, found by bisection down to a step

@@ -239,6 +239,36 @@ fn server(context: &Context, weights: &Gpt2Weights, options: ServerOptions) -> S
     Server::new(context, model, options).unwrap()
 }
 
+/// A server of two sequences at most over a cache of 20 blocks of 16 tokens.
+fn small_server(context: &Context, weights: &Gpt2Weights) -> Server {
+    let options = ServerOptions {
+        max_batch: 2,
+        kv_blocks: Some(20),
+        ..ServerOptions::default()
+    };
+    server(context, weights, options)
+}
+
+/// Serves one request of `prompt` and `outputs` tokens to its end and checks its tokens are
+/// the twin's greedy ones.
+fn serves_greedily(
+    server: &mut Server,
+    weights: &Gpt2Weights,
+    what: &str,
+    prompt: &[u32],
+    outputs: usize,
+) {
+    server
+        .submit(&RequestSpec {
+            prompt: prompt.to_vec(),
+            max_new_tokens: outputs,
+        })
+        .unwrap();
+    let done = server.run().unwrap();
+    assert_eq!(done.len(), 1, "{what}");
+    assert_greedy(weights, what, prompt, &done[0].output);
+}
+
 #[test]
 fn the_server_generates_the_twins_greedy_tokens_planned_eager_and_contiguous() {
     let weights = weights();
@@ -602,12 +632,7 @@ fn an_f16_model_serves_the_twins_greedy_tokens_within_f16_rounding() {
 fn requests_stream_their_tokens_and_can_be_cancelled() {
     let weights = weights();
     let context = context_with(gpu(), ContextOptions::default());
-    let options = ServerOptions {
-        max_batch: 2,
-        kv_blocks: Some(20),
-        ..ServerOptions::default()
-    };
-    let mut server = server(&context, &weights, options);
+    let mut server = small_server(&context, &weights);
     let request = |len: usize| RequestSpec {
         prompt: (0..len as u32).collect(),
         max_new_tokens: 10,
@@ -700,12 +725,7 @@ fn pipelined_steps_feed_tokens_on_the_gpu_and_match_synchronous_ones() {
 
     // A step left in flight shows its tokens after the next call, or after `sync`.
     let context = context_with(gpu(), ContextOptions::default());
-    let options = ServerOptions {
-        max_batch: 2,
-        kv_blocks: Some(20),
-        ..ServerOptions::default()
-    };
-    let mut server = server(&context, &weights, options);
+    let mut server = small_server(&context, &weights);
     let id = server
         .submit(&RequestSpec {
             prompt: vec![3, 1, 4],
@@ -792,12 +812,7 @@ fn a_server_moves_to_another_thread() {
     shared::<ServeError>();
     let weights = weights();
     let context = context_with(gpu(), ContextOptions::default());
-    let options = ServerOptions {
-        max_batch: 2,
-        kv_blocks: Some(20),
-        ..ServerOptions::default()
-    };
-    let mut server = server(&context, &weights, options);
+    let mut server = small_server(&context, &weights);
     let prompt = vec![7, 3, 9];
     server
         .submit(&RequestSpec {
@@ -856,15 +871,7 @@ fn inconsistent_weights_and_large_budgets() {
         "{blocks} blocks of at most {most}"
     );
     assert!(context.pool().stats().reserved_bytes.current <= budget);
-    let prompt = vec![5, 6, 7];
-    server
-        .submit(&RequestSpec {
-            prompt: prompt.clone(),
-            max_new_tokens: 3,
-        })
-        .unwrap();
-    let done = server.run().unwrap();
-    assert_greedy(&weights, "large budget", &prompt, &done[0].output);
+    serves_greedily(&mut server, &weights, "large budget", &[5, 6, 7], 3);
 }
 
 /// A block of more tokens than the model's context (one block a sequence) serves as well.
@@ -880,13 +887,5 @@ fn a_block_longer_than_the_context_serves() {
     };
     let mut server = server(&context, &weights, options);
     assert_eq!(server.capacity_for(128), 3);
-    let prompt = vec![9, 8, 7, 6];
-    server
-        .submit(&RequestSpec {
-            prompt: prompt.clone(),
-            max_new_tokens: 5,
-        })
-        .unwrap();
-    let done = server.run().unwrap();
-    assert_greedy(&weights, "blocks of 200", &prompt, &done[0].output);
+    serves_greedily(&mut server, &weights, "blocks of 200", &[9, 8, 7, 6], 5);
 }
