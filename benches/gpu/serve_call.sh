@@ -5,35 +5,37 @@
 #
 #     sh benches/gpu/serve_call.sh
 #
-# Writes under $OUT: clocks.csv (timestamp, SM clock every 250 ms), sides1/2.{json,txt} (paged,
-# paged_sync and paged_eager: the planned/eager decode-step ratio, twice), eager.{json,txt} (the
-# three memory sides and the eager ones), torch.{json,txt} (PyTorch on eager.json's stream, its
-# tokens checked against ours), it.txt (the integration tests; `layering` reads src/, which is
-# not carried), and started.txt (each run's start, UTC, to place it in clocks.csv). Every side's
-# JSON also has `span_unix_s`.
+# Writes $OUT/serve.tgz (the device tool brings back only a few files), holding: clocks.csv
+# (timestamp, SM clock every 250 ms), sides1/2.{json,txt} (paged, paged_sync and paged_eager: the
+# planned/eager decode-step ratio, twice), eager.{json,txt} (the three memory sides and the eager
+# ones), torch.{json,txt} (PyTorch on eager.json's stream, its tokens checked against ours),
+# it.txt (the integration tests; `layering` reads src/, which is not carried), and started.txt
+# (each run's start, UTC, to place it in clocks.csv). Every side's JSON also has `span_unix_s`.
 set -u
 : "${OUT:?OUT must name the folder whose files come back}"
-nvidia-smi --query-gpu=timestamp,clocks.sm --format=csv -lms 250 > "$OUT/clocks.csv" 2>&1 &
+W=$(mktemp -d)
+nvidia-smi --query-gpu=timestamp,clocks.sm --format=csv -lms 250 > "$W/clocks.csv" 2>&1 &
 clock=$!
-mark() { echo "$1 $(date -u +%H:%M:%S.%N)" >> "$OUT/started.txt"; }
+mark() { echo "$1 $(date -u +%H:%M:%S.%N)" >> "$W/started.txt"; }
 mark weights
-sh .gpu/run serve_gpt --model gpt2 --write-weights /tmp/gpt2.safetensors > "$OUT/weights.txt" 2>&1
+sh .gpu/run serve_gpt --model gpt2 --write-weights /tmp/gpt2.safetensors > "$W/weights.txt" 2>&1
 S="--model gpt2 --weights /tmp/gpt2.safetensors --requests 64 --max-batch 16 --seed 1"
 for i in 1 2; do
     mark "sides$i"
     # shellcheck disable=SC2086 # $S is a list of arguments
     sh .gpu/run serve_gpt $S --warm-s 2 --sides paged,paged_sync,paged_eager \
-        --json "$OUT/sides$i.json" > "$OUT/sides$i.txt" 2>&1
+        --json "$W/sides$i.json" > "$W/sides$i.txt" 2>&1
 done
 mark eager
 # shellcheck disable=SC2086
-sh .gpu/run serve_gpt $S --warm-s 2 --eager --json "$OUT/eager.json" > "$OUT/eager.txt" 2>&1
+sh .gpu/run serve_gpt $S --warm-s 2 --eager --json "$W/eager.json" > "$W/eager.txt" 2>&1
 mark torch
-python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors --stream "$OUT/eager.json" \
-    --json "$OUT/torch.json" --check "$OUT/eager.json" > "$OUT/torch.txt" 2>&1
+python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors --stream "$W/eager.json" \
+    --json "$W/torch.json" --check "$W/eager.json" > "$W/torch.txt" 2>&1
 mark it
-sh .gpu/run it --skip layering > "$OUT/it.txt" 2>&1
+sh .gpu/run it --skip layering > "$W/it.txt" 2>&1
 mark done
 kill "$clock"
-grep -h "test result" "$OUT/it.txt"
-tail -n 3 "$OUT/torch.txt"
+tar czf "$OUT/serve.tgz" -C "$W" .
+grep -h "test result" "$W/it.txt"
+tail -n 3 "$W/torch.txt"
