@@ -281,10 +281,9 @@ impl Context {
     }
 
     /// A tensor of `shape` of `dtype` filled with zeros, under `label` in the pool's memory state
-    /// (as [`Context::tensor_labeled`]): for
-    /// state that lives across steps and plans, such as a KV cache. The pool clears its range on
-    /// the GPU before handing it out; its memory is real even while the context captures (a plan
-    /// binds it as it binds weights).
+    /// (as [`Context::tensor_labeled`]): for state that lives across steps and plans, such as a
+    /// KV cache. The pool clears its range on the GPU before handing it out; its memory is real
+    /// even while the context captures (a plan binds it as it binds weights).
     pub fn zeros_labeled(
         &self,
         shape: &[usize],
