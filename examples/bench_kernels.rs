@@ -7,6 +7,7 @@
 //!     [--only matmul|elementwise|overhead] [--matmul MxNxK]... [--tile BMxBNxBK[/TMxTN]]...
 //!     [--group-rows N] [--op add|relu|gelu|sum]... [--n N]... [--serving] [--torch FILE]
 //!     [--split N]... [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
+//!     [--narrow-row-groups G]
 //!     [--dtype f32|f16] [--sustained SECS] [--chain-shape RxW] [--chain-plan LxS]...
 //!     [--chain-runs N]
 //! ```
@@ -62,7 +63,9 @@
 //!   subgroup shuffles (`MatmulOptions::narrow_subgroups`) forced, every combination of the
 //!   listed values (those not listed automatic), after its automatic plan. Without them,
 //!   `--large` measures lanes 1 to 64 with the rest automatic. The kernel column reads
-//!   `narrow xL` (L lanes), with `sgS` where subgroups of S add slices by shuffles.
+//!   `narrow xL` (L lanes), with `sgS` where subgroups of S add slices by shuffles and `gG` where
+//!   the rows are in G groups (`--narrow-row-groups G`: `MatmulOptions::narrow_row_groups` for
+//!   every case, which turns the tuning of narrow plans off).
 //! - `--dtype f16` measures the matmuls and the element-wise ops on f16 tensors (f32 arithmetic;
 //!   the device needs `SHADER_F16`): the operands are the f16 roundings of the same random values,
 //!   the twin computes on them and rounds to f16, and the checks allow an f16 ulp more (2⁻¹⁰ of
@@ -149,6 +152,7 @@ struct Args {
     matmuls: Vec<(usize, usize, usize)>,
     /// `MatmulOptions::group_rows`, if not the default.
     group_rows: Option<u32>,
+    narrow_row_groups: Option<u32>,
     /// With `--large`, the tiles to compare (empty: every tile of `MatmulTiles::ALL`).
     tiles: Vec<MatmulTiles>,
     /// The element-wise ops to measure, in this order (empty: add, relu, gelu).
@@ -220,6 +224,7 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
         ops: Vec::new(),
         matmuls: Vec::new(),
         group_rows: None,
+        narrow_row_groups: None,
         tiles: Vec::new(),
         serving: false,
         torch: None,
@@ -326,6 +331,19 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
                         format!("--tile {name:?}: not one of {}", all.join(", "))
                     })?;
                 args.tiles.push(tiles);
+            }
+            "--narrow-row-groups" => {
+                let groups = iter.next().context("--narrow-row-groups needs a number")?;
+                let groups: u32 = groups
+                    .parse()
+                    .context("--narrow-row-groups needs a number")?;
+                if !(1..=MatmulOptions::NARROW_MAX_ROWS).contains(&groups) {
+                    bail!(
+                        "--narrow-row-groups needs a number from 1 to {}",
+                        MatmulOptions::NARROW_MAX_ROWS
+                    );
+                }
+                args.narrow_row_groups = Some(groups);
             }
             "--group-rows" => {
                 let rows = iter.next().context("--group-rows needs a number")?;
@@ -734,15 +752,19 @@ fn sample(len: usize, full: bool) -> Vec<usize> {
 }
 
 /// The kernel of a plan as the tables name it: the tile, or `narrow xL` (L lanes) with `sgS`
-/// where subgroups of S add its slices.
+/// where subgroups of S add its slices and `gG` where its rows are in G groups.
 fn kernel_name(plan: &MatmulPlan) -> String {
     if let Some(tiles) = plan.cooperative {
         return format!("coop {}x{}", tiles.bm, tiles.bn);
     }
+    let groups = match plan.narrow_row_groups {
+        0 | 1 => String::new(),
+        groups => format!(" g{groups}"),
+    };
     match (plan.narrow_lanes, plan.narrow_subgroup) {
         (0, _) => plan.tiles.to_string(),
-        (lanes, 0) => format!("narrow x{lanes}"),
-        (lanes, subgroup) => format!("narrow x{lanes} sg{subgroup}"),
+        (lanes, 0) => format!("narrow x{lanes}{groups}"),
+        (lanes, subgroup) => format!("narrow x{lanes} sg{subgroup}{groups}"),
     }
 }
 
@@ -1760,6 +1782,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
                 .group_rows
                 .unwrap_or(MatmulOptions::default().group_rows),
             autotune: args.autotune,
+            narrow_row_groups: args.narrow_row_groups,
             ..MatmulOptions::default()
         },
         dtype: args.dtype,

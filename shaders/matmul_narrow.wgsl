@@ -5,7 +5,9 @@
 // this one is a matrix-vector product: the time is reading B once, so the kernel is about
 // keeping many independent loads of B in flight, each coalesced.
 //
-// A workgroup of 256 owns LANES vec4 columns of C (a tile) and one chunk of K: the grid's z is
+// A workgroup of 256 owns LANES vec4 columns of C (a tile) of ROWS rows (all M rows, or one of
+// M / ROWS groups of rows: several groups give more workgroups with fewer sums each, reading B
+// again from the cache) and one chunk of K: the grid's z is
 // the split along K, chunk z covering vec4 rows [z · k_chunk4, (z + 1) · k_chunk4) of K (all of
 // K without a split). The chunk is dealt to SLICES = 256 / LANES slices: invocation
 // (lane, slice) takes the vec4 rows kk ≡ slice (mod SLICES) of its chunk, four at a time and the
@@ -25,18 +27,18 @@
 // The entry point `matmul_narrow` is written by the host (src/compute/kernels.rs,
 // `narrow_entry`) with the rows, the four steps of K and the shuffles unrolled: it reads like
 //
-//     let (tile, lane, slice) = ...;  col = tile · LANES + lane
+//     let (group, tile, lane, slice) = ...;  first_row = group · ROWS;  col = tile · LANES + lane
 //     accumulate rows 4·kk .. 4·kk + 3 of B into acc0 .. acc{ROWS-1}, four kk at a time, then
 //     the three, two or one left in one block
 //     with subgroups, acc{r} += subgroupShuffleXor(acc{r}, mask) for mask = LANES .. SUBGROUP / 2
 //     for each group of SUM_ROWS rows: sums[r][stored slice][lane] = acc; barrier;
 //     reduce_and_store(...)
 //
-// The host puts before this file the constants ROWS (= M, 1 to 16), LANES (a power of two, 1 to
+// The host puts before this file the constants ROWS (M or a divisor of it, 1 to 16), LANES (a power of two, 1 to
 // 256), SUBGROUP (0, or a power of two from 4 to 128), GROUPED, SUM_ROWS, SPLIT, BIAS and ACT (0
 // none, 1 relu, 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is
-// in bounds by construction (ROWS is M exactly; kk < min(k4, chunk end); lanes past N do no loads
-// or stores; with SPLIT the output is the partial products of exactly `splits` = the grid's z
+// in bounds by construction (ROWS times the groups is M exactly; kk < min(k4, chunk end); lanes
+// past N and workgroups past the last group do no loads or stores; with SPLIT the output is the partial products of exactly `splits` = the grid's z
 // chunks), so the kernel may run unchecked.
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
@@ -49,6 +51,13 @@ struct NarrowParams {
     grid_x: u32,
     // vec4 rows of K per split (k4 without a split).
     k_chunk4: u32,
+    // Workgroups (tiles of LANES vec4 columns) per group of ROWS rows.
+    tiles: u32,
+    // Rows of A and C (M): ROWS times the groups of rows.
+    m: u32,
+    // Unused (0).
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: NarrowParams;
@@ -71,11 +80,12 @@ const FINAL_SLICES: u32 = min(STORED, 8u);
 // 1024 vec4s: 16 KiB).
 var<workgroup> sums: array<vec4<f32>, SUM_ROWS * ROW_STRIDE>;
 
-// Adds the slices of rows first .. first + count - 1 (count ≤ SUM_ROWS, already in `sums`) and
-// stores them: C with the epilogue, or with SPLIT the partial products of split z. Called by
+// Adds the slices of the workgroup's rows first .. first + count - 1 (count ≤ SUM_ROWS, already in
+// `sums`; rows first_row + first .. of C) and stores them: C with the epilogue, or with SPLIT the
+// partial products of split z. Called by
 // every invocation of the workgroup (it has barriers); ends with a barrier, so `sums` may be
 // written again after it.
-fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, z: u32) {
+fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, first_row: u32, z: u32) {
     var live = STORED;
     while (live > FINAL_SLICES) {
         live = live / 2u;
@@ -92,14 +102,14 @@ fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, z: u32) {
         let r = output / LANES;
         let lane = output % LANES;
         let col = tile * LANES + lane;
-        if (col < n4) {
+        if (col < n4 && first_row < params.m) {
             var v = sums[r * ROW_STRIDE + lane];
             for (var s = 1u; s < FINAL_SLICES; s++) {
                 v += sums[r * ROW_STRIDE + s * LANES + lane];
             }
-            let row = first + r;
+            let row = first_row + first + r;
             if (SPLIT) {
-                c[(z * ROWS + row) * n4 + col] = vec4<Output>(v);
+                c[(z * params.m + row) * n4 + col] = vec4<Output>(v);
             } else {
                 if (BIAS) {
                     v += vec4<f32>(bias[col]);

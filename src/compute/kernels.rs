@@ -412,10 +412,12 @@ const NARROW_ENTRY_BEGIN: &str = "    let lane = local % LANES;
     let slice = local / LANES;
     let n4 = params.n4;
     let k4 = params.k4;
-    // The grid is [tiles, 1, splits] where the device takes it, else rows of grid_x workgroups;
-    // lanes past N (in workgroups past the last) do no loads or stores.
-    let tile = workgroup.y * params.grid_x + workgroup.x;
-    let col = tile * LANES + lane;
+    // The grid is [tiles · groups of rows, 1, splits] where the device takes it, else rows of
+    // grid_x workgroups; lanes past N (and the workgroups past the last) do no loads or stores.
+    let id = workgroup.y * params.grid_x + workgroup.x;
+    let tile = id % params.tiles;
+    let first_row = (id / params.tiles) * ROWS;
+    let col = select(n4, tile * LANES + lane, first_row < params.m);
     // This split's chunk of K, in vec4 rows; the host makes no empty chunk.
     let k_end = min(k4, (workgroup.z + 1u) * params.k_chunk4);
 ";
@@ -479,7 +481,7 @@ fn narrow_k_loop(rows: u32) -> String {
         let mut code = String::new();
         for r in 0..rows {
             code.push_str(&format!(
-                "            let a{step}_{r} = vec4<f32>(a[{r}u * k4 + kk{offset}]);\n"
+                "            let a{step}_{r} = vec4<f32>(a[(first_row + {r}u) * k4 + kk{offset}]);\n"
             ));
             for (e, component) in ["x", "y", "z", "w"].iter().enumerate() {
                 code.push_str(&format!(
@@ -589,7 +591,7 @@ fn narrow_sums(rows: u32, lanes: u32, subgroup: u32) -> String {
         }
         text.push_str("    workgroupBarrier();\n");
         text.push_str(&format!(
-            "    reduce_and_store({first}u, {count}u, local, tile, workgroup.z);\n"
+            "    reduce_and_store({first}u, {count}u, local, tile, first_row, workgroup.z);\n"
         ));
     }
     text

@@ -642,6 +642,53 @@ fn narrow_matmul_matches_its_cpu_twin() {
     }
 }
 
+#[test]
+fn narrow_matmul_with_rows_in_groups_matches_its_cpu_twin() {
+    // Shapes `(m, k, n)` and the groups of rows forced: 16 rows in 2 and 4, 12 in 3 (a grid past
+    // the x limit, and the last row of workgroups not full), 6 in 4 (not a divisor: all rows in
+    // each workgroup), each also split along K (the reduction adds every group's rows).
+    let shapes = [
+        (16, 64, 96, 2),
+        (16, 516, 36, 4),
+        (12, 20, 1028, 3),
+        (6, 12, 8, 4),
+    ];
+    let mut rng = StdRng::seed_from_u64(13);
+    for (i, &(m, k, n, groups)) in shapes.iter().enumerate() {
+        for splits in [1, 2] {
+            let context = context_with(
+                gpu(),
+                ContextOptions {
+                    matmul: MatmulOptions {
+                        narrow_lanes: Some(if i % 2 == 0 { 4 } else { 1 }),
+                        narrow_splits: Some(splits),
+                        narrow_row_groups: Some(groups),
+                        ..MatmulOptions::default()
+                    },
+                    max_grid_x: (i == 2).then_some(5),
+                    ..ContextOptions::unchecked()
+                },
+            );
+            let plan = context.matmul_plan(m, n, k).unwrap();
+            let expected = if m % groups as usize == 0 { groups } else { 1 };
+            assert_eq!(plan.narrow_row_groups, expected, "{m}x{k}x{n}: {plan:?}");
+            let (bias, activation) = if splits == 1 {
+                (true, Activation::Gelu)
+            } else {
+                (true, Activation::Relu)
+            };
+            check_matmul(
+                &context,
+                &format!("narrow rows in {groups} groups, split {splits}"),
+                (m, k, n),
+                bias,
+                activation,
+                &mut rng,
+            );
+        }
+    }
+}
+
 /// Shapes `(m, k, n)` of the narrow kernel split along K, and the splits forced: small and
 /// large N, deep K, chunks of K not a multiple of the slices, a last chunk shorter than the others.
 const NARROW_SPLIT_SHAPES: [(usize, usize, usize, u32); 6] = [

@@ -290,6 +290,10 @@ fn params_layout(source: Source) -> Layout {
             k4: u32,
             grid_x: u32,
             k_chunk4: u32,
+            tiles: u32,
+            m: u32,
+            pad0: u32,
+            pad1: u32,
         }),
         Source::MatmulReduce => layout!(ReduceParams {
             len: u32,

@@ -127,8 +127,9 @@ impl DeviceCaps {
 pub(crate) struct Choices {
     /// The tiled kernel's `(tiles, splits)` by `(M rounded up to a power of two, N, K)`.
     pub(crate) tiled: HashMap<(usize, usize, usize), (MatmulTiles, u32)>,
-    /// The narrow kernel's `(lanes, splits)` by `(M, N, K)` (M is compiled into its variant).
-    pub(crate) narrow: HashMap<(usize, usize, usize), (u32, u32)>,
+    /// The narrow kernel's `(lanes, splits, row groups)` by `(M, N, K)` (M is compiled into its
+    /// variant).
+    pub(crate) narrow: HashMap<(usize, usize, usize), (u32, u32, u32)>,
     /// The cooperative matmul's `(tiles, splits)` by `(M rounded up to a power of two, N, K)`.
     pub(crate) cooperative: HashMap<(usize, usize, usize), (CoopTiles, u32)>,
 }

@@ -93,6 +93,7 @@ pub(crate) enum Variant {
     },
     /// The matmul kernel for a few rows (`shaders/matmul_narrow.wgsl`).
     Narrow {
+        /// Rows each workgroup multiplies: M, or M over the plan's groups of rows.
         rows: u32,
         lanes: u32,
         /// The device's subgroup size, fixed, wider than `lanes`: each subgroup adds the slices it
@@ -554,6 +555,10 @@ mod tests {
             k4: 1,
             grid_x: 1,
             k_chunk4: 1,
+            tiles: 1,
+            m: 1,
+            pad0: 0,
+            pad1: 0,
         });
         assert_eq!(key(narrow).product_columns(&params), Some(12));
         let params = ParamsBlock::new(&ReduceParams {

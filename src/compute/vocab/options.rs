@@ -131,6 +131,11 @@ pub struct MatmulOptions {
     /// all, at most `max_splits`, each invocation taking at least eight vec4 rows of K per split;
     /// on a software GPU never). Capped so that no split is empty.
     pub narrow_splits: Option<u32>,
+    /// Groups of rows of the narrow kernel: each workgroup multiplies `M / groups` rows (fewer
+    /// sums per invocation, `groups` times the workgroups, B read once from memory and again
+    /// from the cache by the other groups). `None`: 1 (all rows in each workgroup) unless the
+    /// tuner chooses more; a number that does not divide M counts as 1.
+    pub narrow_row_groups: Option<u32>,
     /// The narrow kernel adds the slices of each subgroup by shuffles before workgroup memory,
     /// where the device has [`wgpu::Features::SUBGROUP`] (requested when the adapter has it),
     /// a fixed subgroup size (`subgroup_min_size == subgroup_max_size`, so subgroups are full) and
@@ -145,7 +150,8 @@ pub struct MatmulOptions {
     /// eleven times (one warm-up, five rounds of two) before it runs itself. Ignored where
     /// `tiles` or `split_k` is forced, and where the automatic plan is the large tile without a
     /// split. The narrow kernel's lanes and splits are chosen the same way, for each shape (M,
-    /// N, K), unless `narrow_lanes` or `narrow_splits` is forced.
+    /// N, K), with its groups of rows, unless `narrow_lanes`, `narrow_splits` or
+    /// `narrow_row_groups` is forced.
     pub autotune: Autotune,
     /// f16 matmuls run on cooperative matrices (`shaders/matmul_coop.wgsl`, the tensor cores)
     /// where the device has them (opened with
@@ -198,6 +204,7 @@ impl Default for MatmulOptions {
             narrow_max_rows: Self::NARROW_MAX_ROWS,
             narrow_lanes: None,
             narrow_splits: None,
+            narrow_row_groups: None,
             narrow_subgroups: true,
             autotune: Autotune::Gpu,
             cooperative: true,
@@ -237,6 +244,14 @@ impl MatmulOptions {
             return Err(ComputeError::Config(
                 "narrow_splits must be at least 1".into(),
             ));
+        }
+        if matches!(self.narrow_row_groups, Some(groups) if groups == 0 || groups > Self::NARROW_MAX_ROWS)
+        {
+            return Err(ComputeError::Config(format!(
+                "narrow_row_groups must be from 1 to {}, got {:?}",
+                Self::NARROW_MAX_ROWS,
+                self.narrow_row_groups
+            )));
         }
         if let Some(lanes) = self.narrow_lanes {
             if !lanes.is_power_of_two() || lanes > Self::NARROW_MAX_LANES {

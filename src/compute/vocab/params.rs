@@ -117,6 +117,14 @@ pub(crate) struct NarrowParams {
     pub(crate) grid_x: u32,
     /// vec4 rows of K per split along the grid's z (`k4` without a split).
     pub(crate) k_chunk4: u32,
+    /// Workgroups (tiles of vec4 columns) per group of rows.
+    pub(crate) tiles: u32,
+    /// Rows of A and C (M).
+    pub(crate) m: u32,
+    /// Unused (0).
+    pub(crate) pad0: u32,
+    /// Unused (0).
+    pub(crate) pad1: u32,
 }
 
 /// The parameters of the split-K reduction; WGSL `ReduceParams` in

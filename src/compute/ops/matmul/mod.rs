@@ -35,7 +35,10 @@
 //! class from then on, in every context of the process on the same device with the same
 //! options. The narrow kernel is tuned the same way for each shape (M, N, K): its automatic plan
 //! and, for each power of two of lanes from 2 to 128 that N fills, no split and the splits of K
-//! that give from a quarter to twice `min_workgroups` workgroups.
+//! that give from a quarter to twice `min_workgroups` workgroups; with 8 rows or more, each of
+//! these also with the rows in 2 and 4 groups where they divide M
+//! ([`MatmulOptions::narrow_row_groups`]: each workgroup then keeps fewer sums, and the
+//! workgroups multiply).
 //!
 //! # Few rows
 //!
@@ -53,7 +56,8 @@
 //! (one chunk: all of K) that is one dispatch storing C with the epilogue; with `splits` chunks
 //! along the grid's z, each workgroup stores its partial products `[splits, M, N]` and the
 //! split-K reduction (`shaders/matmul_reduce.wgsl`, as for the tiled kernel) adds them and runs
-//! the epilogue.
+//! the epilogue. With the rows in groups, the workgroups of each group of rows follow those of
+//! the one before, each multiplying its rows by the same columns of B.
 //!
 //! The automatic plan ([`MatmulOptions::narrow_lanes`], [`MatmulOptions::narrow_splits`]): on a
 //! GPU the widest workgroups (up to 64 vec4 columns, at least 2: 32 contiguous bytes of each row

@@ -218,8 +218,9 @@ impl Context {
             let f32_as_f16 = self.options().matmul.cooperative_f32_as_f16;
             coop_kernel(tiles, plan, fused, (dtype, f32_as_f16), (m, n, k))?
         } else if plan.narrow_lanes > 0 {
+            let groups = plan.narrow_row_groups.max(1);
             let variant = Variant::Narrow {
-                rows: kernel_u32(OP, "rows", m)?,
+                rows: kernel_u32(OP, "rows", m)? / groups,
                 lanes: plan.narrow_lanes,
                 subgroup: plan.narrow_subgroup,
                 split,
@@ -231,6 +232,14 @@ impl Context {
                 k4: kernel_u32(OP, "K / 4", k / 4)?,
                 grid_x: plan.workgroups[0],
                 k_chunk4: plan.k_chunk / 4,
+                tiles: kernel_u32(
+                    OP,
+                    "tiles along N",
+                    (n / 4).div_ceil(plan.narrow_lanes as usize),
+                )?,
+                m: kernel_u32(OP, "M", m)?,
+                pad0: 0,
+                pad1: 0,
             };
             (variant, ParamsBlock::new(&params))
         } else {

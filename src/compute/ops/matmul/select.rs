@@ -40,7 +40,7 @@ pub struct MatmulPlan {
     /// Some tile is partial: loads and stores are masked.
     pub edges: bool,
     /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`, or of the narrow
-    /// kernel: `[⌈N / (4 · narrow_lanes)⌉, 1, splits]`. Where a dimension would exceed the device's
+    /// kernel: `[⌈N / (4 · narrow_lanes)⌉ · narrow_row_groups, 1, splits]`. Where a dimension would exceed the device's
     /// `max_compute_workgroups_per_dimension` (or [`ContextOptions::max_grid_x`] along x), the
     /// block tiles (or the narrow kernel's workgroups) are laid out over `[x, y]` rows of linear
     /// ids instead, `x · y` at least their number (the kernels skip the ids past it).
@@ -53,6 +53,9 @@ pub struct MatmulPlan {
     /// [`MatmulOptions::narrow_subgroups`]); 0 when it adds them in workgroup memory only, or
     /// when the tiled kernel runs.
     pub narrow_subgroup: u32,
+    /// Groups of rows of the narrow kernel (see [`MatmulOptions::narrow_row_groups`]): each of
+    /// its workgroups multiplies `M / narrow_row_groups` rows; 0 when the tiled kernel runs.
+    pub narrow_row_groups: u32,
     /// The tile of the matmul on cooperative matrices (f16 operands) when it runs
     /// (`shaders/matmul_coop.wgsl`; `tiles` is then unused, `k_chunk` a multiple of
     /// [`CoopTiles::BK`], `workgroups` `[⌈N / bn⌉, ⌈M / bm⌉, splits]` or rows of linear ids);
@@ -161,6 +164,7 @@ pub(crate) fn cooperative_plan(
         workgroups: grid.workgroups,
         narrow_lanes: 0,
         narrow_subgroup: 0,
+        narrow_row_groups: 0,
         cooperative: Some(tiles),
     }))
 }
@@ -265,6 +269,7 @@ pub(crate) fn tiled_plan(
         workgroups: grid.workgroups,
         narrow_lanes: 0,
         narrow_subgroup: 0,
+        narrow_row_groups: 0,
         cooperative: None,
     })
 }
@@ -356,13 +361,21 @@ pub(crate) fn narrow_plan(
     let software = caps.is_software();
     let wanted = u64::from(options.min_workgroups / 2).max(1);
     let lanes = narrow_lanes(options, software, n4);
+    let groups = match options.narrow_row_groups {
+        Some(groups) if groups >= 1 && (m as u64).is_multiple_of(u64::from(groups)) => {
+            u64::from(groups)
+        }
+        _ => 1,
+    };
+    // Workgroups along N for each group of rows, and in all.
     let tiles = n4.div_ceil(lanes);
+    let group_tiles = tiles.saturating_mul(groups);
     let slices = u64::from(MatmulOptions::NARROW_THREADS) / lanes;
     let wanted_splits = match options.narrow_splits {
         Some(splits) => u64::from(splits),
-        None if software || tiles.saturating_mul(NARROW_SPLIT_BELOW) >= wanted => 1,
+        None if software || group_tiles.saturating_mul(NARROW_SPLIT_BELOW) >= wanted => 1,
         None => wanted
-            .div_ceil(tiles)
+            .div_ceil(group_tiles)
             .min(u64::from(options.max_splits))
             .min(k4 / (slices * NARROW_MIN_SPLIT_STEPS))
             .max(1),
@@ -386,7 +399,7 @@ pub(crate) fn narrow_plan(
         _ => 0,
     };
     // Past the x limit, rows of workgroups (lanes past N do nothing).
-    let (mut workgroups, _) = caps.grid_1d("matmul", tiles).ok()?;
+    let (mut workgroups, _) = caps.grid_1d("matmul", group_tiles).ok()?;
     workgroups[2] = u32::try_from(splits).ok()?;
     Some(MatmulPlan {
         tiles: options.small_tiles,
@@ -397,6 +410,7 @@ pub(crate) fn narrow_plan(
         workgroups,
         narrow_lanes: u32::try_from(lanes).ok()?,
         narrow_subgroup: subgroup,
+        narrow_row_groups: u32::try_from(groups).ok()?,
         cooperative: None,
     })
 }
@@ -553,7 +567,9 @@ pub(crate) fn cooperative_candidates(
 }
 
 /// The plans of the narrow kernel that the autotuner times for `[m, k] · [k, n]`, the rules'
-/// plan `automatic` first: those of [`narrow_candidates`] the device takes, each once.
+/// plan `automatic` first: for all rows in each workgroup, and with at least
+/// [`NARROW_GROUPS_MIN_ROWS`] rows also for 2 and 4 groups of rows where they divide M, those
+/// of [`narrow_candidates`] the device takes, each once.
 pub(crate) fn narrow_candidate_plans(
     options: &MatmulOptions,
     caps: &DeviceCaps,
@@ -561,34 +577,50 @@ pub(crate) fn narrow_candidate_plans(
     automatic: MatmulPlan,
 ) -> Vec<MatmulPlan> {
     let mut plans = vec![automatic];
-    let candidates = narrow_candidates((n / 4) as u64, (k / 4) as u64, options.min_workgroups);
-    for (lanes, splits) in candidates {
-        let forced = MatmulOptions {
-            narrow_lanes: Some(lanes),
-            narrow_splits: Some(splits),
-            ..options.clone()
-        };
-        if let Some(plan) = narrow_plan(&forced, caps, m, n, k) {
-            if !plans.contains(&plan) {
-                plans.push(plan);
+    for groups in [1u32, 2, 4] {
+        let divides = m.is_multiple_of(groups as usize);
+        if groups > 1 && (m < NARROW_GROUPS_MIN_ROWS || !divides) {
+            continue;
+        }
+        let (n4, k4) = ((n / 4) as u64, (k / 4) as u64);
+        for (lanes, splits) in narrow_candidates(n4, k4, groups, options.min_workgroups) {
+            let forced = MatmulOptions {
+                narrow_lanes: Some(lanes),
+                narrow_splits: Some(splits),
+                narrow_row_groups: Some(groups),
+                ..options.clone()
+            };
+            if let Some(plan) = narrow_plan(&forced, caps, m, n, k) {
+                if !plans.contains(&plan) {
+                    plans.push(plan);
+                }
             }
         }
     }
     plans
 }
 
+/// The tuner times the narrow kernel with its rows in groups only for products of at least this
+/// many rows: fewer rows keep few sums per invocation anyway.
+pub(crate) const NARROW_GROUPS_MIN_ROWS: usize = 8;
+
 /// The narrow kernel's `(lanes, splits)` the autotuner times beside the automatic plan, for `n4`
-/// vec4 columns and `k4` vec4 rows of K: every power of two of lanes from 2 to 128 that N fills
-/// (no more than twice the columns), each unsplit and with the powers of two of splits up to 64
-/// that leave every invocation at least one vec4 row of K and give from a quarter to twice
-/// `min_workgroups` workgroups.
-pub(crate) fn narrow_candidates(n4: u64, k4: u64, min_workgroups: u32) -> Vec<(u32, u32)> {
+/// vec4 columns, `k4` vec4 rows of K and `groups` groups of rows: every power of two of lanes
+/// from 2 to 128 that N fills (no more than twice the columns), each unsplit and with the powers
+/// of two of splits up to 64 that leave every invocation at least one vec4 row of K and give
+/// from a quarter to twice `min_workgroups` workgroups.
+pub(crate) fn narrow_candidates(
+    n4: u64,
+    k4: u64,
+    groups: u32,
+    min_workgroups: u32,
+) -> Vec<(u32, u32)> {
     let fill = u64::from(min_workgroups.max(4));
     let (fewest, most) = (fill / 4, fill * 2);
     let mut candidates = Vec::new();
     let mut lanes = 2u32;
     while lanes <= MatmulOptions::NARROW_MAX_LANES / 2 && u64::from(lanes / 2) < n4 {
-        let tiles = n4.div_ceil(u64::from(lanes));
+        let tiles = n4.div_ceil(u64::from(lanes)) * u64::from(groups.max(1));
         let slices = u64::from(MatmulOptions::NARROW_THREADS / lanes);
         let mut splits = 1u32;
         while splits <= 64 && (splits == 1 || k4 / u64::from(splits) >= slices) {

@@ -351,8 +351,9 @@ impl Context {
         }))
     }
 
-    /// The fastest `(lanes, splits)` of the narrow kernel for `[m, k] · [k, n]`, whose automatic
-    /// plan is `automatic`: that plan and, for every power of two of lanes from 2 to 128 that N
+    /// The fastest `(lanes, splits, row groups)` of the narrow kernel for `[m, k] · [k, n]`, whose
+    /// automatic plan is `automatic`: that plan and, for all rows in each workgroup and (with 8
+    /// rows or more) 2 and 4 groups of rows, for every power of two of lanes from 2 to 128 that N
     /// fills, the splits of K (powers of two up to 64, each invocation keeping at least one vec4
     /// row of K) that give from `min_workgroups / 4` to `2 · min_workgroups` workgroups (the
     /// unsplit plan of each lanes too), timed as the tiled kernel's candidates are
@@ -364,7 +365,7 @@ impl Context {
         &self,
         (m, n, k): (usize, usize, usize),
         automatic: MatmulPlan,
-    ) -> Result<(u32, u32), ComputeError> {
+    ) -> Result<(u32, u32, u32), ComputeError> {
         let plans = select::narrow_candidate_plans(
             &self.options().matmul,
             self.device_caps(),
@@ -373,7 +374,7 @@ impl Context {
         );
         let fastest = self.fastest((m, n, k), DType::F32, plans).unwrap_or(None);
         let plan = fastest.unwrap_or(automatic);
-        Ok((plan.narrow_lanes, plan.splits))
+        Ok((plan.narrow_lanes, plan.splits, plan.narrow_row_groups))
     }
 
     /// The fastest of `candidates` for `[m, k] · [k, n]`, the automatic plan first (`None` when
@@ -431,7 +432,8 @@ impl Context {
     }
 
     /// The plan of the narrow kernel, where it applies (see [`select::narrow_plan`]):
-    /// with [`MatmulOptions::autotune`], and neither `narrow_lanes` nor `narrow_splits` forced,
+    /// with [`MatmulOptions::autotune`], and none of `narrow_lanes`, `narrow_splits` and
+    /// `narrow_row_groups` forced,
     /// the lanes and splits measured fastest for this shape (measured now if the shape is new).
     fn narrow_plan(
         &self,
@@ -447,13 +449,14 @@ impl Context {
         if !options.autotune.applies_to(caps.device_type)
             || options.narrow_lanes.is_some()
             || options.narrow_splits.is_some()
+            || options.narrow_row_groups.is_some()
         {
             return Ok(Some(automatic));
         }
         let shape = (m, n, k);
         let choices = &self.matmul_device().choices;
         let known = lock(choices).narrow.get(&shape).copied();
-        let (lanes, splits) = match known {
+        let (lanes, splits, groups) = match known {
             Some(choice) => choice,
             None => {
                 // Not locked while it tunes: the tuner's own products look up nothing here.
@@ -464,6 +467,7 @@ impl Context {
         let chosen = MatmulOptions {
             narrow_lanes: Some(lanes),
             narrow_splits: Some(splits),
+            narrow_row_groups: Some(groups),
             ..options.clone()
         };
         Ok(Some(

@@ -548,6 +548,53 @@ fn narrow_plans_apply_only_to_few_rows_with_vec4_rows() {
 }
 
 #[test]
+fn narrow_row_groups_multiply_the_workgroups_where_they_divide_the_rows() {
+    for caps in [h200(), webgpu(), lavapipe()] {
+        let grouped = |groups, m| {
+            let options = MatmulOptions {
+                narrow_lanes: Some(4),
+                narrow_splits: Some(1),
+                narrow_row_groups: Some(groups),
+                ..rules()
+            };
+            narrow_plan(&options, &caps, m, 2304, 768).unwrap()
+        };
+        // 2304 / 4 / 4 = 144 tiles along N, for each group of rows.
+        assert_eq!(grouped(1, 16).narrow_row_groups, 1);
+        assert_eq!(grouped(1, 16).workgroups, [144, 1, 1]);
+        assert_eq!(grouped(4, 16).narrow_row_groups, 4);
+        assert_eq!(grouped(4, 16).workgroups, [576, 1, 1]);
+        assert_eq!(grouped(2, 12).workgroups, [288, 1, 1]);
+        // A number of groups that does not divide M counts as 1.
+        assert_eq!(grouped(4, 6).narrow_row_groups, 1);
+        assert_eq!(grouped(4, 6).workgroups, [144, 1, 1]);
+        // The rules' plan keeps all rows in each workgroup.
+        assert_eq!(
+            plan(&rules(), &caps, 16, 2304, 768)
+                .unwrap()
+                .narrow_row_groups,
+            1
+        );
+        // The tuner's candidates: groups of rows only from 8 rows, and only where they divide M.
+        let shape = (16, 2304, 768);
+        let automatic = narrow_plan(&rules(), &caps, shape.0, shape.1, shape.2).unwrap();
+        let plans = narrow_candidate_plans(&rules(), &caps, shape, automatic);
+        let groups: Vec<u32> = plans.iter().map(|plan| plan.narrow_row_groups).collect();
+        for wanted in [1, 2, 4] {
+            assert!(groups.contains(&wanted), "{groups:?}");
+        }
+        let few = (4, 2304, 768);
+        let automatic = narrow_plan(&rules(), &caps, few.0, few.1, few.2).unwrap();
+        let plans = narrow_candidate_plans(&rules(), &caps, few, automatic);
+        assert!(plans.iter().all(|plan| plan.narrow_row_groups == 1));
+        let odd = (9, 2304, 768);
+        let automatic = narrow_plan(&rules(), &caps, odd.0, odd.1, odd.2).unwrap();
+        let plans = narrow_candidate_plans(&rules(), &caps, odd, automatic);
+        assert!(plans.iter().all(|plan| plan.narrow_row_groups == 1));
+    }
+}
+
+#[test]
 fn narrow_options_out_of_range_are_config_errors() {
     for options in [
         MatmulOptions {
@@ -564,6 +611,14 @@ fn narrow_options_out_of_range_are_config_errors() {
         },
         MatmulOptions {
             narrow_splits: Some(0),
+            ..rules()
+        },
+        MatmulOptions {
+            narrow_row_groups: Some(0),
+            ..rules()
+        },
+        MatmulOptions {
+            narrow_row_groups: Some(MatmulOptions::NARROW_MAX_ROWS + 1),
             ..rules()
         },
     ] {
@@ -623,7 +678,7 @@ fn the_tuners_candidates_start_with_the_rules_plan_and_fit_the_device() {
 #[test]
 fn narrow_candidates_fill_the_gpu_without_empty_slices() {
     // 1 × 4096 × 4096 with the H200's 264: the plans measured fastest at 8 rows are there.
-    let candidates = narrow_candidates(1024, 1024, 264);
+    let candidates = narrow_candidates(1024, 1024, 1, 264);
     for wanted in [
         (2, 1),
         (4, 1),
@@ -650,11 +705,14 @@ fn narrow_candidates_fill_the_gpu_without_empty_slices() {
         );
     }
     // No lanes past what N fills: three vec4 columns take 2 and 4 lanes, one takes none.
-    let few: Vec<u32> = narrow_candidates(3, 16, 264).iter().map(|c| c.0).collect();
+    let few: Vec<u32> = narrow_candidates(3, 16, 1, 264)
+        .iter()
+        .map(|c| c.0)
+        .collect();
     assert_eq!(few, [2, 4]);
-    assert!(narrow_candidates(1, 1024, 264).is_empty());
+    assert!(narrow_candidates(1, 1024, 1, 264).is_empty());
     // Shallow K: no split leaves a slice without rows.
-    assert!(narrow_candidates(256, 16, 264).iter().all(|c| c.1 == 1));
+    assert!(narrow_candidates(256, 16, 1, 264).iter().all(|c| c.1 == 1));
 }
 
 #[test]
