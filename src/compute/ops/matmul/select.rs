@@ -40,8 +40,8 @@ pub struct MatmulPlan {
     /// Some tile is partial: loads and stores are masked.
     pub edges: bool,
     /// Workgroups of the matmul kernel: `[⌈N / bn⌉, ⌈M / bm⌉, splits]`, or of the narrow
-    /// kernel: `[⌈N / (4 · narrow_lanes)⌉ · narrow_row_groups, 1, splits]`. Where a dimension would exceed the device's
-    /// `max_compute_workgroups_per_dimension` (or [`ContextOptions::max_grid_x`] along x), the
+    /// kernel: `[⌈N / (4 · narrow_lanes)⌉ · narrow_row_groups, 1, splits]`. Where a dimension
+    /// would exceed the device's `max_compute_workgroups_per_dimension` (or [`ContextOptions::max_grid_x`] along x), the
     /// block tiles (or the narrow kernel's workgroups) are laid out over `[x, y]` rows of linear
     /// ids instead, `x · y` at least their number (the kernels skip the ids past it).
     ///
@@ -577,12 +577,12 @@ pub(crate) fn narrow_candidate_plans(
     automatic: MatmulPlan,
 ) -> Vec<MatmulPlan> {
     let mut plans = vec![automatic];
+    let (n4, k4) = ((n / 4) as u64, (k / 4) as u64);
     for groups in [1u32, 2, 4] {
         let divides = m.is_multiple_of(groups as usize);
         if groups > 1 && (m < NARROW_GROUPS_MIN_ROWS || !divides) {
             continue;
         }
-        let (n4, k4) = ((n / 4) as u64, (k / 4) as u64);
         for (lanes, splits) in narrow_candidates(n4, k4, groups, options.min_workgroups) {
             let forced = MatmulOptions {
                 narrow_lanes: Some(lanes),
