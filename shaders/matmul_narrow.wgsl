@@ -36,10 +36,11 @@
 //
 // The host puts before this file the constants ROWS (M or a divisor of it, 1 to 16), LANES (a
 // power of two, 1 to 256), SUBGROUP (0, or a power of two from 4 to 128), GROUPED, SUM_ROWS,
-// SPLIT, BIAS and ACT (0 none, 1 relu, 2 gelu), and uses this kernel only when K and N are multiples of 4. Every access is
-// in bounds by construction (ROWS times the groups is M exactly; kk < min(k4, chunk end); lanes
-// past N and workgroups past the last group do no loads or stores; with SPLIT the output is the
-// partial products of exactly `splits` = the grid's z chunks), so the kernel may run unchecked.
+// SPLIT, BIAS and ACT (0 none, 1 relu, 2 gelu), and uses this kernel only when K and N are
+// multiples of 4. Every access is in bounds by construction (ROWS times the groups is M exactly;
+// kk < min(k4, chunk end); lanes past N and workgroups past the last group do no loads or stores;
+// with SPLIT the output is the partial products of exactly `splits` = the grid's z chunks), so
+// the kernel may run unchecked.
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 
@@ -81,9 +82,9 @@ const FINAL_SLICES: u32 = min(STORED, 8u);
 var<workgroup> sums: array<vec4<f32>, SUM_ROWS * ROW_STRIDE>;
 
 // Adds the slices of the workgroup's rows first .. first + count - 1 (count ≤ SUM_ROWS, already
-// in `sums`; rows first_row + first .. of C) and stores them: C with the epilogue, or with SPLIT the
-// partial products of split z. Called by every invocation of the workgroup (it has barriers);
-// ends with a barrier, so `sums` may be written again after it.
+// in `sums`; rows first_row + first .. of C) and stores them: C with the epilogue, or with SPLIT
+// the partial products of split z. Called by every invocation of the workgroup (it has
+// barriers); ends with a barrier, so `sums` may be written again after it.
 fn reduce_and_store(first: u32, count: u32, local: u32, tile: u32, first_row: u32, z: u32) {
     var live = STORED;
     while (live > FINAL_SLICES) {
