@@ -75,9 +75,9 @@
 //! - `--cooperative-matrix` opens the device with cooperative matrices where the adapter has
 //!   them (`GpuOptions::cooperative_matrix`; the first lines printed say whether it did): with
 //!   `--dtype f16`, products of at least 16 rows then run on them (the tensor cores; kernel
-//!   column `coop BMxBN`). `--coop-tile BMxBN` (repeatable; `CoopTiles::ALL`: 128x128,
-//!   128x256, 64x128, 64x64, 32x128) also measures each shape with that tile forced, after its
-//!   automatic plan (JSON `forced_coop_tiles`; `cooperative` says which kernel ran).
+//!   column `coop BMxBN`). `--coop-tile NAME` (repeatable; `CoopTiles::ALL`: 128x128,
+//!   128x256, 64x128, 64x64, 32x128, and with K in slabs of 64, 128x128x64, 128x128x64w,
+//!   64x128x64) also measures each shape with that tile forced, after its automatic plan (JSON `forced_coop_tiles`; `cooperative` says which kernel ran).
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off; with `--dtype f16`, the JSON of `matmul.py --dtype half`, which must match) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
@@ -189,7 +189,7 @@ struct Args {
     /// `--cooperative-matrix`: the device is opened with cooperative matrices
     /// (`GpuOptions::cooperative_matrix`), so f16 products may run on them.
     cooperative_matrix: bool,
-    /// `--coop-tile BMxBN` (repeatable): each shape is also measured with this tile of the
+    /// `--coop-tile NAME` (repeatable): each shape is also measured with this tile of the
     /// cooperative matmul forced (`MatmulOptions::cooperative_tiles`).
     coop_tiles: Vec<CoopTiles>,
 }
@@ -250,16 +250,11 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
             "--serving" => args.serving = true,
             "--cooperative-matrix" => args.cooperative_matrix = true,
             "--coop-tile" => {
-                let name = iter.next().context("--coop-tile needs BMxBN")?;
-                let tiles = dims::<u32, 2>(&name)
-                    .and_then(|[bm, bn]| CoopTiles::named(bm, bn))
-                    .with_context(|| {
-                        let all: Vec<String> = CoopTiles::ALL
-                            .iter()
-                            .map(|t| format!("{}x{}", t.bm, t.bn))
-                            .collect();
-                        format!("--coop-tile {name:?}: not one of {}", all.join(", "))
-                    })?;
+                let name = iter.next().context("--coop-tile needs BMxBN[xBK]")?;
+                let tiles = CoopTiles::named(&name).with_context(|| {
+                    let all: Vec<String> = CoopTiles::ALL.iter().map(CoopTiles::name).collect();
+                    format!("--coop-tile {name:?}: not one of {}", all.join(", "))
+                })?;
                 args.coop_tiles.push(tiles);
             }
             "--split" => {
@@ -411,7 +406,7 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
                      [--split N]... [--narrow-lanes L]... [--narrow-splits S]... \
                      [--narrow-subgroups on|off]... [--dtype f32|f16] [--sustained SECS] \
                      [--chain-shape RxW] [--chain-plan LxS]... [--chain-runs N] \
-                     [--cooperative-matrix] [--coop-tile BMxBN]..."
+                     [--cooperative-matrix] [--coop-tile NAME]..."
                 );
                 std::process::exit(0);
             }
@@ -1991,7 +1986,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "forced_tiles": case.tiles.is_some(), "forced_narrow_lanes": case.narrow_lanes,
             "forced_narrow_splits": case.narrow_splits,
             "forced_narrow_subgroups": case.narrow_subgroups,
-            "forced_coop_tiles": case.coop_tiles.map(|t| format!("{}x{}", t.bm, t.bn)),
+            "forced_coop_tiles": case.coop_tiles.map(|t| t.name()),
             "cooperative": r.kernel.starts_with("coop"),
             "torch_time_us": torch_us, "ratio": ratio, "stream_us": r.stream_us,
             "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,

@@ -13,7 +13,7 @@
 // (src/compute/kernels.rs, from `CoopTiles`):
 //   BM, BN         outputs per workgroup
 //   WM, WN         outputs per subgroup: (WM / 16) · (WN / 16) accumulators of 16×16
-//   BK             depth of K per slab staged in workgroup memory (32)
+//   BK             depth of K per slab staged in workgroup memory (32 or 64)
 //   SUBGROUPS      subgroups per workgroup, SUBGROUPS_N of them along N; THREADS = 32 · SUBGROUPS
 //   A_LOADS, B_LOADS   vec4<f16> loads per invocation per slab of A and of B
 //   A_STRIDE, B_STRIDE vec4s per staged row of A (BK + 8 elements) and of B (BN + 8)

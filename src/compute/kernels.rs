@@ -214,7 +214,7 @@ fn coop_entry(tiles: &CoopTiles) -> String {
     }
     text.push_str(COOP_ENTRY_LOOP);
     text.push_str("        let a_stride = A_STRIDE;\n        let b_stride = B_STRIDE;\n");
-    for step in 0..CoopTiles::BK / 16 {
+    for step in 0..tiles.bk / 16 {
         text.push_str("        {\n");
         for i in 0..fm {
             // Row wm0 + 16·i of the slab, column 16·step: vec4 index (16·step) / 4.

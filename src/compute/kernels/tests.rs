@@ -691,7 +691,7 @@ fn coop_fragments_products_and_epilogue_are_unrolled_with_bound_indices() {
         let text = module_source(Source::MatmulCoop, &variant, ElementTypes::same(DType::F16));
         assert!(text.starts_with("enable wgpu_cooperative_matrix;\nenable f16;\n"));
         let accumulators = (tiles.wm / 16) * (tiles.wn / 16);
-        let steps = CoopTiles::BK / 16;
+        let steps = tiles.bk / 16;
         // The code, without the comments (which name the functions too).
         let code: String = text
             .lines()

@@ -9,9 +9,9 @@ use super::error::ComputeError;
 /// device opened [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`], see
 /// [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)): `bm × bn` outputs of C per workgroup,
 /// `wm × wn` per subgroup of [`CoopTiles::SUBGROUP_SIZE`] invocations, each subgroup holding
-/// `(wm / 16) · (wn / 16)` accumulators of 16×16 f32. K is walked in slabs of
-/// [`CoopTiles::BK`], staged in workgroup memory as rows of `vec4<f16>` padded by
-/// [`CoopTiles::PAD`] elements.
+/// `(wm / 16) · (wn / 16)` accumulators of 16×16 f32. K is walked in slabs of `bk`
+/// ([`CoopTiles::BK`] unless a tile says otherwise), staged in workgroup memory as rows of
+/// `vec4<f16>` padded by [`CoopTiles::PAD`] elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CoopTiles {
     /// Rows of C per workgroup.
@@ -22,11 +22,14 @@ pub struct CoopTiles {
     pub wm: u32,
     /// Columns of C per subgroup, a multiple of 16.
     pub wn: u32,
+    /// Depth of K per slab staged in workgroup memory: 32 or 64 (a deeper slab halves the
+    /// workgroup's barriers per product and takes twice the staging memory).
+    pub bk: u32,
 }
 
 impl fmt::Display for CoopTiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "coop {}x{}/{}x{}", self.bm, self.bn, self.wm, self.wn)
+        write!(f, "coop {}/{}x{}", self.name(), self.wm, self.wn)
     }
 }
 
@@ -48,17 +51,32 @@ impl CoopTiles {
     /// most 32 rows.
     pub const T32X128: Self = Self::new(32, 128, 32, 32);
 
+    /// 128×128 as [`Self::T128X128`], K in slabs of 64: half the barriers per product; 128
+    /// invocations, 39 KiB of workgroup memory. A candidate (not measured yet).
+    pub const T128X128X64: Self = Self::T128X128.with_bk(64);
+    /// 128×128, eight subgroups of 64×32 (8 accumulators, fewer registers), K in slabs of 64:
+    /// 256 invocations, 43 KiB. A candidate (not measured yet).
+    pub const T128X128X64W: Self = Self::new(128, 128, 64, 32).with_bk(64);
+    /// 64×128 as [`Self::T64X128`], K in slabs of 64: 128 invocations, 30 KiB. A candidate (not
+    /// measured yet).
+    pub const T64X128X64: Self = Self::T64X128.with_bk(64);
+
     /// The named tiles.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 8] = [
         Self::T128X128,
         Self::T128X256,
         Self::T64X128,
         Self::T64X64,
         Self::T32X128,
+        Self::T128X128X64,
+        Self::T128X128X64W,
+        Self::T64X128X64,
     ];
 
-    /// Depth of K per slab staged in workgroup memory.
+    /// Depth of K per slab of [`Self::new`]'s tiles.
     pub const BK: u32 = 32;
+    /// The depths of K per slab the kernel takes.
+    pub const DEPTHS: [u32; 2] = [32, 64];
     /// f16 elements of padding after each staged row (spreads rows over memory banks).
     pub const PAD: u32 = 8;
     /// The subgroup size the kernel is written for (a cooperative matrix belongs to one
@@ -67,17 +85,44 @@ impl CoopTiles {
     /// Bytes of workgroup memory per subgroup for the epilogue: one 16×16 f32 accumulator.
     const SCRATCH_BYTES: u32 = 16 * 16 * 4;
 
-    /// A tile of `bm × bn` per workgroup, `wm × wn` per subgroup.
+    /// A tile of `bm × bn` per workgroup, `wm × wn` per subgroup, K in slabs of [`Self::BK`].
     pub const fn new(bm: u32, bn: u32, wm: u32, wn: u32) -> Self {
-        Self { bm, bn, wm, wn }
+        Self {
+            bm,
+            bn,
+            wm,
+            wn,
+            bk: Self::BK,
+        }
     }
 
-    /// The named tile of `bm × bn` outputs per workgroup, if any (e.g. for a command line's
-    /// `128x128`).
-    pub fn named(bm: u32, bn: u32) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|tile| tile.bm == bm && tile.bn == bn)
+    /// The same tile with K in slabs of `bk` ([`Self::check`] takes those of [`Self::DEPTHS`]).
+    pub const fn with_bk(self, bk: u32) -> Self {
+        Self { bk, ..self }
+    }
+
+    /// The tile's short name: `BMxBN`, then `xBK` where the slabs are not [`Self::BK`] deep,
+    /// then `w` for [`Self::T128X128X64W`]'s narrower subgroups (as [`Self::named`] reads it).
+    pub fn name(&self) -> String {
+        let mut name = format!("{}x{}", self.bm, self.bn);
+        if self.bk != Self::BK {
+            name.push_str(&format!("x{}", self.bk));
+        }
+        if let Some(first) = Self::ALL
+            .iter()
+            .find(|t| t.bm == self.bm && t.bn == self.bn && t.bk == self.bk)
+        {
+            if first.wm != self.wm || first.wn != self.wn {
+                name.push('w');
+            }
+        }
+        name
+    }
+
+    /// The named tile (of [`Self::ALL`]) of that [`Self::name`], e.g. `128x128` or `128x128x64`
+    /// for a command line; `None` for another.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|tile| tile.name() == name)
     }
 
     /// Subgroups per workgroup.
@@ -92,19 +137,19 @@ impl CoopTiles {
 
     /// `vec4<f16>` loads of A per invocation per slab.
     pub const fn a_loads(&self) -> u32 {
-        self.bm * (Self::BK / 4) / self.threads()
+        self.bm * (self.bk / 4) / self.threads()
     }
 
     /// `vec4<f16>` loads of B per invocation per slab.
     pub const fn b_loads(&self) -> u32 {
-        Self::BK * (self.bn / 4) / self.threads()
+        self.bk * (self.bn / 4) / self.threads()
     }
 
     /// Bytes of workgroup memory: the A and B slabs (f16, padded rows) and the epilogue's
     /// accumulator per subgroup.
     pub const fn workgroup_storage_bytes(&self) -> u32 {
-        let a = self.bm * (Self::BK + Self::PAD) * 2;
-        let b = Self::BK * (self.bn + Self::PAD) * 2;
+        let a = self.bm * (self.bk + Self::PAD) * 2;
+        let b = self.bk * (self.bn + Self::PAD) * 2;
         a + b + self.subgroups() * Self::SCRATCH_BYTES
     }
 
@@ -123,15 +168,16 @@ impl CoopTiles {
             && self.bm.is_multiple_of(self.wm)
             && self.bn.is_multiple_of(self.wn)
             && self.subgroups() <= 16
-            && (self.bm * (Self::BK / 4)).is_multiple_of(self.threads())
-            && (Self::BK * (self.bn / 4)).is_multiple_of(self.threads())
+            && Self::DEPTHS.contains(&self.bk)
+            && (self.bm * (self.bk / 4)).is_multiple_of(self.threads())
+            && (self.bk * (self.bn / 4)).is_multiple_of(self.threads())
             && self.a_loads() >= 1
             && self.b_loads() >= 1;
         if !shape_ok {
             return Err(ComputeError::Config(format!(
                 "cooperative matmul tile {self}: the kernel takes wm, wn multiples of 16 (wm at \
-                 most 64, wn at most 128) dividing bm, bn, at most 16 subgroups, and whole vec4 \
-                 loads of each slab per invocation (e.g. {}, {})",
+                 most 64, wn at most 128) dividing bm, bn, at most 16 subgroups, slabs of 32 or 64 \
+                 of K, and whole vec4 loads of each slab per invocation (e.g. {}, {})",
                 Self::T128X128,
                 Self::T64X64
             )));
@@ -167,7 +213,7 @@ mod tests {
         };
         for tile in CoopTiles::ALL {
             tile.check(&unlimited).unwrap();
-            assert_eq!(CoopTiles::named(tile.bm, tile.bn), Some(tile));
+            assert_eq!(CoopTiles::named(&tile.name()), Some(tile));
         }
         assert_eq!(CoopTiles::T128X128.workgroup_storage_bytes(), 23_040);
         assert_eq!(CoopTiles::T128X256.workgroup_storage_bytes(), 35_328);
@@ -186,7 +232,34 @@ mod tests {
         assert!(CoopTiles::T128X128.check(&defaults).is_err());
         assert!(CoopTiles::new(128, 128, 24, 64).check(&unlimited).is_err());
         assert!(CoopTiles::new(128, 128, 0, 64).check(&unlimited).is_err());
-        assert_eq!(CoopTiles::named(7, 7), None);
+        assert_eq!(CoopTiles::named("7x7"), None);
         assert_eq!(CoopTiles::T128X128.to_string(), "coop 128x128/64x64");
+        // The deep slabs: names, sizes and loads.
+        assert_eq!(CoopTiles::named("128x128x64"), Some(CoopTiles::T128X128X64));
+        assert_eq!(
+            CoopTiles::named("128x128x64w"),
+            Some(CoopTiles::T128X128X64W)
+        );
+        assert_eq!(CoopTiles::T64X128X64.to_string(), "coop 64x128x64/32x64");
+        assert_eq!(CoopTiles::T128X128X64.workgroup_storage_bytes(), 39_936);
+        assert_eq!(CoopTiles::T128X128X64W.workgroup_storage_bytes(), 44_032);
+        assert_eq!(CoopTiles::T64X128X64.workgroup_storage_bytes(), 30_720);
+        assert_eq!(
+            (
+                CoopTiles::T128X128X64.a_loads(),
+                CoopTiles::T128X128X64.b_loads()
+            ),
+            (16, 16)
+        );
+        assert_eq!(
+            (
+                CoopTiles::T64X128X64.a_loads(),
+                CoopTiles::T64X128X64.b_loads()
+            ),
+            (8, 16)
+        );
+        // Slabs of another depth are refused.
+        assert!(CoopTiles::T128X128.with_bk(48).check(&unlimited).is_err());
+        assert!(CoopTiles::T128X128.with_bk(16).check(&unlimited).is_err());
     }
 }

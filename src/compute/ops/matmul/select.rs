@@ -58,7 +58,7 @@ pub struct MatmulPlan {
     pub narrow_row_groups: u32,
     /// The tile of the matmul on cooperative matrices (f16 operands) when it runs
     /// (`shaders/matmul_coop.wgsl`; `tiles` is then unused, `k_chunk` a multiple of
-    /// [`CoopTiles::BK`], `workgroups` `[⌈N / bn⌉, ⌈M / bm⌉, splits]` or rows of linear ids);
+    /// the tile's `bk`, `workgroups` `[⌈N / bn⌉, ⌈M / bm⌉, splits]` or rows of linear ids);
     /// `None` for the portable kernels.
     pub cooperative: Option<CoopTiles>,
 }
@@ -150,7 +150,7 @@ pub(crate) fn cooperative_plan(
         (
             u64::from(tiles.bm),
             u64::from(tiles.bn),
-            u64::from(CoopTiles::BK),
+            u64::from(tiles.bk),
         ),
         (m64, n64, k64),
         wanted,

@@ -427,7 +427,7 @@ fn every_profile_gives_a_plan_or_a_typed_error_within_its_limits() {
             };
             if let Some(tiles) = plan.cooperative {
                 assert!(tiles.check(&caps.limits).is_ok(), "{plan:?}");
-                assert_eq!(plan.k_chunk % CoopTiles::BK, 0);
+                assert_eq!(plan.k_chunk % tiles.bk, 0);
                 assert_eq!(plan.narrow_lanes, 0);
             }
             let max = caps.limits.max_compute_workgroups_per_dimension;
@@ -731,7 +731,7 @@ fn the_tuners_cooperative_candidates_start_with_the_rules_plan_and_fit_the_devic
         for (i, candidate) in candidates.iter().enumerate() {
             let tiles = candidate.cooperative.expect("a cooperative plan");
             assert!(tiles.check(&caps.limits).is_ok());
-            assert_eq!(candidate.k_chunk % CoopTiles::BK, 0);
+            assert_eq!(candidate.k_chunk % tiles.bk, 0);
             assert!(!candidates[..i].contains(candidate), "{candidate:?} twice");
             if candidate.splits > 1 {
                 assert!(k >= candidate.splits as usize * 256, "{candidate:?}");
@@ -750,11 +750,11 @@ fn the_tuners_cooperative_candidates_start_with_the_rules_plan_and_fit_the_devic
     // 4096³: every tile fills the GPU, unsplit; 64 rows: every tile also with 2 to 16 splits.
     let automatic = plan_for(&rules(), &caps, DType::F16, 4096, 4096, 4096).unwrap();
     let all = cooperative_candidates(&rules(), &caps, DType::F16, (4096, 4096, 4096), automatic);
-    assert_eq!(all.len(), 5);
+    assert_eq!(all.len(), CoopTiles::ALL.len());
     assert!(all.iter().all(|c| c.splits == 1));
     let automatic = plan_for(&rules(), &caps, DType::F16, 64, 4096, 4096).unwrap();
     let few = cooperative_candidates(&rules(), &caps, DType::F16, (64, 4096, 4096), automatic);
-    assert_eq!(few.len(), 26, "{few:?}");
+    assert_eq!(few.len(), 5 * CoopTiles::ALL.len() + 1, "{few:?}");
     // Within 16 KiB of workgroup memory, the two tiles that fit.
     let mut small = cooperative();
     small.limits.max_compute_workgroup_storage_size = 16_384;
