@@ -322,7 +322,7 @@ impl Variant {
                 bias,
                 activation,
             } => format!(
-                " {rows} rows x{lanes} lanes{}{}{}{}",
+                " {rows} rows per workgroup x{lanes} lanes{}{}{}{}",
                 if subgroup > 0 {
                     format!(" subgroup {subgroup}")
                 } else {
