@@ -17,12 +17,17 @@
 //
 // The slices are then added. With subgroups (SUBGROUP, their size, fixed on the device: not 0),
 // first within each subgroup, which holds GROUPED = SUBGROUP / LANES slices of each of its lanes
-// (invocation ids are subgroup_id · SUBGROUP + subgroup_invocation_id): butterfly shuffles leave
-// the sum in every invocation, and the first slice of each subgroup keeps it. Then in workgroup
-// memory the STORED = SLICES / GROUPED slices left (all of them without subgroups), SUM_ROWS rows
-// at a time: a halving tree down to at most FINAL_SLICES slices, then one invocation per output
-// adds those. Without a split it stores C with the epilogue; with one (SPLIT) it stores its
-// partial sums P[z, M, N], which matmul_reduce.wgsl adds, running the epilogue.
+// (invocation ids are subgroup_id · SUBGROUP + subgroup_invocation_id). For a power of two of
+// rows, shuffles that scatter the rows: at each, an invocation sends half of the rows it holds
+// to its partner and keeps the other half, so that each ends with whole sums of ROWS / GROUPED
+// rows (or of one row, then added over the other slices by butterfly shuffles); about 2 · ROWS
+// vec4 shuffles in all. Otherwise butterfly shuffles of every row leave its sum in every
+// invocation (ROWS · log2(GROUPED) shuffles). The slices that hold a sum store it. Then in
+// workgroup memory the STORED = SLICES / GROUPED slices left (all of them without subgroups),
+// SUM_ROWS rows at a time: a halving tree down to at most FINAL_SLICES slices, then one
+// invocation per output adds those. Without a split it stores C with the epilogue; with one
+// (SPLIT) it stores its partial sums P[z, M, N], which matmul_reduce.wgsl adds, running the
+// epilogue.
 //
 // The entry point `matmul_narrow` is written by the host (src/compute/kernels.rs,
 // `narrow_entry`) with the rows, the four steps of K and the shuffles unrolled: it reads like
@@ -30,8 +35,9 @@
 //     let (group, tile, lane, slice) = ...;  first_row = group · ROWS;  col = tile · LANES + lane
 //     accumulate rows 4·kk .. 4·kk + 3 of B into acc0 .. acc{ROWS-1}, four kk at a time, then
 //     the three, two or one left in one block
-//     with subgroups, acc{r} += subgroupShuffleXor(acc{r}, mask) for mask = LANES .. SUBGROUP / 2
-//     for each group of SUM_ROWS rows: sums[r][stored slice][lane] = acc; barrier;
+//     with subgroups, the shuffles (masks LANES .. SUBGROUP / 2) that scatter the rows, or
+//     acc{r} += subgroupShuffleXor(acc{r}, mask)
+//     for each group of SUM_ROWS rows: sums[r][stored slice][lane] = its sum; barrier;
 //     reduce_and_store(...)
 //
 // The host puts before this file the constants ROWS (M or a divisor of it, 1 to 16), LANES (a

@@ -544,57 +544,184 @@ fn narrow_k_loop(rows: u32) -> String {
 }
 
 /// The end of the narrow matmul's entry point (see [`narrow_entry`]): the subgroup shuffles,
-/// then each group of rows kept in workgroup memory and reduced.
+/// then each group of rows kept in workgroup memory and reduced. With subgroups wider than the
+/// lanes and a power of two of rows, the shuffles scatter the rows ([`narrow_scatter`]);
+/// otherwise every invocation adds every row ([`narrow_butterfly`]).
 fn narrow_sums(rows: u32, lanes: u32, subgroup: u32) -> String {
     let grouped = narrow_grouped(lanes, subgroup);
-    let mut text = String::new();
-    if grouped > 1 {
-        text.push_str(&format!(
-            "    // The {grouped} slices of each lane in a subgroup added by butterfly shuffles (uniform\n    // control flow: every invocation takes part).\n"
-        ));
-        let mut mask = lanes;
-        while mask < subgroup {
-            for r in 0..rows {
-                text.push_str(&format!(
-                    "    acc{r} += subgroupShuffleXor(acc{r}, {mask}u);\n"
-                ));
-            }
-            mask *= 2;
-        }
-        text.push_str(
-            "    // The first slice of each subgroup keeps its sums, at its subgroup's slice.
-    let keeps = subgroup_lane < LANES;
-    let stored = min(subgroup_id, STORED - 1u) * LANES + subgroup_lane;
-",
-        );
-    }
+    let (mut text, held) = if grouped > 1 && rows > 1 && rows.is_power_of_two() {
+        narrow_scatter(rows, lanes, subgroup)
+    } else {
+        narrow_butterfly(rows, lanes, subgroup)
+    };
     let sum_rows = narrow_sum_rows(rows, lanes, subgroup);
     for first in (0..rows).step_by(sum_rows as usize) {
         let count = (rows - first).min(sum_rows);
         text.push_str(&format!("    // Rows {first} to {}.\n", first + count - 1));
-        if grouped > 1 {
-            text.push_str("    if (keeps) {\n");
-            for r in 0..count {
-                text.push_str(&format!(
-                    "        sums[{r}u * ROW_STRIDE + stored] = acc{};\n",
-                    first + r
-                ));
-            }
-            text.push_str("    }\n");
-        } else {
-            for r in 0..count {
-                text.push_str(&format!(
-                    "    sums[{r}u * ROW_STRIDE + local] = acc{};\n",
-                    first + r
-                ));
-            }
-        }
+        text.push_str(&held.stores(first, count, rows));
         text.push_str("    workgroupBarrier();\n");
         text.push_str(&format!(
             "    reduce_and_store({first}u, {count}u, local, tile, first_row, workgroup.z);\n"
         ));
     }
     text
+}
+
+/// Which sums an invocation of the narrow matmul holds after its subgroup's shuffles, and how
+/// it puts them into workgroup memory.
+enum NarrowHeld {
+    /// Every row's: `acc{r}`, stored by every invocation (no subgroups) or by the first slice
+    /// of each subgroup (`keeps`, `stored`).
+    All { shuffled: bool },
+    /// `count` rows from the WGSL value `row_base` on: `held{i}` is row `row_base + i`;
+    /// stored where `keeps` (where the rows outnumber the slices, every invocation).
+    Scattered { count: u32 },
+}
+
+impl NarrowHeld {
+    /// The WGSL that stores the held sums of rows `first .. first + count` (of `rows`) into
+    /// `sums`.
+    fn stores(&self, first: u32, count: u32, rows: u32) -> String {
+        let mut text = String::new();
+        match *self {
+            Self::All { shuffled } => {
+                let (open, index, indent) = if shuffled {
+                    ("    if (keeps) {\n", "stored", "        ")
+                } else {
+                    ("", "local", "    ")
+                };
+                text.push_str(open);
+                for r in 0..count {
+                    text.push_str(&format!(
+                        "{indent}sums[{r}u * ROW_STRIDE + {index}] = acc{};\n",
+                        first + r
+                    ));
+                }
+                if shuffled {
+                    text.push_str("    }\n");
+                }
+            }
+            Self::Scattered { count: held } => {
+                for i in 0..held {
+                    let row = format!("row_base + {i}u");
+                    // One pass over every row needs no test of the row.
+                    let test = if count == rows {
+                        "keeps".to_string()
+                    } else {
+                        format!("keeps && {row} >= {first}u && {row} < {}u", first + count)
+                    };
+                    text.push_str(&format!(
+                        "    if ({test}) {{\n        sums[({row} - {first}u) * ROW_STRIDE + stored] = held{i};\n    }}\n"
+                    ));
+                }
+            }
+        }
+        text
+    }
+}
+
+/// The narrow matmul's subgroup sums where every invocation adds every row: butterfly shuffles
+/// of each accumulator (with subgroups wider than the lanes), the first slice of each subgroup
+/// keeping them.
+fn narrow_butterfly(rows: u32, lanes: u32, subgroup: u32) -> (String, NarrowHeld) {
+    let grouped = narrow_grouped(lanes, subgroup);
+    let mut text = String::new();
+    if grouped == 1 {
+        return (text, NarrowHeld::All { shuffled: false });
+    }
+    text.push_str(&format!(
+        "    // The {grouped} slices of each lane in a subgroup added by butterfly shuffles (uniform\n    // control flow: every invocation takes part).\n"
+    ));
+    let mut mask = lanes;
+    while mask < subgroup {
+        for r in 0..rows {
+            text.push_str(&format!(
+                "    acc{r} += subgroupShuffleXor(acc{r}, {mask}u);\n"
+            ));
+        }
+        mask *= 2;
+    }
+    text.push_str(
+        "    // The first slice of each subgroup keeps its sums, at its subgroup's slice.
+    let keeps = subgroup_lane < LANES;
+    let stored = min(subgroup_id, STORED - 1u) * LANES + subgroup_lane;
+",
+    );
+    (text, NarrowHeld::All { shuffled: true })
+}
+
+/// The narrow matmul's subgroup sums for `rows` a power of two (2 to 16) and subgroups wider
+/// than the lanes: at each shuffle an invocation sends half of the rows it holds to its partner
+/// and keeps the other half (a reduce-scatter), so that after log2(min(rows, GROUPED)) shuffles
+/// each holds whole sums of rows / GROUPED rows (at least one): about twice rows vec4 shuffles
+/// in all, where adding every row in every invocation takes rows · log2(GROUPED). Where the
+/// slices outnumber the rows, the one row left is added by butterfly shuffles over the other
+/// slices and stored by the first of them.
+fn narrow_scatter(rows: u32, lanes: u32, subgroup: u32) -> (String, NarrowHeld) {
+    let grouped = narrow_grouped(lanes, subgroup);
+    let scatters = rows.min(grouped).trailing_zeros();
+    let mut text = format!(
+        "    // The {grouped} slices of each lane in a subgroup added by shuffles that scatter the rows:
+    // each sends half of the rows it holds and keeps the other half (uniform control flow:
+    // every invocation takes part, the halves chosen by `select`). `slice` bit j picks the
+    // half at shuffle j.
+    let slice_bits = subgroup_lane / LANES;
+"
+    );
+    // The values held, by name: the accumulators first.
+    let mut held: Vec<String> = (0..rows).map(|r| format!("acc{r}")).collect();
+    let mut base_terms = Vec::new();
+    for j in 0..scatters {
+        let mask = lanes << j;
+        let half = held.len() / 2;
+        text.push_str(&format!(
+            "    let upper{j} = ((slice_bits >> {j}u) & 1u) == 1u;\n"
+        ));
+        let mut next = Vec::with_capacity(half);
+        for i in 0..half {
+            let (low, high) = (&held[i], &held[half + i]);
+            text.push_str(&format!(
+                "    let s{j}_{i} = select({low}, {high}, upper{j}) + subgroupShuffleXor(select({high}, {low}, upper{j}), {mask}u);\n"
+            ));
+            next.push(format!("s{j}_{i}"));
+        }
+        base_terms.push(format!("select(0u, {half}u, upper{j})"));
+        held = next;
+    }
+    text.push_str(&format!(
+        "    // Rows row_base .. row_base + {} are this invocation's.\n    let row_base = {};\n",
+        held.len() - 1,
+        base_terms.join(" + ")
+    ));
+    let mut mask = lanes << scatters;
+    if mask < subgroup {
+        text.push_str(
+            "    // One row left: the other slices' sums of it added by butterfly shuffles.\n",
+        );
+    }
+    while mask < subgroup {
+        let value = &held[0];
+        text.push_str(&format!(
+            "    let b{mask} = {value} + subgroupShuffleXor({value}, {mask}u);\n"
+        ));
+        held[0] = format!("b{mask}");
+        mask *= 2;
+    }
+    for (i, value) in held.iter().enumerate() {
+        text.push_str(&format!("    let held{i} = {value};\n"));
+    }
+    text.push_str(&format!(
+        "    // Stored by the slices whose bits past the scattering are 0, at their subgroup's slice.
+    let keeps = (slice_bits >> {scatters}u) == 0u;
+    let stored = min(subgroup_id, STORED - 1u) * LANES + subgroup_lane % LANES;
+"
+    ));
+    (
+        text,
+        NarrowHeld::Scattered {
+            count: held.len() as u32,
+        },
+    )
 }
 
 /// The layouts for kernels with `n` storage bindings.

@@ -792,10 +792,16 @@ fn narrow_matmul_adds_slices_by_subgroups_where_the_device_has_them() {
                     ..ContextOptions::unchecked()
                 },
             );
-            for (i, &(m, k, n)) in [(8, 1040, 20), (3, 516, 8), (1, 4096, 4)]
-                .iter()
-                .enumerate()
-            {
+            // Powers of two of rows (the shuffles scatter the rows) and others.
+            let shapes = [
+                (8, 1040, 20),
+                (3, 516, 8),
+                (1, 4096, 4),
+                (16, 1032, 12),
+                (4, 260, 16),
+                (2, 132, 8),
+            ];
+            for (i, &(m, k, n)) in shapes.iter().enumerate() {
                 let plan = context.matmul_plan(m, n, k).unwrap();
                 let expected = if subgroups && fixed && info.subgroup_min_size > lanes {
                     info.subgroup_min_size

@@ -629,9 +629,13 @@ fn matmul_steps_and_outputs_are_unrolled_for_every_tile() {
 #[test]
 fn narrow_rows_steps_and_shuffles_are_unrolled() {
     for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
-        for (lanes, subgroup, shuffles, sum_rows) in
-            [(8, 0, 0, 4), (4, 32, 3, 32), (1, 8, 3, 32), (16, 8, 0, 4)]
-        {
+        for (lanes, subgroup, shuffles, sum_rows) in [
+            (8, 0, 0, 4),
+            (4, 32, 3, 32),
+            (1, 8, 3, 32),
+            (16, 8, 0, 4),
+            (16, 32, 1, 8),
+        ] {
             let variant = Variant::Narrow {
                 rows,
                 lanes,
@@ -656,27 +660,65 @@ fn narrow_rows_steps_and_shuffles_are_unrolled() {
             let steps = NARROW_STEPS + NARROW_STEPS * (NARROW_STEPS - 1) / 2;
             assert_eq!(fmas, rows * 4 * steps, "{rows} rows");
             assert_eq!(text.matches("    var acc").count() as u32, rows);
-            // log2(subgroup / lanes) shuffles per row.
+            // Shuffles: with a power of two of rows, those that scatter the rows (half of the
+            // rows held at each) and the butterfly of the one row left; otherwise
+            // log2(subgroup / lanes) per row.
+            let scattered = shuffles > 0 && rows > 1 && rows.is_power_of_two();
+            let expected = if scattered {
+                let scatters = rows.min(1 << shuffles).trailing_zeros();
+                (0..scatters).map(|j| rows >> (j + 1)).sum::<u32>() + shuffles - scatters
+            } else {
+                rows * shuffles
+            };
             assert_eq!(
-                text.matches("= subgroupShuffleXor(").count() as u32,
-                rows * shuffles,
+                text.matches("subgroupShuffleXor(").count() as u32,
+                expected,
                 "{rows} rows, {lanes} lanes, subgroup {subgroup}"
             );
             // Every row is reduced and stored once, in groups of as many as fit.
             assert_eq!(narrow_sum_rows(rows, lanes, subgroup), rows.min(sum_rows));
-            assert_eq!(
-                text.matches("    reduce_and_store(").count() as u32,
-                rows.div_ceil(sum_rows)
-            );
-            for r in 0..rows {
-                assert_eq!(
-                    text.matches(&format!("= acc{r};")).count(),
-                    1,
-                    "{rows} rows"
-                );
+            let passes = rows.div_ceil(sum_rows);
+            assert_eq!(text.matches("    reduce_and_store(").count() as u32, passes);
+            if scattered {
+                // Each invocation stores the rows it holds, in each pass.
+                let held = (rows >> shuffles).max(1);
+                assert!(text.contains("let row_base = "), "{rows} rows");
+                assert_eq!(text.matches("] = held").count() as u32, held * passes);
+            } else {
+                for r in 0..rows {
+                    assert_eq!(
+                        text.matches(&format!("= acc{r};")).count(),
+                        1,
+                        "{rows} rows"
+                    );
+                }
             }
         }
     }
+    // The shuffles of 16 rows: 8 + 4 + 2 that scatter them over 8 slices (48 to add every row in
+    // every slice); 4 rows over 8 slices: 2 + 1, then 1 for the row left.
+    let shuffles = |rows, lanes, subgroup| {
+        let variant = Variant::Narrow {
+            rows,
+            lanes,
+            subgroup,
+            split: true,
+            bias: false,
+            activation: Activation::None,
+        };
+        module_source(Source::MatmulNarrow, &variant, ElementTypes::F32)
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or_default())
+            .map(|code| code.matches("subgroupShuffleXor(").count())
+            .sum::<usize>()
+    };
+    assert_eq!(shuffles(16, 4, 32), 14);
+    assert_eq!(shuffles(16, 8, 32), 12);
+    assert_eq!(shuffles(8, 4, 32), 7);
+    assert_eq!(shuffles(4, 4, 32), 4);
+    assert_eq!(shuffles(2, 4, 32), 3);
+    assert_eq!(shuffles(3, 4, 32), 9);
+    assert_eq!(shuffles(16, 32, 32), 0);
 }
 
 #[test]
