@@ -151,9 +151,30 @@ impl BlockManager {
         }
     }
 
+    /// Why the empty cache can never admit a sequence of `reach_tokens`, if it cannot:
+    /// [`PagingError::PassesMaxTokens`] for one longer than the contiguous layout reserves,
+    /// [`PagingError::NeverFits`] for one that needs more blocks than the cache has.
+    pub fn never_admits(&self, reach_tokens: usize) -> Option<PagingError> {
+        match self.layout {
+            KvLayout::Contiguous { max_tokens } if reach_tokens > max_tokens => {
+                Some(PagingError::PassesMaxTokens {
+                    tokens: reach_tokens,
+                    max_tokens,
+                })
+            }
+            _ if !self.can_ever_admit(reach_tokens) => Some(PagingError::NeverFits {
+                tokens: reach_tokens,
+                blocks: self.admission_blocks(reach_tokens),
+                capacity_blocks: self.num_blocks - 1,
+            }),
+            _ => None,
+        }
+    }
+
     /// Admits sequence `id`, which can reach `reach_tokens`, if its blocks are free now: returns
     /// whether it was admitted. [`PagingError::Sequence`] for an id already admitted or a
-    /// sequence of no tokens; [`PagingError::NeverFits`] for one the empty cache cannot admit.
+    /// sequence of no tokens; [`PagingError::PassesMaxTokens`] or [`PagingError::NeverFits`]
+    /// for one the empty cache cannot admit ([`Self::never_admits`]).
     pub fn admit(&mut self, id: u64, reach_tokens: usize) -> Result<bool, PagingError> {
         if self.held.contains_key(&id) {
             return Err(PagingError::Sequence {
@@ -167,12 +188,8 @@ impl BlockManager {
                 reason: "reaches no tokens",
             });
         }
-        if !self.can_ever_admit(reach_tokens) {
-            return Err(PagingError::NeverFits {
-                tokens: reach_tokens,
-                blocks: self.admission_blocks(reach_tokens),
-                capacity_blocks: self.num_blocks - 1,
-            });
+        if let Some(error) = self.never_admits(reach_tokens) {
+            return Err(error);
         }
         let needed = self.admission_blocks(reach_tokens);
         let blocks = match self.layout {

@@ -25,6 +25,15 @@ pub enum PagingError {
         /// Blocks sequences can have (block 0 aside).
         capacity_blocks: usize,
     },
+    /// A sequence longer than the tokens the contiguous layout reserves for each
+    /// ([`KvLayout::Contiguous`](crate::paging::KvLayout::Contiguous)'s `max_tokens`).
+    #[error("paging: a sequence of {tokens} tokens passes the {max_tokens} tokens the contiguous layout reserves for each")]
+    PassesMaxTokens {
+        /// Tokens the sequence can reach.
+        tokens: usize,
+        /// Tokens reserved for each sequence.
+        max_tokens: usize,
+    },
     /// A step given more rows than it holds.
     #[error("paging: a step of {capacity} {what} was given {given}")]
     StepFull {

@@ -55,9 +55,29 @@ fn contiguous_reserves_a_run_of_the_maximum_and_fragments() {
     assert_eq!(cache.held_blocks(), 4);
     assert_eq!(cache.capacity_for(8), 3);
     assert_eq!(cache.capacity_for(9), 0);
-    assert!(matches!(
+    assert_eq!(
         cache.admit(5, 9),
-        Err(PagingError::NeverFits { .. })
+        Err(PagingError::PassesMaxTokens {
+            tokens: 9,
+            max_tokens: 8
+        })
+    );
+    // A layout whose one sequence takes more blocks than the cache has.
+    let mut small = BlockManager::new(KvLayout::Contiguous { max_tokens: 64 }, 4, 11).unwrap();
+    assert_eq!(
+        small.admit(1, 17),
+        Err(PagingError::NeverFits {
+            tokens: 17,
+            blocks: 16,
+            capacity_blocks: 10
+        })
+    );
+    assert_eq!(small.never_admits(17), small.admit(1, 17).err());
+    let paged = BlockManager::new(KvLayout::Paged, 4, 11).unwrap();
+    assert_eq!(paged.never_admits(40), None);
+    assert!(matches!(
+        paged.never_admits(41),
+        Some(PagingError::NeverFits { blocks: 11, .. })
     ));
 }
 

@@ -32,12 +32,13 @@ pub struct ServerOptions {
     /// default) plans a step for every power of two; `max_batch` runs every decode step at the
     /// largest batch's plan (fewer plans, more padding).
     pub min_step_rows: usize,
-    /// The most bytes the pool may reserve (set on the pool: one server's budget per pool). The
+    /// The most bytes the pool may reserve (set on the pool while the server lives: one
+    /// server's budget per pool; the pool's earlier budget is put back when it is dropped). The
     /// KV cache takes what the weights and the steps' activations leave, as far as the pool's
     /// segments let it: it is sized by trial allocations under the budget (never passing it,
     /// and counting no out-of-memory error), the largest count of blocks whose tensors the
-    /// pool places, to within 1/64. `None`: the cache has `kv_blocks` blocks and the pool no
-    /// budget.
+    /// pool places, to within 1/64. `None`: the cache has `kv_blocks` blocks and the pool's
+    /// budget is left as it is.
     pub budget_bytes: Option<u64>,
     /// The KV cache's blocks (block 0, kept for padding, included; at least 2), which the
     /// budget, if any, must then hold. Each layer's key and value tensor must fit the device's

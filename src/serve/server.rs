@@ -81,6 +81,22 @@ pub struct Server {
     /// ([`StepRows::push_fed`]).
     sampled: Option<Tensor>,
     in_flight: Option<InFlight>,
+    /// The budget the pool had before this server set its own, and the one it set: put back
+    /// when the server is dropped, if the pool still has this server's.
+    budget: Option<(Option<u64>, u64)>,
+    /// Eager: the largest step's plan heap, measured when the server was made.
+    eager_activation_bytes: u64,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some((previous, set)) = self.budget {
+            let pool = self.context.pool();
+            if pool.policy().budget_bytes == Some(set) {
+                pool.set_budget(previous);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Server {
@@ -100,12 +116,25 @@ impl Server {
     /// A server of `model` on `context`: sizes the KV cache (from the budget, after the weights
     /// and the steps' activations, or as `kv_blocks` says), makes it, and, for planned
     /// execution, captures one step plan per row count (powers of two up to
-    /// `max_step_tokens`), all in one arena. With a budget, the pool's budget is set to it.
+    /// `max_step_tokens`), all in one arena. With a budget, the pool's budget is set to it
+    /// while the server lives: dropping the server puts back the budget the pool had before
+    /// (unless it was changed meanwhile).
     ///
     /// Errors: [`ServeError::Options`] for options that serve nothing; [`ServeError::Budget`]
     /// when the budget leaves no room for one sequence of the model's context; those of the
-    /// ops and of the capture.
+    /// ops and of the capture. A refused server leaves the pool's budget as it was.
     pub fn new(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
+        let previous = context.pool().policy().budget_bytes;
+        let built = Self::build(context, model, options);
+        if built.is_err() {
+            context.pool().set_budget(previous);
+        }
+        built
+    }
+
+    /// [`Server::new`] but for putting back the pool's budget where it fails.
+    fn build(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
+        let previous = context.pool().policy().budget_bytes;
         let config = model.config();
         check_options(&options, config.n_ctx)?;
         let most_blocks = KvCache::max_blocks(
@@ -160,6 +189,8 @@ impl Server {
             finished: Vec::new(),
             next_id: 0,
             stats: ServerStats::default(),
+            budget: options.budget_bytes.map(|set| (previous, set)),
+            eager_activation_bytes: activation_bytes,
             options,
             sampled,
             in_flight: None,
@@ -237,13 +268,8 @@ impl Server {
             .into());
         }
         let kv_tokens = request.reach_tokens() - 1;
-        if !self.blocks.can_ever_admit(kv_tokens) {
-            return Err(crate::paging::PagingError::NeverFits {
-                tokens: kv_tokens,
-                blocks: self.blocks.admission_blocks(kv_tokens),
-                capacity_blocks: self.blocks.num_blocks() - 1,
-            }
-            .into());
+        if let Some(error) = self.blocks.never_admits(kv_tokens) {
+            return Err(error.into());
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -688,9 +714,14 @@ impl Server {
         &self.options
     }
 
-    /// Bytes of the step plans' shared arena (0 for eager execution).
+    /// The steps' activation bytes: planned, the step plans' shared arena; eager, what the
+    /// largest step's intermediates need at least (its plan's heap, measured when the server
+    /// was made), which a budget keeps beside the cache.
     pub fn activation_bytes(&self) -> u64 {
-        self.arena.bytes()
+        match self.options.execution {
+            Execution::Planned => self.arena.bytes(),
+            Execution::Eager => self.eager_activation_bytes,
+        }
     }
 
     /// Names each sequence's KV blocks in the pool's reports (see [`KvCache::label_sequences`]).

@@ -79,9 +79,14 @@ pub(super) fn cache_under_budget(
     let pool = context.pool();
     // Nothing of the context's pending: the trials' ranges are the only ones freed meanwhile.
     context.trim()?;
-    let base = pool.stats().reserved_bytes.current;
+    let stats = pool.stats();
+    let base = stats.reserved_bytes.current;
     pool.set_budget(Some(budget.saturating_sub(kept)));
-    let left = budget.saturating_sub(kept).saturating_sub(base);
+    // The most the cache could take: the budget less what allocations hold now (free space in
+    // the segments held counts, the trials may use it).
+    let left = budget
+        .saturating_sub(kept)
+        .saturating_sub(stats.allocated_bytes.current);
     let fits = |blocks: usize| {
         let bytes =
             KvCache::layer_tensor_bytes(&config, options.block_tokens, blocks, model.dtype());

@@ -480,6 +480,106 @@ fn a_budget_sizes_the_cache_and_bounds_the_pool() {
 }
 
 #[test]
+fn a_servers_budget_lasts_as_long_as_the_server() {
+    let weights = weights();
+    let context = context_with(gpu(), ContextOptions::default());
+    let budget = |context: &Context| context.pool().policy().budget_bytes;
+    let upload = |context: &Context| Gpt2::upload(context, &weights, DType::F32).unwrap();
+    // A refused server leaves the pool's budget as it was: none, then the user's own.
+    for before in [None, Some(1u64 << 30)] {
+        context.pool().set_budget(before);
+        let small = ServerOptions {
+            budget_bytes: Some(1 << 16),
+            ..ServerOptions::default()
+        };
+        assert!(Server::new(&context, upload(&context), small).is_err());
+        assert_eq!(budget(&context), before);
+    }
+    context.pool().set_budget(None);
+    // A server's budget is the pool's while it lives, and goes when it is dropped.
+    let options = ServerOptions {
+        budget_bytes: Some(32 << 20),
+        max_batch: 4,
+        ..ServerOptions::default()
+    };
+    let server = Server::new(&context, upload(&context), options.clone()).unwrap();
+    assert_eq!(budget(&context), Some(32 << 20));
+    drop(server);
+    assert_eq!(budget(&context), None);
+    context.trim().unwrap();
+    // So a server without a budget, made after it, may take more than it allowed.
+    let unbudgeted = ServerOptions {
+        kv_blocks: Some(2100),
+        max_batch: 4,
+        ..ServerOptions::default()
+    };
+    assert!(KvCache::block_bytes(&Gpt2Config::tiny(), 16, DType::F32) * 2100 > 32 << 20);
+    let server = Server::new(&context, upload(&context), unbudgeted).unwrap();
+    assert_eq!(budget(&context), None);
+    drop(server);
+    context.trim().unwrap();
+    // A budget the user set while a server lived is not the server's to take back.
+    let server = Server::new(&context, upload(&context), options.clone()).unwrap();
+    context.pool().set_budget(Some(64 << 20));
+    drop(server);
+    assert_eq!(budget(&context), Some(64 << 20));
+}
+
+#[test]
+fn a_budget_that_holds_a_cache_of_blocks_also_sizes_one() {
+    // The smallest cache a budget must hold: one sequence of the model's context, block 0 aside.
+    let weights = weights();
+    let config = Gpt2Config::tiny();
+    let min_blocks = 1 + config.n_ctx.div_ceil(16);
+    for execution in [Execution::Planned, Execution::Eager] {
+        let options = ServerOptions {
+            max_batch: 4,
+            execution,
+            ..ServerOptions::default()
+        };
+        // What a server of that cache holds, with no budget: its pool's reservation (and, for
+        // eager steps, their activations, which the budget keeps beside the cache) is a budget
+        // that holds it.
+        let context = context_with(gpu(), ContextOptions::default());
+        let explicit = ServerOptions {
+            kv_blocks: Some(min_blocks),
+            ..options.clone()
+        };
+        let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
+        let server = Server::new(&context, model, explicit.clone()).unwrap();
+        let mut held = context.pool().stats().reserved_bytes.current;
+        if execution == Execution::Eager {
+            held += server.activation_bytes();
+        }
+        drop(server);
+        let budgeted = |options: ServerOptions| {
+            let context = context_with(gpu(), ContextOptions::default());
+            let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
+            Server::new(&context, model, options)
+        };
+        let budget = held + KvCache::block_bytes(&config, 16, DType::F32) * 2;
+        let with_blocks = budgeted(ServerOptions {
+            budget_bytes: Some(budget),
+            ..explicit
+        });
+        assert!(
+            with_blocks.is_ok(),
+            "{execution:?}: {:?}",
+            with_blocks.err()
+        );
+        // Sized by trial under the same budget: at least that cache.
+        let sized = budgeted(ServerOptions {
+            budget_bytes: Some(budget),
+            ..options
+        });
+        match sized {
+            Ok(server) => assert!(server.cache().num_blocks() >= min_blocks),
+            Err(error) => panic!("{execution:?}: a budget of {budget} bytes: {error}"),
+        }
+    }
+}
+
+#[test]
 fn bad_requests_and_options_are_typed_errors() {
     let weights = weights();
     let context = context_with(gpu(), ContextOptions::default());
