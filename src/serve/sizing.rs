@@ -106,9 +106,14 @@ pub(super) fn cache_under_budget(
         pool.trim();
         Ok::<_, PoolError>(fit)
     };
-    let most = usize::try_from(left / block_bytes.max(1))
-        .unwrap_or(usize::MAX)
-        .min(most_blocks);
+    // What the pool holds already must be within the budget: the trials may fill its free
+    // space, but no cache makes it smaller.
+    let most = if base.saturating_add(kept) > budget {
+        0
+    } else {
+        left / block_bytes.max(1)
+    };
+    let most = usize::try_from(most).unwrap_or(usize::MAX).min(most_blocks);
     let result = largest_fitting(min_blocks, most, fits)
         .map_err(|error| ServeError::Compute(error.into()))
         .and_then(|found| match found {

@@ -552,13 +552,15 @@ fn a_budget_that_holds_a_cache_of_blocks_also_sizes_one() {
             held += server.activation_bytes();
         }
         drop(server);
+        // A server under a budget, and the most its pool reserved meanwhile.
         let budgeted = |options: ServerOptions| {
             let context = context_with(gpu(), ContextOptions::default());
             let model = Gpt2::upload(&context, &weights, DType::F32).unwrap();
-            Server::new(&context, model, options)
+            let server = Server::new(&context, model, options);
+            (server, context.pool().stats().reserved_bytes.peak)
         };
         let budget = held + KvCache::block_bytes(&config, 16, DType::F32) * 2;
-        let with_blocks = budgeted(ServerOptions {
+        let (with_blocks, _) = budgeted(ServerOptions {
             budget_bytes: Some(budget),
             ..explicit
         });
@@ -568,13 +570,30 @@ fn a_budget_that_holds_a_cache_of_blocks_also_sizes_one() {
             with_blocks.err()
         );
         // Sized by trial under the same budget: at least that cache.
-        let sized = budgeted(ServerOptions {
+        let (sized, peak) = budgeted(ServerOptions {
             budget_bytes: Some(budget),
-            ..options
+            ..options.clone()
         });
         match sized {
             Ok(server) => assert!(server.cache().num_blocks() >= min_blocks),
             Err(error) => panic!("{execution:?}: a budget of {budget} bytes: {error}"),
+        }
+        assert!(
+            peak <= budget,
+            "{execution:?}: reserved {peak} under {budget}"
+        );
+        // Below what the pool reserves for the weights and activations, with room for the cache
+        // in their segments' free space: refused, the pool already holding more than the budget.
+        for below in [held / 2, held * 3 / 4] {
+            let (sized, _) = budgeted(ServerOptions {
+                budget_bytes: Some(below),
+                ..options.clone()
+            });
+            assert!(
+                matches!(sized, Err(ServeError::Budget { .. })),
+                "{execution:?}: a budget of {below} bytes: {:?}",
+                sized.map(|server| server.cache().num_blocks())
+            );
         }
     }
 }
