@@ -663,13 +663,13 @@ impl Server {
 
     /// How many sequences of `tokens` tokens (prompt and outputs) the KV cache holds at once:
     /// the answer to "how many sequences of length L fit in this budget?" (the batch limit
-    /// apart). 0 for no tokens and for more than the model's context (no such request is
-    /// admitted).
+    /// apart). 0 for fewer than 2 tokens (a request has a prompt token and an output at least)
+    /// and for more than the model's context (no such request is admitted).
     pub fn capacity_for(&self, tokens: usize) -> usize {
-        if tokens == 0 || tokens > self.model.config().n_ctx {
+        if tokens < 2 || tokens > self.model.config().n_ctx {
             return 0;
         }
-        self.blocks.capacity_for(tokens.saturating_sub(1).max(1))
+        self.blocks.capacity_for(tokens - 1)
     }
 
     /// What the server has done so far.

@@ -643,6 +643,9 @@ fn bad_requests_and_options_are_typed_errors() {
     }
     assert_eq!(server.waiting(), 0, "nothing refused is queued");
     assert_eq!((server.capacity_for(0), server.capacity_for(129)), (0, 0));
+    // No request has fewer than 2 tokens (a prompt token and an output).
+    assert_eq!(server.capacity_for(1), 0);
+    assert!(server.capacity_for(2) >= server.capacity_for(128));
     assert_eq!(server.capacity_for(128), 1);
     assert!(matches!(
         server.cancel(99),
