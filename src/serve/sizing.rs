@@ -82,11 +82,15 @@ pub(super) fn cache_under_budget(
     let stats = pool.stats();
     let base = stats.reserved_bytes.current;
     pool.set_budget(Some(budget.saturating_sub(kept)));
-    // The most the cache could take: the budget less what allocations hold now (free space in
-    // the segments held counts, the trials may use it).
-    let left = budget
-        .saturating_sub(kept)
-        .saturating_sub(stats.allocated_bytes.current);
+    // The most the cache could take. Planned: the budget less what allocations hold now (the
+    // free space of the segments held counts: the trials may fill it, and the steps take no
+    // more memory). Eager: less all the pool reserves, so that the steps' intermediates, which
+    // the pool rounds as they come, find that free space and `kept` more.
+    let held = match options.execution {
+        Execution::Planned => stats.allocated_bytes.current,
+        Execution::Eager => base,
+    };
+    let left = budget.saturating_sub(kept).saturating_sub(held);
     let fits = |blocks: usize| {
         let bytes =
             KvCache::layer_tensor_bytes(&config, options.block_tokens, blocks, model.dtype());
@@ -169,7 +173,13 @@ pub(super) fn cache_of_blocks(
         return Ok(cache);
     };
     let kept = eager_share(options, activation_bytes);
-    let reserved = context.pool().stats().reserved_bytes.current;
+    // Planned: what the pool reserves with the cache. Eager: what it reserved before, and the
+    // cache's bytes beside, as the sizing by budget counts them (the free space of the segments
+    // held is the eager steps').
+    let reserved = match options.execution {
+        Execution::Planned => context.pool().stats().reserved_bytes.current,
+        Execution::Eager => before.saturating_add(cache.bytes()),
+    };
     if reserved.saturating_add(kept) > budget_bytes {
         return Err(ServeError::Budget {
             budget_bytes,

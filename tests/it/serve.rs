@@ -549,7 +549,9 @@ fn a_budget_that_holds_a_cache_of_blocks_also_sizes_one() {
         let server = Server::new(&context, model, explicit.clone()).unwrap();
         let mut held = context.pool().stats().reserved_bytes.current;
         if execution == Execution::Eager {
-            held += server.activation_bytes();
+            // The budget counts the eager steps' share and the cache beside what the pool
+            // reserved before it (the free space of its segments is the steps').
+            held += server.activation_bytes() + server.cache().bytes();
         }
         drop(server);
         // A server under a budget, and the most its pool reserved meanwhile.
@@ -594,6 +596,69 @@ fn a_budget_that_holds_a_cache_of_blocks_also_sizes_one() {
                 "{execution:?}: a budget of {below} bytes: {:?}",
                 sized.map(|server| server.cache().num_blocks())
             );
+        }
+    }
+}
+
+/// The smallest budget (to within 16 KiB) under which `Server::new` takes `options` (their
+/// budget replaced), each try on a fresh context; and a server made under it.
+fn smallest_budget(weights: &Gpt2Weights, options: &ServerOptions) -> (u64, Context, Server) {
+    let made = |budget| {
+        let context = context_with(gpu(), ContextOptions::default());
+        let model = Gpt2::upload(&context, weights, DType::F32).unwrap();
+        let options = ServerOptions {
+            budget_bytes: Some(budget),
+            ..options.clone()
+        };
+        Server::new(&context, model, options).map(|server| (context, server))
+    };
+    let (mut low, mut high) = (1u64 << 16, 64u64 << 20);
+    assert!(made(low).is_err() && made(high).is_ok(), "{options:?}");
+    while high - low > 16 << 10 {
+        let middle = low + (high - low) / 2;
+        if made(middle).is_ok() {
+            high = middle;
+        } else {
+            low = middle;
+        }
+    }
+    let (context, server) = made(high).unwrap();
+    (high, context, server)
+}
+
+#[test]
+fn the_smallest_budget_a_server_takes_serves_without_running_out_of_memory() {
+    let weights = weights();
+    for execution in [Execution::Planned, Execution::Eager] {
+        // The cache sized by the budget, and one of a single sequence of the context.
+        for kv_blocks in [None, Some(1 + 128 / 16)] {
+            let options = ServerOptions {
+                max_batch: 4,
+                execution,
+                kv_blocks,
+                ..ServerOptions::default()
+            };
+            let (budget, context, mut server) = smallest_budget(&weights, &options);
+            let what = format!("{execution:?}, {kv_blocks:?} blocks, at {budget} bytes");
+            assert!(server.capacity_for(128) >= 1, "{what}");
+            // Long prompts: steps of many rows, the eager ones' intermediates at their largest.
+            let requests = StreamSpec {
+                requests: 8,
+                prompt_tokens: (64, 120),
+                output_tokens: (1, 8),
+                vocab_size: 256,
+                max_tokens: 128,
+                seed: 5,
+            };
+            for request in requests.generate().unwrap() {
+                server.submit(&request).unwrap();
+            }
+            if let Err(error) = server.run() {
+                panic!("{what}: {error}");
+            }
+            let stats = context.pool().stats();
+            assert_eq!(stats.oom_count, 0, "{what}");
+            assert!(stats.reserved_bytes.peak <= budget, "{what}: {stats:?}");
         }
     }
 }
