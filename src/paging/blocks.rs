@@ -145,10 +145,7 @@ impl BlockManager {
 
     /// Whether a sequence of `reach_tokens` can be admitted when the cache is empty.
     pub fn can_ever_admit(&self, reach_tokens: usize) -> bool {
-        match self.layout {
-            KvLayout::Contiguous { max_tokens } if reach_tokens > max_tokens => false,
-            _ => self.admission_blocks(reach_tokens) < self.num_blocks,
-        }
+        self.never_admits(reach_tokens).is_none()
     }
 
     /// Why the empty cache can never admit a sequence of `reach_tokens`, if it cannot:
@@ -162,11 +159,13 @@ impl BlockManager {
                     max_tokens,
                 })
             }
-            _ if !self.can_ever_admit(reach_tokens) => Some(PagingError::NeverFits {
-                tokens: reach_tokens,
-                blocks: self.admission_blocks(reach_tokens),
-                capacity_blocks: self.num_blocks - 1,
-            }),
+            _ if self.admission_blocks(reach_tokens) >= self.num_blocks => {
+                Some(PagingError::NeverFits {
+                    tokens: reach_tokens,
+                    blocks: self.admission_blocks(reach_tokens),
+                    capacity_blocks: self.num_blocks - 1,
+                })
+            }
             _ => None,
         }
     }

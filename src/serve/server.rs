@@ -125,16 +125,21 @@ impl Server {
     /// ops and of the capture. A refused server leaves the pool's budget as it was.
     pub fn new(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
         let previous = context.pool().policy().budget_bytes;
-        let built = Self::build(context, model, options);
+        let built = Self::build(context, model, options, previous);
         if built.is_err() {
             context.pool().set_budget(previous);
         }
         built
     }
 
-    /// [`Server::new`] but for putting back the pool's budget where it fails.
-    fn build(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
-        let previous = context.pool().policy().budget_bytes;
+    /// [`Server::new`] but for putting back the pool's budget where it fails; `previous` is the
+    /// budget the pool had, which the server puts back when dropped.
+    fn build(
+        context: &Context,
+        model: Gpt2,
+        options: ServerOptions,
+        previous: Option<u64>,
+    ) -> Result<Self, ServeError> {
         let config = model.config();
         check_options(&options, config.n_ctx)?;
         let most_blocks = KvCache::max_blocks(
