@@ -75,7 +75,7 @@
 //! - `--cooperative-matrix` opens the device with cooperative matrices where the adapter has
 //!   them (`GpuOptions::cooperative_matrix`; the first lines printed say whether it did): with
 //!   `--dtype f16`, products of at least 16 rows then run on them (the tensor cores; kernel
-//!   column `coop BMxBN`). `--coop-tile NAME` (repeatable; `CoopTiles::ALL`: 128x128,
+//!   column `coop NAME`, the tile's `CoopTiles::name`). `--coop-tile NAME` (repeatable; `CoopTiles::ALL`: 128x128,
 //!   128x256, 64x128, 64x64, 32x128, and with K in slabs of 64, 128x128x64, 128x128x64w,
 //!   64x128x64) also measures each shape with that tile forced, after its automatic plan (JSON `forced_coop_tiles`; `cooperative` says which kernel ran).
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
@@ -750,7 +750,7 @@ fn sample(len: usize, full: bool) -> Vec<usize> {
 /// where subgroups of S add its slices and `gG` where its rows are in G groups.
 fn kernel_name(plan: &MatmulPlan) -> String {
     if let Some(tiles) = plan.cooperative {
-        return format!("coop {}x{}", tiles.bm, tiles.bn);
+        return format!("coop {}", tiles.name());
     }
     let groups = match plan.narrow_row_groups {
         0 | 1 => String::new(),

@@ -95,9 +95,10 @@
 //! the operands, so that odd shapes need no branch around the cooperative operations), the next
 //! slab fetched into registers while the current one is multiplied; the epilogue stores each
 //! accumulator to workgroup memory, adds the bias, activates, masks the edges and rounds once to
-//! f16. The tile: 32×128 for at most 32 rows, 128×128 where it gives at least `min_workgroups /
-//! 2` block tiles, else 64×64 (each only where the device's workgroup memory holds it; 128×256
-//! and 64×128 are candidates to force, [`MatmulOptions::cooperative_tiles`](crate::compute::MatmulOptions::cooperative_tiles)); K is split as for
+//! f16. The tile: 32×128 for at most 32 rows, else the largest of 128×256, 128×128 and 64×128
+//! that gives at least `min_workgroups / 2` block tiles, else 64×64 (each only where the
+//! device's workgroup memory holds it; any named tile may be forced,
+//! [`MatmulOptions::cooperative_tiles`](crate::compute::MatmulOptions::cooperative_tiles)); K is split as for
 //! the tiled kernel where the block tiles are fewer than `min_workgroups / 2`. Fewer rows, f32
 //! operands, and every other device keep the kernels below (so lavapipe, GL and WebGPU plans
 //! are unchanged); f32 operands take the same plans as f16 ones only under the opt-in

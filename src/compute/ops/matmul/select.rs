@@ -115,9 +115,9 @@ pub(crate) fn plan_for(
 /// ([`DeviceCaps::cooperative_f16`]), at least [`MatmulOptions::cooperative_min_rows`] rows
 /// (unless the tile is forced) and a tile the device takes. The tile: the forced one
 /// ([`MatmulOptions::cooperative_tiles`]; one the device's limits refuse is a
-/// [`ComputeError::Config`]), else 32×128 for at most 32 rows, else 128×128 where it gives at
-/// least `min_workgroups / 2` block tiles (one per SM of an H200), else 64×64; the first of
-/// these and then 64×64, 32×128 that the device takes. K is split (as for the tiled kernel, the
+/// [`ComputeError::Config`]), else 32×128 for at most 32 rows, else the largest of 128×256,
+/// 128×128 and 64×128 that the device takes and that gives at least `min_workgroups / 2` block
+/// tiles (one per SM of an H200) unsplit, else 64×64, else 32×128. K is split (as for the tiled kernel, the
 /// split-K reduction adding f32 partial products) where the block tiles are fewer than
 /// `min_workgroups / 2`: enough splits for `min_workgroups`, each at least `min_split_depth`
 /// deep, at most `max_splits` (or [`MatmulOptions::split_k`] where forced). `m`, `n`, `k` are
@@ -190,16 +190,25 @@ fn cooperative_tile(
             .saturating_mul(n.div_ceil(u64::from(t.bn)))
     };
     let wave = u64::from(options.min_workgroups / 2).max(1);
+    let fits = |tiles: &CoopTiles| tiles.check(limits).is_ok();
+    // Larger tiles read each operand fewer times; measured on the H100 and the H200, the
+    // largest that still fills the GPU without a split is the fastest of the 32-deep tiles at
+    // every serving shape (MEASUREMENTS.md, session 15).
+    let large = [CoopTiles::T128X256, CoopTiles::T128X128, CoopTiles::T64X128];
+    let filling = large
+        .into_iter()
+        .filter(|tiles| m > 32 && fits(tiles))
+        .find(|&tiles| blocks(tiles) >= wave);
     let first = if m <= 32 {
         CoopTiles::T32X128
-    } else if blocks(CoopTiles::T128X128) >= wave {
-        CoopTiles::T128X128
     } else {
         CoopTiles::T64X64
     };
-    Ok([first, CoopTiles::T64X64, CoopTiles::T32X128]
-        .into_iter()
-        .find(|tiles| tiles.check(limits).is_ok()))
+    Ok(filling.or_else(|| {
+        [first, CoopTiles::T64X64, CoopTiles::T32X128]
+            .into_iter()
+            .find(fits)
+    }))
 }
 
 /// The splits of K the cooperative matmul wants over `blocks` block tiles (before the limits

@@ -288,19 +288,20 @@ fn coop(caps: &DeviceCaps, (m, n, k): (usize, usize, usize)) -> (CoopTiles, u32,
 fn cooperative_matrices_take_f16_products_of_16_rows_and_more() {
     let caps = cooperative();
     assert!(caps.cooperative_f16());
-    // 4096³: 32 × 32 tiles of 128×128 fill the GPU, no split.
+    // 4096³: 16 × 32 tiles of 128×256, the largest, fill the GPU, no split.
     assert_eq!(
         coop(&caps, (4096, 4096, 4096)),
-        (CoopTiles::T128X128, 1, 4096, [32, 32, 1])
+        (CoopTiles::T128X256, 1, 4096, [16, 32, 1])
     );
-    // 256 rows: 64 tiles of 128×128 are fewer than 132; 4 × 64 of 64×64 are not.
+    // 512 rows: 64 tiles of 128×256 and 128 of 128×128 are fewer than 132; 256 of 64×128 are not.
+    assert_eq!(
+        coop(&caps, (512, 4096, 4096)),
+        (CoopTiles::T64X128, 1, 4096, [32, 8, 1])
+    );
+    // 256 rows: 128 tiles of 64×128 are fewer than 132; 4 × 64 of 64×64 are not.
     assert_eq!(
         coop(&caps, (256, 4096, 4096)),
         (CoopTiles::T64X64, 1, 4096, [64, 4, 1])
-    );
-    assert_eq!(
-        coop(&caps, (512, 4096, 4096)),
-        (CoopTiles::T64X64, 1, 4096, [64, 8, 1])
     );
     // 64 rows: 64 tiles of 64×64, K split 5 ways (⌈264 / 64⌉) in chunks of 832 (26 slabs).
     assert_eq!(
@@ -397,6 +398,10 @@ fn cooperative_tiles_follow_the_devices_workgroup_memory() {
     let mut small = cooperative();
     small.limits.max_compute_workgroup_storage_size = 16_384;
     assert_eq!(coop(&small, (4096, 4096, 4096)).0, CoopTiles::T64X64);
+    // 24 KiB: the largest that fits, 128×128 (128×256 takes 34.5 KiB).
+    let mut medium = cooperative();
+    medium.limits.max_compute_workgroup_storage_size = 24_576;
+    assert_eq!(coop(&medium, (4096, 4096, 4096)).0, CoopTiles::T128X128);
     let forced = MatmulOptions {
         cooperative_tiles: Some(CoopTiles::T128X128),
         ..rules()
@@ -800,5 +805,5 @@ fn f32_products_take_cooperative_matrices_only_when_opted_in() {
         );
     }
     let chosen = plan_for(&opted, &caps, DType::F32, 4096, 4096, 4096).unwrap();
-    assert_eq!(chosen.cooperative, Some(CoopTiles::T128X128));
+    assert_eq!(chosen.cooperative, Some(CoopTiles::T128X256));
 }
