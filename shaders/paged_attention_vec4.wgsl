@@ -1,11 +1,9 @@
 // paged_attention.wgsl's decode attention for a head size that is a multiple of 4 (GPT-2's 64):
 // the same sums over the same tokens, with q and the caches read as vec4s. The query's quads
 // (head_dim / 4 vec4s) and every token's row of K and V are then a few 16-byte loads: scoring a
-// token takes head_dim / 4 loads, sixteen in flight at a time (all of a head of 64), instead of
-// head_dim; and the weighted sum of V goes over 256 / quads groups of quads lanes (16 groups for
-// a head of 64) rather than 256 / head_dim, so that each group walks fewer of the chunk's
-// tokens, eight of them in flight at a time. The sum of the weights and the flag of a bad
-// length or block are reduced over the workgroup in one tree. Everything
+// token takes head_dim / 4 loads, four in flight at a time, instead of head_dim; and the
+// weighted sum of V goes over 256 / quads groups of quads lanes (16 groups for a head of 64)
+// rather than 256 / head_dim, so that each group walks fewer of the chunk's tokens. Everything
 // else — one workgroup of 256 per (sequence, head) and share, the scores kept from the max pass,
 // the partial records of a split added by `paged_attention_combine` (paged_attention.wgsl), the
 // NaN rows for a bad length or block id — is as in paged_attention.wgsl, whose header says it.
@@ -68,25 +66,6 @@ const SCORES_CACHED: u32 = 2048u;
 var<workgroup> scores: array<f32, 2048>;
 var<workgroup> token_count: u32;
 
-var<workgroup> pairs: array<vec2<f32>, 256>;
-
-// The sum of `value.x` and the maximum of `value.y` over the workgroup, in one tree (one set of
-// barriers for the two), returned to every invocation.
-fn sum_and_max(value: vec2<f32>, local: u32) -> vec2<f32> {
-    pairs[local] = value;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (local < stride) {
-            let other = pairs[local + stride];
-            pairs[local] = vec2<f32>(pairs[local].x + other.x, max(pairs[local].y, other.y));
-        }
-        workgroupBarrier();
-    }
-    let total = pairs[0];
-    workgroupBarrier();
-    return total;
-}
-
 // The first vec4 of token t's row of head h, and whether its block id is valid (block 0 is read
 // in place of an invalid one).
 fn token_row(b: u32, h: u32, t: u32) -> vec2<u32> {
@@ -101,21 +80,11 @@ fn token_row(b: u32, h: u32, t: u32) -> vec2<u32> {
     return vec2<u32>((slot * params.n_head + h) * quads(), valid);
 }
 
-// scale · q · K[row ..]: sixteen vec4 loads in flight at a time (a whole head of 64, one
-// round trip to memory), then four, then one.
+// scale · q · K[row ..], four vec4 loads in flight.
 fn score(row: u32) -> f32 {
     var dot = vec4<f32>(0.0);
     let n = quads();
     var d = 0u;
-    for (; d + 16u <= n; d += 16u) {
-        var k: array<vec4<f32>, 16>;
-        for (var i = 0u; i < 16u; i++) {
-            k[i] = vec4<f32>(k_cache[row + d + i]);
-        }
-        for (var i = 0u; i < 16u; i++) {
-            dot += query_values[d + i] * k[i];
-        }
-    }
     for (; d + 4u <= n; d += 4u) {
         let k0 = vec4<f32>(k_cache[row + d]);
         let k1 = vec4<f32>(k_cache[row + d + 1u]);
@@ -201,16 +170,6 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
         if (group < groups) {
             let in_chunk = min(256u, end - first - chunk * 256u);
             var j = group;
-            // Eight tokens' vec4s in flight, then four, then one.
-            for (; j + 7u * groups < in_chunk; j += 8u * groups) {
-                var v: array<vec4<f32>, 8>;
-                for (var i = 0u; i < 8u; i++) {
-                    v[i] = vec4<f32>(v_cache[rows[j + i * groups] + lane]);
-                }
-                for (var i = 0u; i < 8u; i++) {
-                    acc += weights[j + i * groups] * v[i];
-                }
-            }
             for (; j + 3u * groups < in_chunk; j += 4u * groups) {
                 let j1 = j + groups;
                 let j2 = j1 + groups;
@@ -233,9 +192,8 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
     scores[4u * local + 2u] = acc.z;
     scores[4u * local + 3u] = acc.w;
     workgroupBarrier();
-    let reduced = sum_and_max(vec2<f32>(partial_sum, bad), local);
-    let total = reduced.x;
-    let any_bad = reduced.y;
+    let total = workgroup_sum(partial_sum, local);
+    let any_bad = workgroup_max(bad, local);
     if (local < n) {
         var value = vec4<f32>(0.0);
         for (var g = 0u; g < groups; g++) {
