@@ -75,8 +75,9 @@
 //! - `--cooperative-matrix` opens the device with cooperative matrices where the adapter has
 //!   them (`GpuOptions::cooperative_matrix`; the first lines printed say whether it did): with
 //!   `--dtype f16`, products of at least 16 rows then run on them (the tensor cores; kernel
-//!   column `coop NAME`, the tile's `CoopTiles::name`). `--coop-tile NAME` (repeatable; `CoopTiles::ALL`: 128x128,
-//!   128x256, 64x128, 64x64, 32x128, and with K in slabs of 64, 128x128x64, 128x128x64w,
+//!   column `coop NAME`, the tile's `CoopTiles::name`). `--coop-tile NAME` (repeatable;
+//!   `CoopTiles::ALL`: 128x128, 128x256, 64x128, 64x64, 32x128, and with K in slabs of 64,
+//!   128x128x64, 128x128x64w,
 //!   64x128x64) also measures each shape with that tile forced, after its automatic plan (JSON `forced_coop_tiles`; `cooperative` says which kernel ran).
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off; with `--dtype f16`, the JSON of `matmul.py --dtype half`, which must match) and prints its time beside ours for each shape with an automatic plan, and the ratio

@@ -117,11 +117,11 @@ pub(crate) fn plan_for(
 /// ([`MatmulOptions::cooperative_tiles`]; one the device's limits refuse is a
 /// [`ComputeError::Config`]), else 32×128 for at most 32 rows, else the largest of 128×256,
 /// 128×128 and 64×128 that the device takes and that gives at least `min_workgroups / 2` block
-/// tiles (one per SM of an H200) unsplit, else 64×64, else 32×128. K is split (as for the tiled kernel, the
-/// split-K reduction adding f32 partial products) where the block tiles are fewer than
-/// `min_workgroups / 2`: enough splits for `min_workgroups`, each at least `min_split_depth`
-/// deep, at most `max_splits` (or [`MatmulOptions::split_k`] where forced). `m`, `n`, `k` are
-/// not 0.
+/// tiles (one per SM of an H200) unsplit, else 64×64, else 32×128. K is split (as for the
+/// tiled kernel, the split-K reduction adding f32 partial products) where the block tiles are
+/// fewer than `min_workgroups / 2`: enough splits for `min_workgroups`, each at least
+/// `min_split_depth` deep, at most `max_splits` (or [`MatmulOptions::split_k`] where forced).
+/// `m`, `n`, `k` are not 0.
 pub(crate) fn cooperative_plan(
     options: &MatmulOptions,
     caps: &DeviceCaps,
