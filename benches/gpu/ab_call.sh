@@ -1,0 +1,44 @@
+#!/bin/sh
+# One device call that compares two builds of `serve_gpt` on the same stream: each profiled
+# (`--sides paged --profile`: the planned side's tokens/s and decode step, and the eager side's
+# GPU time per kernel) twice, alternating base, change, base, change, with the SM clock logged
+# beside them; then PyTorch on the change's stream, its tokens checked against the change's.
+# Here: build the base (e.g. main) with `../shared/gpu/prepare --example serve_gpt` and keep
+# `.gpu/bin/serve_gpt` aside; check out the change, prepare again, and copy the kept binary to
+# `.gpu/bin/serve_gpt_base`. Then there, carrying `.gpu`:
+#
+#     sh benches/gpu/ab_call.sh
+#
+# Writes $OUT/ab.tgz: clocks.csv, started.txt (each run's start, UTC), and per run
+# {base,change}{1,2}.{json,txt}, torch.{json,txt}.
+set -u
+: "${OUT:?OUT must name the folder whose files come back}"
+[ -x .gpu/bin/serve_gpt_base ] || { echo "no .gpu/bin/serve_gpt_base (the build to compare with)"; exit 2; }
+W=$(mktemp -d)
+nvidia-smi --query-gpu=timestamp,clocks.sm --format=csv -lms 250 > "$W/clocks.csv" 2>&1 &
+clock=$!
+mark() { echo "$1 $(date -u +%H:%M:%S.%N)" >> "$W/started.txt"; }
+sh .gpu/run serve_gpt --model gpt2 --write-weights /tmp/gpt2.safetensors > "$W/weights.txt" 2>&1
+S="--model gpt2 --weights /tmp/gpt2.safetensors --requests 64 --max-batch 16 --seed 1"
+for i in 1 2; do
+    for side in base change; do
+        bin=serve_gpt
+        [ "$side" = base ] && bin=serve_gpt_base
+        mark "$side$i"
+        # shellcheck disable=SC2086 # $S is a list of arguments
+        sh .gpu/run "$bin" $S --warm-s 2 --sides paged --profile --json "$W/$side$i.json" \
+            > "$W/$side$i.txt" 2>&1
+    done
+done
+mark torch
+python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors --stream "$W/change1.json" \
+    --json "$W/torch.json" --check "$W/change1.json" > "$W/torch.txt" 2>&1
+mark done
+kill "$clock"
+tar czf "$OUT/ab.tgz" -C "$W" .
+for f in base1 change1 base2 change2; do
+    echo "== $f"
+    grep -h "tokens/s\|kernels a step" "$W/$f.txt" | head -3
+    grep -h -m 3 "paged_attention\|kv_write\|layer_norm" "$W/$f.txt"
+done
+tail -n 1 "$W/torch.txt"
