@@ -11,20 +11,11 @@
 #
 # Writes $OUT/ab.tgz: clocks.csv, started.txt (each run's start, UTC), and per run
 # {base,change}{1,2}.{json,txt}, torch.{json,txt}.
-set -u
-: "${OUT:?OUT must name the folder whose files come back}"
-[ -x .gpu/bin/serve_gpt_base ] || { echo "no .gpu/bin/serve_gpt_base (the build to compare with)"; exit 2; }
-W=$(mktemp -d)
-nvidia-smi --query-gpu=timestamp,clocks.sm --format=csv -lms 250 > "$W/clocks.csv" 2>&1 &
-clock=$!
-# An idle CUDA context held for the whole call keeps the SM clock at 1,980 MHz between runs (call 59
-# against calls 60 and 62, MEASUREMENTS.md); `HOLD=0` leaves it out.
-hold=""
-if [ "${HOLD:-1}" = 1 ]; then
-    python3 -c "import torch, time; torch.ones(1, device='cuda').sum().item(); time.sleep(3600)" &
-    hold=$!
+if [ ! -x .gpu/bin/serve_gpt_base ]; then
+    echo "no .gpu/bin/serve_gpt_base (the build to compare with)"
+    exit 2
 fi
-mark() { echo "$1 $(date -u +%H:%M:%S.%N)" >> "$W/started.txt"; }
+. benches/gpu/watch.sh
 sh .gpu/run serve_gpt --model gpt2 --write-weights /tmp/gpt2.safetensors > "$W/weights.txt" 2>&1
 S="--model gpt2 --weights /tmp/gpt2.safetensors --requests 64 --max-batch 16 --seed 1"
 for i in 1 2; do
@@ -41,9 +32,7 @@ mark torch
 python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors --stream "$W/change1.json" \
     --json "$W/torch.json" --check "$W/change1.json" > "$W/torch.txt" 2>&1
 mark done
-kill "$clock"
-[ -n "$hold" ] && kill "$hold"
-tar czf "$OUT/ab.tgz" -C "$W" .
+finish ab.tgz
 for f in base1 change1 base2 change2; do
     echo "== $f"
     grep -h "tokens/s\|kernels a step" "$W/$f.txt" | head -3

@@ -11,23 +11,13 @@
 # - f16 products on cooperative matrices (issue 28): the serving shapes with every named tile
 #   forced (the slabs of 32 and of 64 of K), beside PyTorch half.
 #
-# A Python process holds a CUDA context, idle, for the whole call (`HOLD=0` leaves it out): does
-# the SM clock then stay at 1,980 MHz under bursty Vulkan work, as it does for CUDA processes?
+# An idle CUDA context is held for the whole call (benches/gpu/watch.sh; `HOLD=0` leaves it out):
+# with it the SM clock stayed at 1,980 MHz under bursty Vulkan work (call 59).
 #
 # Writes $OUT/kernels.tgz (the device tool brings back only a few files): clocks.csv (timestamp,
 # SM clock every 250 ms), started.txt (each run's start, UTC), torch32/torch16.json (PyTorch),
 # decode.{json,txt}, groupsG.{json,txt}, coop.{json,txt}.
-set -u
-: "${OUT:?OUT must name the folder whose files come back}"
-W=$(mktemp -d)
-nvidia-smi --query-gpu=timestamp,clocks.sm --format=csv -lms 250 > "$W/clocks.csv" 2>&1 &
-clock=$!
-hold=""
-if [ "${HOLD:-1}" = 1 ]; then
-    python3 -c "import torch, time; torch.ones(1, device='cuda').sum().item(); time.sleep(3600)" &
-    hold=$!
-fi
-mark() { echo "$1 $(date -u +%H:%M:%S.%N)" >> "$W/started.txt"; }
+. benches/gpu/watch.sh
 DECODE=""
 for m in 1 4 8 16; do
     for nk in 2304x768 768x768 3072x768 768x3072; do
@@ -61,7 +51,5 @@ mark coop
 sh .gpu/run bench_kernels --serving --only matmul --dtype f16 --cooperative-matrix --no-autotune \
     $TILES --torch "$W/torch16.json" --json "$W/coop.json" > "$W/coop.txt" 2>&1
 mark done
-kill "$clock"
-[ -n "$hold" ] && kill "$hold"
-tar czf "$OUT/kernels.tgz" -C "$W" .
+finish kernels.tgz
 tail -n 40 "$W/coop.txt"

@@ -11,19 +11,7 @@
 # ones), torch.{json,txt} (PyTorch on eager.json's stream, its tokens checked against ours),
 # it.txt (the integration tests; `layering` reads src/, which is not carried), and started.txt
 # (each run's start, UTC, to place it in clocks.csv). Every side's JSON also has `span_unix_s`.
-set -u
-: "${OUT:?OUT must name the folder whose files come back}"
-W=$(mktemp -d)
-nvidia-smi --query-gpu=timestamp,clocks.sm --format=csv -lms 250 > "$W/clocks.csv" 2>&1 &
-clock=$!
-# An idle CUDA context held for the whole call keeps the SM clock at 1,980 MHz between runs (call 59
-# against calls 60 and 62, MEASUREMENTS.md); `HOLD=0` leaves it out.
-hold=""
-if [ "${HOLD:-1}" = 1 ]; then
-    python3 -c "import torch, time; torch.ones(1, device='cuda').sum().item(); time.sleep(3600)" &
-    hold=$!
-fi
-mark() { echo "$1 $(date -u +%H:%M:%S.%N)" >> "$W/started.txt"; }
+. benches/gpu/watch.sh
 mark weights
 sh .gpu/run serve_gpt --model gpt2 --write-weights /tmp/gpt2.safetensors > "$W/weights.txt" 2>&1
 S="--model gpt2 --weights /tmp/gpt2.safetensors --requests 64 --max-batch 16 --seed 1"
@@ -42,8 +30,6 @@ python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors --stream "$W/
 mark it
 sh .gpu/run it --skip layering > "$W/it.txt" 2>&1
 mark done
-kill "$clock"
-[ -n "$hold" ] && kill "$hold"
-tar czf "$OUT/serve.tgz" -C "$W" .
+finish serve.tgz
 grep -h "test result" "$W/it.txt"
 tail -n 3 "$W/torch.txt"

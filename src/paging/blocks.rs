@@ -159,14 +159,14 @@ impl BlockManager {
                     max_tokens,
                 })
             }
-            _ if self.admission_blocks(reach_tokens) >= self.num_blocks => {
-                Some(PagingError::NeverFits {
+            _ => {
+                let blocks = self.admission_blocks(reach_tokens);
+                (blocks >= self.num_blocks).then(|| PagingError::NeverFits {
                     tokens: reach_tokens,
-                    blocks: self.admission_blocks(reach_tokens),
+                    blocks,
                     capacity_blocks: self.num_blocks - 1,
                 })
             }
-            _ => None,
         }
     }
 

@@ -195,20 +195,18 @@ fn cooperative_tile(
     // largest that still fills the GPU without a split is the fastest of the 32-deep tiles at
     // every serving shape (MEASUREMENTS.md, session 15).
     let large = [CoopTiles::T128X256, CoopTiles::T128X128, CoopTiles::T64X128];
-    let filling = large
-        .into_iter()
-        .filter(|tiles| m > 32 && fits(tiles))
-        .find(|&tiles| blocks(tiles) >= wave);
     let first = if m <= 32 {
         CoopTiles::T32X128
     } else {
-        CoopTiles::T64X64
-    };
-    Ok(filling.or_else(|| {
-        [first, CoopTiles::T64X64, CoopTiles::T32X128]
+        large
             .into_iter()
-            .find(fits)
-    }))
+            .filter(fits)
+            .find(|&tiles| blocks(tiles) >= wave)
+            .unwrap_or(CoopTiles::T64X64)
+    };
+    Ok([first, CoopTiles::T64X64, CoopTiles::T32X128]
+        .into_iter()
+        .find(fits))
 }
 
 /// The splits of K the cooperative matmul wants over `blocks` block tiles (before the limits
