@@ -77,8 +77,10 @@
 //!   `--dtype f16`, products of at least 16 rows then run on them (the tensor cores; kernel
 //!   column `coop NAME`, the tile's `CoopTiles::name`). `--coop-tile NAME` (repeatable;
 //!   `CoopTiles::ALL`: 128x128, 128x256, 64x128, 64x64, 32x128, and with K in slabs of 64,
-//!   128x128x64, 128x128x64w,
-//!   64x128x64) also measures each shape with that tile forced, after its automatic plan (JSON `forced_coop_tiles`; `cooperative` says which kernel ran).
+//!   128x128x64, 128x128x64w, 64x128x64; or any tile as `BMxBN[xBK]/WMxWN`, e.g.
+//!   `128x256/64x64`) also measures each shape with that tile forced, after its automatic plan
+//!   (JSON `forced_coop_tiles`; `cooperative` says which kernel ran); a tile the device's limits
+//!   refuse is named and left out.
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off; with `--dtype f16`, the JSON of `matmul.py --dtype half`, which must match) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
@@ -251,10 +253,15 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
             "--serving" => args.serving = true,
             "--cooperative-matrix" => args.cooperative_matrix = true,
             "--coop-tile" => {
-                let name = iter.next().context("--coop-tile needs BMxBN[xBK]")?;
+                let name = iter
+                    .next()
+                    .context("--coop-tile needs BMxBN[xBK][/WMxWN]")?;
                 let tiles = CoopTiles::named(&name).with_context(|| {
                     let all: Vec<String> = CoopTiles::ALL.iter().map(CoopTiles::name).collect();
-                    format!("--coop-tile {name:?}: not one of {}", all.join(", "))
+                    format!(
+                        "--coop-tile {name:?}: not one of {} nor BMxBN[xBK]/WMxWN",
+                        all.join(", ")
+                    )
                 })?;
                 args.coop_tiles.push(tiles);
             }
@@ -1851,7 +1858,18 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
     let mut matmuls = Vec::new();
     let mut failures = 0;
     let cases = if !args.matmuls.is_empty() {
-        let compared = args.compared_tiles(&bench.gpu.device.limits());
+        let limits = bench.gpu.device.limits();
+        let compared = args.compared_tiles(&limits);
+        // A forced cooperative tile the device's limits refuse is named and left out.
+        let usable_coop_tiles: Vec<CoopTiles> = (args.coop_tiles.iter().copied())
+            .filter(|tile| match tile.check(&limits) {
+                Ok(()) => true,
+                Err(error) => {
+                    println!("--coop-tile {}: left out: {error}", tile.name());
+                    false
+                }
+            })
+            .collect();
         let mut cases = Vec::new();
         for &(m, n, k) in &args.matmuls {
             // The automatic choice, then (with --large) every tile that fits, and for few rows
@@ -1870,7 +1888,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             cases.push(case);
             // Each forced tile of the cooperative matmul (f16 on a device with cooperative
             // matrices; elsewhere the portable kernels run, and the kernel column says so).
-            for &coop_tiles in &args.coop_tiles {
+            for &coop_tiles in &usable_coop_tiles {
                 cases.push(MatmulCase {
                     coop_tiles: Some(coop_tiles),
                     ..case

@@ -166,7 +166,20 @@ fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         .collect()
 }
 
-/// Every variant of the cooperative matmul: each named tile, vec4 and scalar, with every
+/// Tiles beyond the named ones that the kernel takes (`CoopTiles::named` reads them from a
+/// command line): the earlier 128×256 and 64×128 (eight and four subgroups), 256 rows, 16
+/// subgroups of 64×32, subgroups of 32×64.
+const OTHER_COOP_TILES: [&str; 6] = [
+    "128x256/64x64",
+    "64x128/32x64",
+    "256x128/64x32",
+    "256x128/64x64",
+    "64x256/32x64",
+    "128x128/32x64",
+];
+
+/// Every variant of the cooperative matmul: each named tile and [`OTHER_COOP_TILES`], vec4 and
+/// scalar, with every
 /// epilogue storing f16, and without one storing f32 partial products (split-K), of f16
 /// operands; and of f32 operands rounded to f16 as they are staged
 /// (`MatmulOptions::cooperative_f32_as_f16`), with every epilogue storing f32 (split-K's partial
@@ -178,7 +191,8 @@ fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
         output: DType::F32,
     };
     let mut modules = Vec::new();
-    for tiles in CoopTiles::ALL {
+    let others = OTHER_COOP_TILES.map(|name| CoopTiles::named(name).unwrap());
+    for tiles in CoopTiles::ALL.into_iter().chain(others) {
         for vec4 in [false, true] {
             for bias in [false, true] {
                 for activation in Activation::ALL {

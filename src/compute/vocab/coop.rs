@@ -29,7 +29,12 @@ pub struct CoopTiles {
 
 impl fmt::Display for CoopTiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "coop {}/{}x{}", self.name(), self.wm, self.wn)
+        let name = self.name();
+        if name.contains('/') {
+            write!(f, "coop {name}")
+        } else {
+            write!(f, "coop {name}/{}x{}", self.wm, self.wn)
+        }
     }
 }
 
@@ -38,14 +43,16 @@ impl CoopTiles {
     /// workgroup memory. 180 TFLOP/s at 4096³ on the H200 and the H100. The automatic tile
     /// where it gives enough workgroups and 128×256 does not (or does not fit).
     pub const T128X128: Self = Self::new(128, 128, 64, 64);
-    /// 128×256, eight subgroups of 64×64: 256 invocations, 34.5 KiB. 192–194 TFLOP/s at 4096³
-    /// on the H100 and the H200, the fastest tile there; the automatic one where it gives
+    /// 128×256, sixteen subgroups of 64×32 (8 accumulators each): 512 invocations, 42.5 KiB.
+    /// 201 TFLOP/s at 4096³ on the H100, the fastest tile there (eight subgroups of 64×64:
+    /// 192–197, and 5–20% slower at 1 to 512 rows × 4096²); the automatic one where it gives
     /// enough workgroups.
-    pub const T128X256: Self = Self::new(128, 256, 64, 64);
-    /// 64×128, four subgroups of 32×64 (8 accumulators): 128 invocations, 17.5 KiB. The
+    pub const T128X256: Self = Self::new(128, 256, 64, 32);
+    /// 64×128, eight subgroups of 32×32 (4 accumulators): 256 invocations, 21.5 KiB. The
     /// automatic tile where it gives enough workgroups and the larger ones do not (512 rows ×
-    /// 4096²: 35% faster than 64×64 on the H100).
-    pub const T64X128: Self = Self::new(64, 128, 32, 64);
+    /// 4096² on the H100: 22% faster than four subgroups of 32×64, 49% faster than 64×64;
+    /// four subgroups were slower at every measured shape).
+    pub const T64X128: Self = Self::new(64, 128, 32, 32);
     /// 64×64, four subgroups of 32×32 (4 accumulators): 128 invocations, 13.5 KiB (within
     /// WebGPU's 16 KiB). The automatic tile for more than 32 rows where the larger ones give too
     /// few workgroups (K then split) or do not fit.
@@ -62,9 +69,9 @@ impl CoopTiles {
     /// 256 invocations, 43 KiB. A tuner candidate; on the H100 the fastest at 256 rows × 4096²
     /// (5% ahead of 64×64), 8% slower than [`Self::T128X128`] at 4096³.
     pub const T128X128X64W: Self = Self::new(128, 128, 64, 32).with_bk(64);
-    /// 64×128 as [`Self::T64X128`], K in slabs of 64: 128 invocations, 30 KiB. A tuner
-    /// candidate; slower than [`Self::T64X128`] at every measured shape (H100).
-    pub const T64X128X64: Self = Self::T64X128.with_bk(64);
+    /// 64×128, four subgroups of 32×64, K in slabs of 64: 128 invocations, 30 KiB. A tuner
+    /// candidate; slower than the 32-deep slabs at every measured shape (H100).
+    pub const T64X128X64: Self = Self::new(64, 128, 32, 64).with_bk(64);
 
     /// The named tiles.
     pub const ALL: [Self; 8] = [
@@ -107,27 +114,40 @@ impl CoopTiles {
     }
 
     /// The tile's short name: `BMxBN`, then `xBK` where the slabs are not [`Self::BK`] deep,
-    /// then `w` for [`Self::T128X128X64W`]'s narrower subgroups (as [`Self::named`] reads it).
+    /// then `w` for [`Self::T128X128X64W`]'s narrower subgroups; a tile that is not one of
+    /// [`Self::ALL`] adds its subgroups' share, `/WMxWN` (as [`Self::named`] reads it).
     pub fn name(&self) -> String {
         let mut name = format!("{}x{}", self.bm, self.bn);
         if self.bk != Self::BK {
             name.push_str(&format!("x{}", self.bk));
         }
-        if let Some(first) = Self::ALL
+        let first = Self::ALL
             .iter()
-            .find(|t| t.bm == self.bm && t.bn == self.bn && t.bk == self.bk)
-        {
-            if first.wm != self.wm || first.wn != self.wn {
-                name.push('w');
-            }
+            .find(|t| t.bm == self.bm && t.bn == self.bn && t.bk == self.bk);
+        match first {
+            Some(first) if first == self => {}
+            _ if Self::ALL.contains(self) => name.push('w'),
+            _ => name.push_str(&format!("/{}x{}", self.wm, self.wn)),
         }
         name
     }
 
-    /// The named tile (of [`Self::ALL`]) of that [`Self::name`], e.g. `128x128` or `128x128x64`
-    /// for a command line; `None` for another.
+    /// The tile of that [`Self::name`]: a named one (of [`Self::ALL`]) such as `128x128` or
+    /// `128x128x64`, or any other written `BMxBN[xBK]/WMxWN` (e.g. `128x256/64x64`), for a
+    /// command line; `None` where the text is neither. The tile is not checked
+    /// ([`Self::check`] does).
     pub fn named(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|tile| tile.name() == name)
+        if let Some(tile) = Self::ALL.into_iter().find(|tile| tile.name() == name) {
+            return Some(tile);
+        }
+        let (block, subgroup) = name.split_once('/')?;
+        let dims =
+            |text: &str| -> Option<Vec<u32>> { text.split('x').map(|d| d.parse().ok()).collect() };
+        match (dims(block)?.as_slice(), dims(subgroup)?.as_slice()) {
+            (&[bm, bn], &[wm, wn]) => Some(Self::new(bm, bn, wm, wn)),
+            (&[bm, bn, bk], &[wm, wn]) => Some(Self::new(bm, bn, wm, wn).with_bk(bk)),
+            _ => None,
+        }
     }
 
     /// Subgroups per workgroup.
@@ -221,11 +241,13 @@ mod tests {
             assert_eq!(CoopTiles::named(&tile.name()), Some(tile));
         }
         assert_eq!(CoopTiles::T128X128.workgroup_storage_bytes(), 23_040);
-        assert_eq!(CoopTiles::T128X256.workgroup_storage_bytes(), 35_328);
+        assert_eq!(CoopTiles::T128X256.workgroup_storage_bytes(), 43_520);
+        assert_eq!(CoopTiles::T64X128.workgroup_storage_bytes(), 22_016);
         assert_eq!(CoopTiles::T64X64.workgroup_storage_bytes(), 13_824);
         assert_eq!(CoopTiles::T32X128.workgroup_storage_bytes(), 15_360);
         assert_eq!(CoopTiles::T128X128.threads(), 128);
-        assert_eq!(CoopTiles::T128X256.threads(), 256);
+        assert_eq!(CoopTiles::T128X256.threads(), 512);
+        assert_eq!(CoopTiles::T64X128.threads(), 256);
         assert_eq!(
             (CoopTiles::T128X128.a_loads(), CoopTiles::T128X128.b_loads()),
             (8, 8)
@@ -238,6 +260,20 @@ mod tests {
         assert!(CoopTiles::new(128, 128, 24, 64).check(&unlimited).is_err());
         assert!(CoopTiles::new(128, 128, 0, 64).check(&unlimited).is_err());
         assert_eq!(CoopTiles::named("7x7"), None);
+        assert_eq!(CoopTiles::named("128x256/64"), None);
+        assert_eq!(CoopTiles::named("128x256/64xq"), None);
+        // Any other tile by its block and subgroup shares, named back the same way.
+        let eight = CoopTiles::new(128, 256, 64, 64);
+        assert_eq!(CoopTiles::named("128x256/64x64"), Some(eight));
+        assert_eq!(eight.name(), "128x256/64x64");
+        assert_eq!(eight.to_string(), "coop 128x256/64x64");
+        assert_eq!(eight.threads(), 256);
+        assert!(eight.check(&unlimited).is_ok());
+        assert_eq!(CoopTiles::named("128x256/64x32"), Some(CoopTiles::T128X256));
+        let deep = CoopTiles::named("64x64x64/32x32").unwrap();
+        assert_eq!(deep, CoopTiles::T64X64.with_bk(64));
+        assert_eq!(deep.name(), "64x64x64/32x32");
+        assert_eq!(CoopTiles::named("128x128/64x64"), Some(CoopTiles::T128X128));
         assert_eq!(CoopTiles::T128X128.to_string(), "coop 128x128/64x64");
         // The deep slabs: names, sizes and loads.
         assert_eq!(CoopTiles::named("128x128x64"), Some(CoopTiles::T128X128X64));

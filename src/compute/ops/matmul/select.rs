@@ -193,7 +193,7 @@ fn cooperative_tile(
     let fits = |tiles: &CoopTiles| tiles.check(limits).is_ok();
     // Larger tiles read each operand fewer times; measured on the H100 and the H200, the
     // largest that still fills the GPU without a split is the fastest of the 32-deep tiles at
-    // every serving shape (MEASUREMENTS.md, session 15).
+    // every serving shape (MEASUREMENTS.md, sessions 15 and 16).
     let large = [CoopTiles::T128X256, CoopTiles::T128X128, CoopTiles::T64X128];
     let first = if m <= 32 {
         CoopTiles::T32X128

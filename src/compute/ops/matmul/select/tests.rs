@@ -398,10 +398,15 @@ fn cooperative_tiles_follow_the_devices_workgroup_memory() {
     let mut small = cooperative();
     small.limits.max_compute_workgroup_storage_size = 16_384;
     assert_eq!(coop(&small, (4096, 4096, 4096)).0, CoopTiles::T64X64);
-    // 24 KiB: the largest that fits, 128×128 (128×256 takes 34.5 KiB).
+    // 24 KiB: the largest that fits, 128×128 (128×256 takes 42.5 KiB).
     let mut medium = cooperative();
     medium.limits.max_compute_workgroup_storage_size = 24_576;
     assert_eq!(coop(&medium, (4096, 4096, 4096)).0, CoopTiles::T128X128);
+    // 256 invocations a workgroup: 128×256 (16 subgroups, 512) does not fit, 128×128 serves.
+    let mut fewer = cooperative();
+    fewer.limits.max_compute_invocations_per_workgroup = 256;
+    fewer.limits.max_compute_workgroup_size_x = 256;
+    assert_eq!(coop(&fewer, (4096, 4096, 4096)).0, CoopTiles::T128X128);
     let forced = MatmulOptions {
         cooperative_tiles: Some(CoopTiles::T128X128),
         ..rules()
