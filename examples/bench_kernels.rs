@@ -9,7 +9,7 @@
 //!     [--split N]... [--narrow-lanes L]... [--narrow-splits S]... [--narrow-subgroups on|off]...
 //!     [--narrow-row-groups G]
 //!     [--dtype f32|f16] [--sustained SECS] [--chain-shape RxW] [--chain-plan LxS]...
-//!     [--chain-runs N]
+//!     [--chain-runs N] [--cooperative-matrix] [--coop-tile NAME]... [--coop-probe NAME]...
 //! ```
 //!
 //! - The default sizes fit a software GPU (lavapipe, llvmpipe); `--large` is for real GPUs: square
@@ -80,7 +80,11 @@
 //!   128x128x64, 128x128x64w, 64x128x64; or any tile as `BMxBN[xBK]/WMxWN`, e.g.
 //!   `128x256/64x64`) also measures each shape with that tile forced, after its automatic plan
 //!   (JSON `forced_coop_tiles`; `cooperative` says which kernel ran); a tile the device's limits
-//!   refuse is named and left out.
+//!   refuse is named and left out. `--coop-probe NAME` (repeatable; `no-global-loads`,
+//!   `no-staging`, `products-only`: `CoopProbe`) also measures each forced tile (the automatic
+//!   one where none is) with that part of its loop over K left out, to say where the time goes;
+//!   its results are not the product and are not checked (kernel column `coop NAME PROBE`, JSON
+//!   `coop_probe`, `max_rel_err` null).
 //! - `--torch FILE` reads the JSON of `benches/torch/matmul.py` (PyTorch on the same GPU, fp32,
 //!   TF32 off; with `--dtype f16`, the JSON of `matmul.py --dtype half`, which must match) and prints its time beside ours for each shape with an automatic plan, and the ratio
 //!   ours / PyTorch's; the JSON gains `torch_time_us` and `ratio` per product and
@@ -119,7 +123,7 @@
 //! products can run on them), "matmul": [{"m",
 //! "n", "k", "gflops", "max_rel_err", "tiles", "splits", "time_us", "forced_tiles",
 //! "forced_narrow_lanes", "forced_narrow_splits", "forced_narrow_subgroups",
-//! "forced_coop_tiles", "cooperative", "torch_time_us",
+//! "forced_coop_tiles", "coop_probe", "cooperative", "torch_time_us",
 //! "ratio", "stream_us", "torch_stream_us", "stream_ratio", "clock_probe_us", "measurements",
 //! "clock_low"}],
 //! "clock_probe": {"size", "fastest_us", "slow_ratio"},
@@ -139,8 +143,9 @@ use anyhow::{bail, Context as _};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde_json::json;
 use wgpu_pool::compute::{
-    cpu, Autotune, BinaryOp, Context, ContextOptions, CoopTiles, DType, Feed, KernelTiming,
-    MatmulOptions, MatmulPlan, MatmulTiles, ShaderChecks, Tensor, TimestampSupport, UnaryOp,
+    cpu, Autotune, BinaryOp, Context, ContextOptions, CoopProbe, CoopTiles, DType, Feed,
+    KernelTiming, MatmulOptions, MatmulPlan, MatmulTiles, ShaderChecks, Tensor, TimestampSupport,
+    UnaryOp,
 };
 use wgpu_pool::{request_gpu_with, Gpu, GpuOptions, LimitsChoice, Pool, PoolOptions};
 
@@ -195,6 +200,9 @@ struct Args {
     /// `--coop-tile NAME` (repeatable): each shape is also measured with this tile of the
     /// cooperative matmul forced (`MatmulOptions::cooperative_tiles`).
     coop_tiles: Vec<CoopTiles>,
+    /// `--coop-probe NAME` (repeatable): each cooperative case is also measured with this
+    /// diagnostic (`MatmulOptions::cooperative_probe`; not a product, so not checked).
+    coop_probes: Vec<CoopProbe>,
 }
 
 impl Args {
@@ -244,6 +252,7 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
         chain_runs: 101,
         cooperative_matrix: false,
         coop_tiles: Vec::new(),
+        coop_probes: Vec::new(),
     };
     let mut iter = list.iter().cloned();
     while let Some(arg) = iter.next() {
@@ -264,6 +273,14 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
                     )
                 })?;
                 args.coop_tiles.push(tiles);
+            }
+            "--coop-probe" => {
+                let name = iter.next().context("--coop-probe needs a name")?;
+                let probe = CoopProbe::named(&name).with_context(|| {
+                    let all: Vec<&str> = CoopProbe::ALL.iter().map(|p| p.name()).collect();
+                    format!("--coop-probe {name:?}: not one of {}", all.join(", "))
+                })?;
+                args.coop_probes.push(probe);
             }
             "--split" => {
                 let splits = iter.next().context("--split needs a number")?;
@@ -414,7 +431,7 @@ fn parse_args(list: &[String]) -> anyhow::Result<Args> {
                      [--split N]... [--narrow-lanes L]... [--narrow-splits S]... \
                      [--narrow-subgroups on|off]... [--dtype f32|f16] [--sustained SECS] \
                      [--chain-shape RxW] [--chain-plan LxS]... [--chain-runs N] \
-                     [--cooperative-matrix] [--coop-tile NAME]..."
+                     [--cooperative-matrix] [--coop-tile NAME]... [--coop-probe NAME]..."
                 );
                 std::process::exit(0);
             }
@@ -547,6 +564,9 @@ struct MatmulCase {
     splits: Option<u32>,
     /// The cooperative matmul's tile, forced (`MatmulOptions::cooperative_tiles`).
     coop_tiles: Option<CoopTiles>,
+    /// A diagnostic of the cooperative matmul (`MatmulOptions::cooperative_probe`): timed,
+    /// not checked.
+    coop_probe: Option<CoopProbe>,
 }
 
 fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
@@ -560,6 +580,7 @@ fn matmul_cases(large: bool, compared: &[MatmulTiles]) -> Vec<MatmulCase> {
         narrow_subgroups: None,
         splits: None,
         coop_tiles: None,
+        coop_probe: None,
     };
     let mut cases = Vec::new();
     let squares: &[usize] = if large {
@@ -828,6 +849,7 @@ fn bench_matmul(
             .unwrap_or(bench.matmul.narrow_subgroups),
         split_k: case.splits.or(bench.matmul.split_k),
         cooperative_tiles: case.coop_tiles.or(bench.matmul.cooperative_tiles),
+        cooperative_probe: case.coop_probe,
         ..bench.matmul.clone()
     })?;
     let plan = context.matmul_plan_for(bench.dtype, m, n, k)?;
@@ -851,7 +873,11 @@ fn bench_matmul(
     drop((plain_a, plain_b));
     let c = context.matmul(&a, &b)?.to_vec()?;
     let full = (m * n * k) as u64 <= 1 << 28;
-    let (max_rel_err, ok) = matmul_error(bench, &c, &a_values, &b_values, (m, n, k), full);
+    // A diagnostic probe's results are not the product: timed only.
+    let (max_rel_err, ok) = match (case.coop_probe, plan.cooperative) {
+        (Some(_), Some(_)) => (f64::NAN, true),
+        _ => matmul_error(bench, &c, &a_values, &b_values, (m, n, k), full),
+    };
     Ok(MatmulResult {
         m,
         n,
@@ -1884,6 +1910,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
                 narrow_subgroups: None,
                 splits: None,
                 coop_tiles: None,
+                coop_probe: None,
             };
             cases.push(case);
             // Each forced tile of the cooperative matmul (f16 on a device with cooperative
@@ -1893,6 +1920,21 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
                     coop_tiles: Some(coop_tiles),
                     ..case
                 });
+            }
+            // Each diagnostic probe of each forced tile (of the automatic one where none is).
+            let probed: Vec<Option<CoopTiles>> = if usable_coop_tiles.is_empty() {
+                vec![None]
+            } else {
+                usable_coop_tiles.iter().copied().map(Some).collect()
+            };
+            for &coop_tiles in &probed {
+                for &probe in &args.coop_probes {
+                    cases.push(MatmulCase {
+                        coop_tiles,
+                        coop_probe: Some(probe),
+                        ..case
+                    });
+                }
             }
             if m <= MatmulOptions::NARROW_MAX_ROWS as usize {
                 // The forced lanes (with --large and none listed: 1 to 64) crossed with the
@@ -1942,6 +1984,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
                         narrow_subgroups: None,
                         splits,
                         coop_tiles: None,
+                        coop_probe: None,
                     }));
                 }
             }
@@ -1963,6 +2006,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
         // PyTorch's time beside the automatic plan's.
         let automatic = case.tiles.is_none()
             && case.coop_tiles.is_none()
+            && case.coop_probe.is_none()
             && case.narrow_lanes.is_none()
             && case.narrow_splits.is_none()
             && case.narrow_subgroups.is_none();
@@ -1981,7 +2025,12 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             r.m,
             r.n,
             r.k,
-            r.kernel,
+            match case.coop_probe {
+                Some(probe) if r.kernel.starts_with("coop") => {
+                    format!("{} {}", r.kernel, probe.name())
+                }
+                _ => r.kernel.clone(),
+            },
             r.splits,
             r.time_us,
             r.gflops,
@@ -2006,6 +2055,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "forced_narrow_splits": case.narrow_splits,
             "forced_narrow_subgroups": case.narrow_subgroups,
             "forced_coop_tiles": case.coop_tiles.map(|t| t.name()),
+            "coop_probe": case.coop_probe.filter(|_| r.kernel.starts_with("coop")).map(|p| p.name()),
             "cooperative": r.kernel.starts_with("coop"),
             "torch_time_us": torch_us, "ratio": ratio, "stream_us": r.stream_us,
             "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,

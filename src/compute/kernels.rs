@@ -47,8 +47,9 @@
 use std::collections::HashMap;
 
 use super::vocab::{
-    group0_entries, narrow_grouped, narrow_sum_rows, ComputeError, CoopTiles, ElementTypes,
-    KernelKey, MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    group0_entries, narrow_grouped, narrow_sum_rows, ComputeError, CoopProbe, CoopTiles,
+    ElementTypes, KernelKey, MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS,
+    PARAMS_BYTES,
 };
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -153,8 +154,8 @@ pub(crate) fn module_source(source: Source, variant: &Variant, types: ElementTyp
     {
         text.push_str(&narrow_entry(rows, lanes, subgroup));
     }
-    if let Variant::Coop { tiles, .. } = variant {
-        text.push_str(&coop_entry(tiles));
+    if let Variant::Coop { tiles, probe, .. } = variant {
+        text.push_str(&coop_entry(tiles, *probe));
     }
     text
 }
@@ -199,44 +200,64 @@ const COOP_ENTRY_LOOP: &str = "    var staged = fetch(tid, row0, col0, k_begin, 
         staged = fetch(tid, row0, col0, k_begin + min(t + 1u, slabs - 1u) * BK, k_end);
 ";
 
+/// The loop over the slabs of K of [`CoopProbe::NoGlobalLoads`]: the first slab fetched once,
+/// staged again every slab.
+const COOP_PROBE_NO_GLOBAL_LOADS: &str = "    let staged = fetch(tid, row0, col0, k_begin, k_end);
+    for (var t = 0u; t < slabs; t++) {
+        workgroupBarrier();
+        stage(tid, staged);
+        workgroupBarrier();
+";
+
+/// The loop over the slabs of K of [`CoopProbe::NoStaging`]: the first slab staged once, the
+/// loop's barriers kept.
+const COOP_PROBE_NO_STAGING: &str = "    stage(tid, fetch(tid, row0, col0, k_begin, k_end));
+    for (var t = 0u; t < slabs; t++) {
+        workgroupBarrier();
+        workgroupBarrier();
+";
+
 /// The WGSL entry point `matmul_coop` of the cooperative matmul for `tiles`:
 /// [`COOP_ENTRY_BEGIN`], the accumulators `acc_{i}_{j}` (`i < wm / 16`, `j < wn / 16`),
 /// [`COOP_ENTRY_LOOP`], then for each step of 16 in a slab the fragments `a{i}` and `b{j}` and
 /// every product; then the epilogue, one accumulator at a time through the subgroup's scratch.
 /// Every pointer index and stride of a cooperative load or store is a `let` (a naga 30 pitfall,
-/// see `shaders/matmul_coop.wgsl`).
-fn coop_entry(tiles: &CoopTiles) -> String {
-    let (fm, fn_) = (tiles.wm / 16, tiles.wn / 16);
-    let accumulators = || (0..fm).flat_map(move |i| (0..fn_).map(move |j| (i, j)));
+/// see `shaders/matmul_coop.wgsl`). A `probe` leaves part of the loop out (not a product):
+/// the loads from storage ([`COOP_PROBE_NO_GLOBAL_LOADS`]), the staging too
+/// ([`COOP_PROBE_NO_STAGING`]), or everything but the products, whose fragments
+/// (`a{i}_{step}`, `b{j}_{step}`) are then loaded once before the loop.
+fn coop_entry(tiles: &CoopTiles, probe: Option<CoopProbe>) -> String {
     let mut text = String::from(COOP_ENTRY_BEGIN);
-    for (i, j) in accumulators() {
+    for (i, j) in coop_accumulators(tiles) {
         text.push_str(&format!("    var acc_{i}_{j} = coop_mat16x16<f32, C>();\n"));
     }
-    text.push_str(COOP_ENTRY_LOOP);
-    text.push_str("        let a_stride = A_STRIDE;\n        let b_stride = B_STRIDE;\n");
-    for step in 0..tiles.bk / 16 {
-        text.push_str("        {\n");
-        for i in 0..fm {
-            // Row wm0 + 16·i of the slab, column 16·step: vec4 index (16·step) / 4.
-            text.push_str(&format!(
-                "            let pa{i} = (wm0 + {}u) * A_STRIDE + {}u;\n            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&tile_a[pa{i}], a_stride);\n",
-                16 * i,
-                4 * step
-            ));
+    let strides = "let a_stride = A_STRIDE;\n        let b_stride = B_STRIDE;\n";
+    let steps = 0..tiles.bk / 16;
+    if probe == Some(CoopProbe::ProductsOnly) {
+        text.push_str("    stage(tid, fetch(tid, row0, col0, k_begin, k_end));\n");
+        text.push_str("    workgroupBarrier();\n        ");
+        text.push_str(strides);
+        for step in steps.clone() {
+            text.push_str(&coop_fragments(tiles, step, &format!("_{step}"), "    "));
         }
-        for j in 0..fn_ {
-            text.push_str(&format!(
-                "            let pb{j} = {}u * B_STRIDE + (wn0 + {}u) / 4u;\n            let b{j} = coopLoadT<coop_mat16x16<f16, B>>(&tile_b[pb{j}], b_stride);\n",
-                16 * step,
-                16 * j
-            ));
+        text.push_str("    for (var t = 0u; t < slabs; t++) {\n");
+        for step in steps {
+            text.push_str(&coop_products(tiles, &format!("_{step}")));
         }
-        for (i, j) in accumulators() {
-            text.push_str(&format!(
-                "            acc_{i}_{j} = coopMultiplyAdd(a{i}, b{j}, acc_{i}_{j});\n"
-            ));
+    } else {
+        text.push_str(match probe {
+            None => COOP_ENTRY_LOOP,
+            Some(CoopProbe::NoGlobalLoads) => COOP_PROBE_NO_GLOBAL_LOADS,
+            Some(_) => COOP_PROBE_NO_STAGING,
+        });
+        text.push_str("        ");
+        text.push_str(strides);
+        for step in steps {
+            text.push_str("        {\n");
+            text.push_str(&coop_fragments(tiles, step, "", "            "));
+            text.push_str(&coop_products(tiles, ""));
+            text.push_str("        }\n");
         }
-        text.push_str("        }\n");
     }
     text.push_str(
         "    }
@@ -249,7 +270,7 @@ fn coop_entry(tiles: &CoopTiles) -> String {
     let col_in = (lane % 2u) * 8u;
 ",
     );
-    for (i, j) in accumulators() {
+    for (i, j) in coop_accumulators(tiles) {
         text.push_str(&format!(
             "    coopStoreT(acc_{i}_{j}, &scratch[base], scratch_stride);
     workgroupBarrier();
@@ -262,6 +283,45 @@ fn coop_entry(tiles: &CoopTiles) -> String {
     }
     text.push_str("}\n");
     text
+}
+
+/// The accumulators `(i, j)` of a subgroup of `tiles`: `i < wm / 16`, `j < wn / 16`.
+fn coop_accumulators(tiles: &CoopTiles) -> impl Iterator<Item = (u32, u32)> {
+    let (fm, fn_) = (tiles.wm / 16, tiles.wn / 16);
+    (0..fm).flat_map(move |i| (0..fn_).map(move |j| (i, j)))
+}
+
+/// The fragments of step `step` (16 of K) of a slab, `a{i}{suffix}` (rows `wm0 + 16·i`) and
+/// `b{j}{suffix}` (columns `wn0 + 16·j`), loaded from the staged slab, each line indented.
+fn coop_fragments(tiles: &CoopTiles, step: u32, suffix: &str, indent: &str) -> String {
+    let mut text = String::new();
+    for i in 0..tiles.wm / 16 {
+        // Row wm0 + 16·i of the slab, column 16·step: vec4 index (16·step) / 4.
+        text.push_str(&format!(
+            "{indent}let pa{i}{suffix} = (wm0 + {}u) * A_STRIDE + {}u;\n{indent}let a{i}{suffix} = coopLoadT<coop_mat16x16<f16, A>>(&tile_a[pa{i}{suffix}], a_stride);\n",
+            16 * i,
+            4 * step
+        ));
+    }
+    for j in 0..tiles.wn / 16 {
+        text.push_str(&format!(
+            "{indent}let pb{j}{suffix} = {}u * B_STRIDE + (wn0 + {}u) / 4u;\n{indent}let b{j}{suffix} = coopLoadT<coop_mat16x16<f16, B>>(&tile_b[pb{j}{suffix}], b_stride);\n",
+            16 * step,
+            16 * j
+        ));
+    }
+    text
+}
+
+/// Every product of a step of a slab, on the fragments `a{i}{suffix}` and `b{j}{suffix}`.
+fn coop_products(tiles: &CoopTiles, suffix: &str) -> String {
+    coop_accumulators(tiles)
+        .map(|(i, j)| {
+            format!(
+                "            acc_{i}_{j} = coopMultiplyAdd(a{i}{suffix}, b{j}{suffix}, acc_{i}_{j});\n"
+            )
+        })
+        .collect()
 }
 
 /// The WGSL element types of a module: `enable f16;` (a directive, so first in the module) where

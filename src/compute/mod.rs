@@ -145,5 +145,6 @@ pub use timing::{KernelTiming, TimestampSupport};
 pub use user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};
 pub(crate) use vocab::tensor_bytes;
 pub use vocab::{
-    Activation, Autotune, ComputeError, CoopTiles, DType, MatmulOptions, MatmulTiles, ShaderChecks,
+    Activation, Autotune, ComputeError, CoopProbe, CoopTiles, DType, MatmulOptions, MatmulTiles,
+    ShaderChecks,
 };

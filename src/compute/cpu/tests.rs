@@ -107,6 +107,7 @@ fn every_source() -> Vec<(Source, Variant)> {
                     vec4: true,
                     bias: false,
                     activation: Activation::None,
+                    probe: None,
                 },
             };
             (source, variant)

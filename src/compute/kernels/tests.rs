@@ -5,7 +5,7 @@ use std::mem::{offset_of, size_of};
 
 use super::*;
 use crate::compute::vocab::{
-    Activation, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
+    Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
     LayerNormParams, MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams,
     RowsParams, SoftmaxRowsParams,
 };
@@ -201,6 +201,7 @@ fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
                         vec4,
                         bias,
                         activation,
+                        probe: None,
                     };
                     modules.push((Source::MatmulCoop, variant, f16));
                     if !bias && activation == Activation::None {
@@ -208,6 +209,21 @@ fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
                     }
                     modules.push((Source::MatmulCoop, variant, ElementTypes::F32));
                 }
+            }
+        }
+    }
+    // The diagnostic probes of each named tile (`CoopProbe`), vec4 and scalar, storing f16.
+    for tiles in CoopTiles::ALL {
+        for vec4 in [false, true] {
+            for probe in CoopProbe::ALL {
+                let variant = Variant::Coop {
+                    tiles,
+                    vec4,
+                    bias: false,
+                    activation: Activation::None,
+                    probe: Some(probe),
+                };
+                modules.push((Source::MatmulCoop, variant, f16));
             }
         }
     }
@@ -743,6 +759,7 @@ fn coop_fragments_products_and_epilogue_are_unrolled_with_bound_indices() {
             vec4: true,
             bias: true,
             activation: Activation::Gelu,
+            probe: None,
         };
         let text = module_source(Source::MatmulCoop, &variant, ElementTypes::same(DType::F16));
         assert!(text.starts_with("enable wgpu_cooperative_matrix;\nenable f16;\n"));
@@ -790,6 +807,7 @@ fn coop_of_f32_operands_enables_f16_and_rounds_them_as_it_fetches() {
             vec4,
             bias: true,
             activation: Activation::Gelu,
+            probe: None,
         };
         let text = module_source(Source::MatmulCoop, &variant, ElementTypes::F32);
         assert!(
@@ -801,5 +819,46 @@ fn coop_of_f32_operands_enables_f16_and_rounds_them_as_it_fetches() {
         assert!(text.contains("var<workgroup> tile_a: array<vec4<f16>"));
         assert!(text.contains("coopLoadT<coop_mat16x16<f16, A>>"));
         validate(&text).unwrap_or_else(|error| panic!("{error}"));
+    }
+}
+
+#[test]
+fn coop_probes_leave_out_of_the_loop_what_they_name() {
+    let tiles = CoopTiles::T128X128;
+    // The loop over the slabs of K of the entry point: from its `for` to the epilogue.
+    let body = |probe: Option<CoopProbe>| {
+        let variant = Variant::Coop {
+            tiles,
+            vec4: true,
+            bias: false,
+            activation: Activation::None,
+            probe,
+        };
+        let text = module_source(Source::MatmulCoop, &variant, ElementTypes::same(DType::F16));
+        let entry = &text[text.find("fn matmul_coop(").unwrap()..];
+        let begin = entry.find("for (var t = 0u; t < slabs; t++)").unwrap();
+        let end = entry.find("// The epilogue").unwrap();
+        entry[begin..end].to_string()
+    };
+    let fragments = (tiles.bk / 16) * (tiles.wm / 16 + tiles.wn / 16);
+    let products = (tiles.bk / 16) * (tiles.wm / 16) * (tiles.wn / 16);
+    // (fetches, stagings, barriers, fragment loads) in the loop; the products are all there.
+    let expected = [
+        (None, (1, 1, 2, fragments)),
+        (Some(CoopProbe::NoGlobalLoads), (0, 1, 2, fragments)),
+        (Some(CoopProbe::NoStaging), (0, 0, 2, fragments)),
+        (Some(CoopProbe::ProductsOnly), (0, 0, 0, 0)),
+    ];
+    for (probe, (fetches, stagings, barriers, loads)) in expected {
+        let body = body(probe);
+        let count = |pattern: &str| body.matches(pattern).count() as u32;
+        let found = (
+            count("fetch("),
+            count("stage("),
+            count("workgroupBarrier()"),
+            count("coopLoadT<"),
+        );
+        assert_eq!(found, (fetches, stagings, barriers, loads), "{probe:?}");
+        assert_eq!(count("coopMultiplyAdd("), products, "{probe:?}");
     }
 }

@@ -224,6 +224,44 @@ impl CoopTiles {
     }
 }
 
+/// A diagnostic variant of the cooperative matmul that leaves part of its loop over K out, to
+/// time the rest ([`MatmulOptions::cooperative_probe`](crate::compute::MatmulOptions::cooperative_probe)):
+/// **its results are not the product**. Each leaves out one more layer than the one before, so
+/// that the differences between their times and the whole kernel's say where the time goes
+/// (`bench_kernels --coop-probe NAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CoopProbe {
+    /// The operands are read from storage once (the first slab); every slab after it is staged
+    /// from those registers again: the staging, its barriers, the fragment loads and the
+    /// products without the loads from storage.
+    NoGlobalLoads,
+    /// The first slab is staged once; the loop keeps its two barriers, loads the fragments
+    /// from workgroup memory and multiplies: no loads from storage, no staging.
+    NoStaging,
+    /// The fragments of the first slab are loaded once before the loop, which only multiplies:
+    /// the products alone, with this tile's accumulators.
+    ProductsOnly,
+}
+
+impl CoopProbe {
+    /// The probes, each leaving out more than the one before.
+    pub const ALL: [Self; 3] = [Self::NoGlobalLoads, Self::NoStaging, Self::ProductsOnly];
+
+    /// The probe's name on a command line: `no-global-loads`, `no-staging`, `products-only`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NoGlobalLoads => "no-global-loads",
+            Self::NoStaging => "no-staging",
+            Self::ProductsOnly => "products-only",
+        }
+    }
+
+    /// The probe of that [`Self::name`]; `None` for another text.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|probe| probe.name() == name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +308,10 @@ mod tests {
         assert_eq!(eight.threads(), 256);
         assert!(eight.check(&unlimited).is_ok());
         assert_eq!(CoopTiles::named("128x256/64x32"), Some(CoopTiles::T128X256));
+        for probe in CoopProbe::ALL {
+            assert_eq!(CoopProbe::named(probe.name()), Some(probe));
+        }
+        assert_eq!(CoopProbe::named("full"), None);
         let deep = CoopTiles::named("64x64x64/32x32").unwrap();
         assert_eq!(deep, CoopTiles::T64X64.with_bk(64));
         assert_eq!(deep.name(), "64x64x64/32x32");

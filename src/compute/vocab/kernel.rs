@@ -17,7 +17,7 @@
 //! Adding a field to a variant is then a change to this file (and to the WGSL that reads the
 //! constant), plus the op that fills it.
 
-use super::coop::CoopTiles;
+use super::coop::{CoopProbe, CoopTiles};
 use super::dtype::ElementTypes;
 use super::options::{Activation, MatmulOptions};
 use super::params::{MatmulParams, NarrowParams, ParamsBlock, ReduceParams};
@@ -116,6 +116,9 @@ pub(crate) enum Variant {
         vec4: bool,
         bias: bool,
         activation: Activation,
+        /// A diagnostic that leaves part of the loop over K out (not a product); `None` for
+        /// the product.
+        probe: Option<CoopProbe>,
     },
 }
 
@@ -235,6 +238,7 @@ impl Variant {
                 vec4,
                 bias,
                 activation,
+                probe: _,
             } => vec![
                 ("BM", U32(tiles.bm)),
                 ("BN", U32(tiles.bn)),
@@ -342,11 +346,13 @@ impl Variant {
                 vec4,
                 bias,
                 activation,
+                probe,
             } => format!(
-                " {tiles}{}{}{}",
+                " {tiles}{}{}{}{}",
                 if vec4 { " vec4" } else { " scalar" },
                 if bias { " +bias" } else { "" },
-                activation.suffix()
+                activation.suffix(),
+                probe.map_or(String::new(), |p| format!(" probe {}", p.name()))
             ),
         }
     }
@@ -474,6 +480,7 @@ mod tests {
                 vec4: true,
                 bias: false,
                 activation: Activation::None,
+                probe: None,
             },
         ]
     }

@@ -33,7 +33,7 @@ mod params;
 mod tiles;
 
 pub(crate) use caps::{Choices, DeviceCaps, MatmulDevice, TunedChoices};
-pub use coop::CoopTiles;
+pub use coop::{CoopProbe, CoopTiles};
 pub use dtype::DType;
 pub(crate) use dtype::{decode_elements, encode_elements, tensor_bytes, ElementTypes};
 pub use error::ComputeError;

@@ -1,7 +1,7 @@
 //! The user's choices for kernels: [`ShaderChecks`], the fused [`Activation`], [`Autotune`] and
 //! [`MatmulOptions`].
 
-use super::coop::CoopTiles;
+use super::coop::{CoopProbe, CoopTiles};
 use super::error::ComputeError;
 use super::tiles::MatmulTiles;
 
@@ -185,6 +185,10 @@ pub struct MatmulOptions {
     /// Use this tile for every cooperative matmul (`None`: choose per shape, see
     /// `src/compute/ops/matmul`). A tile the device's limits do not allow is a typed error.
     pub cooperative_tiles: Option<CoopTiles>,
+    /// A diagnostic for the cooperative matmul: `Some(probe)` runs its kernel with part of the
+    /// loop over K left out ([`CoopProbe`]), to time the rest, and **its results are not the
+    /// product**. `None` (the default) for every use but that measurement.
+    pub cooperative_probe: Option<CoopProbe>,
 }
 
 impl Default for MatmulOptions {
@@ -211,6 +215,7 @@ impl Default for MatmulOptions {
             cooperative_f32_as_f16: false,
             cooperative_min_rows: 16,
             cooperative_tiles: None,
+            cooperative_probe: None,
         }
     }
 }

@@ -7,8 +7,8 @@ use crate::compute::ops::{common_dtype, grid_1d};
 use crate::compute::tensor::Tensor;
 use crate::compute::vocab::{
     element_count, kernel_u32, tensor_bytes, Activation, ComputeError, CoopTiles, DType,
-    ElementTypes, FusedEpilogue, KernelKey, MatmulParams, NarrowParams, ParamsBlock, ReduceParams,
-    Variant,
+    ElementTypes, FusedEpilogue, KernelKey, MatmulOptions, MatmulParams, NarrowParams, ParamsBlock,
+    ReduceParams, Variant,
 };
 
 /// What a matmul does to its result before storing it: `act(A·B + bias)`.
@@ -215,8 +215,8 @@ impl Context {
             }
         };
         let (variant, params) = if let Some(tiles) = plan.cooperative {
-            let f32_as_f16 = self.options().matmul.cooperative_f32_as_f16;
-            coop_kernel(tiles, plan, fused, (dtype, f32_as_f16), (m, n, k))?
+            let options = &self.options().matmul;
+            coop_kernel(tiles, plan, fused, (dtype, options), (m, n, k))?
         } else if plan.narrow_lanes > 0 {
             let groups = plan.narrow_row_groups.max(1);
             let variant = Variant::Narrow {
@@ -274,19 +274,19 @@ impl Context {
 }
 
 /// The cooperative matmul's variant and parameters for `plan` (of tile `tiles`) over operands
-/// of `[m, k] · [k, n]` stored as `dtype`, folding `fused`: f16, or f32 under `f32_as_f16`
-/// ([`MatmulOptions::cooperative_f32_as_f16`](crate::compute::MatmulOptions::cooperative_f32_as_f16):
-/// the kernel rounds them to f16 as it stages them); a plan on cooperative matrices for f32
-/// operands without it is a [`ComputeError::Config`].
+/// of `[m, k] · [k, n]` stored as `dtype`, folding `fused`, under `options` (its
+/// [`MatmulOptions::cooperative_probe`] goes into the variant): f16, or f32 under
+/// [`MatmulOptions::cooperative_f32_as_f16`] (the kernel rounds them to f16 as it stages them);
+/// a plan on cooperative matrices for f32 operands without it is a [`ComputeError::Config`].
 fn coop_kernel(
     tiles: CoopTiles,
     plan: &MatmulPlan,
     fused: FusedEpilogue,
-    (dtype, f32_as_f16): (DType, bool),
+    (dtype, options): (DType, &MatmulOptions),
     (m, n, k): (usize, usize, usize),
 ) -> Result<(Variant, ParamsBlock), ComputeError> {
     const OP: &str = "matmul";
-    if dtype == DType::F32 && !f32_as_f16 {
+    if dtype == DType::F32 && !options.cooperative_f32_as_f16 {
         return Err(ComputeError::Config(format!(
             "a plan on cooperative matrices ({tiles}) multiplies f16 operands, not {dtype} \
              (unless MatmulOptions::cooperative_f32_as_f16)"
@@ -297,6 +297,7 @@ fn coop_kernel(
         vec4: plan.vec4,
         bias: fused.bias,
         activation: fused.activation,
+        probe: options.cooperative_probe,
     };
     let params = MatmulParams {
         m: kernel_u32(OP, "M", m)?,
