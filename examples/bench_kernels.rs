@@ -850,6 +850,11 @@ fn bench_matmul(
         split_k: case.splits.or(bench.matmul.split_k),
         cooperative_tiles: case.coop_tiles.or(bench.matmul.cooperative_tiles),
         cooperative_probe: case.coop_probe,
+        // A probe times one plan (MatmulOptions::validate refuses it with a tuner).
+        autotune: match case.coop_probe {
+            Some(_) => Autotune::Off,
+            None => bench.matmul.autotune,
+        },
         ..bench.matmul.clone()
     })?;
     let plan = context.matmul_plan_for(bench.dtype, m, n, k)?;

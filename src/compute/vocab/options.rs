@@ -187,7 +187,8 @@ pub struct MatmulOptions {
     pub cooperative_tiles: Option<CoopTiles>,
     /// A diagnostic for the cooperative matmul: `Some(probe)` runs its kernel with part of the
     /// loop over K left out ([`CoopProbe`]), to time the rest, and **its results are not the
-    /// product**. `None` (the default) for every use but that measurement.
+    /// product**. `None` (the default) for every use but that measurement; with a probe,
+    /// `autotune` must be [`Autotune::Off`] (a [`ComputeError::Config`] otherwise).
     pub cooperative_probe: Option<CoopProbe>,
 }
 
@@ -232,6 +233,15 @@ impl MatmulOptions {
 
     /// Checks that the forced tile (or at least one of the automatic ones) runs on the device.
     pub(crate) fn validate(&self, limits: &wgpu::Limits) -> Result<(), ComputeError> {
+        if let (Some(probe), Autotune::Gpu | Autotune::Always) =
+            (self.cooperative_probe, self.autotune)
+        {
+            // A tuner timing probes would choose among kernels that compute nothing.
+            return Err(ComputeError::Config(format!(
+                "cooperative_probe {} times one plan: set autotune to Autotune::Off",
+                probe.name()
+            )));
+        }
         if self.split_k == Some(0) {
             return Err(ComputeError::Config("split_k must be at least 1".into()));
         }

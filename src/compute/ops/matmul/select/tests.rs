@@ -4,6 +4,7 @@
 //! GPU tests check that a context's plans are these functions' for its own device.
 
 use super::*;
+use crate::compute::vocab::{Autotune, CoopProbe};
 
 /// The rules' options: the default ones (tuning is not the rules' business).
 fn rules() -> MatmulOptions {
@@ -422,6 +423,20 @@ fn cooperative_tiles_follow_the_devices_workgroup_memory() {
     };
     assert!(odd.validate(&small.limits).is_err());
     assert!(forced.validate(&small.limits).is_ok());
+    // A diagnostic probe times one plan: refused with a tuner, taken without one.
+    let probe = MatmulOptions {
+        cooperative_probe: Some(CoopProbe::NoStaging),
+        ..rules()
+    };
+    assert!(matches!(
+        probe.validate(&small.limits),
+        Err(ComputeError::Config(_))
+    ));
+    let untuned = MatmulOptions {
+        autotune: Autotune::Off,
+        ..probe
+    };
+    assert!(untuned.validate(&small.limits).is_ok());
 }
 
 #[test]
