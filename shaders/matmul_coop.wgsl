@@ -59,6 +59,9 @@
 //   for each acc_I_J: coopStoreT to the subgroup's 16×16 scratch; workgroupBarrier(); each
 //       invocation stores 8 of its sums (row lane / 2, columns 8 · (lane % 2) + 0..7) through
 //       store_c4; workgroupBarrier()
+//
+// Diagnostics (`CoopProbe`, not products): the same entry with the fetch, the staging too, or
+// all but the products left out of the loop, to time the rest (MEASUREMENTS.md, session 16).
 
 // The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
 struct MatmulParams {
