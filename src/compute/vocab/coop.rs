@@ -150,32 +150,57 @@ impl CoopTiles {
         }
     }
 
-    /// Subgroups per workgroup.
+    /// Subgroups per workgroup (saturating, 0 for a subgroup share of 0: such a tile fails
+    /// [`Self::check`]).
     pub const fn subgroups(&self) -> u32 {
-        (self.bm / self.wm) * (self.bn / self.wn)
+        match (self.bm.checked_div(self.wm), self.bn.checked_div(self.wn)) {
+            (Some(rows), Some(columns)) => rows.saturating_mul(columns),
+            _ => 0,
+        }
     }
 
-    /// Invocations per workgroup.
+    /// Invocations per workgroup (saturating).
     pub const fn threads(&self) -> u32 {
-        self.subgroups() * Self::SUBGROUP_SIZE
+        self.subgroups().saturating_mul(Self::SUBGROUP_SIZE)
     }
 
-    /// `vec4<f16>` loads of A per invocation per slab.
+    /// `vec4<f16>` loads of A per invocation per slab (saturating; 0 without invocations).
     pub const fn a_loads(&self) -> u32 {
-        self.bm * (self.bk / 4) / self.threads()
+        match self
+            .bm
+            .saturating_mul(self.bk / 4)
+            .checked_div(self.threads())
+        {
+            Some(loads) => loads,
+            None => 0,
+        }
     }
 
-    /// `vec4<f16>` loads of B per invocation per slab.
+    /// `vec4<f16>` loads of B per invocation per slab (saturating; 0 without invocations).
     pub const fn b_loads(&self) -> u32 {
-        self.bk * (self.bn / 4) / self.threads()
+        match self
+            .bk
+            .saturating_mul(self.bn / 4)
+            .checked_div(self.threads())
+        {
+            Some(loads) => loads,
+            None => 0,
+        }
     }
 
     /// Bytes of workgroup memory: the A and B slabs (f16, padded rows) and the epilogue's
     /// accumulator per subgroup.
     pub const fn workgroup_storage_bytes(&self) -> u32 {
-        let a = self.bm * (self.bk + Self::PAD) * 2;
-        let b = self.bk * (self.bn + Self::PAD) * 2;
-        a + b + self.subgroups() * Self::SCRATCH_BYTES
+        let a = self
+            .bm
+            .saturating_mul(self.bk.saturating_add(Self::PAD))
+            .saturating_mul(2);
+        let b = self
+            .bk
+            .saturating_mul(self.bn.saturating_add(Self::PAD))
+            .saturating_mul(2);
+        a.saturating_add(b)
+            .saturating_add(self.subgroups().saturating_mul(Self::SCRATCH_BYTES))
     }
 
     /// Checks that the kernel takes the tile (`wm`, `wn` multiples of 16 dividing `bm`, `bn`;
@@ -308,6 +333,23 @@ mod tests {
         assert_eq!(eight.threads(), 256);
         assert!(eight.check(&unlimited).is_ok());
         assert_eq!(CoopTiles::named("128x256/64x32"), Some(CoopTiles::T128X256));
+        // Absurd tiles from a command line are refused by the check, never a panic.
+        for name in [
+            "0x0/0x0",
+            "4294967295x4294967295/1x1",
+            "16x16/32x32",
+            "128x128x0/16x16",
+        ] {
+            let tile = CoopTiles::named(name).unwrap();
+            assert!(tile.check(&unlimited).is_err(), "{name}");
+            let _ = (
+                tile.threads(),
+                tile.a_loads(),
+                tile.b_loads(),
+                tile.to_string(),
+            );
+            let _ = tile.workgroup_storage_bytes();
+        }
         for probe in CoopProbe::ALL {
             assert_eq!(CoopProbe::named(probe.name()), Some(probe));
         }
