@@ -166,24 +166,18 @@ impl CoopTiles {
 
     /// `vec4<f16>` loads of A per invocation per slab (saturating; 0 without invocations).
     pub const fn a_loads(&self) -> u32 {
-        match self
-            .bm
-            .saturating_mul(self.bk / 4)
-            .checked_div(self.threads())
-        {
-            Some(loads) => loads,
-            None => 0,
-        }
+        self.per_invocation(self.bm.saturating_mul(self.bk / 4))
     }
 
     /// `vec4<f16>` loads of B per invocation per slab (saturating; 0 without invocations).
     pub const fn b_loads(&self) -> u32 {
-        match self
-            .bk
-            .saturating_mul(self.bn / 4)
-            .checked_div(self.threads())
-        {
-            Some(loads) => loads,
+        self.per_invocation(self.bk.saturating_mul(self.bn / 4))
+    }
+
+    /// `count` shared out over the invocations (0 without invocations).
+    const fn per_invocation(&self, count: u32) -> u32 {
+        match count.checked_div(self.threads()) {
+            Some(each) => each,
             None => 0,
         }
     }
