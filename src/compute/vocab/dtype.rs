@@ -98,15 +98,34 @@ pub(crate) fn tensor_bytes(len: usize, dtype: DType) -> u64 {
 /// `data` as the bytes of `dtype` elements: as they are for f32, rounded to nearest (ties to
 /// even) for f16, as the kernels round their stores, then padded with a zero to a multiple of 4
 /// bytes (uploads move whole multiples of 4; a tensor's allocation is rounded up to 16).
-pub(crate) fn encode_elements(data: &[f32], dtype: DType) -> std::borrow::Cow<'_, [u8]> {
+pub(crate) fn encode_elements(data: &[f32], dtype: DType) -> Encoded<'_> {
     match dtype {
-        DType::F32 => std::borrow::Cow::Borrowed(bytemuck::cast_slice(data)),
+        DType::F32 => Encoded::Borrowed(bytemuck::cast_slice(data)),
         DType::F16 => {
-            use half::slice::HalfFloatSliceExt;
-            let mut halves = vec![half::f16::ZERO; data.len().next_multiple_of(2)];
-            halves[..data.len()].convert_from_f32_slice(data);
-            let bits: &[u16] = halves.reinterpret_cast();
-            std::borrow::Cow::Owned(bytemuck::cast_slice(bits).to_vec())
+            use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+            let mut halves = vec![0u16; data.len().next_multiple_of(2)];
+            halves[..data.len()]
+                .reinterpret_cast_mut::<half::f16>()
+                .convert_from_f32_slice(data);
+            Encoded::Halves(halves)
+        }
+    }
+}
+
+/// Elements encoded for an upload ([`encode_elements`]), read as bytes: f32 data as it is, f16
+/// rounded into a buffer of their own (no second copy into bytes).
+pub(crate) enum Encoded<'a> {
+    Borrowed(&'a [u8]),
+    Halves(Vec<u16>),
+}
+
+impl std::ops::Deref for Encoded<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Borrowed(bytes) => bytes,
+            Self::Halves(halves) => bytemuck::cast_slice(halves),
         }
     }
 }
@@ -119,10 +138,17 @@ pub(crate) fn decode_elements(bytes: &[u8], len: usize, dtype: DType) -> Vec<f32
         DType::F32 => crate::pool::to_elements(bytes, len),
         DType::F16 => {
             use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-            let bits: Vec<u16> = crate::pool::to_elements(bytes, len);
             let mut values = vec![0.0f32; len];
-            bits.reinterpret_cast::<half::f16>()
-                .convert_to_f32_slice(&mut values);
+            // Straight from the bytes where they are aligned (a mapped buffer is), else through
+            // a copy.
+            match bytemuck::try_cast_slice::<u8, u16>(bytes) {
+                Ok(bits) => bits
+                    .reinterpret_cast::<half::f16>()
+                    .convert_to_f32_slice(&mut values),
+                Err(_) => crate::pool::to_elements::<u16>(bytes, len)
+                    .reinterpret_cast::<half::f16>()
+                    .convert_to_f32_slice(&mut values),
+            }
             values
         }
     }
@@ -159,6 +185,13 @@ mod tests {
             f32::INFINITY,
         ];
         assert_eq!(back, expected);
+        // The same from bytes one off a u16's alignment (decoded through a copy).
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(&bytes);
+        assert_eq!(
+            decode_elements(&shifted[1..], data.len(), DType::F16),
+            expected
+        );
         let f32_bytes = encode_elements(&data, DType::F32);
         assert_eq!(decode_elements(&f32_bytes, data.len(), DType::F32), data);
     }
