@@ -327,6 +327,26 @@ mod tests {
         assert_eq!(eight.threads(), 256);
         assert!(eight.check(&unlimited).is_ok());
         assert_eq!(CoopTiles::named("128x256/64x32"), Some(CoopTiles::T128X256));
+        // Every tile the kernel takes is named back to itself.
+        let mut named = 0;
+        for (bm, bn) in (16..=256)
+            .step_by(16)
+            .flat_map(|m| (16..=256).step_by(16).map(move |n| (m, n)))
+        {
+            for (wm, wn) in [16, 32, 48, 64]
+                .into_iter()
+                .flat_map(|m| (16..=128).step_by(16).map(move |n| (m, n)))
+            {
+                for bk in CoopTiles::DEPTHS {
+                    let tile = CoopTiles::new(bm, bn, wm, wn).with_bk(bk);
+                    if tile.check(&unlimited).is_ok() {
+                        assert_eq!(CoopTiles::named(&tile.name()), Some(tile), "{tile}");
+                        named += 1;
+                    }
+                }
+            }
+        }
+        assert!(named > 100, "{named}");
         // Absurd tiles from a command line are refused by the check, never a panic.
         for name in [
             "0x0/0x0",
