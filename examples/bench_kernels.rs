@@ -2025,16 +2025,16 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             .filter(|_| automatic)
             .and_then(|t| t.stream.get(&(r.m, r.n, r.k)).copied());
         let stream_ratio = torch_stream_us.map(|theirs| r.stream_us / theirs);
+        // The probe that ran (none where the portable kernels ran instead).
+        let coop_probe = case.coop_probe.filter(|_| r.kernel.starts_with("coop"));
         println!(
             "{:>6} {:>6} {:>6}  {:<17} {:>5} {:>11.1} {:>10.1} {:>11.2e}  {:<5}{} {:>11.1}{}",
             r.m,
             r.n,
             r.k,
-            match case.coop_probe {
-                Some(probe) if r.kernel.starts_with("coop") => {
-                    format!("{} {}", r.kernel, probe.name())
-                }
-                _ => r.kernel.clone(),
+            match coop_probe {
+                Some(probe) => format!("{} {}", r.kernel, probe.name()),
+                None => r.kernel.clone(),
             },
             r.splits,
             r.time_us,
@@ -2060,7 +2060,7 @@ pub fn run(gpu: &Gpu, list: &[String]) -> anyhow::Result<()> {
             "forced_narrow_splits": case.narrow_splits,
             "forced_narrow_subgroups": case.narrow_subgroups,
             "forced_coop_tiles": case.coop_tiles.map(|t| t.name()),
-            "coop_probe": case.coop_probe.filter(|_| r.kernel.starts_with("coop")).map(|p| p.name()),
+            "coop_probe": coop_probe.map(CoopProbe::name),
             "cooperative": r.kernel.starts_with("coop"),
             "torch_time_us": torch_us, "ratio": ratio, "stream_us": r.stream_us,
             "torch_stream_us": torch_stream_us, "stream_ratio": stream_ratio,

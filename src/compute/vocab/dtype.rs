@@ -138,17 +138,15 @@ pub(crate) fn decode_elements(bytes: &[u8], len: usize, dtype: DType) -> Vec<f32
         DType::F32 => crate::pool::to_elements(bytes, len),
         DType::F16 => {
             use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-            let mut values = vec![0.0f32; len];
             // Straight from the bytes where they are aligned (a mapped buffer is), else through
             // a copy.
-            match bytemuck::try_cast_slice::<u8, u16>(bytes) {
-                Ok(bits) => bits
-                    .reinterpret_cast::<half::f16>()
-                    .convert_to_f32_slice(&mut values),
-                Err(_) => crate::pool::to_elements::<u16>(bytes, len)
-                    .reinterpret_cast::<half::f16>()
-                    .convert_to_f32_slice(&mut values),
-            }
+            let bits: std::borrow::Cow<'_, [u16]> = match bytemuck::try_cast_slice(bytes) {
+                Ok(bits) => bits.into(),
+                Err(_) => crate::pool::to_elements::<u16>(bytes, len).into(),
+            };
+            let mut values = vec![0.0f32; len];
+            bits.reinterpret_cast::<half::f16>()
+                .convert_to_f32_slice(&mut values);
             values
         }
     }
