@@ -9,8 +9,11 @@
 #
 #     sh benches/gpu/ab_call.sh
 #
+# With `SIDES=1`, each build then also serves the stream as `--sides paged,paged_sync,paged_eager`
+# (the planned/eager decode-step ratio of issue 27), base and change alternating once more.
+#
 # Writes $OUT/ab.tgz: clocks.csv, started.txt (each run's start, UTC), and per run
-# {base,change}{1,2}.{json,txt}, torch.{json,txt}.
+# {base,change}{1,2}.{json,txt}, torch.{json,txt} and with SIDES=1 {base,change}_sides.{json,txt}.
 if [ ! -x .gpu/bin/serve_gpt_base ]; then
     echo "no .gpu/bin/serve_gpt_base (the build to compare with)"
     exit 2
@@ -28,6 +31,16 @@ for i in 1 2; do
             > "$W/$side$i.txt" 2>&1
     done
 done
+if [ "${SIDES:-0}" = 1 ]; then
+    for side in base change; do
+        bin=serve_gpt
+        [ "$side" = base ] && bin=serve_gpt_base
+        mark "${side}_sides"
+        # shellcheck disable=SC2086 # $S is a list of arguments
+        sh .gpu/run "$bin" $S --warm-s 2 --sides paged,paged_sync,paged_eager \
+            --json "$W/${side}_sides.json" > "$W/${side}_sides.txt" 2>&1
+    done
+fi
 mark torch
 python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors --stream "$W/change1.json" \
     --json "$W/torch.json" --check "$W/change1.json" > "$W/torch.txt" 2>&1
@@ -37,5 +50,8 @@ for f in base1 change1 base2 change2; do
     echo "== $f"
     grep -h "tokens/s\|kernels a step" "$W/$f.txt" | head -3
     grep -h -m 3 "paged_attention\|kv_write\|layer_norm" "$W/$f.txt"
+done
+for f in base_sides change_sides; do
+    [ -f "$W/$f.txt" ] && echo "== $f" && grep -h "tokens/s\|decode step" "$W/$f.txt" | head -8
 done
 tail -n 1 "$W/torch.txt"
