@@ -19,25 +19,25 @@ if [ ! -x .gpu/bin/serve_gpt_base ]; then
     exit 2
 fi
 . benches/gpu/watch.sh
+# The binary of build $1 (base or change).
+binary() {
+    if [ "$1" = base ]; then echo serve_gpt_base; else echo serve_gpt; fi
+}
 sh .gpu/run serve_gpt --model gpt2 --write-weights /tmp/gpt2.safetensors > "$W/weights.txt" 2>&1
 S="--model gpt2 --weights /tmp/gpt2.safetensors --requests 64 --max-batch 16 --seed 1"
 for i in 1 2; do
     for side in base change; do
-        bin=serve_gpt
-        [ "$side" = base ] && bin=serve_gpt_base
         mark "$side$i"
         # shellcheck disable=SC2086 # $S is a list of arguments
-        sh .gpu/run "$bin" $S --warm-s 2 --sides paged --profile --json "$W/$side$i.json" \
-            > "$W/$side$i.txt" 2>&1
+        sh .gpu/run "$(binary "$side")" $S --warm-s 2 --sides paged --profile \
+            --json "$W/$side$i.json" > "$W/$side$i.txt" 2>&1
     done
 done
 if [ "${SIDES:-0}" = 1 ]; then
     for side in base change; do
-        bin=serve_gpt
-        [ "$side" = base ] && bin=serve_gpt_base
         mark "${side}_sides"
         # shellcheck disable=SC2086 # $S is a list of arguments
-        sh .gpu/run "$bin" $S --warm-s 2 --sides paged,paged_sync,paged_eager \
+        sh .gpu/run "$(binary "$side")" $S --warm-s 2 --sides paged,paged_sync,paged_eager \
             --json "$W/${side}_sides.json" > "$W/${side}_sides.txt" 2>&1
     done
 fi
