@@ -44,3 +44,14 @@ struct ElementwiseParams {
     cols: u32,
     scalar: f32,
 }
+
+// A quiet NaN's bits. WGSL has no NaN literal, and a NaN made by a constant expression
+// (`bitcast<f32>(0x7fc00000u)`) is an error in Tint (Chromium's compiler), which evaluates constant
+// expressions when the module is created: reading a private variable makes the bitcast a run-time
+// one.
+var<private> NAN_BITS: u32 = 0x7fc00000u;
+
+// A quiet NaN (see NAN_BITS).
+fn quiet_nan() -> f32 {
+    return bitcast<f32>(NAN_BITS);
+}

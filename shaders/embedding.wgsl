@@ -40,7 +40,6 @@ fn embedding(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_invocat
     if (row >= 0.0 && row < f32(params.rows) && floor(row) == row) {
         y[i] = Output(f32(table[u32(row) * params.width + col]));
     } else if (params.fill != 0u) {
-        // A quiet NaN, as bits: WGSL has no NaN literal.
-        y[i] = Output(bitcast<f32>(0x7fc00000u));
+        y[i] = Output(quiet_nan());
     }
 }

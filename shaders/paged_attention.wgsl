@@ -206,8 +206,7 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
             value = value / total;
         }
         if (any_bad > 0.0) {
-            // A quiet NaN, as bits: WGSL has no NaN literal.
-            value = bitcast<f32>(0x7fc00000u);
+            value = quiet_nan();
         }
         if (parts() == 1u) {
             out[query + local] = Output(value);

@@ -204,7 +204,7 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
             value = value / total;
         }
         if (any_bad > 0.0) {
-            value = vec4<f32>(bitcast<f32>(0x7fc00000u));
+            value = vec4<f32>(quiet_nan());
         }
         // A partial record (parts > 1): the unnormalised sums, then the share's max and sum.
         var at = pair * head_dim() + 4u * local;

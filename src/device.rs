@@ -443,23 +443,60 @@ pub async fn open_with_async(
     })
 }
 
-/// [`read_mapped`] as a future that never blocks the thread: it waits for the map callback, and
-/// where nothing else drives the device (native backends) it polls the device without waiting
-/// each time it is polled, and asks to be polled again. In a browser the device drives itself.
+/// [`read_mapped`] as a future that never blocks the thread: see [`read_mapped_with_async`].
 pub(crate) async fn read_mapped_async(
     device: &wgpu::Device,
     buffer: &wgpu::Buffer,
     size: u64,
 ) -> Result<Vec<u8>, String> {
-    use std::future::Future;
-    use std::task::Poll;
+    read_mapped_with_async(device, buffer, size, <[u8]>::to_vec).await
+}
 
+/// [`read_mapped_with`] as a future that never blocks the thread: it waits for the map callback,
+/// and where nothing else drives the device (native backends) it polls the device without
+/// waiting each time it is polled, and asks to be polled again. In a browser the device drives
+/// itself, and the future resolves when the browser's event loop has run the callback.
+pub(crate) async fn read_mapped_with_async<R>(
+    device: &wgpu::Device,
+    buffer: &wgpu::Buffer,
+    size: u64,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<R, String> {
     let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
     buffer.map_async(wgpu::MapMode::Read, 0..size, move |result| {
         sender.send(result).ok();
     });
-    let mut receive = Box::pin(receiver.receive());
-    let mapped = std::future::poll_fn(|cx| {
+    let mapped = driven(device, receiver.receive()).await?;
+    read_from_mapped(buffer, size, mapped, read)
+}
+
+/// A future that resolves when the GPU has finished the work submitted on `queue` so far,
+/// without blocking the thread (native backends are polled as [`read_mapped_with_async`] polls
+/// them). Errors: the device's, as text.
+pub(crate) async fn submitted_work_done_async(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+) -> Result<(), String> {
+    let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+    queue.on_submitted_work_done(move || {
+        sender.send(()).ok();
+    });
+    match driven(device, receiver.receive()).await? {
+        Some(()) => Ok(()),
+        None => Err("the device dropped the work-done callback (was it lost?)".into()),
+    }
+}
+
+/// Awaits `receive` (a callback's answer), polling `device` without waiting each time it is
+/// polled where the backend needs that (native), so that the callback runs.
+async fn driven<T>(
+    device: &wgpu::Device,
+    receive: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    use std::task::Poll;
+
+    let mut receive = std::pin::pin!(receive);
+    std::future::poll_fn(|cx| {
         if let Poll::Ready(result) = receive.as_mut().poll(cx) {
             return Poll::Ready(Ok(result));
         }
@@ -468,15 +505,25 @@ pub(crate) async fn read_mapped_async(
         }
         match receive.as_mut().poll(cx) {
             Poll::Ready(result) => Poll::Ready(Ok(result)),
+            // Native: nothing else will wake this future, so it asks to be polled again. In a
+            // browser the callback wakes it; asking again yields to the event loop all the same.
             Poll::Pending => {
-                cx.waker().wake_by_ref();
+                if cfg!(not(target_arch = "wasm32")) {
+                    cx.waker().wake_by_ref();
+                }
                 Poll::Pending
             }
         }
     })
-    .await?;
-    copy_mapped(buffer, size, mapped)
+    .await
 }
+
+/// What a blocking wait answers in a browser, where the thread may not wait for the GPU (the
+/// browser runs the GPU's callbacks only when control returns to its event loop).
+#[cfg(target_arch = "wasm32")]
+pub(crate) const BLOCKING_IN_BROWSER: &str = "a browser cannot block on the GPU: use the `_async` \
+     form of this call (Pool::read_async, Tensor::to_vec_async, Context::sync_async, \
+     Plan::run_async, PlanRun::wait_async, Server::run_async, ...)";
 
 /// How long a blocking read spins on `device.poll(Poll)` for its map callback before it blocks in
 /// `device.poll(Wait)`. Blocking costs a sleep and a wake-up: on the H200 (Vulkan, driver 580),
@@ -487,6 +534,7 @@ pub const SPIN_BEFORE_BLOCKING: std::time::Duration = std::time::Duration::from_
 
 /// How long one blocking wait on GL may hold the device's one GL context (see
 /// [`wait_for_submitted`]).
+#[cfg(not(target_arch = "wasm32"))]
 const GL_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Blocks until the device has finished the work submitted so far. On GL, wgpu holds the
@@ -495,12 +543,50 @@ const GL_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
 /// wait there, on a loaded machine, brought down other threads using the device. So on GL the
 /// wait is made of slices of [`GL_WAIT_SLICE`], the context free between them; elsewhere it is
 /// one wait.
-pub(crate) fn wait_for_submitted(device: &wgpu::Device) -> Result<(), wgpu::PollError> {
+pub(crate) fn wait_for_submitted(device: &wgpu::Device) -> Result<(), WaitError> {
     wait_for_submission(device, None)
 }
 
 /// [`wait_for_submitted`] for the submission `index` and those before it only (`None`: all).
 pub(crate) fn wait_for_submission(
+    device: &wgpu::Device,
+    index: Option<wgpu::SubmissionIndex>,
+) -> Result<(), WaitError> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (device, index);
+        Err(WaitError::Blocking)
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    wait_natively(device, index).map_err(WaitError::Poll)
+}
+
+/// Why a blocking wait for the device failed.
+#[derive(Debug)]
+pub(crate) enum WaitError {
+    /// The device's poll failed.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    Poll(wgpu::PollError),
+    /// In a browser, where nothing may block.
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    Blocking,
+}
+
+impl fmt::Display for WaitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Poll(error) => error.fmt(f),
+            #[cfg(target_arch = "wasm32")]
+            Self::Blocking => f.write_str(BLOCKING_IN_BROWSER),
+            #[cfg(not(target_arch = "wasm32"))]
+            Self::Blocking => f.write_str("blocking waits are not possible here"),
+        }
+    }
+}
+
+/// [`wait_for_submission`] on native backends.
+#[cfg(not(target_arch = "wasm32"))]
+fn wait_natively(
     device: &wgpu::Device,
     index: Option<wgpu::SubmissionIndex>,
 ) -> Result<(), wgpu::PollError> {
@@ -556,17 +642,35 @@ pub(crate) fn read_mapped_after<R>(
     index: Option<wgpu::SubmissionIndex>,
     read: impl FnOnce(&[u8]) -> R,
 ) -> Result<R, String> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (device, buffer, size, index, read);
+        Err(BLOCKING_IN_BROWSER.into())
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    read_mapped_natively(device, buffer, size, index, read)
+}
+
+/// [`read_mapped_after`] on native backends.
+#[cfg(not(target_arch = "wasm32"))]
+fn read_mapped_natively<R>(
+    device: &wgpu::Device,
+    buffer: &wgpu::Buffer,
+    size: u64,
+    index: Option<wgpu::SubmissionIndex>,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<R, String> {
     let (sender, receiver) = std::sync::mpsc::channel();
     buffer.map_async(wgpu::MapMode::Read, 0..size, move |result| {
         sender.send(result).ok();
     });
-    let started = std::time::Instant::now();
+    let started = web_time::Instant::now();
     let mapped = loop {
         if let Ok(result) = receiver.try_recv() {
             break Some(result);
         }
         if started.elapsed() > SPIN_BEFORE_BLOCKING {
-            wait_for_submission(device, index).map_err(|e| e.to_string())?;
+            wait_natively(device, index).map_err(|e| e.to_string())?;
             // The submission is done, so the callback has run, is running on another thread
             // whose poll took it (a device shared between threads), or was dropped: wait for
             // it rather than try once.
@@ -577,15 +681,6 @@ pub(crate) fn read_mapped_after<R>(
             .map_err(|e| e.to_string())?;
     };
     read_from_mapped(buffer, size, mapped, read)
-}
-
-/// Copies out the first `size` bytes of `buffer` once its map callback said `mapped`, and unmaps.
-fn copy_mapped(
-    buffer: &wgpu::Buffer,
-    size: u64,
-    mapped: Option<Result<(), wgpu::BufferAsyncError>>,
-) -> Result<Vec<u8>, String> {
-    read_from_mapped(buffer, size, mapped, <[u8]>::to_vec)
 }
 
 /// Hands the first `size` bytes of `buffer` to `read` once its map callback said `mapped`, and

@@ -1,4 +1,7 @@
 #![doc = include_str!("../README.md")]
+// In a browser wgpu's handles are neither `Send` nor `Sync` (the page has one thread), so the
+// `Arc`s that share them natively hold types that are not there either.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
 pub mod buddy;
 pub mod compute;

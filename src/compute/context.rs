@@ -195,11 +195,23 @@ impl Context {
         self.flush_locked(&mut state)
     }
 
-    /// Submits the open batch and waits until the GPU has finished all work.
+    /// Submits the open batch and waits until the GPU has finished all work. Blocks the
+    /// thread: in a browser use [`Context::sync_async`].
     pub fn sync(&self) -> Result<(), ComputeError> {
         self.flush()?;
         crate::device::wait_for_submitted(&self.shared.gpu.device)
             .map_err(|e| ComputeError::Wait(e.to_string()))
+    }
+
+    /// [`Context::sync`] as a future that does not block the thread (for async code and
+    /// browsers): submits the open batch, then resolves when the GPU has finished all work
+    /// submitted on the context's queue.
+    pub async fn sync_async(&self) -> Result<(), ComputeError> {
+        self.flush()?;
+        let gpu = &self.shared.gpu;
+        crate::device::submitted_work_done_async(&gpu.device, &gpu.queue)
+            .await
+            .map_err(ComputeError::Wait)
     }
 
     /// The GPU times of the dispatches submitted since the last call (with
@@ -279,9 +291,9 @@ impl Context {
         self.shared.lock().kernels.pipeline(kernel).map(|_| ())
     }
 
-    /// Records one dispatch into the open pass (opening the encoder and pass if needed), or into
-    /// the open capture's tape.
-    pub(crate) fn record(&self, dispatch: Dispatch<'_>) -> Result<(), ComputeError> {
+    /// [`Context::record`] of bindings that are all different tensors (`Context::record`, in
+    /// `tensor.rs`, binds a repeated one through a copy).
+    pub(crate) fn record_distinct(&self, dispatch: Dispatch<'_>) -> Result<(), ComputeError> {
         let storage = dispatch.kernel.source.storage_bindings();
         if dispatch.bindings.len() != storage {
             return Err(ComputeError::Config(format!(

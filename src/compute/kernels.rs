@@ -929,5 +929,8 @@ fn layouts(device: &wgpu::Device, storage: usize) -> Layouts {
     }
 }
 
+mod catalog;
 #[cfg(test)]
 mod tests;
+
+pub use catalog::{shader_catalog, CatalogShader, ShaderCatalog};

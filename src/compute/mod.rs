@@ -137,6 +137,7 @@ mod vocab;
 
 pub use context::{Context, ContextOptions, ContextStats, TensorAllocation};
 pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanRun, PlanStats};
+pub use kernels::{shader_catalog, CatalogShader, ShaderCatalog};
 pub use ops::custom::Launch;
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};

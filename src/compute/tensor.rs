@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::context::Context;
+use super::context::{Context, Dispatch};
 use super::shared::{Storage, TensorAllocation};
 use super::vocab::{
     decode_elements, element_count, encode_elements, tensor_bytes, ComputeError, DType,
@@ -452,6 +452,71 @@ impl Context {
             }
         }
         self.allocate(label, shape, len, dtype)
+    }
+
+    /// Records one dispatch into the open pass (opening the encoder and pass if needed), or into
+    /// the open capture's tape.
+    pub(crate) fn record(&self, dispatch: Dispatch<'_>) -> Result<(), ComputeError> {
+        // WebGPU in a browser refuses one buffer range bound twice in a dispatch where a binding
+        // is writable (every binding here is `read_write`): there a tensor given twice (`x · x`)
+        // is bound the second time through a copy. Only the ops that write their inputs in place
+        // (the cache writes) could be changed by that, and they refuse a tensor given twice.
+        // wgpu's native backends allow it, and bind it twice as they always did.
+        if !self.binds_distinct_ranges() {
+            return self.record_distinct(dispatch);
+        }
+        let repeated = |index: usize| {
+            dispatch.bindings[..index]
+                .iter()
+                .any(|earlier| Arc::ptr_eq(earlier, dispatch.bindings[index]))
+        };
+        if !(1..dispatch.bindings.len()).any(repeated) {
+            return self.record_distinct(dispatch);
+        }
+        let mut copies = Vec::new();
+        for index in 0..dispatch.bindings.len() {
+            copies.push(if repeated(index) {
+                Some(self.copy(&Self::flat(dispatch.bindings[index]))?)
+            } else {
+                None
+            });
+        }
+        let bindings: Vec<&Arc<Storage>> = dispatch
+            .bindings
+            .iter()
+            .zip(&copies)
+            .map(|(&storage, copy)| copy.as_ref().map_or(storage, |copy| &copy.storage))
+            .collect();
+        self.record_distinct(Dispatch {
+            bindings: &bindings,
+            ..dispatch
+        })
+    }
+
+    /// A tensor of one vec4 of `dtype` for a binding a kernel declares but does not use (a
+    /// matmul's bias when it has none) where [`Context::binds_distinct_ranges`]: never a tensor
+    /// bound already. Taken like an op's output (a range dropped in the batch where there is
+    /// one; in a plan, a place in its arena).
+    pub(crate) fn unused_binding(&self, dtype: DType) -> Result<Tensor, ComputeError> {
+        self.allocate_output("unused binding", vec![4], 4, dtype)
+    }
+
+    /// Whether every binding of a dispatch must be a range of its own: on the browser's WebGPU,
+    /// which refuses a range bound twice where a binding is writable (see
+    /// [`Context::record`]). wgpu's native backends allow it.
+    pub(crate) fn binds_distinct_ranges(&self) -> bool {
+        self.gpu().info.backend == wgpu::Backend::BrowserWebGpu
+    }
+
+    /// The whole of `storage` seen as a flat tensor of its element type (its bytes, rounded up
+    /// to 16, as elements), for a copy of it.
+    pub(crate) fn flat(storage: &Arc<Storage>) -> Tensor {
+        let len = usize::try_from(storage.bytes / storage.dtype.size_bytes()).unwrap_or(0);
+        Tensor {
+            storage: Arc::clone(storage),
+            shape: vec![len],
+            len,
+        }
     }
 
     /// A new tensor of `len` elements of `dtype` whose memory comes from the pool, capturing or

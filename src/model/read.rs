@@ -3,7 +3,6 @@
 //! the layout found, its shape and type checked, and its values widened to f32.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 
@@ -35,8 +34,10 @@ impl Gpt2Weights {
     /// Reads a safetensors file in Hugging Face's GPT-2 layout (see [`from_bytes`](Self::from_bytes)).
     /// The whole file is read into memory (no memory map: this layer denies unsafe code), so the
     /// peak is about the file's size plus the weights' in f32 (1 GB for GPT-2 small in f32).
+    /// Native only: in a browser read the bytes yourself and call [`from_bytes`](Self::from_bytes).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load(
-        path: impl AsRef<Path>,
+        path: impl AsRef<std::path::Path>,
         config: Option<&Gpt2Config>,
     ) -> Result<LoadedWeights, WeightsError> {
         let path = path.as_ref();

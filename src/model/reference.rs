@@ -5,6 +5,39 @@ use super::config::Gpt2Config;
 use super::error::{TokensError, WeightsError};
 use super::weights::{Gpt2Block, Gpt2Weights};
 
+/// What [`Gpt2Weights::greedy_agreement`] found of an output against the twin.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GreedyAgreement {
+    /// Tokens equal to the twin's greedy choice.
+    pub equal: usize,
+    /// Tokens within the near-tie margin of the twin's best logit.
+    pub near_ties: usize,
+    /// Tokens further off.
+    pub disagreements: usize,
+    /// The first token further off, if any.
+    pub first_disagreement: Option<Disagreement>,
+}
+
+impl GreedyAgreement {
+    /// Whether every token is the twin's choice or a near-tie.
+    pub fn agrees(&self) -> bool {
+        self.disagreements == 0
+    }
+}
+
+/// A token that is neither the twin's greedy choice nor a near-tie of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Disagreement {
+    /// Its index in the output.
+    pub index: usize,
+    /// The token chosen.
+    pub token: u32,
+    /// The twin's best token there.
+    pub best: u32,
+    /// The twin's logit of `best` less its logit of `token`.
+    pub gap: f32,
+}
+
 /// Layer normalization's epsilon in GPT-2.
 pub const LAYER_NORM_EPS: f32 = 1e-5;
 
@@ -28,6 +61,47 @@ impl Gpt2Weights {
             }),
             None => Ok(()),
         }
+    }
+
+    /// How far `output`, generated greedily after `prompt`, agrees with this model's twin
+    /// (teacher forcing: the twin's logits over the prompt and every output but the last, in
+    /// one [`reference_logits`](Self::reference_logits) call): each token is the twin's best,
+    /// or within `near_tie` of its logit (a near-tie, which f32 against f64 may resolve either
+    /// way), or neither. Errors: those of `reference_logits` (an empty prompt among them).
+    pub fn greedy_agreement(
+        &self,
+        prompt: &[u32],
+        output: &[u32],
+        near_tie: f32,
+    ) -> Result<GreedyAgreement, WeightsError> {
+        let vocab = self.config.vocab_size;
+        let mut agreement = GreedyAgreement::default();
+        if output.is_empty() {
+            return Ok(agreement);
+        }
+        let mut tokens = prompt.to_vec();
+        tokens.extend(&output[..output.len() - 1]);
+        let logits = self.reference_logits(&tokens)?;
+        Self::check_tokens(&self.config, output)?;
+        for (index, &token) in output.iter().enumerate() {
+            let row = &logits[(prompt.len() - 1 + index) * vocab..][..vocab];
+            let best = (0..vocab).fold(0, |best, j| if row[j] > row[best] { j } else { best });
+            let gap = row[best] - row[token as usize];
+            if best == token as usize {
+                agreement.equal += 1;
+            } else if gap <= near_tie {
+                agreement.near_ties += 1;
+            } else {
+                agreement.disagreements += 1;
+                agreement.first_disagreement.get_or_insert(Disagreement {
+                    index,
+                    token,
+                    best: best as u32,
+                    gap,
+                });
+            }
+        }
+        Ok(agreement)
     }
 
     /// The logits `[tokens.len(), vocab_size]` at every position of `tokens` (causal

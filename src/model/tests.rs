@@ -11,6 +11,7 @@ use safetensors::Dtype;
 use super::config::{Gpt2Config, METADATA_KEYS};
 use super::error::{ConfigError, TokensError, WeightsError};
 use super::layout::{gpt2_layout, Init};
+use super::reference::GreedyAgreement;
 use super::weights::Gpt2Weights;
 use super::write::{write_random, StoredDtype};
 
@@ -665,4 +666,57 @@ fn weights_that_do_not_fit_their_configuration_are_not_written_nor_run() {
         tiny_weights().reference_logits(&[]),
         Err(WeightsError::Tokens(TokensError::Empty))
     ));
+}
+
+#[test]
+fn greedy_agreement_counts_the_twins_choices_and_names_the_first_other() {
+    let weights = tiny_weights();
+    let vocab = weights.config.vocab_size;
+    let prompt = [3u32, 14, 15];
+    // The twin's own greedy continuation, one token at a time.
+    let mut tokens = prompt.to_vec();
+    for _ in 0..5 {
+        let logits = weights.reference_logits(&tokens).expect("logits");
+        let row = &logits[(tokens.len() - 1) * vocab..];
+        let best = (0..vocab).fold(0, |b, j| if row[j] > row[b] { j } else { b });
+        tokens.push(best as u32);
+    }
+    let output = tokens[prompt.len()..].to_vec();
+    let agreement = weights
+        .greedy_agreement(&prompt, &output, 1e-3)
+        .expect("agreement");
+    assert_eq!(
+        (
+            agreement.equal,
+            agreement.near_ties,
+            agreement.disagreements
+        ),
+        (5, 0, 0)
+    );
+    assert!(agreement.agrees());
+    // Another token at index 2: a disagreement (a near-tie only within its gap).
+    let mut other = output.clone();
+    other[2] = (other[2] + 1) % vocab as u32;
+    let strict = weights
+        .greedy_agreement(&prompt, &other, 0.0)
+        .expect("agreement");
+    assert!(!strict.agrees());
+    let first = strict.first_disagreement.expect("a disagreement");
+    assert_eq!(
+        (first.index, first.token, first.best),
+        (2, other[2], output[2])
+    );
+    assert!(first.gap > 0.0);
+    let loose = weights
+        .greedy_agreement(&prompt, &other, first.gap)
+        .expect("agreement");
+    assert!(loose.near_ties >= 1, "{loose:?}");
+    // An output token outside the vocabulary is a typed error, not a panic.
+    assert!(weights
+        .greedy_agreement(&prompt, &[vocab as u32], 1e-3)
+        .is_err());
+    assert_eq!(
+        weights.greedy_agreement(&prompt, &[], 1e-3).unwrap(),
+        GreedyAgreement::default()
+    );
 }

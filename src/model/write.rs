@@ -2,7 +2,6 @@
 //! when no real checkpoint is at hand.
 
 use std::borrow::Cow;
-use std::path::Path;
 
 use safetensors::{Dtype, View};
 
@@ -159,8 +158,14 @@ impl Gpt2Weights {
     }
 
     /// Writes the weights to `path` as [`to_bytes`](Self::to_bytes) lays them out (through a
-    /// temporary file beside it, renamed into place).
-    pub fn write(&self, path: impl AsRef<Path>, dtype: StoredDtype) -> Result<(), WeightsError> {
+    /// temporary file beside it, renamed into place). Native only: in a browser use
+    /// [`to_bytes`](Self::to_bytes).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn write(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        dtype: StoredDtype,
+    ) -> Result<(), WeightsError> {
         let path = path.as_ref();
         safetensors::serialize_to_file(self.stored(dtype)?, Some(self.config.to_metadata()), path)
             .map_err(|e| match e {
@@ -179,9 +184,10 @@ impl Gpt2Weights {
 /// Writes seeded random weights for `config` ([`Gpt2Weights::random`]) to `path` in Hugging
 /// Face's GPT-2 safetensors layout, f32, with the configuration in `__metadata__`; the same seed
 /// writes the same tensors (the order of the `__metadata__` keys in the header may vary: the
-/// safetensors crate keeps them in a hash map).
+/// safetensors crate keeps them in a hash map). Native only.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn write_random(
-    path: impl AsRef<Path>,
+    path: impl AsRef<std::path::Path>,
     config: &Gpt2Config,
     seed: u64,
 ) -> Result<(), WeightsError> {

@@ -213,6 +213,47 @@ impl Pool {
         self.allocate_as(size_bytes, options, false)
     }
 
+    /// [`Pool::allocate`] as a future that checks, without blocking the thread, that the device
+    /// created every buffer the request needed (see [`Pool::allocate_with_async`]).
+    pub async fn allocate_async(&self, size_bytes: u64) -> Result<Allocation, PoolError> {
+        self.allocate_with_async(size_bytes, AllocOptions::default())
+            .await
+    }
+
+    /// [`Pool::allocate_with`], awaiting the device's word on every buffer the request created
+    /// (its error scopes) without blocking the thread. Natively the synchronous call already
+    /// waits for that word; in a browser it cannot, so a segment the device refuses there (out
+    /// of memory) is only seen by this call, or reaches the device's uncaptured-error handler.
+    /// Errors as [`Pool::allocate_with`], and [`PoolError::DeviceRefused`] when the device
+    /// refused a buffer made for this request: the allocation is then undone and the segment
+    /// given back.
+    pub async fn allocate_with_async(
+        &self,
+        size_bytes: u64,
+        options: AllocOptions<'_>,
+    ) -> Result<Allocation, PoolError> {
+        let device = &self.shared.gpu.device;
+        let out_of_memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let result = self.allocate_with(size_bytes, options);
+        let validation = validation.pop().await;
+        let out_of_memory = out_of_memory.pop().await;
+        let Some(error) = validation.or(out_of_memory) else {
+            return result;
+        };
+        if let Ok(allocation) = result {
+            // Never used by any work: freed at once, and its segment (new, so holding nothing
+            // else) given back.
+            let segment = allocation.segment();
+            self.free_submitted([allocation]);
+            self.shared.release_if_empty(segment);
+        }
+        Err(PoolError::DeviceRefused {
+            requested_bytes: size_bytes,
+            reason: error.to_string(),
+        })
+    }
+
     /// A trial allocation (sizing something by trial under the budget): `None` where the pool
     /// refuses it for memory, which is then not an out-of-memory error (not counted, recorded
     /// in the history or reported to observers). Other refusals are errors as for

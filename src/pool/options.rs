@@ -164,6 +164,16 @@ pub enum PoolError {
         /// What is wrong.
         reason: String,
     },
+    /// The device refused a buffer that a request needed (out of memory, or invalid), found by
+    /// [`Pool::allocate_async`](super::Pool::allocate_async): the request was undone and the
+    /// segment made for it given back; no other allocation was touched.
+    #[error("the device refused a segment for a request of {requested_bytes} bytes: {reason}")]
+    DeviceRefused {
+        /// The size asked for, in bytes.
+        requested_bytes: u64,
+        /// The device's error, as text.
+        reason: String,
+    },
     /// The policy refused to apply a compaction plan (nothing moved).
     #[error("compaction refused: {0}")]
     Compaction(#[from] CompactionError),

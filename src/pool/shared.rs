@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use web_time::Instant;
 
 use super::live::{
     allocation_event, fill_state, record_oom, record_segment_events, LiveAllocation, LiveSlab,
@@ -223,9 +223,7 @@ impl Shared {
                     .snapshot()
                     .to_pickle_bytes()
                     .map_err(|error| error.to_string())
-                    .and_then(|bytes| {
-                        std::fs::write(path, bytes).map_err(|error| error.to_string())
-                    });
+                    .and_then(|bytes| write_file(path, &bytes));
                 if let Err(error) = written {
                     log::warn!(
                         "wgpu-pool: the out-of-memory snapshot could not be written to {}: {error}",
@@ -276,6 +274,19 @@ impl Shared {
                 allocated_bytes: entry.placement.allocated_size(),
             });
         }
+    }
+
+    /// Gives segment `id` back to the device if it holds nothing (recorded in the history).
+    /// Returns its bytes, or 0.
+    pub(super) fn release_if_empty(&self, id: SegmentId) -> u64 {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let released = state.core.release_if_empty(id);
+        let events = state.core.take_events();
+        if let Some(history) = &mut state.history {
+            record_segment_events(history, events, self.now_us());
+        }
+        released
     }
 
     /// Hands the live allocation in `live_slot` to a new owner labelled `label` (with the op in
@@ -409,5 +420,19 @@ fn release_slots(
     let segment_events = core.take_events();
     if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
         record_segment_events(history, segment_events, time_us);
+    }
+}
+
+/// Writes `bytes` to `path` (native); in a browser, which has no file system, refuses (take the
+/// snapshot through an out-of-memory observer there).
+fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::fs::write(path, bytes).map_err(|error| error.to_string())
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (path, bytes);
+        Err("a browser has no file system: take the snapshot with Pool::set_oom_observer".into())
     }
 }

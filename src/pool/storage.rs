@@ -109,8 +109,9 @@ impl BufferStorage {
 /// of reaching the device's uncaptured-error handler.
 ///
 /// Native only: the error scopes answer through a future that is waited for here. A browser
-/// cannot wait, so there segments are plain `create_buffer` calls (below), whose errors reach
-/// the uncaptured-error handler.
+/// cannot wait, so there segments are plain `create_buffer` calls (below): `Pool::allocate_async`
+/// awaits the device's word on them in scopes of its own, and the synchronous calls leave their
+/// errors to the uncaptured-error handler.
 #[cfg(not(target_arch = "wasm32"))]
 fn create_buffer_checked(
     device: &wgpu::Device,
@@ -137,7 +138,8 @@ fn create_buffer_checked(
     }
 }
 
-/// In a browser, nothing may block: a plain `create_buffer` (see the native version's comment).
+/// In a browser, nothing may block: a plain `create_buffer` (see the native version's comment,
+/// and `Pool::allocate_async`).
 #[cfg(target_arch = "wasm32")]
 fn create_buffer_checked(
     device: &wgpu::Device,

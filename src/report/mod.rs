@@ -5,7 +5,7 @@
 //!   total bytes, fragmentation, largest allocation possible now, free blocks per size, ...) and
 //!   its segments. `Display` prints a table in the manner of `torch.cuda.memory_summary()` and a
 //!   segment map; serde writes the whole of it as JSON.
-//! - Exporters of a [`PoolState`] and a [`History`]: [`pytorch_snapshot`] (for
+//! - Exporters of a [`PoolState`] and a [`History`](crate::history::History): [`pytorch_snapshot`] (for
 //!   `python -m torch.cuda._memory_viz` and pytorch.org/memory_viz), [`chrome_trace`] (Perfetto),
 //!   [`memory_svg`] and [`segments_svg`] (plots), [`segment_map`] (terminal).
 //! - [`write_exports`] writes all of them into a directory.
@@ -22,7 +22,7 @@ mod device;
 mod summary;
 mod svg;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -38,7 +38,6 @@ pub use device::{
 pub use summary::{format_bytes, format_bytes_short, segment_line, segment_map, MAP_LEGEND};
 pub use svg::{memory_svg, segments_svg, SVG_MAX_SEGMENTS};
 
-use crate::history::History;
 use crate::pool::Pool;
 use crate::snapshot::SnapshotError;
 
@@ -188,74 +187,91 @@ pub struct HistoryExports {
     pub memory_svg: PathBuf,
 }
 
-fn write_file(dir: &Path, name: &str, contents: &[u8]) -> Result<PathBuf, ReportError> {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).map_err(|source| ReportError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    Ok(path)
+/// One export of a pool as bytes ([`export_files`]): the file name it is written under and its
+/// contents, for a page to offer as a download or a caller to store where it likes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportFile {
+    /// The file's name: `report.txt`, `report.json`, `snapshot.pickle`, `snapshot.json`,
+    /// `segments.svg`, and with history `history.json`, `trace.json`, `memory.svg`.
+    pub name: &'static str,
+    /// The file's contents.
+    pub bytes: Vec<u8>,
 }
 
-/// Writes every export of `pool` into `dir` (created if needed): the summary, the report as JSON,
-/// the PyTorch snapshot (pickle and JSON), the segment map SVG, and — when history is on — the
-/// history, the Chrome trace and the memory-over-time SVG.
+/// Every export of `pool` as bytes, in this order: the summary (`report.txt`), the report as
+/// JSON, the PyTorch snapshot (pickle protocol 3, and JSON), the segment map SVG, and — when
+/// history is on — the history, the Chrome trace (`trace.json`, for Perfetto) and the
+/// memory-over-time SVG. Touches no file system, so it works in a browser too;
+/// [`write_exports`] writes them into a folder.
 ///
 /// # Errors
 ///
-/// [`ReportError::Io`] when a file cannot be written, [`ReportError::Snapshot`] when the snapshot
-/// cannot be exported, [`ReportError::Plot`] when a plot cannot be drawn.
-pub fn write_exports(pool: &Pool, dir: impl AsRef<Path>) -> Result<Exports, ReportError> {
-    let dir = dir.as_ref();
-    std::fs::create_dir_all(dir).map_err(|source| ReportError::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
+/// [`ReportError::Snapshot`] when the snapshot cannot be exported, [`ReportError::Plot`] when a
+/// plot cannot be drawn, [`ReportError::Json`] when JSON cannot be written.
+pub fn export_files(pool: &Pool) -> Result<Vec<ExportFile>, ReportError> {
     let (state, history) = pool.state_and_history();
     let snapshot = pytorch_snapshot(&state, history.as_ref());
     let device = DeviceReport::from_gpu(pool.gpu());
     let segments_plot = segments_svg(&state)?;
     let time_us = state.time_us;
     let report = Report::from_parts(device, state);
-    let summary = write_file(dir, "report.txt", report.to_string().as_bytes())?;
-    let report_json = write_file(dir, "report.json", report.to_json()?.as_bytes())?;
-    let snapshot_pickle = write_file(dir, "snapshot.pickle", &snapshot.to_pickle_bytes()?)?;
-    let snapshot_json = write_file(dir, "snapshot.json", &snapshot.to_json_bytes()?)?;
-    let segments_svg = write_file(dir, "segments.svg", segments_plot.as_bytes())?;
-    let history = match history {
-        Some(history) => Some(write_history(dir, &history, time_us)?),
-        None => None,
-    };
-    Ok(Exports {
-        summary,
-        report_json,
-        snapshot_pickle,
-        snapshot_json,
-        segments_svg,
-        history,
-    })
+    let file = |name, bytes| ExportFile { name, bytes };
+    let mut files = vec![
+        file("report.txt", report.to_string().into_bytes()),
+        file("report.json", report.to_json()?.into_bytes()),
+        file("snapshot.pickle", snapshot.to_pickle_bytes()?),
+        file("snapshot.json", snapshot.to_json_bytes()?),
+        file("segments.svg", segments_plot.into_bytes()),
+    ];
+    if let Some(history) = history {
+        files.extend([
+            file("history.json", serde_json::to_vec(&history)?),
+            file(
+                "trace.json",
+                serde_json::to_vec(&chrome_trace(&history, time_us))?,
+            ),
+            file("memory.svg", memory_svg(&history, time_us)?.into_bytes()),
+        ]);
+    }
+    Ok(files)
 }
 
-fn write_history(
-    dir: &Path,
-    history: &History,
-    end_time_us: u64,
-) -> Result<HistoryExports, ReportError> {
-    Ok(HistoryExports {
-        history_json: write_file(
-            dir,
-            "history.json",
-            serde_json::to_string(history)?.as_bytes(),
-        )?,
-        chrome_trace: write_file(
-            dir,
-            "trace.json",
-            serde_json::to_string(&chrome_trace(history, end_time_us))?.as_bytes(),
-        )?,
-        memory_svg: write_file(
-            dir,
-            "memory.svg",
-            memory_svg(history, end_time_us)?.as_bytes(),
-        )?,
+/// Writes every export of `pool` ([`export_files`]) into `dir` (created if needed). Native
+/// only: in a browser take the bytes from [`export_files`].
+///
+/// # Errors
+///
+/// [`ReportError::Io`] when a file cannot be written, and the errors of [`export_files`].
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_exports(
+    pool: &Pool,
+    dir: impl AsRef<std::path::Path>,
+) -> Result<Exports, ReportError> {
+    let dir = dir.as_ref();
+    std::fs::create_dir_all(dir).map_err(|source| ReportError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let files = export_files(pool)?;
+    for file in &files {
+        let path = dir.join(file.name);
+        std::fs::write(&path, &file.bytes).map_err(|source| ReportError::Io { path, source })?;
+    }
+    let path = |name: &str| dir.join(name);
+    let history = files
+        .iter()
+        .any(|file| file.name == "history.json")
+        .then(|| HistoryExports {
+            history_json: path("history.json"),
+            chrome_trace: path("trace.json"),
+            memory_svg: path("memory.svg"),
+        });
+    Ok(Exports {
+        summary: path("report.txt"),
+        report_json: path("report.json"),
+        snapshot_pickle: path("snapshot.pickle"),
+        snapshot_json: path("snapshot.json"),
+        segments_svg: path("segments.svg"),
+        history,
     })
 }

@@ -2,7 +2,7 @@
 //! memory: [`Server`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::Instant;
+use web_time::Instant;
 
 use super::error::ServeError;
 use super::kv::KvCache;
@@ -28,18 +28,26 @@ struct Sequence {
     waited: bool,
 }
 
-/// A step's sampled tokens: being computed by a submitted plan, or read already (eager).
+/// A step's sampled tokens, being computed: by a submitted plan, or in the eager ops' tensor.
 enum Tokens {
     Run(PlanRun),
-    Ready(Vec<f32>),
+    Eager(Tensor),
 }
 
 impl Tokens {
-    /// The tokens, as f32 ids (waiting for the plan's run).
+    /// The tokens, as f32 ids (waiting for the step).
     fn wait(self) -> Result<Vec<f32>, ServeError> {
         match self {
             Tokens::Run(run) => Ok(run.wait()?.swap_remove(0)),
-            Tokens::Ready(tokens) => Ok(tokens),
+            Tokens::Eager(tensor) => Ok(tensor.to_vec()?),
+        }
+    }
+
+    /// [`Tokens::wait`] without blocking the thread.
+    async fn wait_async(self) -> Result<Vec<f32>, ServeError> {
+        match self {
+            Tokens::Run(run) => Ok(run.wait_async().await?.swap_remove(0)),
+            Tokens::Eager(tensor) => Ok(tensor.to_vec_async().await?),
         }
     }
 }
@@ -234,15 +242,41 @@ impl Server {
     /// ([`Server::sync`]); changes no sequence and no statistic otherwise.
     pub fn warm_up(&mut self) -> Result<(), ServeError> {
         self.sync()?;
-        let mut rows = self.first_bucket();
-        loop {
-            let capacity = StepRows::bucket(rows);
-            let step = StepRows::new(capacity, self.options.max_batch, self.max_blocks)?;
+        for step in self.warm_up_steps()? {
             self.run_rows(&step)
                 .and_then(Tokens::wait)
                 .map_err(|error| self.stop_running(error))?;
+        }
+        Ok(())
+    }
+
+    /// [`Server::warm_up`] without blocking the thread (for async code and browsers).
+    pub async fn warm_up_async(&mut self) -> Result<(), ServeError> {
+        self.sync_async().await?;
+        for step in self.warm_up_steps()? {
+            let tokens = self
+                .run_rows(&step)
+                .map_err(|error| self.stop_running(error))?;
+            if let Err(error) = tokens.wait_async().await {
+                return Err(self.stop_running(error));
+            }
+        }
+        Ok(())
+    }
+
+    /// The steps of padding rows [`Server::warm_up`] runs: one per row count steps are padded to.
+    fn warm_up_steps(&self) -> Result<Vec<StepRows>, ServeError> {
+        let mut steps = Vec::new();
+        let mut rows = self.first_bucket();
+        loop {
+            let capacity = StepRows::bucket(rows);
+            steps.push(StepRows::new(
+                capacity,
+                self.options.max_batch,
+                self.max_blocks,
+            )?);
             if capacity >= self.options.max_step_tokens {
-                return Ok(());
+                return Ok(steps);
             }
             rows = capacity + 1;
         }
@@ -326,6 +360,11 @@ impl Server {
         self.advance(false)
     }
 
+    /// [`Server::step`] without blocking the thread (for async code and browsers).
+    pub async fn step_async(&mut self) -> Result<usize, ServeError> {
+        self.advance_async(false).await
+    }
+
     /// Runs one step without waiting for it (planned execution): admits what fits, submits the
     /// next step — its decoding rows whose newest token the step in flight samples take that
     /// token on the GPU, unread — and only then finishes the step in flight (its tokens
@@ -338,11 +377,24 @@ impl Server {
         self.advance(true)
     }
 
+    /// [`Server::step_ahead`] without blocking the thread (for async code and browsers).
+    pub async fn step_ahead_async(&mut self) -> Result<usize, ServeError> {
+        self.advance_async(true).await
+    }
+
     /// Finishes the step [`Server::step_ahead`] left in flight, if any: waits for it, appends
     /// its tokens and retires the sequences it finished. Returns the tokens it generated.
     /// Errors: [`ServeError::StepFailed`].
     pub fn sync(&mut self) -> Result<usize, ServeError> {
         self.finish().map_err(|error| self.stop_running(error))
+    }
+
+    /// [`Server::sync`] without blocking the thread (for async code and browsers).
+    pub async fn sync_async(&mut self) -> Result<usize, ServeError> {
+        match self.finish_async().await {
+            Ok(generated) => Ok(generated),
+            Err(error) => Err(self.stop_running(error)),
+        }
     }
 
     /// [`Server::sync`]'s work.
@@ -351,17 +403,32 @@ impl Server {
             return Ok(0);
         };
         let next = step.tokens.wait()?;
+        self.append(&step.samples, &next)
+    }
+
+    /// [`Server::finish`] without blocking the thread.
+    async fn finish_async(&mut self) -> Result<usize, ServeError> {
+        let Some(step) = self.in_flight.take() else {
+            return Ok(0);
+        };
+        let next = step.tokens.wait_async().await?;
+        self.append(&step.samples, &next)
+    }
+
+    /// Appends a finished step's sampled tokens `next` to the sequences `samples` names (in
+    /// sample order) and retires the sequences it finished. Returns the tokens it generated.
+    fn append(&mut self, samples: &[u64], next: &[f32]) -> Result<usize, ServeError> {
         let now = Instant::now();
-        for (sample, id) in step.samples.iter().enumerate() {
+        for (sample, id) in samples.iter().enumerate() {
             let token = next.get(sample).copied().unwrap_or(f32::NAN);
             if let Some(sequence) = self.running.iter_mut().find(|s| s.id == *id) {
                 sequence.output.push(token as u32);
                 sequence.first.get_or_insert(now);
             }
         }
-        self.stats.generated_tokens += step.samples.len() as u64;
+        self.stats.generated_tokens += samples.len() as u64;
         self.retire(now)?;
-        Ok(step.samples.len())
+        Ok(samples.len())
     }
 
     /// One step, left in flight when `ahead` (planned) or finished; a failure stops the
@@ -378,18 +445,56 @@ impl Server {
         self.admit()?;
         let launched = self.launch()?;
         let mut generated = self.finish()?;
-        let decode_only = launched.as_ref().map(|step| step.decode_only);
-        self.in_flight = launched;
-        if !ahead || self.options.execution == Execution::Eager {
+        let decode_only = self.hold(launched);
+        if self.finishes_at_once(ahead) {
             generated += self.finish()?;
         }
+        self.count_step(started, decode_only);
+        Ok(generated)
+    }
+
+    /// [`Server::advance`] without blocking the thread.
+    async fn advance_async(&mut self, ahead: bool) -> Result<usize, ServeError> {
+        match self.advance_or_fail_async(ahead).await {
+            Ok(generated) => Ok(generated),
+            Err(error) => Err(self.stop_running(error)),
+        }
+    }
+
+    /// [`Server::advance_or_fail`] without blocking the thread.
+    async fn advance_or_fail_async(&mut self, ahead: bool) -> Result<usize, ServeError> {
+        let started = Instant::now();
+        self.admit()?;
+        let launched = self.launch()?;
+        let mut generated = self.finish_async().await?;
+        let decode_only = self.hold(launched);
+        if self.finishes_at_once(ahead) {
+            generated += self.finish_async().await?;
+        }
+        self.count_step(started, decode_only);
+        Ok(generated)
+    }
+
+    /// Holds `launched` as the step in flight; whether it is decode-only (`None`: no step).
+    fn hold(&mut self, launched: Option<InFlight>) -> Option<bool> {
+        let decode_only = launched.as_ref().map(|step| step.decode_only);
+        self.in_flight = launched;
+        decode_only
+    }
+
+    /// Whether the step just launched is finished in the same call (not left in flight).
+    fn finishes_at_once(&self, ahead: bool) -> bool {
+        !ahead || self.options.execution == Execution::Eager
+    }
+
+    /// Counts a step's host time from `started` (decode-only steps apart).
+    fn count_step(&mut self, started: Instant, decode_only: Option<bool>) {
         let seconds = started.elapsed().as_secs_f64();
         self.stats.step_seconds += seconds;
         if decode_only == Some(true) {
             self.stats.decode_step_seconds += seconds;
             self.stats.decode_steps += 1;
         }
-        Ok(generated)
     }
 
     /// Builds the next step's rows and submits them (`None` when no sequence has a row).
@@ -553,7 +658,7 @@ impl Server {
                 let next = self
                     .model
                     .forward(context, &self.cache, inputs, Head::Argmax)?;
-                Ok(Tokens::Ready(next.to_vec()?))
+                Ok(Tokens::Eager(next))
             }
         }
     }
@@ -604,21 +709,41 @@ impl Server {
     /// yet taken), in order of finishing.
     pub fn run(&mut self) -> Result<Vec<Completion>, ServeError> {
         while self.busy() {
-            let progress = |server: &Self| {
-                (
-                    server.waiting.len(),
-                    server.running.len(),
-                    server.stats.generated_tokens,
-                    server.stats.steps,
-                )
-            };
-            let before = progress(self);
+            let before = self.progress();
             self.step_ahead()?;
-            if progress(self) == before {
-                return Err(ServeError::Options("a step made no progress".into()));
-            }
+            self.check_progress(before)?;
         }
         Ok(self.take_finished())
+    }
+
+    /// [`Server::run`] without blocking the thread (for async code and browsers, where each
+    /// step's tokens are awaited): steps until every queued request is finished and returns the
+    /// finished requests, in order of finishing.
+    pub async fn run_async(&mut self) -> Result<Vec<Completion>, ServeError> {
+        while self.busy() {
+            let before = self.progress();
+            self.step_ahead_async().await?;
+            self.check_progress(before)?;
+        }
+        Ok(self.take_finished())
+    }
+
+    /// What a step changes when it makes progress: waiting, running, tokens, steps.
+    fn progress(&self) -> (usize, usize, u64, u64) {
+        (
+            self.waiting.len(),
+            self.running.len(),
+            self.stats.generated_tokens,
+            self.stats.steps,
+        )
+    }
+
+    /// Refuses a step that changed nothing of [`Server::progress`] (it would loop forever).
+    fn check_progress(&self, before: (usize, usize, u64, u64)) -> Result<(), ServeError> {
+        if self.progress() == before {
+            return Err(ServeError::Options("a step made no progress".into()));
+        }
+        Ok(())
     }
 
     /// The tokens request `id` has generated so far (all of them once finished and not yet

@@ -43,8 +43,6 @@ mod pickle;
 #[cfg(test)]
 mod tests;
 
-use std::path::Path;
-
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use error::SnapshotError;
@@ -432,7 +430,9 @@ impl Snapshot {
     ///
     /// [`SnapshotError::Io`] if the file cannot be read, then as
     /// [`Snapshot::from_pickle_bytes`] or [`Snapshot::from_json_bytes`].
-    pub fn from_path(path: impl AsRef<Path>) -> Result<Snapshot, SnapshotError> {
+    /// Native only: in a browser use the bytes.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn from_path(path: impl AsRef<std::path::Path>) -> Result<Snapshot, SnapshotError> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| SnapshotError::Io {
             path: path.to_owned(),

@@ -2161,3 +2161,46 @@ pub fn refused<T>(
         "{what}: allocated"
     );
 }
+
+/// WebGPU refuses one buffer range bound twice in a dispatch where a binding is writable (every
+/// binding here is): a tensor given twice is bound the second time through a copy, so `x · x`
+/// and `x + x` compute as their twins, eagerly and planned; a matmul without a bias binds a
+/// tensor of its own in the bias's place; a cache written in place and given twice is refused.
+#[test]
+fn a_tensor_given_twice_is_bound_once_and_a_cache_given_twice_is_refused() {
+    let context = context_with(gpu(), ContextOptions::default());
+    let mut rng = StdRng::seed_from_u64(77);
+    let x = random(&mut rng, 24 * 24, -1.0, 1.0);
+    let tx = context.tensor(&x, &[24, 24]).unwrap();
+    let sum = context.add(&tx, &tx).unwrap().to_vec().unwrap();
+    assert_eq!(sum, cpu::add(&x, &x));
+    let square = context.matmul(&tx, &tx).unwrap().to_vec().unwrap();
+    assert_close("x · x", &square, &cpu::matmul(&x, &x, 24, 24, 24), |i| {
+        1e-5 * (f64::from(square[i]).abs() + 1.0)
+    });
+    let mut capture = context.capture().unwrap();
+    let input = capture.input(&[24, 24]).unwrap();
+    let doubled = context.mul(&input, &input).unwrap();
+    let mut plan = capture.finish(&[&doubled]).unwrap();
+    let replayed = plan.run(&[wgpu_pool::compute::Feed::Data(&x)]).unwrap();
+    assert_eq!(replayed[0], cpu::mul(&x, &x));
+    // A cache written in place may not be another of the op's tensors (here its reshape, as
+    // the new token).
+    let (k_cache, v_cache) = (
+        context.zeros(&[1, 1, 1, 4]).unwrap(),
+        context.zeros(&[1, 1, 1, 4]).unwrap(),
+    );
+    let token = k_cache.clone().reshape(&[1, 1, 4]).unwrap();
+    let table = context.tensor(&[0.0], &[1, 1]).unwrap();
+    let positions = context.tensor(&[0.0], &[1]).unwrap();
+    let pending = context.pending_dispatches();
+    assert!(matches!(
+        context.kv_write(&k_cache, &v_cache, &token, &token, &table, &positions),
+        Err(ComputeError::AliasedCache { op: "kv_write" })
+    ));
+    assert_eq!(context.pending_dispatches(), pending, "nothing recorded");
+    let other = context.zeros(&[1, 1, 4]).unwrap();
+    context
+        .kv_write(&k_cache, &v_cache, &other, &other, &table, &positions)
+        .unwrap();
+}

@@ -2,7 +2,7 @@
 //! [`Capture::finish`] fuses and plans it into a [`Plan`].
 
 use std::sync::Arc;
-use std::time::Instant;
+use web_time::Instant;
 
 use super::build::Planner;
 use super::fusion::fuse;

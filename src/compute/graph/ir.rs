@@ -83,6 +83,13 @@ pub(super) struct Slot {
     pub(super) copy: (u32, [u32; 3]),
 }
 
+impl Slot {
+    /// What a read-back decodes of this output: `(len, dtype, bytes)`.
+    pub(super) fn output(&self) -> (usize, DType, u64) {
+        (self.len, self.dtype, self.bytes)
+    }
+}
+
 /// The copy kernel: `y = x` over vec4s.
 pub(super) const COPY: KernelKey = KernelKey::plain(Source::Unary, "copy");
 

@@ -153,22 +153,19 @@ impl Plan {
             &self.context.gpu().device,
             &read_back,
             self.output_bytes,
-            |bytes| {
-                let mut start = 0usize;
-                outputs
-                    .iter()
-                    .map(|slot| {
-                        let values = decode_elements(&bytes[start..], slot.len, slot.dtype);
-                        start += slot.bytes as usize;
-                        values
-                    })
-                    .collect()
-            },
+            |bytes| decode_outputs(bytes, outputs.iter().map(Slot::output)),
         );
         if read.is_err() {
             read_back.discard();
         }
         read.map_err(ComputeError::Wait)
+    }
+
+    /// [`Plan::run`] as a future that does not block the thread (for async code and browsers):
+    /// submits the replay at once and resolves when its outputs are read back
+    /// ([`Plan::submit`], then [`PlanRun::wait_async`]). Errors as [`Plan::run`].
+    pub async fn run_async(&mut self, inputs: &[Feed<'_>]) -> Result<Vec<Vec<f32>>, ComputeError> {
+        self.submit(inputs, &[])?.wait_async().await
     }
 
     /// Replays the forward on `inputs` and copies the outputs into `outputs` (tensors of the
@@ -217,11 +214,7 @@ impl Plan {
             context: self.context.clone(),
             buffer: Some(buffer),
             spare: self.spare.clone(),
-            outputs: self
-                .outputs
-                .iter()
-                .map(|slot| (slot.len, slot.dtype, slot.bytes))
-                .collect(),
+            outputs: self.outputs.iter().map(Slot::output).collect(),
             bytes: self.output_bytes,
             index,
         })
@@ -579,17 +572,7 @@ impl PlanRun {
             buffer,
             self.bytes.max(4),
             Some(self.index.clone()),
-            |bytes| {
-                let mut start = 0usize;
-                outputs
-                    .iter()
-                    .map(|&(len, dtype, bytes_of)| {
-                        let values = decode_elements(&bytes[start..], len, dtype);
-                        start += bytes_of as usize;
-                        values
-                    })
-                    .collect()
-            },
+            |bytes| decode_outputs(bytes, outputs.iter().copied()),
         )
         .map_err(ComputeError::Wait);
         if read.is_err() {
@@ -597,6 +580,41 @@ impl PlanRun {
         }
         read
     }
+
+    /// [`PlanRun::wait`] as a future that does not block the thread (for async code and
+    /// browsers). Errors as [`PlanRun::wait`].
+    pub async fn wait_async(mut self) -> Result<Vec<Vec<f32>>, ComputeError> {
+        let buffer = self.buffer.as_ref().expect("held until dropped");
+        let outputs = &self.outputs;
+        let read = crate::device::read_mapped_with_async(
+            &self.context.gpu().device,
+            buffer,
+            self.bytes.max(4),
+            |bytes| decode_outputs(bytes, outputs.iter().copied()),
+        )
+        .await
+        .map_err(ComputeError::Wait);
+        if read.is_err() {
+            self.buffer = None;
+        }
+        read
+    }
+}
+
+/// The outputs of a replay, each `(len, dtype, bytes)` in order, decoded from the read-back
+/// buffer's mapped `bytes` into f32 vectors.
+fn decode_outputs(
+    bytes: &[u8],
+    outputs: impl Iterator<Item = (usize, DType, u64)>,
+) -> Vec<Vec<f32>> {
+    let mut start = 0usize;
+    outputs
+        .map(|(len, dtype, bytes_of)| {
+            let values = decode_elements(&bytes[start..], len, dtype);
+            start += bytes_of as usize;
+            values
+        })
+        .collect()
 }
 
 impl Drop for PlanRun {

@@ -3,277 +3,13 @@
 
 use std::mem::{offset_of, size_of};
 
+use super::catalog::{every_module, every_tile};
 use super::*;
 use crate::compute::vocab::{
     Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
     LayerNormParams, MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams,
     RowsParams, SoftmaxRowsParams,
 };
-
-/// The subgroup sizes of the narrow matmul's variants (0: none).
-const NARROW_SUBGROUPS: [u32; 7] = [0, 4, 8, 16, 32, 64, 128];
-
-/// Every tile the kernel takes ([`MatmulTiles::check`] on a device without limits): 8×8,
-/// 16×8, 8×16, 4×8, 8×4, 4×16 or 16×4 outputs per invocation, 8 or 16 deep, 1, 2 or 4 loads of each tile.
-fn every_tile() -> Vec<MatmulTiles> {
-    let unlimited = wgpu::Limits {
-        max_compute_invocations_per_workgroup: u32::MAX,
-        max_compute_workgroup_size_x: u32::MAX,
-        max_compute_workgroup_storage_size: u32::MAX,
-        ..wgpu::Limits::default()
-    };
-    let mut tiles = Vec::new();
-    for (tm, tn) in [(8, 8), (16, 8), (8, 16), (4, 8), (8, 4), (4, 16), (16, 4)] {
-        for bk in [8, 16] {
-            for bm in (8..=1024).step_by(8) {
-                for bn in (8..=1024).step_by(8) {
-                    let tile = MatmulTiles::new(bm, bn, bk).per_invocation(tm, tn);
-                    if tile.check(&unlimited).is_ok() {
-                        tiles.push(tile);
-                    }
-                }
-            }
-        }
-    }
-    tiles
-}
-
-/// Every module the crate compiles: each kernel in every variant an op can ask for, with
-/// every tile of [`MatmulTiles::ALL`] and of the defaults; the other tiles the kernel takes
-/// (which only a forced [`MatmulOptions::tiles`] runs) with one epilogue, and the order of
-/// block tiles (`group_rows`, the value of one constant) with one tile.
-///
-/// Each in f32, and those of [`f16_types`] in f16.
-fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
-    let mut modules = vec![
-        (Source::Unary, Variant::Plain),
-        (Source::Binary, Variant::Plain),
-        (Source::Rows, Variant::Plain),
-        (Source::LayerNorm, Variant::Plain),
-        (Source::AddLayerNorm, Variant::Plain),
-        (Source::SoftmaxRows, Variant::Plain),
-        (Source::Embedding, Variant::Plain),
-        (Source::ArgmaxRows, Variant::Plain),
-        (Source::KvWrite, Variant::Plain),
-        (Source::KvWriteQkv, Variant::Plain),
-        (Source::PagedAttention, Variant::Plain),
-        (Source::PagedAttentionVec4, Variant::Plain),
-    ];
-    let epilogues = || {
-        [false, true]
-            .into_iter()
-            .flat_map(|bias| Activation::ALL.map(|activation| (bias, activation)))
-    };
-    let defaults = MatmulOptions::default();
-    let mut main_tiles = MatmulTiles::ALL.to_vec();
-    main_tiles.extend(defaults.large_tiles.iter().chain([&defaults.small_tiles]));
-    for tiles in every_tile() {
-        let group_rows: &[u32] = if tiles == MatmulTiles::ALL[0] {
-            &[1, defaults.group_rows]
-        } else {
-            &[defaults.group_rows]
-        };
-        let epilogues: Vec<_> = if main_tiles.contains(&tiles) {
-            epilogues().collect()
-        } else {
-            vec![(true, Activation::Gelu)]
-        };
-        for &group_rows in group_rows {
-            for vec4 in [false, true] {
-                for edges in [false, true] {
-                    for &(bias, activation) in &epilogues {
-                        // The linear grid's test at the entry point, with one epilogue.
-                        let grids: &[bool] = if bias && activation == Activation::Gelu {
-                            &[false, true]
-                        } else {
-                            &[false]
-                        };
-                        for &linear_grid in grids {
-                            let variant = Variant::Matmul {
-                                tiles,
-                                group_rows,
-                                vec4,
-                                edges,
-                                bias,
-                                activation,
-                                linear_grid,
-                            };
-                            modules.push((Source::Matmul, variant));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for rows in 1..=MatmulOptions::NARROW_MAX_ROWS {
-        for lanes in (0..=MatmulOptions::NARROW_MAX_LANES.ilog2()).map(|power| 1 << power) {
-            for (bias, activation) in epilogues() {
-                let variant = Variant::Narrow {
-                    rows,
-                    lanes,
-                    subgroup: 0,
-                    split: false,
-                    bias,
-                    activation,
-                };
-                modules.push((Source::MatmulNarrow, variant));
-            }
-            // Split along K: partial products, no epilogue (the reduction runs it); and
-            // subgroups of every size wider than the lanes (the host asks for no other), with
-            // one epilogue and split.
-            for subgroup in NARROW_SUBGROUPS {
-                if subgroup != 0 && subgroup <= lanes {
-                    continue;
-                }
-                for split in [false, true] {
-                    if subgroup == 0 && !split {
-                        continue;
-                    }
-                    let variant = Variant::Narrow {
-                        rows,
-                        lanes,
-                        subgroup,
-                        split,
-                        bias: !split,
-                        activation: if split {
-                            Activation::None
-                        } else {
-                            Activation::Gelu
-                        },
-                    };
-                    modules.push((Source::MatmulNarrow, variant));
-                }
-            }
-        }
-    }
-    for (bias, activation) in epilogues() {
-        modules.push((Source::MatmulReduce, Variant::Reduce { bias, activation }));
-    }
-    // The cooperative matmul runs on f16 operands only: its modules are listed below, f16 in.
-    let f16_modules: Vec<_> = modules
-        .iter()
-        .flat_map(|&(source, variant)| {
-            f16_types(source, &variant)
-                .into_iter()
-                .map(move |types| (source, variant, types))
-        })
-        .collect();
-    modules
-        .into_iter()
-        .map(|(source, variant)| (source, variant, ElementTypes::F32))
-        .chain(f16_modules)
-        .chain(coop_modules())
-        .collect()
-}
-
-/// Tiles beyond the named ones that the kernel takes (`CoopTiles::named` reads them from a
-/// command line): the earlier 128×256 and 64×128 (eight and four subgroups), 256 rows, 16
-/// subgroups of 64×32, subgroups of 32×64.
-const OTHER_COOP_TILES: [&str; 6] = [
-    "128x256/64x64",
-    "64x128/32x64",
-    "256x128/64x32",
-    "256x128/64x64",
-    "64x256/32x64",
-    "128x128/32x64",
-];
-
-/// Every variant of the cooperative matmul: each named tile and [`OTHER_COOP_TILES`], vec4 and
-/// scalar, with every
-/// epilogue storing f16, and without one storing f32 partial products (split-K), of f16
-/// operands; and of f32 operands rounded to f16 as they are staged
-/// (`MatmulOptions::cooperative_f32_as_f16`), with every epilogue storing f32 (split-K's partial
-/// products are the same f32 module without an epilogue).
-fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
-    let f16 = ElementTypes::same(DType::F16);
-    let partials = ElementTypes {
-        input: DType::F16,
-        output: DType::F32,
-    };
-    let mut modules = Vec::new();
-    let others = OTHER_COOP_TILES.map(|name| CoopTiles::named(name).unwrap());
-    for tiles in CoopTiles::ALL.into_iter().chain(others) {
-        for vec4 in [false, true] {
-            for bias in [false, true] {
-                for activation in Activation::ALL {
-                    let variant = Variant::Coop {
-                        tiles,
-                        vec4,
-                        bias,
-                        activation,
-                        probe: None,
-                    };
-                    modules.push((Source::MatmulCoop, variant, f16));
-                    if !bias && activation == Activation::None {
-                        modules.push((Source::MatmulCoop, variant, partials));
-                    }
-                    modules.push((Source::MatmulCoop, variant, ElementTypes::F32));
-                }
-            }
-        }
-    }
-    // The diagnostic probes of each named tile (`CoopProbe`), vec4 and scalar, storing f16.
-    for tiles in CoopTiles::ALL {
-        for vec4 in [false, true] {
-            for probe in CoopProbe::ALL {
-                let variant = Variant::Coop {
-                    tiles,
-                    vec4,
-                    bias: false,
-                    activation: Activation::None,
-                    probe: Some(probe),
-                };
-                modules.push((Source::MatmulCoop, variant, f16));
-            }
-        }
-    }
-    modules
-}
-
-/// The f16 element types an op asks for with `variant` of `source`: f16 in and out; f16 in
-/// and f32 out for the matmul kernels that write partial products (and the cast to f32),
-/// f32 in and f16 out for the cast to f16. The tiled matmul's with the tiles of
-/// [`MatmulTiles::ALL`] and the default order of block tiles only (the types do not touch
-/// the tile code).
-fn f16_types(source: Source, variant: &Variant) -> Vec<ElementTypes> {
-    let f16 = ElementTypes::same(DType::F16);
-    let partials = ElementTypes {
-        input: DType::F16,
-        output: DType::F32,
-    };
-    match *variant {
-        Variant::Plain if source == Source::Unary => vec![
-            f16,
-            partials,
-            ElementTypes {
-                input: DType::F32,
-                output: DType::F16,
-            },
-        ],
-        // Indices are stored as f32 whatever the input.
-        Variant::Plain if source == Source::ArgmaxRows => vec![partials],
-        Variant::Plain | Variant::Reduce { .. } => vec![f16],
-        Variant::Matmul {
-            tiles,
-            group_rows,
-            bias,
-            activation,
-            ..
-        } if MatmulTiles::ALL.contains(&tiles)
-            && group_rows == MatmulOptions::default().group_rows =>
-        {
-            if !bias && activation == Activation::None {
-                vec![f16, partials]
-            } else {
-                vec![f16]
-            }
-        }
-        Variant::Matmul { .. } => vec![],
-        Variant::Narrow { split, .. } => vec![if split { partials } else { f16 }],
-        // Listed by `coop_modules`.
-        Variant::Coop { .. } => vec![],
-    }
-}
 
 /// A parameter struct as the test compares it: its name, `(member, offset, type)` in order,
 /// and its size.
@@ -545,6 +281,28 @@ fn every_variant_is_valid_wgsl_with_the_parameters_of_its_rust_struct() {
         .chain([&defaults.small_tiles])
     {
         assert!(tiles.contains(tile), "{tile} is not checked");
+    }
+}
+
+/// No module makes a NaN from a constant expression: Tint (Chromium's compiler) evaluates
+/// constant expressions when the module is created and refuses one that gives NaN, which naga
+/// accepts (`shaders/common.wgsl`'s `quiet_nan` makes it at run time).
+#[test]
+fn no_module_makes_a_nan_from_a_constant_expression() {
+    for (source, variant, types) in every_module() {
+        let text = module_source(source, &variant, types);
+        for pattern in [
+            "bitcast<f32>(0x7f",
+            "bitcast<f32>(0xff",
+            "0.0 / 0.0",
+            "0.0/0.0",
+        ] {
+            assert!(
+                !text.contains(pattern),
+                "{source:?}{}: `{pattern}` makes a NaN at compile time",
+                variant.label()
+            );
+        }
     }
 }
 

@@ -96,6 +96,10 @@ impl Context {
             block_table,
             positions,
         )?;
+        distinct_caches(
+            OP,
+            &[k_cache, v_cache, k_new, v_new, block_table, positions],
+        )?;
         let dtype = common_dtype(OP, &[k_cache, v_cache, k_new, v_new])?;
         let len = paged.batch * paged.n_head * paged.head_dim;
         let (workgroups, grid_x) = grid_1d(self, OP, len.div_ceil(WORKGROUP_SIZE) as u64)?;
@@ -150,6 +154,7 @@ impl Context {
             block_table,
             positions,
         )?;
+        distinct_caches(OP, &[k_cache, v_cache, qkv, block_table, positions])?;
         let dtype = common_dtype(OP, &[k_cache, v_cache, qkv])?;
         let len = paged.batch * paged.n_head * paged.head_dim;
         let (workgroups, grid_x) = grid_1d(self, OP, len.div_ceil(WORKGROUP_SIZE) as u64)?;
@@ -466,4 +471,19 @@ fn paged_shapes(
         batch,
         max_blocks,
     })
+}
+
+/// Refuses the caches (the first two of `tensors`, written in place) when either is also
+/// another of `tensors`: [`ComputeError::AliasedCache`].
+fn distinct_caches(op: &'static str, tensors: &[&Tensor]) -> Result<(), ComputeError> {
+    let aliased = tensors[..2].iter().enumerate().any(|(index, cache)| {
+        tensors
+            .iter()
+            .enumerate()
+            .any(|(other, tensor)| other != index && Arc::ptr_eq(&cache.storage, &tensor.storage))
+    });
+    if aliased {
+        return Err(ComputeError::AliasedCache { op });
+    }
+    Ok(())
 }

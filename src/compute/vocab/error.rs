@@ -121,6 +121,13 @@ pub enum ComputeError {
          context's plan_arena()"
     )]
     ForeignArena,
+    /// A tensor an op writes in place (a KV cache) given twice, or also as one of the op's
+    /// other tensors: the write would go to one of them only (nothing was recorded).
+    #[error("{op}: the cache tensors it writes must be distinct from each other and from its other tensors")]
+    AliasedCache {
+        /// The op.
+        op: &'static str,
+    },
     /// A tensor of another context was passed to an op.
     #[error("{op}: the tensor belongs to another context")]
     ForeignTensor {

@@ -242,6 +242,13 @@ impl MatmulOptions {
                 probe.name()
             )));
         }
+        if cfg!(target_arch = "wasm32") && self.autotune == Autotune::Always {
+            return Err(ComputeError::Config(
+                "Autotune::Always times matmuls by waiting for the GPU, which a browser cannot do: \
+                 use Autotune::Gpu or Off"
+                    .into(),
+            ));
+        }
         if self.split_k == Some(0) {
             return Err(ComputeError::Config("split_k must be at least 1".into()));
         }

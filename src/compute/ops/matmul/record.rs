@@ -102,7 +102,9 @@ impl Context {
         let (kernel, params) = self.product_kernel(a, b, &plan, epilogue)?;
         // Compile before recording anything, so that a refused kernel records nothing.
         self.prepare(&kernel)?;
-        // The matmul (or narrow) kernel writing `out`; `bias` is bound even when unused.
+        // The matmul (or narrow) kernel writing `out`; a bias is bound even when unused: A
+        // then, or in a browser a tensor of its own (`unused_binding`), never one bound already
+        // (see `Context::record`).
         let record_product = |out: &Tensor, bias: &Tensor| {
             self.record(Dispatch {
                 kernel,
@@ -114,7 +116,13 @@ impl Context {
         if !split {
             self.before_op()?;
             let c = self.allocate_output(OP, vec![m, n], len, dtype)?;
-            record_product(&c, epilogue.bias.unwrap_or(a))?;
+            match epilogue.bias {
+                Some(bias) => record_product(&c, bias)?,
+                None if self.binds_distinct_ranges() => {
+                    record_product(&c, &self.unused_binding(dtype)?)?
+                }
+                None => record_product(&c, a)?,
+            }
             return Ok(c);
         }
         let reduce = KernelKey::generated(
@@ -142,8 +150,15 @@ impl Context {
         self.before_op()?;
         let c = self.allocate_output(OP, vec![m, n], len, dtype)?;
         let partial = self.split_k_partial(splits, m, n, partial_len)?;
-        record_product(&partial, a)?;
-        let bias = epilogue.bias.unwrap_or(&partial);
+        // Without a bias, the reduction binds the partial products in its place (A in the
+        // product's), or in a browser a tensor of its own.
+        let unused = if self.binds_distinct_ranges() {
+            Some(self.unused_binding(dtype)?)
+        } else {
+            None
+        };
+        record_product(&partial, unused.as_ref().unwrap_or(a))?;
+        let bias = epilogue.bias.or(unused.as_ref()).unwrap_or(&partial);
         let reduce_params = ReduceParams {
             len: kernel_u32(OP, "M · N", len)?,
             n: kernel_u32(OP, "N", n)?,

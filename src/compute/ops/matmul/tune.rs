@@ -417,7 +417,7 @@ impl Context {
         tuner.sync()?;
         drop(tuner.take_kernel_timings());
         let time = |plan: MatmulPlan| -> Result<f64, ComputeError> {
-            let started = std::time::Instant::now();
+            let started = web_time::Instant::now();
             for _ in 0..2 {
                 drop(tuner.matmul_planned(&a, &b, Epilogue::default(), plan)?);
             }
