@@ -11,6 +11,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 mod compute;
 mod graph;
+mod lifecycle;
 mod limits;
 mod pool;
 mod report;
