@@ -34,7 +34,7 @@
 //!
 //! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. Tests (no GPU)
 //! parse and validate every variant with naga, check that the parameter struct each kernel reads
-//! has the member names, offsets, types and size of its Rust twin in `vocab.rs`, and translate
+//! has the member names, offsets, types and size of its Rust twin in `vocab/params.rs`, and translate
 //! each kind of kernel to SPIR-V with and without bounds checks.
 //!
 //! Modules are cached by `(source, variant, element types)`, pipelines by `(source, entry point,

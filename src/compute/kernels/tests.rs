@@ -283,7 +283,7 @@ struct Layout {
     size: usize,
 }
 
-/// The layout of a `#[repr(C)]` struct of `vocab.rs`, from the compiler.
+/// The layout of a `#[repr(C)]` struct of `vocab/params.rs`, from the compiler.
 macro_rules! layout {
     ($name:ident { $($member:ident: $ty:ident),* $(,)? }) => {{
         // The members listed here are the struct's: a struct literal names every one.
@@ -453,7 +453,7 @@ fn check_bindings(module: &naga::Module, expected: &Layout, storage: usize) -> R
     if name != expected.name || wgsl != expected.members || *span as usize != expected.size {
         return Err(format!(
             "the parameters at binding 0 are `{name}` {wgsl:?} of {span} bytes in WGSL, but \
-             `{}` {:?} of {} bytes in Rust (src/compute/vocab.rs)",
+             `{}` {:?} of {} bytes in Rust (src/compute/vocab/params.rs)",
             expected.name, expected.members, expected.size
         ));
     }
