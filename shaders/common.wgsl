@@ -19,7 +19,7 @@ fn relu4(x: vec4<f32>) -> vec4<f32> {
 }
 
 // The fused activation of the matmul epilogue: 0 none, 1 relu, 2 gelu (`Activation::code` in
-// src/compute/vocab/options.rs).
+// src/compute/types/options.rs).
 fn activate4(x: vec4<f32>, activation: u32) -> vec4<f32> {
     if (activation == 1u) {
         return relu4(x);
@@ -37,7 +37,7 @@ fn linear_index(workgroup: vec3<u32>, local: u32, grid_x: u32, size: u32) -> u32
 }
 
 // The parameters of the element-wise kernels (unary.wgsl, binary.wgsl): the Rust struct of the
-// same name in src/compute/vocab/params.rs, whose layout a test checks against this one.
+// same name in src/compute/types/params.rs, whose layout a test checks against this one.
 struct ElementwiseParams {
     len_vec4: u32,
     grid_x: u32,

@@ -50,7 +50,7 @@
 //       stage(1 − current, staged); workgroupBarrier()
 //   store_c(row0 + 4·ty + I·ROW_GROUP + E, col0 + 4·tx + J·COL_GROUP, z, acc[...])  for I, E, J
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct MatmulParams {
     m: u32,
     n: u32,

@@ -63,7 +63,7 @@
 // Diagnostics (`CoopProbe`, not products): the same entry with the fetch, the staging too, or
 // all but the products left out of the loop, to time the rest (MEASUREMENTS.md, session 16).
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct MatmulParams {
     m: u32,
     n: u32,

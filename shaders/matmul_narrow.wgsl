@@ -50,7 +50,7 @@
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct NarrowParams {
     n4: u32,
     k4: u32,

@@ -34,7 +34,7 @@
 //!
 //! The WGSL does not depend on [`ShaderChecks`]: only how it is compiled does. Tests (no GPU)
 //! parse and validate every variant with naga, check that the parameter struct each kernel reads
-//! has the member names, offsets, types and size of its Rust twin in `vocab/params.rs`, and translate
+//! has the member names, offsets, types and size of its Rust twin in `types/params.rs`, and translate
 //! each kind of kernel to SPIR-V with and without bounds checks.
 //!
 //! Modules are cached by `(source, variant, element types)`, pipelines by `(source, entry point,
@@ -46,7 +46,7 @@
 
 use std::collections::HashMap;
 
-use super::vocab::{
+use super::types::{
     group0_entries, narrow_grouped, narrow_sum_rows, ComputeError, CoopProbe, CoopTiles,
     ElementTypes, KernelKey, MatmulTiles, ShaderChecks, Source, Variant, MAX_STORAGE_BINDINGS,
     PARAMS_BYTES,

@@ -100,7 +100,7 @@
 //!
 //! Each module uses only those listed before it:
 //!
-//! - `vocab` (private; its public items are re-exported here): the words the others share —
+//! - `types` (private; its public items are re-exported here): the words the others share —
 //!   [`ComputeError`], [`DType`], [`ShaderChecks`], [`Activation`], [`MatmulTiles`],
 //!   [`MatmulOptions`], which kernel runs and what it loads and stores, what a dispatch binds,
 //!   one `#[repr(C)]` parameter struct per kernel, size helpers, f16 conversions on the host;
@@ -132,8 +132,8 @@ mod record;
 mod shared;
 mod tensor;
 mod timing;
+mod types;
 mod user_kernel;
-mod vocab;
 
 pub use context::{Context, ContextOptions, ContextStats, TensorAllocation};
 pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanRun, PlanStats};
@@ -142,9 +142,9 @@ pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
 pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
-pub use user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};
-pub(crate) use vocab::tensor_bytes;
-pub use vocab::{
+pub(crate) use types::tensor_bytes;
+pub use types::{
     Activation, Autotune, ComputeError, CoopProbe, CoopTiles, DType, MatmulOptions, MatmulTiles,
     ShaderChecks,
 };
+pub use user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};

@@ -4,7 +4,7 @@
 use std::mem::{offset_of, size_of};
 
 use super::*;
-use crate::compute::vocab::{
+use crate::compute::types::{
     Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
     LayerNormParams, MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams,
     RowsParams, SoftmaxRowsParams,
@@ -283,7 +283,7 @@ struct Layout {
     size: usize,
 }
 
-/// The layout of a `#[repr(C)]` struct of `vocab/params.rs`, from the compiler.
+/// The layout of a `#[repr(C)]` struct of `types/params.rs`, from the compiler.
 macro_rules! layout {
     ($name:ident { $($member:ident: $ty:ident),* $(,)? }) => {{
         // The members listed here are the struct's: a struct literal names every one.
@@ -453,7 +453,7 @@ fn check_bindings(module: &naga::Module, expected: &Layout, storage: usize) -> R
     if name != expected.name || wgsl != expected.members || *span as usize != expected.size {
         return Err(format!(
             "the parameters at binding 0 are `{name}` {wgsl:?} of {span} bytes in WGSL, but \
-             `{}` {:?} of {} bytes in Rust (src/compute/vocab/params.rs)",
+             `{}` {:?} of {} bytes in Rust (src/compute/types/params.rs)",
             expected.name, expected.members, expected.size
         ));
     }

@@ -448,7 +448,7 @@ impl KernelKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::vocab::DType;
+    use crate::compute::types::DType;
 
     /// One variant of each kind, epilogue off.
     fn variants() -> [Variant; 5] {
