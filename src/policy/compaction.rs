@@ -44,16 +44,16 @@ use std::collections::HashMap;
 
 use crate::buddy;
 
-use super::compact::{
-    cheapest_range_windows, cheapest_windows, range_after_moves, CompactionLimits, FreeBlocks,
-    Live, Window,
-};
 use super::engine::PoolCore;
 use super::error::CompactionError;
 use super::moves::{CompactionEstimate, CompactionPlan, Move};
 use super::ranges::RangeClass;
-use super::segment::{Layout, Placement, SegmentClass, SegmentId};
+use super::segment::{Layout, Live, Placement, SegmentClass, SegmentId};
 use super::storage::SegmentStorage;
+use super::windows::{
+    cheapest_range_windows, cheapest_windows, range_after_moves, CompactionLimits, FreeBlocks,
+    Window,
+};
 
 /// How many candidate windows `PoolCore::compaction_plan` tries and sees fail, cheapest first,
 /// before it gives up (windows passed over because an earlier failure says they would fail are not
