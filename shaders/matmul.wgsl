@@ -30,7 +30,7 @@
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 //
-// The entry point `matmul` follows this file: the host writes it (src/compute/kernels.rs,
+// The entry point `matmul` follows this file: the host writes it (src/compute/kernels/matmul.rs,
 // `matmul_entry`) with its loops over the BK steps of K and over the TM×TN outputs of an
 // invocation unrolled into straight-line code. Rolled up, it reads:
 //

@@ -43,7 +43,7 @@
 //   was exact on the H200 (driver 580); results that look like stale workgroup memory elsewhere
 //   would point here.
 //
-// The entry point `matmul_coop` follows this file: the host writes it (src/compute/kernels.rs,
+// The entry point `matmul_coop` follows this file: the host writes it (src/compute/kernels/matmul.rs,
 // `coop_entry`) with its fragments and accumulators unrolled. Rolled up, it reads:
 //
 //   return if the workgroup's linear id ≥ tiles_n · tiles_m (a grid of rows of linear ids)

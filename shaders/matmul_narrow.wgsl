@@ -29,7 +29,7 @@
 // (SPLIT) it stores its partial sums P[z, M, N], which matmul_reduce.wgsl adds, running the
 // epilogue.
 //
-// The entry point `matmul_narrow` is written by the host (src/compute/kernels.rs,
+// The entry point `matmul_narrow` is written by the host (src/compute/kernels/matmul.rs,
 // `narrow_entry`) with the rows, the four steps of K and the shuffles unrolled: it reads like
 //
 //     let (group, tile, lane, slice) = ...;  first_row = group · ROWS;  col = tile · LANES + lane

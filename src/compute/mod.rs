@@ -105,7 +105,8 @@
 //!   [`MatmulOptions`], which kernel runs and what it loads and stores, what a dispatch binds,
 //!   one `#[repr(C)]` parameter struct per kernel, size helpers, f16 conversions on the host;
 //! - `kernels` (private): the WGSL of each kernel variant (`shaders/` plus the constants and the
-//!   unrolled matmul entry point written on the host), pipelines and layouts;
+//!   unrolled matmul entry points written on the host, in `kernels/matmul.rs`), pipelines and
+//!   layouts;
 //! - `timing`: GPU timestamps per dispatch;
 //! - `record` (private): the one recording path of every dispatch — the bind group of
 //!   "parameters + storage ranges", the cache of those, pass bookkeeping, the uniform ring;

@@ -3,11 +3,12 @@
 
 use std::mem::{offset_of, size_of};
 
+use super::matmul::NARROW_STEPS;
 use super::*;
 use crate::compute::types::{
-    Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
-    LayerNormParams, MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams,
-    RowsParams, SoftmaxRowsParams,
+    narrow_sum_rows, Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams,
+    KvWriteParams, LayerNormParams, MatmulOptions, MatmulParams, MatmulTiles, NarrowParams,
+    PagedAttentionParams, ReduceParams, RowsParams, SoftmaxRowsParams,
 };
 
 /// The subgroup sizes of the narrow matmul's variants (0: none).
