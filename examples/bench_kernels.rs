@@ -97,7 +97,7 @@
 //!   measurement with the fastest probe (JSON `clock_probe_us`, `measurements`, `clock_low`
 //!   where even the kept one was measured at a lower clock, and `clock_probe`).
 //! - In one process, large products measured one after another can slow down for the rest of
-//!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul.rs): compare
+//!   the process (on the H200, after about six 4096³ ones; see src/compute/ops/matmul/mod.rs): compare
 //!   tiles in separate processes, or early in one.
 //! - Each matmul also gets a time per product **in a stream** (`stream (µs)`, JSON `stream_us`):
 //!   in a context without timestamps, as many products as take about 2 ms recorded back to back,

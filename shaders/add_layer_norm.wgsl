@@ -11,7 +11,7 @@
 // `Input`, `Output` (f32 or f16, written by the host): what x, r, gamma and beta hold, what s and
 // y hold. Every storage binding is read_write.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct LayerNormParams {
     rows: u32,
     cols: u32,

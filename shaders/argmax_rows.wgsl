@@ -12,7 +12,7 @@
 // `Input` (f32 or f16, written by the host): what x holds; `Output` is f32. Every storage
 // binding is read_write.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct RowsParams {
     rows: u32,
     cols: u32,

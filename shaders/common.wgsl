@@ -19,7 +19,7 @@ fn relu4(x: vec4<f32>) -> vec4<f32> {
 }
 
 // The fused activation of the matmul epilogue: 0 none, 1 relu, 2 gelu (`Activation::code` in
-// src/compute/vocab.rs).
+// src/compute/types/options.rs).
 fn activate4(x: vec4<f32>, activation: u32) -> vec4<f32> {
     if (activation == 1u) {
         return relu4(x);
@@ -37,7 +37,7 @@ fn linear_index(workgroup: vec3<u32>, local: u32, grid_x: u32, size: u32) -> u32
 }
 
 // The parameters of the element-wise kernels (unary.wgsl, binary.wgsl): the Rust struct of the
-// same name in src/compute/vocab.rs, whose layout a test checks against this one.
+// same name in src/compute/types/params.rs, whose layout a test checks against this one.
 struct ElementwiseParams {
     len_vec4: u32,
     grid_x: u32,
@@ -45,10 +45,10 @@ struct ElementwiseParams {
     scalar: f32,
 }
 
-// A quiet NaN's bits. WGSL has no NaN literal, and a NaN made by a constant expression
-// (`bitcast<f32>(0x7fc00000u)`) is an error in Tint (Chromium's compiler), which evaluates constant
-// expressions when the module is created: reading a private variable makes the bitcast a run-time
-// one.
+// A quiet NaN's bits. WGSL has no NaN literal, and a NaN made by a constant expression (a bitcast
+// of these bits written in place) is an error in Tint (Chromium's compiler), which evaluates
+// constant expressions when the module is created: reading a private variable makes the bitcast
+// a run-time one.
 var<private> NAN_BITS: u32 = 0x7fc00000u;
 
 // A quiet NaN (see NAN_BITS).

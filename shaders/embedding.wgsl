@@ -10,7 +10,7 @@
 // `Input`, `Output` (f32 or f16, written by the host): what the table and y hold; the ids are
 // always f32. Every storage binding is read_write.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct EmbeddingParams {
     len: u32,
     width: u32,

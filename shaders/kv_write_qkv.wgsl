@@ -7,7 +7,7 @@
 // `Input` (f32 or f16, written by the host): what qkv holds; `Output`: what the caches hold.
 // Every storage binding is read_write.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct KvWriteParams {
     batch: u32,
     n_head: u32,

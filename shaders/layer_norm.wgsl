@@ -9,7 +9,7 @@
 // `Input`, `Output` (f32 or f16, written by the host): what x, gamma, beta and y hold; the
 // statistics and the normalization are computed in f32. Every storage binding is read_write.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct LayerNormParams {
     rows: u32,
     cols: u32,

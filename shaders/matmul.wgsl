@@ -30,7 +30,7 @@
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 //
-// The entry point `matmul` follows this file: the host writes it (src/compute/kernels.rs,
+// The entry point `matmul` follows this file: the host writes it (src/compute/kernels/matmul.rs,
 // `matmul_entry`) with its loops over the BK steps of K and over the TM×TN outputs of an
 // invocation unrolled into straight-line code. Rolled up, it reads:
 //
@@ -50,7 +50,7 @@
 //       stage(1 − current, staged); workgroupBarrier()
 //   store_c(row0 + 4·ty + I·ROW_GROUP + E, col0 + 4·tx + J·COL_GROUP, z, acc[...])  for I, E, J
 
-// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct MatmulParams {
     m: u32,
     n: u32,

@@ -43,7 +43,7 @@
 //   was exact on the H200 (driver 580); results that look like stale workgroup memory elsewhere
 //   would point here.
 //
-// The entry point `matmul_coop` follows this file: the host writes it (src/compute/kernels.rs,
+// The entry point `matmul_coop` follows this file: the host writes it (src/compute/kernels/matmul.rs,
 // `coop_entry`) with its fragments and accumulators unrolled. Rolled up, it reads:
 //
 //   return if the workgroup's linear id ≥ tiles_n · tiles_m (a grid of rows of linear ids)
@@ -63,7 +63,7 @@
 // Diagnostics (`CoopProbe`, not products): the same entry with the fetch, the staging too, or
 // all but the products left out of the loop, to time the rest (MEASUREMENTS.md, session 16).
 
-// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct MatmulParams {
     m: u32,
     n: u32,

@@ -29,7 +29,7 @@
 // (SPLIT) it stores its partial sums P[z, M, N], which matmul_reduce.wgsl adds, running the
 // epilogue.
 //
-// The entry point `matmul_narrow` is written by the host (src/compute/kernels.rs,
+// The entry point `matmul_narrow` is written by the host (src/compute/kernels/matmul.rs,
 // `narrow_entry`) with the rows, the four steps of K and the shuffles unrolled: it reads like
 //
 //     let (group, tile, lane, slice) = ...;  first_row = group · ROWS;  col = tile · LANES + lane
@@ -50,7 +50,7 @@
 //
 // Every storage binding is read_write: A, B and C may share one pool segment buffer.
 
-// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct NarrowParams {
     n4: u32,
     k4: u32,

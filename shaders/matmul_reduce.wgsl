@@ -7,7 +7,7 @@
 // what the matmul's tensors hold (f32 or f16, written by the host). Every storage binding is
 // read_write (pool rule).
 
-// The Rust struct of the same name (src/compute/vocab.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct ReduceParams {
     // M · N.
     len: u32,

@@ -20,7 +20,7 @@
 // `Input`, `Output` (f32 or f16, written by the host): what q and the caches hold, what out
 // holds; computed in f32. Every storage binding is read_write.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct PagedAttentionParams {
     batch: u32,
     n_head: u32,

@@ -11,7 +11,7 @@
 // `paged_attention_decode` in src/compute/cpu.rs.
 // `Input`, `Output` (f32 or f16, written by the host). Every storage binding is read_write.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct PagedAttentionParams {
     batch: u32,
     n_head: u32,

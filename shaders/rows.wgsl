@@ -7,7 +7,7 @@
 // `Input`, `Output` (f32 or f16, written by the host): what x and y hold; sums and the softmax are
 // computed in f32. Every storage binding is read_write (pool rule).
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct RowsParams {
     rows: u32,
     cols: u32,

@@ -8,7 +8,7 @@
 // `softmax_rows` in src/compute/cpu.rs.
 // `Input`, `Output` (f32 or f16, written by the host): what x and y hold; computed in f32.
 
-// The Rust struct of the same name (src/compute/vocab/params.rs) has this layout (a test checks it).
+// The Rust struct of the same name (src/compute/types/params.rs) has this layout (a test checks it).
 struct SoftmaxRowsParams {
     rows: u32,
     cols: u32,

@@ -14,6 +14,7 @@ pub mod policy;
 mod pool;
 pub mod replay;
 pub mod report;
+mod rng;
 pub mod serve;
 pub mod snapshot;
 pub mod state;

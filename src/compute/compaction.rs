@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLockWriteGuard, TryLockError, Weak};
 
 use super::context::Context;
 use super::shared::Storage;
-use super::vocab::ComputeError;
+use super::types::ComputeError;
 use crate::policy::{CompactionEstimate, CompactionLimits, OutOfMemory};
 use crate::pool::{AllocOptions, Allocation, Compaction, Pool, PoolError};
 

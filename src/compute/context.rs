@@ -42,8 +42,8 @@ use super::shared::{
     lock_ignoring_poison, Batch, PlanReadBack, Shared, State, Step, Storage, Tape,
 };
 use super::timing::{KernelTiming, Timer, TimestampSupport};
+use super::types::{ComputeError, KernelKey, ParamsBlock, PARAMS_BYTES};
 use super::user_kernel::{UserBindGroup, UserKernel};
-use super::vocab::{ComputeError, KernelKey, ParamsBlock, PARAMS_BYTES};
 use crate::device::Gpu;
 use crate::pool::{Allocation, Pool};
 use crate::state::BufferRole;

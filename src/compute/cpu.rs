@@ -13,7 +13,7 @@
 //! ulp (2⁻¹⁰ of the magnitude) on top of the f32 tolerance.
 
 use super::ops::elementwise::{BinaryOp, UnaryOp};
-use super::vocab::{Activation, DType};
+use super::types::{Activation, DType};
 
 /// `values` rounded to the nearest value of `dtype` (ties to even; beyond ±65,504 to ±∞ for
 /// f16), as an upload to a tensor of `dtype` and an f16 kernel's stores round them; unchanged

@@ -100,12 +100,13 @@
 //!
 //! Each module uses only those listed before it:
 //!
-//! - `vocab` (private; its public items are re-exported here): the words the others share —
+//! - `types` (private; its public items are re-exported here): the words the others share —
 //!   [`ComputeError`], [`DType`], [`ShaderChecks`], [`Activation`], [`MatmulTiles`],
 //!   [`MatmulOptions`], which kernel runs and what it loads and stores, what a dispatch binds,
 //!   one `#[repr(C)]` parameter struct per kernel, size helpers, f16 conversions on the host;
 //! - `kernels` (private): the WGSL of each kernel variant (`shaders/` plus the constants and the
-//!   unrolled matmul entry point written on the host), pipelines and layouts;
+//!   unrolled matmul entry points written on the host, in `kernels/matmul.rs`), pipelines and
+//!   layouts;
 //! - `timing`: GPU timestamps per dispatch;
 //! - `record` (private): the one recording path of every dispatch — the bind group of
 //!   "parameters + storage ranges", the cache of those, pass bookkeeping, the uniform ring;
@@ -132,20 +133,20 @@ mod record;
 mod shared;
 mod tensor;
 mod timing;
+mod types;
 mod user_kernel;
-mod vocab;
 
 pub use context::{Context, ContextOptions, ContextStats, TensorAllocation};
 pub use graph::{Capture, CaptureOptions, Feed, Plan, PlanArena, PlanRun, PlanStats};
-pub use kernels::{shader_catalog, CatalogShader, ShaderCatalog};
+pub use kernels::catalog::{shader_catalog, CatalogShader, ShaderCatalog};
 pub use ops::custom::Launch;
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
 pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
-pub use user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};
-pub(crate) use vocab::tensor_bytes;
-pub use vocab::{
+pub(crate) use types::tensor_bytes;
+pub use types::{
     Activation, Autotune, ComputeError, CoopProbe, CoopTiles, DType, MatmulOptions, MatmulTiles,
     ShaderChecks,
 };
+pub use user_kernel::{UserBindGroup, UserKernel, UserKernelDesc};

@@ -1,7 +1,7 @@
 //! How a context is made ([`ContextOptions`]) and what it did ([`ContextStats`]).
 
-use super::vocab::MatmulOptions;
-pub use super::vocab::ShaderChecks;
+use super::types::MatmulOptions;
+pub use super::types::ShaderChecks;
 
 /// How a [`Context`](crate::compute::Context) records, submits and compiles.
 #[derive(Debug, Clone, PartialEq)]

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 
 use super::timing::{Timer, TimestampSupport};
-use super::vocab::{ParamsBlock, PARAMS_BYTES};
+use super::types::{ParamsBlock, PARAMS_BYTES};
 use crate::device::{AccountedBuffer, Gpu};
 use crate::state::BufferRole;
 

@@ -11,8 +11,8 @@ use super::kernels::Kernels;
 use super::options::{ContextOptions, ContextStats};
 use super::record::{BindGroups, ParamsRing, PassRecorder};
 use super::timing::{KernelTiming, Timer, TimestampSupport};
+use super::types::{DType, KernelKey, ParamsBlock, TunedChoices};
 use super::user_kernel::{UserBindGroup, UserKernel};
-use super::vocab::{DType, KernelKey, ParamsBlock, TunedChoices};
 use crate::device::{AccountedBuffer, Gpu};
 use crate::pool::{Allocation, Pool};
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::context::{Context, Dispatch};
 use super::shared::{Storage, TensorAllocation};
-use super::vocab::{
+use super::types::{
     decode_elements, element_count, encode_elements, tensor_bytes, ComputeError, DType,
 };
 use crate::policy::SegmentId;

@@ -8,7 +8,7 @@
 //! timestamps of a batch are resolved in the batch's command buffer and read back when it is
 //! submitted (profiling therefore waits for every batch).
 
-use super::vocab::ComputeError;
+use super::types::ComputeError;
 use crate::device::{AccountedBuffer, Gpu};
 use crate::state::BufferRole;
 

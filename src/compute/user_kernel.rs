@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::vocab::{group0_entries, ComputeError};
+use super::types::{group0_entries, ComputeError};
 
 /// The op name of a user's kernel in errors.
 pub(crate) const OP: &str = "dispatch";

@@ -43,7 +43,7 @@
 //! - `reference.rs`: [`Gpt2Weights::reference_logits`] (the served model's CPU twin, in f64),
 //!   [`Gpt2Weights::check_tokens`], [`LAYER_NORM_EPS`].
 //! - `write.rs`: [`Gpt2Weights::random`], [`Gpt2Weights::write`], [`Gpt2Weights::to_bytes`],
-//!   [`write_random`], [`StoredDtype`] (its random numbers: the planner's SplitMix64).
+//!   [`write_random`], [`StoredDtype`] (its random numbers: the crate's SplitMix64, `src/rng.rs`).
 
 mod config;
 mod error;

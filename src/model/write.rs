@@ -5,11 +5,12 @@ use std::borrow::Cow;
 
 use safetensors::{Dtype, View};
 
+use crate::rng::SplitMix64;
+
 use super::config::Gpt2Config;
 use super::error::WeightsError;
 use super::layout::{gpt2_layout, Init, TensorSpec};
 use super::weights::Gpt2Weights;
-use crate::plan::SplitMix64;
 
 /// The type tensors are stored as in a written file (read back widened to f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

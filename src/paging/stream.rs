@@ -2,8 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rng::SplitMix64;
+
 use super::error::PagingError;
-use crate::plan::SplitMix64;
 
 /// One request: its prompt's token ids and how many tokens to generate (greedily, all of them).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -43,7 +43,6 @@
 //!
 //! - `buffers.rs`: [`Buffer`], [`PlanOptions`], [`Plan`], [`Placement`], [`PlanError`],
 //!   [`max_live_bytes`], [`Plan::check`].
-//! - `rng.rs`: SplitMix64, the search's random numbers.
 //! - `problem.rs`: validation, sizes rounded up to the alignment (with aligned offsets a buffer
 //!   blocks exactly its rounded size), conflict lists (the buffers alive at the same time as
 //!   each), the lower bound, offsets turned into a [`Plan`].
@@ -89,7 +88,6 @@ mod exact;
 mod greedy;
 mod place;
 mod problem;
-mod rng;
 mod search;
 mod skyline;
 #[cfg(test)]
@@ -98,5 +96,3 @@ mod tests;
 pub use buffers::{max_live_bytes, Buffer, Placement, Plan, PlanError, PlanOptions};
 pub use greedy::greedy_by_size;
 pub use search::plan;
-// The model's seeded random weights draw from the same generator.
-pub(crate) use rng::SplitMix64;

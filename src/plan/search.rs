@@ -1,12 +1,13 @@
 //! The planner: best-fit and first-fit placement under several orderings, then an iterated local
 //! search over the ordering, and branch and bound for small instances.
 
+use crate::rng::SplitMix64;
+
 use super::buffers::{Buffer, Plan, PlanError, PlanOptions};
 use super::exact::branch_and_bound;
 use super::greedy::size_order;
 use super::place::{Decoder, Fit};
 use super::problem::Problem;
-use super::rng::SplitMix64;
 use super::skyline::{Rule, Skyline};
 
 /// What one step of the local search (a placed buffer looked at) costs in the budget, in steps

@@ -4,8 +4,9 @@
 //! buffer fits there, raised to the lower of its neighbours (the space below can serve no buffer
 //! placed later). Which buffer fills a stretch is chosen by a rule, randomised across runs.
 
+use crate::rng::SplitMix64;
+
 use super::problem::Problem;
-use super::rng::SplitMix64;
 
 /// The slots of a problem and the reusable state of a construction.
 pub(crate) struct Skyline<'p, 'a> {

@@ -44,16 +44,16 @@ use std::collections::HashMap;
 
 use crate::buddy;
 
-use super::compact::{
-    cheapest_range_windows, cheapest_windows, range_after_moves, CompactionLimits, FreeBlocks,
-    Live, Window,
-};
 use super::engine::PoolCore;
 use super::error::CompactionError;
 use super::moves::{CompactionEstimate, CompactionPlan, Move};
 use super::ranges::RangeClass;
-use super::segment::{Layout, Placement, SegmentClass, SegmentId};
+use super::segment::{Layout, Live, Placement, SegmentClass, SegmentId};
 use super::storage::SegmentStorage;
+use super::windows::{
+    cheapest_range_windows, cheapest_windows, range_after_moves, CompactionLimits, FreeBlocks,
+    Window,
+};
 
 /// How many candidate windows `PoolCore::compaction_plan` tries and sees fail, cheapest first,
 /// before it gives up (windows passed over because an earlier failure says they would fail are not
@@ -204,12 +204,10 @@ impl<S: SegmentStorage> PoolCore<S> {
                 continue;
             };
             match self.predicted_destinations(slot, &window) {
-                Ok(destinations) => {
-                    match self.reserve_moves(size_bytes, slot, &window, destinations) {
-                        Some(plan) => return Some(plan),
-                        None => tries.refused(slot, sizes),
-                    }
-                }
+                Ok(destinations) => match self.reserve_moves(slot, &window, destinations) {
+                    Some(plan) => return Some(plan),
+                    None => tries.refused(slot, sizes),
+                },
                 Err(placed) => tries.misfit(slot, &sizes, placed),
             }
             if tries.exhausted() {
@@ -329,9 +327,8 @@ impl<S: SegmentStorage> PoolCore<S> {
             moved_bytes: segment.live.values().map(|l| l.allocated_bytes).sum(),
             sources: segment.live.keys().copied().collect(),
         };
-        let size_bytes = segment.size_bytes;
         let destinations = self.predicted_destinations(slot, &window).ok()?;
-        self.reserve_moves(size_bytes, slot, &window, destinations)
+        self.reserve_moves(slot, &window, destinations)
     }
 
     /// What a request of `size_bytes` needs free, or `None` for a request compaction cannot serve.
@@ -515,7 +512,6 @@ impl<S: SegmentStorage> PoolCore<S> {
     /// failure, gives back what it reserved and returns `None`.
     fn reserve_moves(
         &mut self,
-        size_bytes: u64,
         slot: usize,
         window: &Window,
         destinations: Vec<(u64, Live, usize)>,
@@ -557,9 +553,7 @@ impl<S: SegmentStorage> PoolCore<S> {
             reserved.push(allocation);
         }
         Some(CompactionPlan {
-            request_bytes: size_bytes,
             estimate,
-            slot,
             moves,
             reserved,
         })

@@ -2,11 +2,11 @@
 //! segments are given back before growing), the budget, and the out-of-memory refusal with its
 //! figures.
 
-use super::compact::CompactionLimits;
 use super::engine::PoolCore;
 use super::error::{OutOfMemory, PolicyError};
 use super::segment::{Placement, Segment, SegmentClass};
 use super::storage::SegmentStorage;
+use super::windows::CompactionLimits;
 
 /// A new segment of the mid-sized class holds at least this many requests of the size that made
 /// it (rounded up to a power of two, at most `max_segment_bytes` and at most half the demand,

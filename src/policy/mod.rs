@@ -76,8 +76,9 @@
 //! `segment.rs` (a segment's layout by class, placements), `ranges.rs` (free ranges of the
 //! mid-sized and large classes), `engine.rs` (the books: segments held, creation, destruction),
 //! `place.rs` (which class a request is in, and placement within each class), `growth.rs` (new
-//! segments' sizes, the cache, the budget, out of memory), `compaction.rs` and `compact.rs`
-//! (compaction's planner and its arithmetic), `moves.rs` (a plan's moves as data).
+//! segments' sizes, the cache, the budget, out of memory), `windows.rs` (compaction's
+//! arithmetic: the cheapest windows to empty, the model of where their allocations fit),
+//! `compaction.rs` (compaction's planner), `moves.rs` (a plan's moves as data).
 //!
 //! # The figures that chose it
 //!
@@ -87,7 +88,6 @@
 
 #![deny(unsafe_code)]
 
-mod compact;
 mod compaction;
 mod config;
 mod engine;
@@ -99,11 +99,11 @@ mod ranges;
 mod segment;
 mod stats;
 mod storage;
+mod windows;
 
 #[cfg(test)]
 mod tests;
 
-pub use compact::CompactionLimits;
 pub use compaction::COMPACTION_CANDIDATES;
 pub use config::{PolicyConfig, PolicyMode, DEFAULT_MAX_SEGMENT_BYTES};
 pub(crate) use engine::PoolCore;
@@ -114,3 +114,4 @@ pub(crate) use segment::{Placement, SegmentEvent};
 pub use segment::{SegmentClass, SegmentId};
 pub use stats::{Counter, PoolStats};
 pub(crate) use storage::{SegmentStorage, SimulatedStorage, StorageError};
+pub use windows::CompactionLimits;

@@ -3,7 +3,7 @@
 
 use crate::buddy;
 
-use super::segment::{Placement, SegmentId};
+use super::segment::SegmentId;
 
 /// One move of a `CompactionPlan`: a live allocation's bytes copied from one range to another.
 /// The destination is reserved by the plan: free before it, disjoint from every live allocation
@@ -56,15 +56,15 @@ pub struct CompactionEstimate {
 #[derive(Debug)]
 #[must_use = "a compaction plan holds its destinations until it is applied or cancelled"]
 pub struct CompactionPlan {
-    pub(super) request_bytes: u64,
     pub(super) estimate: CompactionEstimate,
-    pub(super) slot: usize,
     pub(super) moves: Vec<Move>,
     /// The destinations, one per move, in the same order: the buddy allocation of a packed one,
     /// `None` for a range of a segment of free ranges (the move names it).
     pub(super) reserved: Vec<Option<buddy::Allocation>>,
 }
 
+/// `moves` serves the pool and the replay; the other accessors serve the policy's tests, which
+/// read a plan without applying it.
 impl CompactionPlan {
     /// The moves, largest first.
     pub fn moves(&self) -> &[Move] {
@@ -72,47 +72,20 @@ impl CompactionPlan {
     }
 
     /// The bytes all the moves copy (allocated sizes).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "read by the policy's tests only")
-    )]
+    #[cfg(test)]
     pub fn moved_bytes(&self) -> u64 {
         self.estimate.moved_bytes
     }
 
-    /// The request the plan makes room for, in bytes.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "read by the policy's tests only")
-    )]
-    pub fn request_bytes(&self) -> u64 {
-        self.request_bytes
-    }
-
     /// The segment, block and cost of the plan.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "read by the policy's tests only")
-    )]
+    #[cfg(test)]
     pub fn estimate(&self) -> CompactionEstimate {
         self.estimate
     }
 
-    /// The slot of the segment the request will fit in.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "read by the policy's tests only")
-    )]
-    pub fn slot(&self) -> usize {
-        self.slot
-    }
-
     /// True when the plan moves `placement`.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "read by the policy's tests only")
-    )]
-    pub fn moves_placement(&self, placement: &Placement) -> bool {
+    #[cfg(test)]
+    pub fn moves_placement(&self, placement: &super::segment::Placement) -> bool {
         self.moves
             .iter()
             .any(|m| m.from_segment == placement.segment() && m.from_offset == placement.offset())

@@ -3,11 +3,10 @@
 //! segment of its own in the naive mode), and giving an allocation back. Growing the pool when
 //! nothing fits is `growth.rs`.
 
-use super::compact::Live;
 use super::engine::PoolCore;
 use super::error::PolicyError;
 use super::ranges::RangeClass;
-use super::segment::{Layout, Placement, SegmentClass};
+use super::segment::{Layout, Live, Placement, SegmentClass};
 use super::storage::SegmentStorage;
 
 impl<S: SegmentStorage> PoolCore<S> {

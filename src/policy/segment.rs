@@ -5,8 +5,16 @@ use std::collections::BTreeMap;
 
 use crate::buddy::{self, BuddyAllocator, Rounding};
 
-use super::compact::Live;
 use super::ranges::{RangeClass, Ranges};
+
+/// A live allocation in a segment's index, keyed there by its offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Live {
+    /// Its size after rounding, in bytes: the range it holds.
+    pub(crate) allocated_bytes: u64,
+    /// The size asked for, in bytes.
+    pub(crate) requested_bytes: u64,
+}
 
 /// A process-unique id of a segment, stable for its lifetime.
 #[derive(

@@ -1677,15 +1677,51 @@ mod extreme_sizes {
             }
         }
 
+        /// Every tile and every option, however extreme, is accepted or refused with
+        /// `ComputeError::Config`; every plan of a context made with them is a plan within the
+        /// device's grid or one of the typed refusals `Context::matmul_plan` names. A panic fails
+        /// the case (proptest catches it).
         #[test]
         fn options_and_tiles_of_any_size_are_accepted_or_typed_errors(
             sizes in proptest::collection::vec(extreme_u32(), 9),
             m in extreme(), n in extreme(), k in extreme(),
         ) {
             let context = small_budget_context();
+            let limits = context.limits();
             let tiles = MatmulTiles::new(sizes[0], sizes[1], sizes[2]).per_invocation(sizes[3], sizes[4]);
-            let _ = (tiles.threads(), tiles.workgroup_storage_bytes(), tiles.to_string());
-            let _ = tiles.check(context.limits());
+            prop_assert!(!tiles.to_string().is_empty());
+            let tiles_accepted = match tiles.check(limits) {
+                Ok(()) => {
+                    prop_assert!(tiles.threads() <= limits.max_compute_invocations_per_workgroup);
+                    prop_assert!(
+                        tiles.workgroup_storage_bytes() <= limits.max_compute_workgroup_storage_size
+                    );
+                    true
+                }
+                Err(ComputeError::Config(_)) => false,
+                Err(other) => {
+                    return Err(TestCaseError::fail(format!("tile {tiles}: refused with {other:?}")));
+                }
+            };
+            // A plan, within the device's grid, or a refusal of the sizes.
+            let check_plan = |context: &Context| -> Result<(), TestCaseError> {
+                match context.matmul_plan(m, n, k) {
+                    Ok(plan) => {
+                        let limit = limits.max_compute_workgroups_per_dimension;
+                        prop_assert!(plan.workgroups.iter().all(|&count| (1..=limit).contains(&count)));
+                        prop_assert!(m > 0 && n > 0 && k > 0);
+                    }
+                    Err(
+                        ComputeError::InvalidShape { .. }
+                        | ComputeError::ParameterOverflow { .. }
+                        | ComputeError::ExceedsLimit { .. },
+                    ) => {}
+                    Err(other) => {
+                        return Err(TestCaseError::fail(format!("{m}×{n}×{k}: refused with {other:?}")));
+                    }
+                }
+                Ok(())
+            };
             let options = ContextOptions {
                 max_ops_per_batch: sizes[5],
                 max_grid_x: Some(sizes[6]),
@@ -1706,8 +1742,16 @@ mod extreme_sizes {
                 },
                 ..ContextOptions::default()
             };
-            if let Ok(context) = Context::new(context.pool(), options.clone()) {
-                let _ = context.matmul_plan(m, n, k);
+            match Context::new(context.pool(), options.clone()) {
+                Ok(made) => {
+                    // A forced tile the device refuses never makes a context.
+                    prop_assert!(options.matmul.tiles.is_none() || tiles_accepted);
+                    check_plan(&made)?;
+                }
+                Err(ComputeError::Config(_)) => {}
+                Err(other) => {
+                    return Err(TestCaseError::fail(format!("{options:?}: refused with {other:?}")));
+                }
             }
             // The automatic choices with extreme knobs.
             let options = ContextOptions {
@@ -1721,8 +1765,12 @@ mod extreme_sizes {
                 },
                 ..ContextOptions::default()
             };
-            if let Ok(context) = Context::new(context.pool(), options) {
-                let _ = context.matmul_plan(m, n, k);
+            match Context::new(context.pool(), options.clone()) {
+                Ok(made) => check_plan(&made)?,
+                Err(ComputeError::Config(_)) => {}
+                Err(other) => {
+                    return Err(TestCaseError::fail(format!("{options:?}: refused with {other:?}")));
+                }
             }
         }
     }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 /// The crate's top-level modules, bottom up, and whether each is pure (wgpu-free). A file may name
 /// items of its own layer and of the layers below it, never of a layer above.
 const LAYERS: &[(&str, bool)] = &[
+    ("rng", true),
     ("buddy", true),
     ("policy", true),
     ("history", true),

@@ -37,7 +37,9 @@ async fn plans_of_several_batch_sizes_share_one_arena() {
         let expected = cpu::gelu(&cpu::matmul(&x, &w, *batch, 32, 16));
         assert_close(&format!("batch {batch}"), &got[0], &expected, 1e-5);
     }
-    assert!(plans.iter().all(|(_, plan)| plan.arena().bytes() == arena.bytes()));
+    assert!(plans
+        .iter()
+        .all(|(_, plan)| plan.arena().bytes() == arena.bytes()));
 }
 
 #[wasm_bindgen_test]
@@ -73,7 +75,10 @@ async fn the_oom_observer_sees_each_refusal_with_its_snapshot() {
     pool.set_budget(Some(2 << 20));
     let _held = pool.allocate(1 << 20).unwrap();
     for size in [4 << 20, 8 << 20] {
-        assert!(matches!(pool.allocate(size), Err(PoolError::OutOfMemory(_))));
+        assert!(matches!(
+            pool.allocate(size),
+            Err(PoolError::OutOfMemory(_))
+        ));
     }
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
@@ -100,7 +105,10 @@ async fn a_bounded_history_keeps_the_newest_events_and_its_totals() {
     let history = pool.history().unwrap();
     assert_eq!(history.len(), 8);
     let sizes: Vec<u64> = history.events().iter().map(|e| e.size_bytes).collect();
-    assert!(sizes.contains(&(4096 * 10)), "the newest events are kept: {sizes:?}");
+    assert!(
+        sizes.contains(&(4096 * 10)),
+        "the newest events are kept: {sizes:?}"
+    );
     assert!(!sizes.contains(&4096), "the oldest are dropped: {sizes:?}");
 }
 

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::compute::kernels::module_source;
-use crate::compute::vocab::{CoopTiles, ElementTypes, MatmulTiles, Source, Variant};
+use crate::compute::types::{CoopTiles, ElementTypes, MatmulTiles, Source, Variant};
 
 /// Entry points without a twin of their name, each with its reason.
 const EXCEPTIONS: [(&str, &str); 7] = [

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::compute::context::Context;
 use crate::compute::shared::Shared;
-use crate::compute::vocab::ComputeError;
+use crate::compute::types::ComputeError;
 use crate::plan::Buffer;
 use crate::pool::{AllocOptions, Allocation, Pool};
 

@@ -14,7 +14,7 @@ use crate::compute::ops::grid_1d;
 use crate::compute::record::ParamsRing;
 use crate::compute::shared::{Step, Storage};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{
+use crate::compute::types::{
     kernel_u32, ComputeError, ElementwiseParams, ParamsBlock, PARAMS_BYTES,
 };
 use crate::plan::{greedy_by_size, plan, Buffer, PlanOptions};

@@ -11,7 +11,7 @@ use super::replay::Plan;
 use crate::compute::context::Context;
 use crate::compute::shared::{Step, Storage};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{element_count, ComputeError, DType};
+use crate::compute::types::{element_count, ComputeError, DType};
 
 /// An open capture: the context's ops record into it until [`Capture::finish`]; dropped
 /// unfinished, it records nothing and the context runs ops again.

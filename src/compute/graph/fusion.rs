@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::compute::shared::{Step, Storage};
-use crate::compute::vocab::{
+use crate::compute::types::{
     Activation, ElementwiseParams, FusedEpilogue, KernelKey, Source, Variant,
 };
 

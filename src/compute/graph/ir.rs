@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::arena::PlanArena;
 use crate::compute::record::Range;
 use crate::compute::shared::Storage;
-use crate::compute::vocab::{DType, KernelKey, Source};
+use crate::compute::types::{DType, KernelKey, Source};
 
 /// How [`Capture::finish_with`](super::Capture::finish_with) builds a plan.
 #[derive(Debug, Clone)]

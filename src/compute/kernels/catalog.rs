@@ -3,7 +3,7 @@
 //! compile, and those it could not, each with the reason. A browser test hands each module to the
 //! browser's own compiler (Tint, in Chromium) and requires it to report no error.
 
-use crate::compute::vocab::{
+use crate::compute::types::{
     Activation, CoopProbe, CoopTiles, DType, ElementTypes, MatmulOptions, MatmulTiles, Source,
     Variant,
 };

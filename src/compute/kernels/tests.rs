@@ -4,11 +4,12 @@
 use std::mem::{offset_of, size_of};
 
 use super::catalog::{every_module, every_tile};
+use super::matmul::NARROW_STEPS;
 use super::*;
-use crate::compute::vocab::{
-    Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams, KvWriteParams,
-    LayerNormParams, MatmulOptions, MatmulParams, NarrowParams, PagedAttentionParams, ReduceParams,
-    RowsParams, SoftmaxRowsParams,
+use crate::compute::types::{
+    narrow_sum_rows, Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams,
+    KvWriteParams, LayerNormParams, MatmulOptions, MatmulParams, MatmulTiles, NarrowParams,
+    PagedAttentionParams, ReduceParams, RowsParams, SoftmaxRowsParams,
 };
 
 /// A parameter struct as the test compares it: its name, `(member, offset, type)` in order,
@@ -19,7 +20,7 @@ struct Layout {
     size: usize,
 }
 
-/// The layout of a `#[repr(C)]` struct of `vocab.rs`, from the compiler.
+/// The layout of a `#[repr(C)]` struct of `types/params.rs`, from the compiler.
 macro_rules! layout {
     ($name:ident { $($member:ident: $ty:ident),* $(,)? }) => {{
         // The members listed here are the struct's: a struct literal names every one.
@@ -189,7 +190,7 @@ fn check_bindings(module: &naga::Module, expected: &Layout, storage: usize) -> R
     if name != expected.name || wgsl != expected.members || *span as usize != expected.size {
         return Err(format!(
             "the parameters at binding 0 are `{name}` {wgsl:?} of {span} bytes in WGSL, but \
-             `{}` {:?} of {} bytes in Rust (src/compute/vocab.rs)",
+             `{}` {:?} of {} bytes in Rust (src/compute/types/params.rs)",
             expected.name, expected.members, expected.size
         ));
     }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{
+use crate::compute::types::{
     kernel_u32, ComputeError, DType, ElementTypes, KernelKey, KvWriteParams, PagedAttentionParams,
     ParamsBlock, Source,
 };

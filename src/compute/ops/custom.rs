@@ -58,8 +58,8 @@
 
 use crate::compute::context::Context;
 use crate::compute::tensor::Tensor;
+use crate::compute::types::{element_count, tensor_bytes, ComputeError, DType, PARAMS_BYTES};
 use crate::compute::user_kernel::{refused, UserBindGroup, UserKernel, UserKernelDesc};
-use crate::compute::vocab::{element_count, tensor_bytes, ComputeError, DType, PARAMS_BYTES};
 
 /// One dispatch of a user's kernel ([`Context::dispatch_with`]): its grid, parameters, tensors,
 /// outputs and further groups. The kernel binds `tensors` and then the outputs, in order, at

@@ -7,7 +7,7 @@
 use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{
+use crate::compute::types::{
     kernel_u32, ComputeError, DType, ElementTypes, ElementwiseParams, KernelKey, ParamsBlock,
     Source,
 };

@@ -10,7 +10,7 @@ pub(crate) mod transformer;
 
 use super::context::Context;
 use super::tensor::Tensor;
-use super::vocab::{grid_1d_within, ComputeError, DType};
+use super::types::{grid_1d_within, ComputeError, DType};
 
 /// The element type all of an op's `operands` share, or [`ComputeError::DTypeMismatch`] naming
 /// the first and the first that differs from it.

@@ -8,7 +8,7 @@
 use super::grid_1d;
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{
+use crate::compute::types::{
     kernel_u32, ComputeError, ElementTypes, KernelKey, ParamsBlock, RowsParams, Source,
 };
 

@@ -14,7 +14,7 @@
 use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{
+use crate::compute::types::{
     element_count, kernel_u32, ComputeError, DType, ElementTypes, EmbeddingParams, KernelKey,
     LayerNormParams, ParamsBlock, RowsParams, SoftmaxRowsParams, Source,
 };

@@ -72,7 +72,7 @@ fn a_compaction_plan_makes_room_without_growing() {
     assert_eq!(plan.moves().len(), 1);
     assert_eq!(plan.moved_bytes(), 16 << 10);
     let m = plan.moves()[0];
-    assert_ne!(m.to_slot, plan.slot());
+    assert_ne!(m.to_segment, plan.estimate().segment);
     assert_eq!((m.from_offset, m.bytes), (16 << 10, 16 << 10));
     assert!(live.iter().filter(|p| plan.moves_placement(p)).count() == 1);
     // A plan that misses a placement is refused and cancelled.
@@ -348,7 +348,7 @@ proptest::proptest! {
                     proptest::prop_assert!(plan.moved_bytes() <= pool.rounded_size(request) * factor);
                     proptest::prop_assert!(plan.moves().len() <= 64);
                     for (i, m) in plan.moves().iter().enumerate() {
-                        proptest::prop_assert_ne!(m.to_slot, plan.slot());
+                        proptest::prop_assert_ne!(m.to_segment, plan.estimate().segment);
                         // Between segments of one kind: packed, mid-sized ranges or large ranges.
                         let kind = |slot: usize| {
                             pool.segment(slot).expect("a plan's segment is held").class()
@@ -403,18 +403,18 @@ proptest::proptest! {
     }
 }
 
-/// Checks `plan` against the placements `live` (whose sources must all be `movable`) and applies
-/// it: every move from a movable allocation of the plan's segment into another segment of its
+/// Checks `plan`, made for `request` bytes, against the placements `live` (whose sources must all
+/// be `movable`) and applies it: every move from a movable allocation of the plan's segment into another segment of its
 /// kind, the destinations overlapping nothing live and one another, within `limits`; afterwards
 /// every allocation once, with its size, as the books say, and `request` fits without growing.
 fn apply_checked(
     pool: &mut PoolCore<SimulatedStorage>,
     plan: CompactionPlan,
+    request: u64,
     live: &mut Vec<Placement>,
     movable: &dyn Fn(SegmentId, u64) -> bool,
     limits: CompactionLimits,
 ) {
-    let request = plan.request_bytes();
     assert!(plan.moved_bytes() <= pool.rounded_size(request) * limits.max_moved_factor);
     assert!(plan.moves().len() <= limits.max_moves);
     let kind = |pool: &PoolCore<SimulatedStorage>, slot: usize| {
@@ -423,8 +423,8 @@ fn apply_checked(
             .class()
     };
     for (i, m) in plan.moves().iter().enumerate() {
-        assert_ne!(m.to_slot, plan.slot());
-        assert_eq!(m.from_slot, plan.slot());
+        assert_ne!(m.to_segment, plan.estimate().segment);
+        assert_eq!(m.from_segment, plan.estimate().segment);
         assert!(
             movable(m.from_segment, m.from_offset),
             "{m:?} moves a pinned allocation"
@@ -583,7 +583,7 @@ proptest::proptest! {
         let plan = pool.compaction_plan_where(WINDOW, limits, movable);
         proptest::prop_assert!(plan.is_some(), "no plan; estimate {:?}", estimate);
         proptest::prop_assert!(estimate.is_some());
-        apply_checked(&mut pool, plan.unwrap(), &mut live, &movable, limits);
+        apply_checked(&mut pool, plan.unwrap(), WINDOW, &mut live, &movable, limits);
         for placement in live {
             pool.free(placement);
         }

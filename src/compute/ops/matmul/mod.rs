@@ -81,7 +81,7 @@
 //! vec4 stores of C) or element loads and stores (the bindings declared as `array<f32>`);
 //! `edges` (a partial tile somewhere: masked loads and stores) or none. The kernel's entry point
 //! is written on the host with the K steps of a tile and the outputs of an invocation unrolled
-//! (`kernels.rs`; its outline is in `shaders/matmul.wgsl`).
+//! (`kernels/matmul.rs`; its outline is in `shaders/matmul.wgsl`).
 //!
 //! # Cooperative matrices (f16 on the tensor cores)
 //!

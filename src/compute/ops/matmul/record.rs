@@ -5,7 +5,7 @@ use super::select::MatmulPlan;
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::ops::{common_dtype, grid_1d};
 use crate::compute::tensor::Tensor;
-use crate::compute::vocab::{
+use crate::compute::types::{
     element_count, kernel_u32, tensor_bytes, Activation, ComputeError, CoopTiles, DType,
     ElementTypes, FusedEpilogue, KernelKey, MatmulOptions, MatmulParams, NarrowParams, ParamsBlock,
     ReduceParams, Variant,

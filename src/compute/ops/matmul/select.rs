@@ -3,7 +3,7 @@
 //! context's [`Context::matmul_plan`](crate::compute::Context::matmul_plan) calls these with the
 //! caps of its device, and the autotuner times their candidates.
 
-use crate::compute::vocab::{
+use crate::compute::types::{
     element_count, kernel_u32, ComputeError, CoopTiles, DType, DeviceCaps, MatmulOptions,
     MatmulTiles,
 };

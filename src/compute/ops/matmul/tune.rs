@@ -9,7 +9,7 @@ use super::record::Epilogue;
 use super::select::{self, MatmulPlan};
 use crate::compute::context::{Context, ContextOptions};
 use crate::compute::timing::{KernelTiming, TimestampSupport};
-use crate::compute::vocab::{
+use crate::compute::types::{
     Autotune, Choices, ComputeError, CoopTiles, DType, DeviceCaps, MatmulDevice, MatmulOptions,
     MatmulTiles,
 };

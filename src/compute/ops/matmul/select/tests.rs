@@ -4,7 +4,7 @@
 //! GPU tests check that a context's plans are these functions' for its own device.
 
 use super::*;
-use crate::compute::vocab::{Autotune, CoopProbe};
+use crate::compute::types::{Autotune, CoopProbe};
 
 /// The rules' options: the default ones (tuning is not the rules' business).
 fn rules() -> MatmulOptions {

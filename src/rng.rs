@@ -1,7 +1,12 @@
-//! A small deterministic random number generator (SplitMix64) for the local search.
+//! A small deterministic random number generator (SplitMix64), crate-private, at the bottom of the
+//! layers so that every layer may use it: the planner's local search (`plan`), the seeded random
+//! weights (`model`) and the seeded request streams (`paging`). Fixed seeds make each of them
+//! repeatable.
 
-/// SplitMix64: a 64-bit state advanced by a constant and mixed; fixed seeds make the search
-/// repeatable.
+#![deny(unsafe_code)]
+
+/// SplitMix64: a 64-bit state advanced by a constant and mixed; the same seed gives the same
+/// stream.
 pub(crate) struct SplitMix64(u64);
 
 impl SplitMix64 {

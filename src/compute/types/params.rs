@@ -328,7 +328,7 @@ pub(crate) fn grid_1d_within(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::vocab::dtype::{tensor_bytes, DType};
+    use crate::compute::types::dtype::{tensor_bytes, DType};
 
     #[test]
     fn sizes_beyond_u32_are_typed_errors() {

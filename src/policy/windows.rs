@@ -1,9 +1,12 @@
-//! Compaction's arithmetic, on plain offsets and sizes: which aligned block of a segment is the
-//! cheapest to empty by moving the live allocations that overlap it, and a model of the free blocks
-//! of the other segments that says whether those allocations would fit there. The policy
-//! (`PoolCore::compaction_plan`, in `compaction.rs`) turns this into a plan of moves.
+//! Compaction's windows, on plain offsets and sizes: which aligned block (or, for free ranges,
+//! which range) of a segment is the cheapest to empty by moving the live allocations that overlap
+//! it, within [`CompactionLimits`], and a model of the free blocks of the other segments that says
+//! whether those allocations would fit there. The policy (`PoolCore::compaction_plan`, in
+//! `compaction.rs`) turns this into a plan of moves.
 
 use std::collections::BTreeMap;
+
+use super::segment::Live;
 
 /// How much one compaction may move. The default moves at most the request's own rounded size, in
 /// at most 64 allocations.
@@ -24,15 +27,6 @@ impl Default for CompactionLimits {
             max_moves: 64,
         }
     }
-}
-
-/// A live allocation in a segment's index, keyed there by its offset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Live {
-    /// Its size after rounding, in bytes: the range it holds.
-    pub(crate) allocated_bytes: u64,
-    /// The size asked for, in bytes.
-    pub(crate) requested_bytes: u64,
 }
 
 /// An aligned block of a segment and the live allocations that overlap it.

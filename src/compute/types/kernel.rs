@@ -9,10 +9,10 @@
 //! | its source file and entry point (the generated kernels) | the ops that build keys | [`Variant::kernel`] |
 //! | its WGSL constants (name, value), in module order | `kernels.rs` (module text) | [`Variant::constants`] |
 //! | its label (reports, errors, pipeline labels) | [`KernelKey::label`] | [`Variant::label`] |
-//! | the epilogue it folds (bias, activation), and setting it | fusion in `graph.rs` | [`Variant::epilogue`], [`Variant::with_epilogue`] |
-//! | where that epilogue writes and reads its bias | fusion in `graph.rs` | [`KernelKey::epilogue_bindings`] |
-//! | the columns of the product it writes | fusion in `graph.rs` | [`KernelKey::product_columns`] |
-//! | the activation a unary kernel computes, which an epilogue can fold | fusion in `graph.rs` | [`KernelKey::activation`] |
+//! | the epilogue it folds (bias, activation), and setting it | fusion in `graph/fusion.rs` | [`Variant::epilogue`], [`Variant::with_epilogue`] |
+//! | where that epilogue writes and reads its bias | fusion in `graph/fusion.rs` | [`KernelKey::epilogue_bindings`] |
+//! | the columns of the product it writes | fusion in `graph/fusion.rs` | [`KernelKey::product_columns`] |
+//! | the activation a unary kernel computes, which an epilogue can fold | fusion in `graph/fusion.rs` | [`KernelKey::activation`] |
 //!
 //! Adding a field to a variant is then a change to this file (and to the WGSL that reads the
 //! constant), plus the op that fills it.
@@ -448,7 +448,7 @@ impl KernelKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::vocab::DType;
+    use crate::compute::types::DType;
 
     /// One variant of each kind, epilogue off.
     fn variants() -> [Variant; 5] {
