@@ -38,7 +38,7 @@ fn main() {
 
 /// What the page and the native run share: the served stream, the check of its tokens against
 /// the twin, and the kernels' timings.
-mod workload {
+pub(crate) mod workload {
     use serde::Serialize;
     use web_time::Instant;
     use wgpu_pool::compute::{Context, ContextOptions, DType};

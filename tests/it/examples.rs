@@ -693,3 +693,33 @@ fn serve_gpt_example_serves_three_sides_and_reads_its_weights_back() {
     std::fs::remove_file(&weights).ok();
     std::fs::remove_dir_all(&out).ok();
 }
+
+#[expect(dead_code, reason = "the example's main() is not called here")]
+#[path = "../../examples/web_serve.rs"]
+mod web_serve;
+
+/// The page's workload, natively: the same `_async` calls the browser awaits, here driven by
+/// pollster; every token the twin's (or a near-tie), the kernels timed.
+#[test]
+fn web_serve_workload_serves_the_twins_tokens_natively() {
+    let weights =
+        wgpu_pool::model::Gpt2Weights::random(&wgpu_pool::model::Gpt2Config::tiny(), 7).unwrap();
+    let mut steps = 0;
+    let figures = pollster::block_on(web_serve::workload::run(gpu(), &weights, |pool, server| {
+        steps += 1;
+        assert!(pool.stats().oom_count == 0 && server.running() <= 4);
+        Ok(())
+    }))
+    .unwrap();
+    assert_eq!(figures.requests, 10);
+    assert!(figures.tokens >= 40, "{figures:?}");
+    assert_eq!(
+        figures.equal + figures.near_ties,
+        figures.tokens,
+        "{figures:?}"
+    );
+    assert_eq!(figures.oom_count, 0);
+    assert!(steps > 0 && figures.kv_peak_blocks > 0);
+    assert_eq!(figures.kernels.len(), 4);
+    assert!(figures.kernels.iter().all(|k| k.microseconds > 0.0));
+}

@@ -14,11 +14,14 @@ use crate::support::gpu_with;
 /// through the browser's event loop).
 const BATCH: usize = 64;
 
-async fn every_module_compiles(limits: LimitsChoice) {
+/// Compiles every module of the catalog for a device of `limits` with Tint and fails on any
+/// error; with `list`, logs every module compiled and every one skipped, with the reason (run
+/// with `--nocapture` to see it).
+async fn every_module_compiles(limits: LimitsChoice, list: bool) {
     let gpu = gpu_with(limits).await;
     let catalog = shader_catalog(&gpu);
     let mut failures = Vec::new();
-    let mut compiled: BTreeMap<String, usize> = BTreeMap::new();
+    let mut compiled: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for batch in catalog.modules.chunks(BATCH) {
         let modules: Vec<_> = batch
             .iter()
@@ -43,26 +46,44 @@ async fn every_module_compiles(limits: LimitsChoice) {
                 .collect();
             let name = shader.name();
             let kernel = name.split([' ', '+']).next().unwrap_or("").to_owned();
-            *compiled.entry(kernel).or_default() += 1;
+            compiled.entry(kernel).or_default().push(name.clone());
             if !errors.is_empty() {
                 failures.push(format!("{name}: {}", errors.join(" | ")));
             }
         }
     }
-    let mut skipped: BTreeMap<&str, usize> = BTreeMap::new();
-    for (_, reason) in &catalog.skipped {
-        let reason = reason.split(':').next().unwrap_or(reason);
-        *skipped.entry(reason).or_default() += 1;
+    let mut skipped: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (shader, reason) in &catalog.skipped {
+        let reason = reason.split(':').next().unwrap_or(reason).to_owned();
+        skipped.entry(reason).or_default().push(shader.name());
     }
+    let counts = |map: &BTreeMap<String, Vec<String>>| -> Vec<String> {
+        map.iter()
+            .map(|(key, names)| format!("{key}: {}", names.len()))
+            .collect()
+    };
     let report = format!(
-        "Tint ({limits:?}, {}): {} modules compiled, {} with errors; by kernel {compiled:?}; \
-         skipped {} ({skipped:?})",
+        "Tint ({limits:?}, {:?} {}): {} modules compiled, {} with errors; by kernel {:?}; \
+         skipped {} ({:?})",
+        gpu.info.backend,
         gpu.info.name,
         catalog.modules.len(),
         failures.len(),
+        counts(&compiled),
         catalog.skipped.len(),
+        counts(&skipped),
     );
     web_sys::console::log_1(&report.as_str().into());
+    if list {
+        for (kernel, names) in &compiled {
+            let line = format!("compiled, {kernel} ({}): {}", names.len(), names.join(", "));
+            web_sys::console::log_1(&line.into());
+        }
+        for (reason, names) in &skipped {
+            let line = format!("skipped, {reason} ({}): {}", names.len(), names.join(", "));
+            web_sys::console::log_1(&line.into());
+        }
+    }
     assert!(
         failures.is_empty(),
         "{report}\nthe first failures:\n{}",
@@ -73,10 +94,10 @@ async fn every_module_compiles(limits: LimitsChoice) {
 
 #[wasm_bindgen_test]
 async fn tint_compiles_every_module_for_the_adapters_limits() {
-    every_module_compiles(LimitsChoice::Adapter).await;
+    every_module_compiles(LimitsChoice::Adapter, true).await;
 }
 
 #[wasm_bindgen_test]
 async fn tint_compiles_every_module_for_the_default_limits() {
-    every_module_compiles(LimitsChoice::WebGpuDefault).await;
+    every_module_compiles(LimitsChoice::WebGpuDefault, false).await;
 }
