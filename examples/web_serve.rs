@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let gpu = wgpu_pool::request_gpu_async(wgpu_pool::LimitsChoice::Adapter).await?;
         let weights =
             wgpu_pool::model::Gpt2Weights::random(&wgpu_pool::model::Gpt2Config::tiny(), 7)?;
-        workload::run(&gpu, &weights, |_, _| Ok(())).await
+        workload::run(&gpu, &weights, |_, _, _| Ok(())).await
     })?;
     let text = serde_json::to_string_pretty(&figures)?;
     println!("{text}");
@@ -102,12 +102,17 @@ pub(crate) mod workload {
         .generate()?)
     }
 
-    /// Serves the stream on `gpu` with a paged KV cache (`after_step` sees the pool and the
-    /// server after every step), checks every token against the twin, then times the kernels.
+    /// Serves the stream on `gpu` with a paged KV cache (`after_step` sees the pool, the server
+    /// and the requests finished so far after every step), checks every token against the twin,
+    /// then times the kernels.
     pub async fn run(
         gpu: &Gpu,
         weights: &Gpt2Weights,
-        mut after_step: impl FnMut(&Pool, &Server) -> Result<(), Box<dyn std::error::Error>>,
+        mut after_step: impl FnMut(
+            &Pool,
+            &Server,
+            &[Completion],
+        ) -> Result<(), Box<dyn std::error::Error>>,
     ) -> Result<Figures, Box<dyn std::error::Error>> {
         let pool = Pool::new(
             gpu,
@@ -138,7 +143,7 @@ pub(crate) mod workload {
             server.step_ahead_async().await?;
             server.label_kv()?;
             finished.extend(server.take_finished());
-            after_step(&pool, &server)?;
+            after_step(&pool, &server, &finished)?;
         }
         let serve_seconds = started.elapsed().as_secs_f64();
         let (mut tokens, mut equal, mut near_ties) = (0, 0, 0);
@@ -237,7 +242,7 @@ mod page {
     use wasm_bindgen::JsCast;
     use wgpu_pool::model::{Gpt2Config, Gpt2Weights};
     use wgpu_pool::report::{export_files, segments_svg, Report};
-    use wgpu_pool::serve::Server;
+    use wgpu_pool::serve::{Completion, Server};
     use wgpu_pool::{request_gpu_async, LimitsChoice, Pool};
 
     use crate::workload;
@@ -299,9 +304,9 @@ mod page {
             .map(|request| request.prompt.len())
             .collect();
         let mut last_pool = None;
-        let figures = workload::run(&gpu, &weights, |pool, server| {
+        let figures = workload::run(&gpu, &weights, |pool, server, finished| {
             last_pool = Some(pool.clone());
-            draw(pool, server, &prompts)
+            draw(pool, server, finished, &prompts)
         })
         .await?;
         if let Some(pool) = &last_pool {
@@ -337,10 +342,12 @@ mod page {
         Ok(())
     }
 
-    /// The segment map, the memory summary and every request's tokens so far.
+    /// The segment map, the memory summary and every request's tokens so far (`finished`: the
+    /// requests done, which the server no longer holds).
     fn draw(
         pool: &Pool,
         server: &Server,
+        finished: &[Completion],
         prompts: &[usize],
     ) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(map) = element("map") {
@@ -354,7 +361,13 @@ mod page {
                 .iter()
                 .enumerate()
                 .map(|(id, prompt)| {
-                    let tokens = server.tokens(id as u64).unwrap_or_default();
+                    let id = id as u64;
+                    let tokens = server.tokens(id).unwrap_or_else(|| {
+                        finished
+                            .iter()
+                            .find(|done| done.id == id)
+                            .map_or(&[], |done| done.output.as_slice())
+                    });
                     let tokens: Vec<String> = tokens.iter().map(u32::to_string).collect();
                     format!(
                         "<li>request {id} (prompt of {prompt}): {}</li>",

@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::state::{AccountedBytes, BufferRole, RoleBytes};
 
@@ -108,6 +108,9 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// The bytes of every buffer the crate holds on the device, by role.
     ledger: Arc<Ledger>,
+    /// The errors the device reported to no one (its uncaptured-error handler), where the crate
+    /// opened the device in a browser: see [`Gpu::take_device_errors`].
+    errors: Arc<Mutex<Vec<String>>>,
 }
 
 impl Gpu {
@@ -124,7 +127,25 @@ impl Gpu {
             queue,
             info,
             ledger: Arc::default(),
+            errors: Arc::default(),
         }
+    }
+
+    /// The errors the device reported outside any error scope since the last call, taken. In a
+    /// browser, where nothing can wait for an error scope, a device the crate opened keeps them
+    /// here (not the console alone), and the async reads (`Pool::read_async`,
+    /// `Tensor::to_vec_async`, `PlanRun::wait_async`, `Context::sync_async`) refuse with
+    /// `PoolError::DeviceReported` when there are any, so that a result of refused work is
+    /// never taken for a result. Natively, and for a device handed in with
+    /// [`Gpu::from_device`] (whose handler is its owner's), the list stays empty.
+    pub fn take_device_errors(&self) -> Vec<String> {
+        std::mem::take(&mut *self.errors.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// [`Gpu::take_device_errors`] as one text, `None` when there are none.
+    pub(crate) fn reported_errors(&self) -> Option<String> {
+        let errors = self.take_device_errors();
+        (!errors.is_empty()).then(|| errors.join("; "))
     }
 
     /// Whether the device was opened with [`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX`]
@@ -434,12 +455,25 @@ pub async fn open_with_async(
         info.driver,
         info.driver_info
     );
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    #[cfg(target_arch = "wasm32")]
+    {
+        // A browser cannot wait for error scopes: the device's unscoped errors are kept for the
+        // async reads to report (see `Gpu::take_device_errors`).
+        let kept = Arc::clone(&errors);
+        device.on_uncaptured_error(Arc::new(move |error| {
+            kept.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(error.to_string());
+        }));
+    }
     Ok(Gpu {
         adapter: Some(adapter),
         device,
         queue,
         info,
         ledger: Arc::default(),
+        errors,
     })
 }
 

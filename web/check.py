@@ -6,7 +6,7 @@ near-ties, as the page reports), the segment map is drawn and the downloads are 
 Standard library only: a static server on the loopback, chromedriver, and WebDriver's HTTP
 protocol. Chromium's flags come from webdriver.json (WebGPU on SwiftShader).
 
-    python3 web/check.py [--dir target/web] [--timeout 600] [--json FIGURES]
+    python3 web/check.py [--dir target/web] [--timeout 600] [--json FIGURES] [--screenshot PNG]
 """
 import argparse
 import functools
@@ -43,6 +43,7 @@ def main():
     parser.add_argument("--dir", default=os.path.join(ROOT, "target", "web"))
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", help="write the page's figures (JSON) to this file")
+    parser.add_argument("--screenshot", help="write a PNG of the page, once served, to this file")
     args = parser.parse_args()
     if not os.path.exists(os.path.join(args.dir, "index.html")):
         sys.exit(f"no page in {args.dir}: build it with `sh web/build.sh`")
@@ -81,6 +82,11 @@ def main():
                     break
                 time.sleep(1)
             elapsed = time.time() - started
+            if args.screenshot:
+                import base64
+                png = call(base, "GET", path + "/screenshot")
+                with open(args.screenshot, "wb") as file:
+                    file.write(base64.b64decode(png))
         finally:
             call(base, "DELETE", path)
     finally:
@@ -93,6 +99,8 @@ def main():
         failures.append(f"the page did not finish serving (state {state['state']})")
     if not state["tokens"] or int(state["tokens"]) <= 0:
         failures.append("no tokens were served")
+    if str(state["shown"]) != state["tokens"]:
+        failures.append(f"the page lists {state['shown']} tokens, not the {state['tokens']} served")
     if "<svg" not in state["map"] or "<rect" not in state["map"]:
         failures.append("the segment map was not drawn")
     if not state["snapshot"].startswith("blob:") or not state["trace"].startswith("blob:"):
@@ -123,6 +131,8 @@ return {
   snapshot: attr('snapshot', 'href'),
   trace: attr('trace', 'href'),
   figures: document.getElementById('figures').textContent,
+  shown: Array.from(document.querySelectorAll('#requests li')).reduce(
+    (sum, li) => sum + li.textContent.split(':').pop().trim().split(/\s+/).filter(Boolean).length, 0),
 };
 """
 

@@ -211,7 +211,11 @@ impl Context {
         let gpu = &self.shared.gpu;
         crate::device::submitted_work_done_async(&gpu.device, &gpu.queue)
             .await
-            .map_err(ComputeError::Wait)
+            .map_err(ComputeError::Wait)?;
+        match gpu.reported_errors() {
+            Some(errors) => Err(crate::pool::PoolError::DeviceReported(errors).into()),
+            None => Ok(()),
+        }
     }
 
     /// The GPU times of the dispatches submitted since the last call (with

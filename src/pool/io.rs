@@ -162,6 +162,9 @@ impl Shared {
             done += piece;
         }
         bytes.truncate(usize::try_from(size).unwrap_or(usize::MAX));
+        if let Some(errors) = self.gpu.reported_errors() {
+            return Err(PoolError::DeviceReported(errors));
+        }
         Ok(bytes)
     }
 

@@ -174,6 +174,11 @@ pub enum PoolError {
         /// The device's error, as text.
         reason: String,
     },
+    /// The device reported errors outside any error scope since the last read (in a browser,
+    /// where the crate keeps them: `Gpu::take_device_errors`): work it refused may have left
+    /// its outputs unwritten, so the read is not handed out as a result.
+    #[error("the device reported errors (results since may be wrong): {0}")]
+    DeviceReported(String),
     /// The policy refused to apply a compaction plan (nothing moved).
     #[error("compaction refused: {0}")]
     Compaction(#[from] CompactionError),

@@ -705,11 +705,15 @@ fn web_serve_workload_serves_the_twins_tokens_natively() {
     let weights =
         wgpu_pool::model::Gpt2Weights::random(&wgpu_pool::model::Gpt2Config::tiny(), 7).unwrap();
     let mut steps = 0;
-    let figures = pollster::block_on(web_serve::workload::run(gpu(), &weights, |pool, server| {
-        steps += 1;
-        assert!(pool.stats().oom_count == 0 && server.running() <= 4);
-        Ok(())
-    }))
+    let figures = pollster::block_on(web_serve::workload::run(
+        gpu(),
+        &weights,
+        |pool, server, finished| {
+            steps += 1;
+            assert!(pool.stats().oom_count == 0 && server.running() <= 4 && finished.len() <= 10);
+            Ok(())
+        },
+    ))
     .unwrap();
     assert_eq!(figures.requests, 10);
     assert!(figures.tokens >= 40, "{figures:?}");

@@ -244,3 +244,32 @@ async fn sync_async_waits_for_the_work_submitted() {
     assert_eq!(context.pending_dispatches(), 0);
     assert!(context.sync().is_err(), "a blocking sync in a browser");
 }
+
+/// WebGPU refuses a range bound twice in a dispatch (every binding is writable): a tensor given
+/// twice is bound through a copy, eagerly and in a plan; the results are the twins'.
+#[wasm_bindgen_test]
+async fn a_tensor_given_twice_computes_as_its_twin() {
+    let context = context().await;
+    let x = values(12, 24 * 24, -1.0, 1.0);
+    let tx = context.tensor(&x, &[24, 24]).unwrap();
+    let sum = context.add(&tx, &tx).unwrap();
+    assert_eq!(sum.to_vec_async().await.unwrap(), cpu::add(&x, &x));
+    let square = context.matmul(&tx, &tx).unwrap();
+    assert_close(
+        "x · x",
+        &square.to_vec_async().await.unwrap(),
+        &cpu::matmul(&x, &x, 24, 24, 24),
+        1e-5,
+    );
+    let mut capture = context.capture().unwrap();
+    let input = capture.input(&[24, 24]).unwrap();
+    let product = context.mul(&input, &input).unwrap();
+    let mut plan = capture.finish(&[&product]).unwrap();
+    let replayed = plan
+        .run_async(&[wgpu_pool::compute::Feed::Data(&x)])
+        .await
+        .unwrap();
+    assert_eq!(replayed[0], cpu::mul(&x, &x));
+    // The operand itself is untouched.
+    assert_eq!(tx.to_vec_async().await.unwrap(), x);
+}

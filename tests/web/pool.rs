@@ -256,3 +256,31 @@ async fn zeroed_allocations_read_zero_after_reuse() {
         .iter()
         .all(|&b| b == 0));
 }
+
+/// An error the device reports outside any scope (here a buffer past the device's limit, made
+/// on the device directly) is kept, and the next awaited read refuses rather than hand out a
+/// result of work the device may have refused; the reads after it serve again.
+#[wasm_bindgen_test]
+async fn a_device_error_is_reported_by_the_next_read_not_lost() {
+    let pool = pool().await;
+    let allocation = pool.allocate(256).unwrap();
+    pool.write(&allocation, 0, &[7u8; 256]).unwrap();
+    let limit = pool.gpu().device.limits().max_buffer_size;
+    let _refused = pool.gpu().device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("past the limit"),
+        size: limit + 4,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    match pool.read_async(&allocation).await {
+        Err(error @ PoolError::DeviceReported(_)) => {
+            assert!(error.to_string().contains("reported"), "{error}");
+        }
+        other => panic!("the device's error was lost: {other:?}"),
+    }
+    assert!(
+        pool.gpu().take_device_errors().is_empty(),
+        "taken by the read"
+    );
+    assert_eq!(pool.read_async(&allocation).await.unwrap(), vec![7u8; 256]);
+}

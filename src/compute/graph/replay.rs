@@ -597,7 +597,10 @@ impl PlanRun {
         if read.is_err() {
             self.buffer = None;
         }
-        read
+        match self.context.gpu().reported_errors() {
+            Some(errors) => Err(crate::pool::PoolError::DeviceReported(errors).into()),
+            None => read,
+        }
     }
 }
 
