@@ -206,19 +206,10 @@ fn a_vocabulary_of_no_multiple_of_4_is_padded_and_taken_off() {
 /// Checks that every output is a greedy choice of the twin: the twin's logit of the chosen
 /// token is within the tolerance of its largest (so only near-ties may differ).
 fn assert_greedy(weights: &Gpt2Weights, what: &str, prompt: &[u32], output: &[u32]) {
-    let vocab = weights.config.vocab_size;
-    let mut tokens = prompt.to_vec();
-    tokens.extend(&output[..output.len() - 1]);
-    let logits = weights.reference_logits(&tokens).unwrap();
-    for (i, &token) in output.iter().enumerate() {
-        let row = &logits[(prompt.len() - 1 + i) * vocab..(prompt.len() + i) * vocab];
-        let best = row.iter().copied().fold(f32::MIN, f32::max);
-        assert!(
-            f64::from(best - row[token as usize]) <= LOGIT_TOLERANCE,
-            "{what}: output {i} is {token} (logit {}), the twin's best is {best}",
-            row[token as usize]
-        );
-    }
+    let agreement = weights
+        .greedy_agreement(prompt, output, LOGIT_TOLERANCE as f32)
+        .unwrap();
+    assert!(agreement.agrees(), "{what}: {agreement:?}");
 }
 
 fn stream(requests: usize, seed: u64) -> Vec<RequestSpec> {
