@@ -765,7 +765,8 @@ impl Server {
     /// Stops request `id`, waiting or in flight (a client gone): finishes a step in flight
     /// ([`Server::sync`]), then frees the request's KV blocks and drops it, finished or not:
     /// [`Server::take_finished`] will not list it. [`ServeError::UnknownRequest`] for an id the
-    /// server does not hold (unknown, cancelled, or finished and taken already).
+    /// server does not hold (unknown, cancelled, or finished and taken already). Blocks while a
+    /// step is in flight: in a browser use [`Server::cancel_async`].
     pub fn cancel(&mut self, id: u64) -> Result<(), ServeError> {
         self.sync()?;
         if let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) {
@@ -784,6 +785,13 @@ impl Server {
         self.running.remove(index);
         self.blocks.release(id)?;
         Ok(())
+    }
+
+    /// [`Server::cancel`] without blocking the thread (for async code and browsers): the step in
+    /// flight is awaited ([`Server::sync_async`]) rather than waited for.
+    pub async fn cancel_async(&mut self, id: u64) -> Result<(), ServeError> {
+        self.sync_async().await?;
+        self.cancel(id)
     }
 
     /// The requests finished so far and not yet taken.

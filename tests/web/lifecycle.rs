@@ -152,9 +152,8 @@ async fn a_request_cancelled_between_awaited_steps_frees_its_blocks() {
     let kept = server.submit(&request(vec![4, 5, 6, 7])).unwrap();
     server.step_ahead_async().await.unwrap();
     server.step_ahead_async().await.unwrap();
-    // A step may be in flight: finish it before cancelling (cancel's own sync would block).
-    server.sync_async().await.unwrap();
-    server.cancel(gone).unwrap();
+    // A step may be in flight: awaited, not waited for.
+    server.cancel_async(gone).await.unwrap();
     let done = server.run_async().await.unwrap();
     assert_eq!(done.iter().map(|d| d.id).collect::<Vec<_>>(), [kept]);
     assert_eq!(done[0].output.len(), 6);
