@@ -114,7 +114,7 @@ def main():
                 file.write(state["figures"])
     for failure in failures:
         print("FAILED:", failure)
-    print(f"page check: {1 if not failures else 0} passed, {1 if failures else 0} failed")
+    print(f"webpage: {1 if not failures else 0} passed, {1 if failures else 0} failed")
     sys.exit(1 if failures else 0)
 
 
