@@ -540,7 +540,7 @@ async fn driven<T>(
         match receive.as_mut().poll(cx) {
             Poll::Ready(result) => Poll::Ready(Ok(result)),
             // Native: nothing else will wake this future, so it asks to be polled again. In a
-            // browser the callback wakes it; asking again yields to the event loop all the same.
+            // browser the callback wakes it once the event loop has run it.
             Poll::Pending => {
                 if cfg!(not(target_arch = "wasm32")) {
                     cx.waker().wake_by_ref();
@@ -554,7 +554,6 @@ async fn driven<T>(
 
 /// What a blocking wait answers in a browser, where the thread may not wait for the GPU (the
 /// browser runs the GPU's callbacks only when control returns to its event loop).
-#[cfg(target_arch = "wasm32")]
 pub(crate) const BLOCKING_IN_BROWSER: &str = "a browser cannot block on the GPU: use the `_async` \
      form of this call (Pool::read_async, Tensor::to_vec_async, Context::sync_async, \
      Plan::run_async, PlanRun::wait_async, Server::run_async, ...)";
@@ -610,10 +609,7 @@ impl fmt::Display for WaitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Poll(error) => error.fmt(f),
-            #[cfg(target_arch = "wasm32")]
             Self::Blocking => f.write_str(BLOCKING_IN_BROWSER),
-            #[cfg(not(target_arch = "wasm32"))]
-            Self::Blocking => f.write_str("blocking waits are not possible here"),
         }
     }
 }
