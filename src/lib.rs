@@ -15,6 +15,7 @@ mod pool;
 pub mod replay;
 pub mod report;
 mod rng;
+pub mod scheduler;
 pub mod serve;
 pub mod snapshot;
 pub mod state;

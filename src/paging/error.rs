@@ -34,6 +34,17 @@ pub enum PagingError {
         /// Tokens reserved for each sequence.
         max_tokens: usize,
     },
+    /// A sequence needs more blocks than are free and not promised (admitted by
+    /// [`AdmitRule::Watermark`](crate::paging::AdmitRule::Watermark)): free some first.
+    #[error("paging: sequence {id} needs {needed} more blocks; {available} are free")]
+    OutOfBlocks {
+        /// The sequence.
+        id: u64,
+        /// Blocks it needs beyond those promised to it.
+        needed: usize,
+        /// Blocks free or cached and not promised.
+        available: usize,
+    },
     /// A step given more rows than it holds.
     #[error("paging: a step of {capacity} {what} was given {given}")]
     StepFull {

@@ -26,7 +26,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-pub use blocks::{BlockManager, KvLayout, KvPeak};
+pub use blocks::{AdmitRule, BlockManager, BlockState, KvLayout, KvPeak, PrefixStats};
 pub use error::PagingError;
 pub use step::StepRows;
 pub use stream::{percentile, RequestSpec, StreamSpec};

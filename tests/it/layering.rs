@@ -24,6 +24,7 @@ const LAYERS: &[(&str, bool)] = &[
     ("plan", true),
     ("model", true),
     ("paging", true),
+    ("scheduler", true),
     ("device", false),
     ("pool", false),
     ("report", false),
