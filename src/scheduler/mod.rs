@@ -42,18 +42,18 @@
 //! - `error.rs`: [`SchedulerError`].
 //! - `options.rs`: [`SchedulerOptions`], [`Admission`].
 //! - `sequence.rs`: a request's state, [`Completion`].
-//! - `scheduler.rs`: [`Scheduler`], [`ScheduledStep`], [`SchedulerStats`].
+//! - `engine.rs`: [`Scheduler`], [`ScheduledStep`], [`SchedulerStats`].
 
+mod engine;
 mod error;
 mod options;
-mod scheduler;
 mod sequence;
 #[cfg(test)]
 mod tests;
 
+pub use engine::{ScheduledStep, Scheduler, SchedulerStats};
 pub use error::SchedulerError;
 pub use options::{Admission, SchedulerOptions};
-pub use scheduler::{ScheduledStep, Scheduler, SchedulerStats};
 pub use sequence::Completion;
 
 #[cfg(doc)]
