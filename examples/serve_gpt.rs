@@ -416,6 +416,7 @@ fn options(
         budget_bytes: budget,
         kv_blocks: budget.is_none().then_some(2),
         execution,
+        ..ServerOptions::default()
     }
 }
 

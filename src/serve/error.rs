@@ -3,6 +3,7 @@
 use crate::compute::ComputeError;
 use crate::model::{TokensError, WeightsError};
 use crate::paging::PagingError;
+use crate::scheduler::SchedulerError;
 
 /// Why a model, a KV cache, a server or a request is refused, or a step failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,31 @@ pub enum ServeError {
     /// Options that describe no usable server.
     #[error("server options: {0}")]
     Options(String),
+    /// The scheduler refused (a step scheduled or finished out of turn, its options).
+    #[error(transparent)]
+    Scheduler(SchedulerError),
+    /// A step's sampled token that is no id of the vocabulary (missing, not an integer, out of
+    /// range): never turned into a token.
+    #[error("sample {sample} of a step came back as {value}, no token of the vocabulary")]
+    BadSample {
+        /// Its index among the step's sampled rows.
+        sample: usize,
+        /// What came back (NaN where nothing did).
+        value: f32,
+    },
+    /// A step of a row count no plan was captured for.
+    #[error("no step plan of {rows} rows")]
+    NoPlan {
+        /// The step's rows.
+        rows: usize,
+    },
+    /// An eager step given rows whose tokens the GPU should take from the step before: eager
+    /// steps read their tokens.
+    #[error("eager steps read their tokens: no row is fed on the GPU")]
+    FedEagerStep,
+    /// A step that changed nothing while requests remain (it would loop forever).
+    #[error("a step made no progress")]
+    NoProgress,
     /// The memory budget leaves no room for the KV cache the options need.
     #[error("budget of {budget_bytes} bytes: weights {weights_bytes}, step activations {activation_bytes}, and a KV cache of at least {kv_min_bytes} do not fit (the pool reserved {reserved_bytes} before the cache, its segments rounding the weights and activations up)")]
     Budget {
@@ -58,4 +84,15 @@ pub enum ServeError {
         /// of `kv_blocks` blocks, when given with the budget).
         kv_min_bytes: u64,
     },
+}
+
+impl From<SchedulerError> for ServeError {
+    fn from(error: SchedulerError) -> Self {
+        match error {
+            SchedulerError::Paging(error) => ServeError::Paging(error),
+            SchedulerError::NoOutputs => ServeError::NoOutputs,
+            SchedulerError::UnknownRequest { id } => ServeError::UnknownRequest { id },
+            other => ServeError::Scheduler(other),
+        }
+    }
 }

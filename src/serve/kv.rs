@@ -177,4 +177,41 @@ impl KvCache {
         }
         Ok(())
     }
+
+    /// Names blocks of the cache in the pool's memory state and the snapshots and segment maps
+    /// made from it ([`Pool::label_parts`](crate::Pool::label_parts)): every layer's key and
+    /// value tensor gets a part named `label` over each run of consecutive blocks of the same
+    /// label (replacing the names given before); blocks not named show as
+    /// `kv h.{layer}.k (between parts)`.
+    pub fn label_blocks(
+        &self,
+        context: &Context,
+        labels: impl IntoIterator<Item = (u32, String)>,
+    ) -> Result<(), PoolError> {
+        if self.layers.is_empty() {
+            return Ok(());
+        }
+        let block_bytes = self.block_bytes / (2 * self.layers.len() as u64);
+        let mut sorted: Vec<(u32, String)> = labels.into_iter().collect();
+        sorted.sort();
+        let mut parts: Vec<(u64, u64, String)> = Vec::new();
+        let mut last: Option<u32> = None;
+        for (block, label) in sorted {
+            match parts.last_mut() {
+                Some((_, size, name)) if last == Some(block.wrapping_sub(1)) && *name == label => {
+                    *size += block_bytes;
+                }
+                _ => parts.push((u64::from(block) * block_bytes, block_bytes, label)),
+            }
+            last = Some(block);
+        }
+        for (k, v) in &self.layers {
+            for tensor in [k, v] {
+                if let Some(allocation) = tensor.try_allocation() {
+                    context.pool().label_parts(&allocation, &parts)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }

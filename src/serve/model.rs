@@ -10,6 +10,7 @@ use crate::model::{Gpt2Config, Gpt2Weights, LAYER_NORM_EPS};
 /// One block's tensors. The attention's `c_attn` stays whole: one product gives each row's
 /// query, key and value (`[rows, 3, n_head, head_dim]`), which the cache kernels read in place
 /// (`kv_write_qkv`, `paged_attention_decode_qkv`).
+#[derive(Clone)]
 struct Block {
     ln_1: (Tensor, Tensor),
     qkv: (Tensor, Tensor),
@@ -46,7 +47,8 @@ pub struct StepTensors<'a> {
 /// GPT-2's weights on the GPU, each tensor labelled with its checkpoint name in the pool's
 /// reports (`gpt2 h.3.mlp.c_fc.weight`), and the output projection as `wteᵀ` (`[n_embd,
 /// vocab_size]` padded to a multiple of 4 columns, one more copy of the embedding: the products
-/// have no transposed operand).
+/// have no transposed operand). Clones share the tensors (no copy).
+#[derive(Clone)]
 pub struct Gpt2 {
     config: Gpt2Config,
     dtype: DType,

@@ -3,6 +3,7 @@
 
 use super::error::ServeError;
 use crate::paging::KvLayout;
+use crate::scheduler::Admission;
 
 /// How a server runs its steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -46,6 +47,14 @@ pub struct ServerOptions {
     pub kv_blocks: Option<usize>,
     /// Planned or eager steps.
     pub execution: Execution,
+    /// How requests are admitted: every block they can reach reserved (the default), or
+    /// optimistically with preemption ([`Admission`]).
+    pub admission: Admission,
+    /// Prefix caching (paged layout only; on by default): requests that start with the same
+    /// tokens share those whole blocks of the cache, and finished requests' blocks keep their
+    /// tokens until the memory is needed
+    /// ([`BlockManager::with_prefix_caching`](crate::paging::BlockManager::with_prefix_caching)).
+    pub prefix_caching: bool,
 }
 
 impl Default for ServerOptions {
@@ -59,6 +68,8 @@ impl Default for ServerOptions {
             budget_bytes: None,
             kv_blocks: None,
             execution: Execution::Planned,
+            admission: Admission::Reserve,
+            prefix_caching: true,
         }
     }
 }
@@ -84,6 +95,14 @@ pub(super) fn check_options(options: &ServerOptions, n_ctx: usize) -> Result<(),
     }
     if options.kv_blocks.is_some_and(|blocks| blocks < 2) {
         return refuse("kv_blocks must be at least 2 (block 0 is kept for padding)");
+    }
+    if let crate::scheduler::Admission::Optimistic { watermark } = options.admission {
+        if !(0.0..1.0).contains(&watermark) {
+            return refuse("an optimistic admission's watermark must be in 0..1");
+        }
+        if options.layout != KvLayout::Paged {
+            return refuse("optimistic admission needs the paged layout");
+        }
     }
     if options.budget_bytes.is_none() && options.kv_blocks.is_none() {
         return refuse("give a budget_bytes or kv_blocks");

@@ -1,7 +1,7 @@
 //! A GPT-2 server over a paged KV cache with continuous batching and admission by predicted
 //! memory: [`Server`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use web_time::Instant;
 
 use super::error::ServeError;
@@ -10,23 +10,11 @@ use super::model::{Gpt2, Head, StepTensors};
 use super::options::{check_options, Execution, ServerOptions};
 use super::sizing::{activation_bytes, cache_of_blocks, cache_under_budget};
 use super::stats::{Completion, ServerStats};
-use super::step::capture;
-use crate::compute::{Context, DType, Feed, Plan, PlanArena, PlanRun, Tensor};
+use super::step::{capture, feeds};
+use crate::compute::{Context, DType, Plan, PlanArena, PlanRun, Tensor};
 use crate::model::Gpt2Weights;
-use crate::paging::{BlockManager, RequestSpec, StepRows};
-
-/// A sequence in flight.
-struct Sequence {
-    id: u64,
-    prompt: Vec<u32>,
-    max_new_tokens: usize,
-    /// Prompt tokens written into the cache.
-    filled: usize,
-    output: Vec<u32>,
-    submitted: Instant,
-    first: Option<Instant>,
-    waited: bool,
-}
+use crate::paging::{BlockManager, BlockState, KvLayout, RequestSpec, StepRows};
+use crate::scheduler::{ScheduledStep, Scheduler, SchedulerOptions, SchedulerStats};
 
 /// A step's sampled tokens, being computed: by a submitted plan, or in the eager ops' tensor.
 enum Tokens {
@@ -55,40 +43,41 @@ impl Tokens {
 /// A step submitted and not yet finished.
 struct InFlight {
     tokens: Tokens,
-    /// The sequence of each sampled row, in sample order.
-    samples: Vec<u64>,
-    /// Whether every row of the step was a decoding one.
-    decode_only: bool,
+    /// Sampled rows.
+    samples: usize,
 }
 
 /// Serves GPT-2 requests: continuous batching (sequences join and leave between steps), a KV
-/// cache of blocks from the pool, and admission by predicted memory — a request is admitted when
-/// the KV blocks it can reach (its prompt and every output) are free, the steps' activations
-/// being reserved up front — so that an admitted request never meets an out-of-memory.
+/// cache of blocks from the pool, and admission by memory. What each step runs is decided by a
+/// GPU-free [`Scheduler`] (see [`crate::scheduler`]): admission reserves every block a request
+/// can reach ([`Admission::Reserve`](crate::scheduler::Admission::Reserve), the default: no
+/// admitted request ever meets an out-of-memory error) or admits optimistically and preempts
+/// the newest sequence when the cache is full
+/// ([`Admission::Optimistic`](crate::scheduler::Admission::Optimistic)); with prefix caching
+/// ([`ServerOptions::prefix_caching`]) requests that start with the same tokens share their
+/// blocks. The steps' activations are reserved up front.
 ///
 /// Each step mixes the newest token of every decoding sequence with prompt tokens of the
 /// sequences being filled (up to [`ServerOptions::max_step_tokens`] rows) and samples the next
-/// token greedily after each sequence's last row. Planned steps can be pipelined
-/// ([`Server::step_ahead`], which [`Server::run`] uses): the next step is submitted before the
-/// one in flight is read, its decoding rows taking their newest tokens on the GPU.
+/// token greedily after each sequence's last row; the server executes the step the scheduler
+/// returns and hands its tokens back. Planned steps can be pipelined ([`Server::step_ahead`],
+/// which [`Server::run`] uses): the next step is submitted before the one in flight is read,
+/// its decoding rows taking their newest tokens on the GPU.
 pub struct Server {
     context: Context,
     model: Gpt2,
     cache: KvCache,
-    blocks: BlockManager,
+    scheduler: Scheduler,
     options: ServerOptions,
     max_blocks: usize,
     arena: PlanArena,
     plans: BTreeMap<usize, Plan>,
-    waiting: VecDeque<Sequence>,
-    running: Vec<Sequence>,
-    finished: Vec<Completion>,
-    next_id: u64,
     stats: ServerStats,
     /// Planned: the last step's sampled tokens, which the next step's fed rows read
     /// ([`StepRows::push_fed`]).
     sampled: Option<Tensor>,
-    in_flight: Option<InFlight>,
+    /// Steps submitted and not finished, oldest first (at most two, briefly).
+    in_flight: VecDeque<InFlight>,
     /// The budget the pool had before this server set its own, and the one it set: put back
     /// when the server is dropped, if the pool still has this server's.
     budget: Option<(Option<u64>, u64)>,
@@ -111,10 +100,9 @@ impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
             .field("options", &self.options)
-            .field("waiting", &self.waiting.len())
-            .field("running", &self.running.len())
-            .field("finished", &self.finished.len())
-            .field("step_in_flight", &self.in_flight.is_some())
+            .field("waiting", &self.scheduler.waiting())
+            .field("running", &self.scheduler.running())
+            .field("steps_in_flight", &self.in_flight.len())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -188,35 +176,38 @@ impl Server {
             )?,
             None => cache_under_budget(context, &model, &options, activation_bytes, most_blocks)?,
         };
-        let blocks = BlockManager::new(options.layout, options.block_tokens, cache.num_blocks())?;
+        let blocks =
+            BlockManager::new(options.layout, options.block_tokens, cache.num_blocks())?
+                .with_prefix_caching(options.prefix_caching && options.layout == KvLayout::Paged)?;
+        let scheduler = Scheduler::new(
+            SchedulerOptions {
+                max_batch: options.max_batch,
+                max_step_tokens: options.max_step_tokens,
+                min_step_rows: options.min_step_rows,
+                max_blocks,
+                admission: options.admission,
+            },
+            blocks,
+        )?;
         let mut server = Self {
             context: context.clone(),
             model,
             cache,
-            blocks,
+            scheduler,
             max_blocks,
             arena,
             plans: BTreeMap::new(),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            finished: Vec::new(),
-            next_id: 0,
             stats: ServerStats::default(),
             budget: options.budget_bytes.map(|set| (previous, set)),
             eager_activation_bytes: activation_bytes,
             options,
             sampled,
-            in_flight: None,
+            in_flight: VecDeque::new(),
         };
         if server.options.execution == Execution::Planned {
-            let mut rows = server.first_bucket();
-            loop {
+            for rows in server.scheduler.step_row_counts() {
                 let plan = server.capture_step(rows, &server.cache)?;
                 server.plans.insert(rows, plan);
-                if rows >= server.options.max_step_tokens {
-                    break;
-                }
-                rows = StepRows::bucket(rows + 1);
             }
         }
         Ok(server)
@@ -266,33 +257,15 @@ impl Server {
 
     /// The steps of padding rows [`Server::warm_up`] runs: one per row count steps are padded to.
     fn warm_up_steps(&self) -> Result<Vec<StepRows>, ServeError> {
-        let mut steps = Vec::new();
-        let mut rows = self.first_bucket();
-        loop {
-            let capacity = StepRows::bucket(rows);
-            steps.push(StepRows::new(
-                capacity,
-                self.options.max_batch,
-                self.max_blocks,
-            )?);
-            if capacity >= self.options.max_step_tokens {
-                return Ok(steps);
-            }
-            rows = capacity + 1;
-        }
+        Ok(self.scheduler.padding_steps()?)
     }
 
-    /// The fewest rows a step is padded to.
-    fn first_bucket(&self) -> usize {
-        StepRows::bucket(self.options.min_step_rows)
-    }
-
-    /// Queues a request; it is admitted when its KV blocks are free. Returns its id.
-    /// Errors: [`ServeError::Tokens`] for an empty prompt, a token outside the vocabulary, or a
-    /// prompt and outputs longer than the model's context; [`ServeError::NoOutputs`];
-    /// [`ServeError::Paging`] for a request the empty cache could not admit. A request of
-    /// prompt and outputs `L` holds `L − 1` tokens in the cache (the last output is sampled,
-    /// never run).
+    /// Queues a request; it is admitted when its KV blocks are free. Returns its id (ids count
+    /// up from 0 in submission order). Errors: [`ServeError::Tokens`] for an empty prompt, a
+    /// token outside the vocabulary, or a prompt and outputs longer than the model's context;
+    /// [`ServeError::NoOutputs`]; [`ServeError::Paging`] for a request the empty cache could
+    /// not admit. A request of prompt and outputs `L` holds `L − 1` tokens in the cache (the
+    /// last output is sampled, never run).
     pub fn submit(&mut self, request: &RequestSpec) -> Result<u64, ServeError> {
         let config = self.model.config();
         Gpt2Weights::check_tokens(&config, &request.prompt)?;
@@ -306,49 +279,12 @@ impl Server {
             }
             .into());
         }
-        let kv_tokens = request.reach_tokens() - 1;
-        if let Some(error) = self.blocks.never_admits(kv_tokens) {
-            return Err(error.into());
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.waiting.push_back(Sequence {
-            id,
-            prompt: request.prompt.clone(),
-            max_new_tokens: request.max_new_tokens,
-            filled: 0,
-            output: Vec::new(),
-            submitted: Instant::now(),
-            first: None,
-            waited: false,
-        });
-        Ok(id)
-    }
-
-    /// Admits waiting requests in order while the batch has room and their KV blocks are free.
-    fn admit(&mut self) -> Result<(), ServeError> {
-        while self.running.len() < self.options.max_batch {
-            let Some(next) = self.waiting.front_mut() else {
-                break;
-            };
-            let kv_tokens = next.prompt.len() + next.max_new_tokens - 1;
-            if !self.blocks.admit(next.id, kv_tokens)? {
-                if !next.waited {
-                    next.waited = true;
-                    self.stats.waits += 1;
-                }
-                self.stats.wait_steps += 1;
-                break;
-            }
-            let sequence = self.waiting.pop_front().expect("front exists");
-            self.running.push(sequence);
-        }
-        Ok(())
+        Ok(self.scheduler.submit(request, Instant::now())?)
     }
 
     /// Whether requests are waiting or in flight (or a step is).
     pub fn busy(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty() || self.in_flight.is_some()
+        self.scheduler.busy() || !self.in_flight.is_empty()
     }
 
     /// Runs one step: admits what fits, runs every decoding sequence's newest token and prompt
@@ -399,36 +335,77 @@ impl Server {
 
     /// [`Server::sync`]'s work.
     fn finish(&mut self) -> Result<usize, ServeError> {
-        let Some(step) = self.in_flight.take() else {
+        let Some(step) = self.in_flight.pop_front() else {
             return Ok(0);
         };
         let next = step.tokens.wait()?;
-        self.append(&step.samples, &next)
+        self.append(step.samples, &next)
     }
 
     /// [`Server::finish`] without blocking the thread.
     async fn finish_async(&mut self) -> Result<usize, ServeError> {
-        let Some(step) = self.in_flight.take() else {
+        let Some(step) = self.in_flight.pop_front() else {
             return Ok(0);
         };
         let next = step.tokens.wait_async().await?;
-        self.append(&step.samples, &next)
+        self.append(step.samples, &next)
     }
 
-    /// Appends a finished step's sampled tokens `next` to the sequences `samples` names (in
-    /// sample order) and retires the sequences it finished. Returns the tokens it generated.
-    fn append(&mut self, samples: &[u64], next: &[f32]) -> Result<usize, ServeError> {
-        let now = Instant::now();
-        for (sample, id) in samples.iter().enumerate() {
-            let token = next.get(sample).copied().unwrap_or(f32::NAN);
-            if let Some(sequence) = self.running.iter_mut().find(|s| s.id == *id) {
-                sequence.output.push(token as u32);
-                sequence.first.get_or_insert(now);
-            }
-        }
-        self.stats.generated_tokens += samples.len() as u64;
-        self.retire(now)?;
-        Ok(samples.len())
+    /// Hands a finished step's `samples` sampled tokens `next` (f32 ids) to the scheduler, which
+    /// appends them and retires the sequences it finished. Returns the tokens it generated.
+    /// [`ServeError::BadSample`] for a token that is not an id of the vocabulary (a sample
+    /// missing, or a broken device): never turned into a token.
+    fn append(&mut self, samples: usize, next: &[f32]) -> Result<usize, ServeError> {
+        let vocab_size = self.model.config().vocab_size;
+        let tokens = (0..samples)
+            .map(|sample| {
+                let value = next.get(sample).copied().unwrap_or(f32::NAN);
+                if value.is_finite()
+                    && value >= 0.0
+                    && value.fract() == 0.0
+                    && (value as usize) < vocab_size
+                {
+                    Ok(value as u32)
+                } else {
+                    Err(ServeError::BadSample { sample, value })
+                }
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        self.scheduler.finish(&tokens, Instant::now())?;
+        self.sync_stats();
+        Ok(samples)
+    }
+
+    /// The scheduler's counts copied into the server's statistics.
+    fn sync_stats(&mut self) {
+        let SchedulerStats {
+            steps,
+            rows,
+            padded_rows,
+            fed_rows,
+            generated_tokens,
+            in_flight_sum,
+            in_flight_max,
+            waits,
+            wait_steps,
+            preemptions,
+            recomputed_tokens,
+            cached_tokens,
+        } = self.scheduler.stats().clone();
+        let stats = &mut self.stats;
+        stats.steps = steps;
+        stats.rows = rows;
+        stats.padded_rows = padded_rows;
+        stats.fed_rows = fed_rows;
+        stats.generated_tokens = generated_tokens;
+        stats.in_flight_sum = in_flight_sum;
+        stats.in_flight_max = in_flight_max;
+        stats.waits = waits;
+        stats.wait_steps = wait_steps;
+        stats.preemptions = preemptions;
+        stats.recomputed_tokens = recomputed_tokens;
+        stats.cached_tokens = cached_tokens;
+        stats.kv_peak = self.scheduler.blocks().peak();
     }
 
     /// One step, left in flight when `ahead` (planned) or finished; a failure stops the
@@ -442,7 +419,6 @@ impl Server {
     /// step (rows pushed, blocks grown, tokens not read): the caller stops them.
     fn advance_or_fail(&mut self, ahead: bool) -> Result<usize, ServeError> {
         let started = Instant::now();
-        self.admit()?;
         let launched = self.launch()?;
         let mut generated = self.finish()?;
         let decode_only = self.hold(launched);
@@ -464,7 +440,6 @@ impl Server {
     /// [`Server::advance_or_fail`] without blocking the thread.
     async fn advance_or_fail_async(&mut self, ahead: bool) -> Result<usize, ServeError> {
         let started = Instant::now();
-        self.admit()?;
         let launched = self.launch()?;
         let mut generated = self.finish_async().await?;
         let decode_only = self.hold(launched);
@@ -475,11 +450,12 @@ impl Server {
         Ok(generated)
     }
 
-    /// Holds `launched` as the step in flight; whether it is decode-only (`None`: no step).
-    fn hold(&mut self, launched: Option<InFlight>) -> Option<bool> {
-        let decode_only = launched.as_ref().map(|step| step.decode_only);
-        self.in_flight = launched;
-        decode_only
+    /// Holds `launched` as the newest step in flight; whether it is decode-only (`None`: no
+    /// step).
+    fn hold(&mut self, launched: Option<(InFlight, bool)>) -> Option<bool> {
+        let (step, decode_only) = launched?;
+        self.in_flight.push_back(step);
+        Some(decode_only)
     }
 
     /// Whether the step just launched is finished in the same call (not left in flight).
@@ -497,121 +473,26 @@ impl Server {
         }
     }
 
-    /// Builds the next step's rows and submits them (`None` when no sequence has a row).
-    fn launch(&mut self) -> Result<Option<InFlight>, ServeError> {
-        let pending: HashMap<u64, usize> = self
-            .in_flight
-            .iter()
-            .flat_map(|step| step.samples.iter().enumerate())
-            .map(|(sample, &id)| (id, sample))
-            .collect();
-        let (rows, samples, sequences) = self.build_rows(&pending)?;
-        if rows.rows() == 0 {
-            return Ok(None);
-        }
-        let decode_only = samples.len() == rows.rows();
-        let tokens = self.run_rows(&rows)?;
-        self.stats.steps += 1;
-        self.stats.rows += rows.rows() as u64;
-        self.stats.padded_rows += rows.capacity() as u64;
-        self.stats.fed_rows += rows.fed_rows() as u64;
-        self.stats.in_flight_sum += sequences as u64;
-        self.stats.in_flight_max = self.stats.in_flight_max.max(sequences);
-        Ok(Some(InFlight {
-            tokens,
+    /// Schedules the next step and submits it (`None` when no sequence has a row); whether it
+    /// is decode-only.
+    fn launch(&mut self) -> Result<Option<(InFlight, bool)>, ServeError> {
+        let Some(ScheduledStep {
+            rows,
             samples,
             decode_only,
-        }))
-    }
-
-    /// The step's rows: one per decoding sequence, then prompt chunks up to the step's rows;
-    /// the sequence of each sampled row; and the sequences not finished by the step in flight.
-    /// `pending` maps the sequences the step in flight samples to their sample index: their
-    /// rows take that token on the GPU, and those it gives their last token have no row.
-    fn build_rows(
-        &mut self,
-        pending: &HashMap<u64, usize>,
-    ) -> Result<(StepRows, Vec<u64>, usize), ServeError> {
-        let limit = self.options.max_step_tokens;
-        let mut plan: Vec<(usize, usize)> = Vec::new(); // (sequence index, rows)
-        let mut total = 0;
-        let mut sequences = 0;
-        for (index, sequence) in self.running.iter().enumerate() {
-            let outstanding =
-                sequence.output.len() + usize::from(pending.contains_key(&sequence.id));
-            if outstanding >= sequence.max_new_tokens {
-                continue; // finished by the step in flight
-            }
-            sequences += 1;
-            if sequence.filled == sequence.prompt.len() {
-                plan.push((index, 1));
-                total += 1;
-            }
-        }
-        for (index, sequence) in self.running.iter().enumerate() {
-            let left = sequence.prompt.len() - sequence.filled;
-            if left > 0 && total < limit {
-                let chunk = left.min(limit - total);
-                plan.push((index, chunk));
-                total += chunk;
-            }
-        }
-        if total == 0 {
-            return Ok((StepRows::new(1, 1, 1)?, Vec::new(), 0));
-        }
-        // Eager steps are padded as planned ones are: the same shapes, so that the same kernels
-        // (and the matmul tuner's choices, made once per shape) serve both.
-        let mut rows = StepRows::new(
-            StepRows::bucket(total.max(self.options.min_step_rows)),
-            self.options.max_batch,
-            self.max_blocks,
-        )?;
-        let mut samples = Vec::new();
-        for (index, count) in plan {
-            if self.push_rows(&mut rows, index, count, pending)? {
-                samples.push(self.running[index].id);
-            }
-        }
-        Ok((rows, samples, sequences))
-    }
-
-    /// Pushes `count` rows of sequence `index` (its newest token when decoding, else its next
-    /// prompt tokens); whether its last row is sampled.
-    fn push_rows(
-        &mut self,
-        rows: &mut StepRows,
-        index: usize,
-        count: usize,
-        pending: &HashMap<u64, usize>,
-    ) -> Result<bool, ServeError> {
-        let block_tokens = self.options.block_tokens;
-        let sequence = &mut self.running[index];
-        let start = self.blocks.grow(sequence.id, count)?;
-        let table = self.blocks.blocks(sequence.id).unwrap_or_default();
-        if sequence.filled == sequence.prompt.len() {
-            if let Some(&previous) = pending.get(&sequence.id) {
-                rows.push_fed(previous, start, table, block_tokens, true)?;
-                return Ok(true);
-            }
-            let token = *sequence.output.last().ok_or_else(|| {
-                ServeError::Options(format!(
-                    "request {} is decoding without a token (a failed step lost it)",
-                    sequence.id
-                ))
-            })?;
-            rows.push(token, start, table, block_tokens, true)?;
-            return Ok(true);
-        }
-        let mut sampled = false;
-        for offset in 0..count {
-            let last = sequence.filled + offset + 1 == sequence.prompt.len();
-            let token = sequence.prompt[sequence.filled + offset];
-            sampled |= rows
-                .push(token, start + offset, table, block_tokens, last)?
-                .is_some();
-        }
-        sequence.filled += count;
-        Ok(sampled)
+            ..
+        }) = self.scheduler.schedule()?
+        else {
+            self.sync_stats();
+            return Ok(None);
+        };
+        self.sync_stats();
+        let tokens = self.run_rows(&rows)?;
+        let step = InFlight {
+            tokens,
+            samples: samples.len(),
+        };
+        Ok(Some((step, decode_only)))
     }
 
     /// Submits the step's rows: planned, a replay left running (its decoding rows fed from
@@ -619,29 +500,21 @@ impl Server {
     fn run_rows(&mut self, rows: &StepRows) -> Result<Tokens, ServeError> {
         match self.options.execution {
             Execution::Planned => {
-                let plan = self.plans.get_mut(&rows.capacity()).ok_or_else(|| {
-                    ServeError::Options(format!("no plan of {} rows", rows.capacity()))
-                })?;
+                let plan = self
+                    .plans
+                    .get_mut(&rows.capacity())
+                    .ok_or(ServeError::NoPlan {
+                        rows: rows.capacity(),
+                    })?;
                 let sampled = self
                     .sampled
                     .as_ref()
                     .expect("planned servers keep their sampled tokens");
-                let feeds = [
-                    Feed::Tensor(sampled),
-                    Feed::Data(rows.ids()),
-                    Feed::Data(rows.picks()),
-                    Feed::Data(rows.fed()),
-                    Feed::Data(rows.positions()),
-                    Feed::Data(rows.table()),
-                    Feed::Data(rows.samples()),
-                ];
-                Ok(Tokens::Run(plan.submit(&feeds, &[sampled])?))
+                Ok(Tokens::Run(plan.submit(&feeds(sampled, rows), &[sampled])?))
             }
             Execution::Eager => {
                 if rows.fed_rows() > 0 {
-                    return Err(ServeError::Options(
-                        "eager steps read their tokens: none is fed on the GPU".into(),
-                    ));
+                    return Err(ServeError::FedEagerStep);
                 }
                 let context = &self.context;
                 let (n, max_blocks) = (rows.capacity(), rows.max_blocks());
@@ -663,85 +536,67 @@ impl Server {
         }
     }
 
-    /// Stops every running sequence after `error` (a failed step): drops the step in flight,
+    /// Stops every running sequence after `error` (a failed step): drops the steps in flight,
     /// frees the sequences' blocks and returns [`ServeError::StepFailed`] naming them. The
     /// waiting requests stay queued.
     fn stop_running(&mut self, error: ServeError) -> ServeError {
-        self.in_flight = None;
-        let stopped: Vec<u64> = self.running.drain(..).map(|sequence| sequence.id).collect();
-        for &id in &stopped {
-            // Every running sequence was admitted, so it holds blocks to release; a refusal
-            // would only mean it holds none.
-            let _ = self.blocks.release(id);
-        }
+        self.in_flight.clear();
+        let stopped = self.scheduler.abort_running();
+        self.sync_stats();
         ServeError::StepFailed {
             source: Box::new(error),
             stopped,
         }
     }
 
-    /// Moves the sequences that have all their tokens to the finished list, freeing their blocks.
-    fn retire(&mut self, now: Instant) -> Result<(), ServeError> {
-        let mut index = 0;
-        while index < self.running.len() {
-            if self.running[index].output.len() < self.running[index].max_new_tokens {
-                index += 1;
-                continue;
-            }
-            let sequence = self.running.remove(index);
-            self.blocks.release(sequence.id)?;
-            let first = sequence.first.unwrap_or(now);
-            self.finished.push(Completion {
-                id: sequence.id,
-                prompt: sequence.prompt,
-                output: sequence.output,
-                time_to_first_token: first - sequence.submitted,
-                time_to_last_token: now - sequence.submitted,
-                waited: sequence.waited,
-            });
-        }
-        self.stats.kv_peak = self.blocks.peak();
-        Ok(())
-    }
-
     /// Steps until every queued request is finished ([`Server::step_ahead`]: planned steps
     /// pipelined); returns the finished requests (also those finished by earlier steps and not
-    /// yet taken), in order of finishing.
+    /// yet taken), in order of submission (by id).
     pub fn run(&mut self) -> Result<Vec<Completion>, ServeError> {
         while self.busy() {
             let before = self.progress();
             self.step_ahead()?;
             self.check_progress(before)?;
         }
-        Ok(self.take_finished())
+        Ok(self.take_finished_in_order())
     }
 
     /// [`Server::run`] without blocking the thread (for async code and browsers, where each
     /// step's tokens are awaited): steps until every queued request is finished and returns the
-    /// finished requests, in order of finishing.
+    /// finished requests, in order of submission (by id).
     pub async fn run_async(&mut self) -> Result<Vec<Completion>, ServeError> {
         while self.busy() {
             let before = self.progress();
             self.step_ahead_async().await?;
             self.check_progress(before)?;
         }
-        Ok(self.take_finished())
+        Ok(self.take_finished_in_order())
     }
 
-    /// What a step changes when it makes progress: waiting, running, tokens, steps.
-    fn progress(&self) -> (usize, usize, u64, u64) {
+    /// The finished requests not yet taken, by id.
+    fn take_finished_in_order(&mut self) -> Vec<Completion> {
+        let mut done = self.take_finished();
+        done.sort_by_key(|completion| completion.id);
+        done
+    }
+
+    /// What a step changes when it makes progress: waiting, running, tokens, steps,
+    /// preemptions.
+    fn progress(&self) -> (usize, usize, u64, u64, u64) {
+        let stats = self.scheduler.stats();
         (
-            self.waiting.len(),
-            self.running.len(),
-            self.stats.generated_tokens,
-            self.stats.steps,
+            self.scheduler.waiting(),
+            self.scheduler.running(),
+            stats.generated_tokens,
+            stats.steps,
+            stats.preemptions,
         )
     }
 
     /// Refuses a step that changed nothing of [`Server::progress`] (it would loop forever).
-    fn check_progress(&self, before: (usize, usize, u64, u64)) -> Result<(), ServeError> {
+    fn check_progress(&self, before: (usize, usize, u64, u64, u64)) -> Result<(), ServeError> {
         if self.progress() == before {
-            return Err(ServeError::Options("a step made no progress".into()));
+            return Err(ServeError::NoProgress);
         }
         Ok(())
     }
@@ -749,17 +604,7 @@ impl Server {
     /// The tokens request `id` has generated so far (all of them once finished and not yet
     /// taken); `None` for an id the server does not hold.
     pub fn tokens(&self, id: u64) -> Option<&[u32]> {
-        self.running
-            .iter()
-            .chain(&self.waiting)
-            .find(|sequence| sequence.id == id)
-            .map(|sequence| sequence.output.as_slice())
-            .or_else(|| {
-                self.finished
-                    .iter()
-                    .find(|done| done.id == id)
-                    .map(|done| done.output.as_slice())
-            })
+        self.scheduler.tokens(id)
     }
 
     /// Stops request `id`, waiting or in flight (a client gone): finishes a step in flight
@@ -768,35 +613,25 @@ impl Server {
     /// server does not hold (unknown, cancelled, or finished and taken already). Blocks while a
     /// step is in flight: in a browser use [`Server::cancel_async`].
     pub fn cancel(&mut self, id: u64) -> Result<(), ServeError> {
-        self.sync()?;
-        if let Some(index) = self.waiting.iter().position(|sequence| sequence.id == id) {
-            self.waiting.remove(index);
-            return Ok(());
+        while !self.in_flight.is_empty() {
+            self.sync()?;
         }
-        if let Some(index) = self.finished.iter().position(|done| done.id == id) {
-            self.finished.remove(index);
-            return Ok(());
-        }
-        let index = self
-            .running
-            .iter()
-            .position(|sequence| sequence.id == id)
-            .ok_or(ServeError::UnknownRequest { id })?;
-        self.running.remove(index);
-        self.blocks.release(id)?;
+        self.scheduler.cancel(id)?;
         Ok(())
     }
 
     /// [`Server::cancel`] without blocking the thread (for async code and browsers): the step in
     /// flight is awaited ([`Server::sync_async`]) rather than waited for.
     pub async fn cancel_async(&mut self, id: u64) -> Result<(), ServeError> {
-        self.sync_async().await?;
+        while !self.in_flight.is_empty() {
+            self.sync_async().await?;
+        }
         self.cancel(id)
     }
 
-    /// The requests finished so far and not yet taken.
+    /// The requests finished so far and not yet taken, in order of finishing.
     pub fn take_finished(&mut self) -> Vec<Completion> {
-        std::mem::take(&mut self.finished)
+        self.scheduler.take_finished()
     }
 
     /// How many sequences of `tokens` tokens (prompt and outputs) the KV cache holds at once:
@@ -807,7 +642,7 @@ impl Server {
         if tokens < 2 || tokens > self.model.config().n_ctx {
             return 0;
         }
-        self.blocks.capacity_for(tokens - 1)
+        self.scheduler.blocks().capacity_for(tokens - 1)
     }
 
     /// What the server has done so far.
@@ -818,18 +653,23 @@ impl Server {
     /// Starts the statistics (and the KV cache's peak) anew, e.g. after a warm-up.
     pub fn reset_stats(&mut self) {
         self.stats = ServerStats::default();
-        self.blocks.reset_peak();
-        self.stats.kv_peak = self.blocks.peak();
+        self.scheduler.reset_stats();
+        self.sync_stats();
     }
 
     /// Requests waiting for admission.
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.scheduler.waiting()
     }
 
     /// Sequences in flight.
     pub fn running(&self) -> usize {
-        self.running.len()
+        self.scheduler.running()
+    }
+
+    /// The scheduler that decides each step (queues, admission, preemption, prefix sharing).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
     }
 
     /// The KV cache.
@@ -839,7 +679,7 @@ impl Server {
 
     /// The KV cache's bookkeeping.
     pub fn blocks(&self) -> &BlockManager {
-        &self.blocks
+        self.scheduler.blocks()
     }
 
     /// The model.
@@ -862,10 +702,32 @@ impl Server {
         }
     }
 
-    /// Names each sequence's KV blocks in the pool's reports (see [`KvCache::label_sequences`]).
+    /// Names the KV cache's blocks in the pool's reports, so that the memory summary, the segment
+    /// maps and the snapshots show them (see [`KvCache::label_blocks`]): `seq {id}` for a
+    /// sequence's own blocks, `shared by {n} seqs` for a prefix several hold, `cached prefix`
+    /// for blocks no sequence holds that keep their tokens for a later one (prefix caching).
     pub fn label_kv(&self) -> Result<(), ServeError> {
+        let blocks = self.scheduler.blocks();
+        let mut labels: BTreeMap<u32, String> = BTreeMap::new();
+        for (id, held) in blocks.sequences() {
+            for &block in held {
+                if let BlockState::Held { refs } = blocks.block_state(block) {
+                    let label = if refs > 1 {
+                        format!("shared by {refs} seqs")
+                    } else {
+                        format!("seq {id}")
+                    };
+                    labels.insert(block, label);
+                }
+            }
+        }
+        for block in 1..blocks.num_blocks() as u32 {
+            if blocks.block_state(block) == BlockState::Cached {
+                labels.insert(block, "cached prefix".to_owned());
+            }
+        }
         self.cache
-            .label_sequences(&self.context, self.blocks.sequences())
+            .label_blocks(&self.context, labels)
             .map_err(|error| ServeError::Compute(error.into()))
     }
 }

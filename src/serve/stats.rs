@@ -1,35 +1,9 @@
 //! What a server reports: each finished request ([`Completion`]) and its running totals
 //! ([`ServerStats`]).
 
-use std::time::Duration;
-
 use crate::paging::KvPeak;
 
-/// A finished request: its tokens and when they came.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
-    /// The id [`Server::submit`](crate::serve::Server::submit) returned.
-    pub id: u64,
-    /// The prompt.
-    pub prompt: Vec<u32>,
-    /// The generated tokens (greedy), `max_new_tokens` of them.
-    pub output: Vec<u32>,
-    /// From submission to the first generated token on the host.
-    pub time_to_first_token: Duration,
-    /// From submission to the last.
-    pub time_to_last_token: Duration,
-    /// Whether admission made it wait for memory at least once.
-    pub waited: bool,
-}
-
-impl Completion {
-    /// Time per output token after the first: `(last − first) / (outputs − 1)`; `None` for one
-    /// output.
-    pub fn time_per_output_token(&self) -> Option<Duration> {
-        let later = self.output.len().checked_sub(1).filter(|&n| n > 0)?;
-        Some((self.time_to_last_token - self.time_to_first_token) / later as u32)
-    }
-}
+pub use crate::scheduler::Completion;
 
 /// What a server has done so far.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -55,9 +29,14 @@ pub struct ServerStats {
     pub waits: u64,
     /// Steps at which a request waited for memory.
     pub wait_steps: u64,
-    /// Sequences stopped to free memory (never: admission promises every block a sequence can
-    /// reach).
+    /// Sequences preempted to free memory (never with
+    /// [`Admission::Reserve`](crate::scheduler::Admission::Reserve), which promises every block
+    /// a sequence can reach).
     pub preemptions: u64,
+    /// Tokens computed again after preemption.
+    pub recomputed_tokens: u64,
+    /// Prompt tokens whose keys and values admission found in the cache (prefix caching).
+    pub cached_tokens: u64,
     /// KV blocks held at the cache's peak, and the tokens they held then.
     pub kv_peak: KvPeak,
     /// Seconds spent in steps (host and GPU).

@@ -4,11 +4,27 @@
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::{Gpt2, Head, StepTensors};
-use crate::compute::{CaptureOptions, ComputeError, Context, Plan, PlanArena};
+use crate::compute::{CaptureOptions, ComputeError, Context, Feed, Plan, PlanArena, Tensor};
+use crate::paging::StepRows;
+
+/// The inputs of a step's plan, in the order [`capture`] declares them: the last step's
+/// samples, then [`StepRows`]'s ids, picks, fed, positions, table and samples. The one place
+/// that order is written down besides `capture` itself, right above it.
+pub(super) fn feeds<'a>(previous: &'a Tensor, rows: &'a StepRows) -> [Feed<'a>; 7] {
+    [
+        Feed::Tensor(previous),
+        Feed::Data(rows.ids()),
+        Feed::Data(rows.picks()),
+        Feed::Data(rows.fed()),
+        Feed::Data(rows.positions()),
+        Feed::Data(rows.table()),
+        Feed::Data(rows.samples()),
+    ]
+}
 
 /// Captures one step of `rows` rows and `samples` sampled rows over `cache` (greedy tokens
-/// out). Its inputs: the last step's samples, then [`StepRows`]'s ids, picks, fed, positions,
-/// table and samples.
+/// out). Its inputs, in [`feeds`]' order: the last step's samples, then [`StepRows`]'s ids,
+/// picks, fed, positions, table and samples.
 pub(super) fn capture(
     context: &Context,
     model: &Gpt2,
