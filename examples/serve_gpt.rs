@@ -7,12 +7,18 @@
 //!     [--write-weights FILE] [--requests N] [--max-batch B] [--budget BYTES] [--seed S]
 //!     [--json OUT] [--out DIR] [--sides paged,contiguous,naive] [--eager] [--block-tokens T]
 //!     [--max-step-tokens R] [--min-step-rows R] [--profile] [--warm-s S]
+//!     [--rate R] [--shared-prefix N:L] [--slo-ttft-ms MS] [--slo-tpot-ms MS]
 //! ```
 //!
 //! A seeded stream of requests (`--seed`, default 1): prompt lengths uniform in 32–512 tokens and
 //! output lengths uniform in 32–256 (both cut to the model's context; `--model tiny`: 3–40 and
 //! 1–24 in a context of 128), prompt tokens uniform over the vocabulary, every request arriving
-//! at the start. Each side serves the whole stream with continuous batching (at most
+//! at the start — or, with `--rate R`, Poisson arrivals at R requests a second (exponential gaps
+//! of mean 1/R, seeded by `--seed`). `--shared-prefix N:L` starts every prompt with one of N
+//! system prompts of L random tokens (each request's chosen uniformly at random, seeded), its own
+//! drawn prompt after it (cut first, then the outputs, where the context is passed). A side
+//! submits each request as its arrival time passes: while the server is busy it steps, and when
+//! idle it sleeps until the next arrival. Each side serves the whole stream with continuous batching (at most
 //! `--max-batch` sequences per step, default 16; sequences join and leave between steps) and
 //! greedy decoding, every step planned ahead (a plan per row count, one arena):
 //!
@@ -34,24 +40,33 @@
 //! GPU busy with padding steps for S seconds before its stream (clocks that follow the load have
 //! risen); each side's `span_unix_s` lets its run be laid beside a clock log.
 //!
+//! Latencies count from each request's arrival: TTFT (to its first token on the host) and TPOT
+//! (per output token after the first), p50 and p99 over requests. Goodput: the requests a second
+//! (over the side's wall time) that meet both objectives, TTFT at most `--slo-ttft-ms` (default
+//! 1000) and TPOT at most `--slo-tpot-ms` (default 100; a request of one output meets it).
+//! On a terminal a progress bar per side (requests done, tokens/s, KV blocks held) shows on
+//! stderr, at most ten times a second; not under `--json`, nor where stderr is not a terminal.
+//!
 //! Weights: `--weights FILE` (safetensors, Hugging Face's GPT-2 layout, the configuration in its
 //! `__metadata__`), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
 //! exits. The JSON (`--json`) holds the stream (`stream.requests`, `max_batch`: the input of
-//! `benches/torch/serve_gpt.py --stream`) and `sides.{paged,contiguous,naive}` with throughput,
+//! `benches/torch/serve_gpt.py --stream`; each request with its `arrival_s`, seconds after the
+//! start, and the traffic in `stream.traffic`), `slo` (the objectives) and `sides.{paged,contiguous,naive}` with throughput,
 //! latencies, KV and pool memory, and every request's tokens. `--out DIR` writes each side's
 //! memory exports (summary, segment map, snapshot for memory_viz, Perfetto trace) taken when half
 //! the requests are done, the KV cache's blocks labelled by sequence. Pool peaks count from the
 //! end of each side's warm-up.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use wgpu_pool::compute::{Context, ContextOptions, DType};
 use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::model::{Gpt2Config, Gpt2Weights, StoredDtype};
-use wgpu_pool::paging::{percentile, KvLayout, RequestSpec, StreamSpec};
+use wgpu_pool::paging::{percentile, KvLayout, RequestSpec, StreamSpec, TimedRequest, Traffic};
 use wgpu_pool::report::{write_exports, AllocatorReport};
 use wgpu_pool::serve::{Completion, Execution, Gpt2, KvCache, Server, ServerOptions};
 use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
@@ -75,6 +90,29 @@ struct Args {
     min_step_rows: usize,
     profile: bool,
     warm_s: f64,
+    rate: Option<f64>,
+    shared_prefix: Option<(usize, usize)>,
+    slo: Slo,
+}
+
+/// The serving objectives a request must meet to count in the goodput.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Slo {
+    /// Time to first token, from arrival.
+    ttft_ms: f64,
+    /// Time per output token after the first.
+    tpot_ms: f64,
+}
+
+/// `N:L`: N shared prefixes of L tokens.
+fn parse_prefix(text: &str) -> Result<(usize, usize)> {
+    let parsed = text
+        .split_once(':')
+        .and_then(|(n, l)| Some((n.parse().ok()?, l.parse().ok()?)));
+    match parsed {
+        Some((n, l)) if n > 0 && l > 0 => Ok((n, l)),
+        _ => bail!("--shared-prefix is N:L (N prompts of L tokens, both at least 1), not {text:?}"),
+    }
 }
 
 fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
@@ -95,6 +133,12 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
         min_step_rows: 1,
         profile: false,
         warm_s: 0.0,
+        rate: None,
+        shared_prefix: None,
+        slo: Slo {
+            ttft_ms: 1000.0,
+            tpot_ms: 100.0,
+        },
     };
     let mut it = arguments.into_iter();
     while let Some(flag) = it.next() {
@@ -113,6 +157,10 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--eager" => args.eager = true,
             "--profile" => args.profile = true,
             "--warm-s" => args.warm_s = value()?.parse().context("--warm-s")?,
+            "--rate" => args.rate = Some(value()?.parse().context("--rate")?),
+            "--shared-prefix" => args.shared_prefix = Some(parse_prefix(&value()?)?),
+            "--slo-ttft-ms" => args.slo.ttft_ms = value()?.parse().context("--slo-ttft-ms")?,
+            "--slo-tpot-ms" => args.slo.tpot_ms = value()?.parse().context("--slo-tpot-ms")?,
             "--min-step-rows" => {
                 args.min_step_rows = value()?.parse().context("--min-step-rows")?
             }
@@ -137,6 +185,10 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
     if !(args.warm_s >= 0.0 && args.warm_s <= 60.0) {
         bail!("--warm-s is 0 to 60 seconds");
     }
+    let positive = |ms: f64| ms > 0.0 && ms.is_finite();
+    if !(positive(args.slo.ttft_ms) && positive(args.slo.tpot_ms)) {
+        bail!("--slo-ttft-ms and --slo-tpot-ms are positive numbers of milliseconds");
+    }
     if args.requests == 0 || args.max_batch == 0 {
         bail!("--requests and --max-batch must be at least 1");
     }
@@ -160,6 +212,11 @@ struct Side {
     ttft_ms_p99: f64,
     tpot_ms_p50: f64,
     tpot_ms_p99: f64,
+    /// Requests finished a second over `wall_s`.
+    requests_per_s: f64,
+    /// Requests meeting the objectives (`slo`), and those a second over `wall_s`.
+    slo_met: usize,
+    goodput_rps: f64,
     decode_step_ms_mean: f64,
     decode_steps: u64,
     steps: u64,
@@ -257,7 +314,8 @@ struct RequestTokens {
 #[derive(Debug, Serialize)]
 struct Stream<'a> {
     spec: &'a StreamSpec,
-    requests: &'a [RequestSpec],
+    traffic: &'a Traffic,
+    requests: &'a [TimedRequest],
 }
 
 #[derive(Debug, Serialize)]
@@ -270,6 +328,7 @@ struct Output<'a> {
     block_tokens: usize,
     budget_bytes: u64,
     budget_rule: &'static str,
+    slo: Slo,
     stream: Stream<'a>,
     sides: serde_json::Map<String, serde_json::Value>,
 }
@@ -279,14 +338,22 @@ fn main() -> Result<()> {
     let args = parse_args(list.clone())?;
     if args.write_weights.is_none() {
         let gpu = request_gpu(LimitsChoice::Adapter)?;
-        return run(Some(&gpu), &list);
+        return serve(Some(&gpu), &list, true);
     }
-    run(None, &list)
+    serve(None, &list, true)
 }
 
-/// The example on `gpu` with the command line `list` (no GPU is needed for `--write-weights`).
+/// The example on `gpu` with the command line `list` (no GPU is needed for `--write-weights`),
+/// no progress bar.
 pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
+    serve(gpu, list, false)
+}
+
+/// [`run`], with a progress bar per side where `progress` and stderr is a terminal (never under
+/// `--json`).
+fn serve(gpu: Option<&Gpu>, list: &[String], progress: bool) -> Result<()> {
     let args = parse_args(list.iter().cloned())?;
+    let progress = progress && args.json.is_none();
     let (weights, source) = weights(&args)?;
     if let Some(path) = &args.write_weights {
         weights.write(path, StoredDtype::F32)?;
@@ -299,7 +366,12 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
     }
     let config = weights.config;
     let stream_spec = stream_spec(&args, &config);
-    let requests = stream_spec.generate()?;
+    let traffic = Traffic {
+        rate: args.rate,
+        shared_prefix: args.shared_prefix,
+        seed: args.seed,
+    };
+    let requests = stream_spec.generate_timed(&traffic)?;
     let gpu = gpu.context("serving needs a GPU")?;
     println!(
         "{} ({:?}): GPT-2 {} layers × {} wide, {} requests, at most {} in flight",
@@ -309,6 +381,19 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
         config.n_embd,
         args.requests,
         args.max_batch
+    );
+    println!(
+        "arrivals {}{}; objectives: TTFT ≤ {} ms, TPOT ≤ {} ms",
+        match args.rate {
+            Some(rate) => format!("Poisson at {rate} requests/s"),
+            None => "all at t = 0".into(),
+        },
+        match args.shared_prefix {
+            Some((n, l)) => format!(", prompts after one of {n} shared prefixes of {l} tokens"),
+            None => String::new(),
+        },
+        args.slo.ttft_ms,
+        args.slo.tpot_ms
     );
     let budget = match args.budget {
         Some(budget) => budget,
@@ -324,7 +409,17 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
     };
     for spec in specs {
         let name = spec.name.clone();
-        match serve_side(gpu, &weights, &requests, &args, budget, &spec, paged_blocks) {
+        let served = serve_side(
+            gpu,
+            &weights,
+            &requests,
+            &args,
+            budget,
+            &spec,
+            paged_blocks,
+            progress,
+        );
+        match served {
             Ok(side) => {
                 print_side(&name, &side);
                 sides.insert(name, serde_json::to_value(side)?);
@@ -352,8 +447,10 @@ pub fn run(gpu: Option<&Gpu>, list: &[String]) -> Result<()> {
         } else {
             "weights + activations + half the contiguous cache of max_batch full contexts"
         },
+        slo: args.slo,
         stream: Stream {
             spec: &stream_spec,
+            traffic: &traffic,
             requests: &requests,
         },
         sides,
@@ -555,6 +652,8 @@ fn start_side(
 /// device's and the crate's largest figures read at one moment every 16 steps.
 struct Served {
     done: Vec<Completion>,
+    /// By request id: from its arrival to its submission (the step in flight when it arrived).
+    lags: std::collections::HashMap<u64, Duration>,
     timings: Option<Timings>,
     wall_s: f64,
     /// When the stream started and ended (seconds since the Unix epoch), to lay beside a clock log.
@@ -566,26 +665,47 @@ struct Served {
     segments: u64,
 }
 
-/// Serves `requests` (all arriving now) to the end; exports the memory at half of them.
+/// Serves `requests` to the end, each submitted once its arrival time has passed: everything
+/// arrived is submitted, then the server steps while busy, and sleeps until the next arrival
+/// when idle. Exports the memory at half of them; shows progress on `bar`.
+#[allow(clippy::too_many_arguments)] // one side's run: its server, stream and outputs
 fn serve_stream(
     gpu: &Gpu,
     pool: &Pool,
     server: &mut Server,
-    requests: &[RequestSpec],
+    requests: &[TimedRequest],
     spec: &SideSpec,
     profiled: Option<&Context>,
     out: Option<&std::path::Path>,
+    bar: &ProgressBar,
 ) -> Result<Served> {
     let (ooms_before, segments_before) = (pool.stats().oom_count, pool.stats().segments.total);
     let mut timings = profiled.map(|_| Timings::default());
     let start = Instant::now();
     let from_unix_s = unix_seconds();
-    for request in requests {
-        server.submit(request)?;
-    }
     let (mut device_reported, mut accounted, mut exported) = (None, 0, false);
     let mut done: Vec<Completion> = Vec::new();
-    while server.busy() {
+    let mut lags = std::collections::HashMap::new();
+    let (mut next, mut shown) = (0, start);
+    loop {
+        while let Some(timed) = requests.get(next) {
+            let arrival = Duration::from_secs_f64(timed.arrival_s);
+            let now = start.elapsed();
+            if arrival > now {
+                break;
+            }
+            let id = server.submit(&timed.request)?;
+            lags.insert(id, now - arrival);
+            next += 1;
+        }
+        if !server.busy() {
+            let Some(timed) = requests.get(next) else {
+                break;
+            };
+            let arrival = Duration::from_secs_f64(timed.arrival_s);
+            std::thread::sleep(arrival.saturating_sub(start.elapsed()));
+            continue;
+        }
         let decode_steps = server.stats().decode_steps;
         if spec.pipelined {
             server.step_ahead()?;
@@ -618,12 +738,25 @@ fn serve_stream(
                 write_exports(pool, dir)?;
             }
         }
+        if !bar.is_hidden() && shown.elapsed() >= Duration::from_millis(100) {
+            shown = Instant::now();
+            let blocks = server.blocks();
+            bar.set_position(done.len() as u64);
+            bar.set_message(format!(
+                "{:.1} tokens/s  KV blocks {}/{}",
+                server.stats().generated_tokens as f64 / start.elapsed().as_secs_f64(),
+                blocks.held_blocks(),
+                blocks.num_blocks()
+            ));
+        }
     }
+    bar.finish_and_clear();
     let wall_s = start.elapsed().as_secs_f64();
     let span_unix_s = [from_unix_s, unix_seconds()];
     done.sort_by_key(|c| c.id);
     Ok(Served {
         done,
+        lags,
         timings,
         span_unix_s,
         wall_s,
@@ -634,15 +767,18 @@ fn serve_stream(
     })
 }
 
-/// Serves `requests` on a new pool and server; returns the side's figures.
+/// Serves `requests` on a new pool and server, with a progress bar on a terminal where
+/// `progress`; returns the side's figures.
+#[allow(clippy::too_many_arguments)] // the run's parts a side reads
 fn serve_side(
     gpu: &Gpu,
     weights: &Gpt2Weights,
-    requests: &[RequestSpec],
+    requests: &[TimedRequest],
     args: &Args,
     budget: u64,
     spec: &SideSpec,
     paged_blocks: Option<usize>,
+    progress: bool,
 ) -> Result<Side> {
     let (pool, context, mut server, weights_bytes, mut build_s) =
         start_side(gpu, weights, args, budget, spec, paged_blocks)?;
@@ -651,7 +787,7 @@ fn serve_side(
     // then the first request's prompt and two outputs.
     server.warm_up()?;
     server.submit(&RequestSpec {
-        prompt: requests[0].prompt.clone(),
+        prompt: requests[0].request.prompt.clone(),
         max_new_tokens: 2,
     })?;
     server.run()?;
@@ -669,6 +805,7 @@ fn serve_side(
     let profiled = (spec.name == "paged_profile").then_some(&context);
     // Warm-up's timings apart.
     drop(context.take_kernel_timings());
+    let bar = progress_bar(&spec.name, requests.len(), progress)?;
     let mut served = serve_stream(
         gpu,
         &pool,
@@ -677,6 +814,7 @@ fn serve_side(
         spec,
         profiled,
         out.as_deref(),
+        &bar,
     )?;
     let profile = served.timings.take().map(|timings| Profile {
         decode_steps: kernel_profile("decode-only steps", &timings.decode, timings.decode_steps),
@@ -695,7 +833,26 @@ fn serve_side(
         build_s,
         profile,
         weights.config.n_ctx,
+        args.slo,
     ))
+}
+
+/// A side's progress bar on stderr, redrawn at most ten times a second: hidden unless
+/// `progress` and stderr is a terminal.
+fn progress_bar(name: &str, requests: usize, progress: bool) -> Result<ProgressBar> {
+    if !progress {
+        return Ok(ProgressBar::hidden());
+    }
+    let bar = ProgressBar::with_draw_target(
+        Some(requests as u64),
+        ProgressDrawTarget::stderr_with_hz(10),
+    );
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} requests  {msg}")?
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(name.to_owned());
+    Ok(bar)
 }
 
 /// The side's figures from its server, pool and run.
@@ -709,20 +866,28 @@ fn side_figures(
     build_s: f64,
     profile: Option<Profile>,
     n_ctx: usize,
+    slo: Slo,
 ) -> Side {
     let stats = server.stats().clone();
     let pool_stats = pool.stats();
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    // From arrival: the server counts from submission, which waits for the step in flight.
     let ttft: Vec<f64> = served
         .done
         .iter()
-        .map(|c| ms(c.time_to_first_token))
+        .map(|c| ms(c.time_to_first_token + served.lags.get(&c.id).copied().unwrap_or_default()))
         .collect();
-    let tpot: Vec<f64> = served
+    let tpots: Vec<Option<f64>> = served
         .done
         .iter()
-        .filter_map(|c| c.time_per_output_token().map(ms))
+        .map(|c| c.time_per_output_token().map(ms))
         .collect();
+    let tpot: Vec<f64> = tpots.iter().flatten().copied().collect();
+    let slo_met = ttft
+        .iter()
+        .zip(&tpots)
+        .filter(|(&ttft, tpot)| ttft <= slo.ttft_ms && tpot.is_none_or(|tpot| tpot <= slo.tpot_ms))
+        .count();
     let block_bytes = server.cache().bytes_per_block();
     let token_bytes = block_bytes / server.options().block_tokens as u64;
     let kv_reserved = stats.kv_peak.held_blocks as u64 * block_bytes;
@@ -740,6 +905,9 @@ fn side_figures(
         ttft_ms_p99: percentile(&ttft, 99.0).unwrap_or(0.0),
         tpot_ms_p50: percentile(&tpot, 50.0).unwrap_or(0.0),
         tpot_ms_p99: percentile(&tpot, 99.0).unwrap_or(0.0),
+        requests_per_s: served.done.len() as f64 / served.wall_s,
+        slo_met,
+        goodput_rps: slo_met as f64 / served.wall_s,
         decode_step_ms_mean: stats.decode_step_seconds * 1e3 / stats.decode_steps.max(1) as f64,
         decode_steps: stats.decode_steps,
         steps: stats.steps,
@@ -782,13 +950,16 @@ fn print_side(name: &str, side: &Side) {
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     println!(
         "{name:>12}: {:8.1} tokens/s  ttft p50 {:7.1} ms p99 {:7.1}  tpot p50 {:6.2} ms p99 {:6.2}  \
-         decode step {:6.2} ms  in flight {:5.2} (max {:2})  waits {:3}  KV reserved {:7.1} MiB used {:7.1} (waste {:4.1}%)  \
+         goodput {:6.2} req/s ({}/{} within SLO)  decode step {:6.2} ms  in flight {:5.2} (max {:2})  waits {:3}  KV reserved {:7.1} MiB used {:7.1} (waste {:4.1}%)  \
          peak reserved {:7.1} MiB  OOM {}",
         side.generated_tokens_per_s,
         side.ttft_ms_p50,
         side.ttft_ms_p99,
         side.tpot_ms_p50,
         side.tpot_ms_p99,
+        side.goodput_rps,
+        side.slo_met,
+        side.requests.len(),
         side.decode_step_ms_mean,
         side.in_flight_mean,
         side.in_flight_max,

@@ -55,4 +55,18 @@ pub enum PagingError {
         /// How many were given.
         given: usize,
     },
+    /// An arrival rate that is not a positive, finite number of requests a second.
+    #[error("paging: an arrival rate is a positive number of requests a second, not {rate}")]
+    Rate {
+        /// The rate given, as written.
+        rate: String,
+    },
+    /// A shared prefix that leaves no room for an output in the context.
+    #[error("paging: a shared prefix of {tokens} tokens leaves no room for an output in a context of {max_tokens}")]
+    PrefixTooLong {
+        /// The prefix's tokens.
+        tokens: usize,
+        /// The longest sequence (prompt and outputs).
+        max_tokens: usize,
+    },
 }

@@ -10,14 +10,16 @@
 //!   many sequences of length L fit?"; [`KvPeak`] is the fill at its peak (KV waste).
 //! - [`StepRows`]: one step's token rows (prompt tokens and decode tokens mixed), their
 //!   positions and block tables, and the rows sampled, padded to a planned row count.
-//! - [`StreamSpec`], [`RequestSpec`]: seeded request streams; [`percentile`].
+//! - [`StreamSpec`], [`RequestSpec`]: seeded request streams; [`Traffic`], [`TimedRequest`]:
+//!   their arrivals (all at once, or Poisson at a rate) and shared prompt prefixes;
+//!   [`percentile`].
 //!
 //! # Files
 //!
 //! - `error.rs`: [`PagingError`].
 //! - `blocks.rs`: [`BlockManager`], [`KvLayout`], [`KvPeak`].
 //! - `step.rs`: [`StepRows`].
-//! - `stream.rs`: [`StreamSpec`], [`RequestSpec`], [`percentile`].
+//! - `stream.rs`: [`StreamSpec`], [`RequestSpec`], [`Traffic`], [`TimedRequest`], [`percentile`].
 
 mod blocks;
 mod error;
@@ -29,4 +31,4 @@ mod tests;
 pub use blocks::{AdmitRule, BlockManager, BlockState, KvLayout, KvPeak, PrefixStats};
 pub use error::PagingError;
 pub use step::StepRows;
-pub use stream::{percentile, RequestSpec, StreamSpec};
+pub use stream::{percentile, RequestSpec, StreamSpec, TimedRequest, Traffic};

@@ -185,6 +185,149 @@ fn streams_are_seeded_and_stay_within_the_context() {
 }
 
 #[test]
+fn timed_streams_are_seeded_and_keep_the_requests_without_a_prefix() {
+    let spec = StreamSpec::gpt2_serving(50, 50257, 600, 3);
+    let traffic = Traffic {
+        rate: Some(4.0),
+        shared_prefix: None,
+        seed: 9,
+    };
+    let a = spec.generate_timed(&traffic).unwrap();
+    assert_eq!(a, spec.generate_timed(&traffic).unwrap());
+    // Arrivals only: the requests are generate()'s, arriving in order, none at t = 0.
+    let requests: Vec<RequestSpec> = a.iter().map(|t| t.request.clone()).collect();
+    assert_eq!(requests, spec.generate().unwrap());
+    assert!(a[0].arrival_s > 0.0);
+    assert!(a.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+    // Another traffic seed: other arrivals, the same requests.
+    let b = spec
+        .generate_timed(&Traffic {
+            seed: 10,
+            ..traffic.clone()
+        })
+        .unwrap();
+    assert_ne!(a[0].arrival_s, b[0].arrival_s);
+    assert_eq!(a[7].request, b[7].request);
+    // The default traffic: everything at t = 0.
+    let at_once = spec.generate_timed(&Traffic::default()).unwrap();
+    assert!(at_once.iter().all(|t| t.arrival_s == 0.0));
+    assert_eq!(at_once.len(), 50);
+}
+
+#[test]
+fn poisson_gaps_have_the_rates_mean_and_an_exponentials_spread() {
+    // 10,000 gaps at 8 requests a second: the mean within 10% of 1/8 (the standard error is 1%
+    // of it) and the variance within 20% of 1/64 (an exponential's; its standard error is about
+    // 3%): constant or uniform gaps of the right mean fail the second bound.
+    let spec = StreamSpec {
+        requests: 10_000,
+        prompt_tokens: (1, 1),
+        output_tokens: (1, 1),
+        vocab_size: 2,
+        max_tokens: 2,
+        seed: 1,
+    };
+    let rate = 8.0;
+    let timed = spec
+        .generate_timed(&Traffic {
+            rate: Some(rate),
+            shared_prefix: None,
+            seed: 5,
+        })
+        .unwrap();
+    let mut gaps = vec![timed[0].arrival_s];
+    gaps.extend(timed.windows(2).map(|w| w[1].arrival_s - w[0].arrival_s));
+    assert!(gaps.iter().all(|&gap| gap >= 0.0 && gap.is_finite()));
+    let n = gaps.len() as f64;
+    let mean = gaps.iter().sum::<f64>() / n;
+    let variance = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    assert!((mean * rate - 1.0).abs() < 0.1, "mean gap {mean}");
+    assert!(
+        (variance * rate * rate - 1.0).abs() < 0.2,
+        "gap variance {variance}"
+    );
+}
+
+#[test]
+fn shared_prefixes_start_every_prompt_and_stay_within_the_context() {
+    let spec = StreamSpec::gpt2_serving(200, 50257, 600, 3);
+    let (n, l) = (4, 100);
+    let traffic = Traffic {
+        rate: None,
+        shared_prefix: Some((n, l)),
+        seed: 2,
+    };
+    let timed = spec.generate_timed(&traffic).unwrap();
+    assert_eq!(timed, spec.generate_timed(&traffic).unwrap());
+    let own = spec.generate().unwrap();
+    let mut prefixes: Vec<&[u32]> = Vec::new();
+    for (t, own) in timed.iter().zip(&own) {
+        let request = &t.request;
+        assert!(request.reach_tokens() <= 600, "{}", request.reach_tokens());
+        assert!(request.max_new_tokens >= 1 && request.prompt.len() >= l);
+        assert!(request.prompt.iter().all(|&token| token < 50257));
+        let prefix = &request.prompt[..l];
+        if !prefixes.contains(&prefix) {
+            prefixes.push(prefix);
+        }
+        // The request's own drawn prompt follows the prefix (cut at its end to fit).
+        let rest = &request.prompt[l..];
+        assert_eq!(rest, &own.prompt[..rest.len()]);
+        assert!(request.max_new_tokens <= own.max_new_tokens);
+        if request.prompt.len() + own.max_new_tokens <= 600 {
+            assert_eq!(request.max_new_tokens, own.max_new_tokens);
+        }
+    }
+    // Every prompt starts with one of N prefixes, and all N are used.
+    assert_eq!(prefixes.len(), n, "prefixes used");
+    // Some requests were cut to fit (prompts reach 512 and outputs 256 in a context of 600).
+    assert!(timed
+        .iter()
+        .zip(&own)
+        .any(|(t, own)| t.request.prompt.len() < l + own.prompt.len()));
+    // A prefix that fills the context refuses; one that leaves a token for the output serves.
+    let long = |tokens| {
+        spec.generate_timed(&Traffic {
+            shared_prefix: Some((2, tokens)),
+            ..traffic.clone()
+        })
+    };
+    assert_eq!(
+        long(600).unwrap_err(),
+        PagingError::PrefixTooLong {
+            tokens: 600,
+            max_tokens: 600
+        }
+    );
+    let tight = long(599).unwrap();
+    assert!(tight
+        .iter()
+        .all(|t| t.request.prompt.len() == 599 && t.request.max_new_tokens == 1));
+    for prefix in [(0, 8), (3, 0)] {
+        let refused = spec.generate_timed(&Traffic {
+            shared_prefix: Some(prefix),
+            ..traffic.clone()
+        });
+        assert!(matches!(refused, Err(PagingError::Config(_))), "{prefix:?}");
+    }
+}
+
+#[test]
+fn arrival_rates_must_be_positive_and_finite() {
+    let spec = StreamSpec::gpt2_serving(3, 50257, 600, 3);
+    for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let error = spec
+            .generate_timed(&Traffic {
+                rate: Some(rate),
+                ..Traffic::default()
+            })
+            .unwrap_err();
+        assert!(matches!(error, PagingError::Rate { .. }), "{rate}: {error}");
+        assert!(error.to_string().contains("positive"), "{error}");
+    }
+}
+
+#[test]
 fn percentiles_by_nearest_rank() {
     let values: Vec<f64> = (1..=100).map(f64::from).collect();
     assert_eq!(percentile(&values, 50.0), Some(50.0));

@@ -694,6 +694,107 @@ fn serve_gpt_example_serves_three_sides_and_reads_its_weights_back() {
     std::fs::remove_dir_all(&out).ok();
 }
 
+/// `--rate` and `--shared-prefix`: arrivals recorded and non-decreasing, every prompt after one of
+/// the prefixes, goodput within the requests served, and the same greedy tokens as the same
+/// stream all at t = 0.
+#[test]
+fn serve_gpt_example_serves_arrivals_at_a_rate_after_shared_prefixes() {
+    let json = temp_file("serve-rate.json");
+    let path = json.to_str().unwrap();
+    let base = strings(&[
+        "--requests",
+        "6",
+        "--max-batch",
+        "4",
+        "--seed",
+        "5",
+        "--sides",
+        "paged",
+        "--shared-prefix",
+        "2:8",
+        "--json",
+        path,
+    ]);
+    // Objectives every request meets on any device (a minute), then none can (a microsecond).
+    let mut timed = base.clone();
+    timed.extend(strings(&[
+        "--rate",
+        "40",
+        "--slo-ttft-ms",
+        "60000",
+        "--slo-tpot-ms",
+        "60000",
+    ]));
+    serve_gpt::run(Some(gpu()), &timed).expect("served at a rate");
+    let at_rate = read_json(&json);
+    assert_eq!(at_rate["slo"]["ttft_ms"], 60000.0, "{}", at_rate["slo"]);
+    assert_eq!(at_rate["stream"]["traffic"]["rate"], 40.0);
+    let stream = at_rate["stream"]["requests"].as_array().unwrap();
+    assert_eq!(stream.len(), 6);
+    let arrivals: Vec<f64> = stream
+        .iter()
+        .map(|request| request["arrival_s"].as_f64().expect("arrival_s"))
+        .collect();
+    assert!(arrivals[0] > 0.0, "{arrivals:?}");
+    assert!(arrivals.windows(2).all(|w| w[0] <= w[1]), "{arrivals:?}");
+    let mut prefixes: Vec<&[serde_json::Value]> = Vec::new();
+    for request in stream {
+        let prompt = request["prompt"].as_array().unwrap();
+        assert!(prompt.len() > 8 && request["max_new_tokens"].as_u64().unwrap() >= 1);
+        if !prefixes.contains(&&prompt[..8]) {
+            prefixes.push(&prompt[..8]);
+        }
+    }
+    assert!(prefixes.len() <= 2, "prompts after more than 2 prefixes");
+    let side = &at_rate["sides"]["paged"];
+    let wall_s = side["wall_s"].as_f64().unwrap();
+    assert!(wall_s >= arrivals[5], "{wall_s} s before the last arrival");
+    let (goodput, served) = (
+        side["goodput_rps"].as_f64().unwrap(),
+        side["requests_per_s"].as_f64().unwrap(),
+    );
+    assert!((served - 6.0 / wall_s).abs() < 1e-9 * served, "{side}");
+    assert_eq!(side["slo_met"], 6, "{side}");
+    assert!(goodput <= served && (goodput - served).abs() < 1e-9 * served);
+    // The same stream at t = 0: the same prompts and greedy tokens.
+    let mut at_once = base;
+    at_once.extend(strings(&[
+        "--slo-ttft-ms",
+        "0.001",
+        "--slo-tpot-ms",
+        "0.001",
+    ]));
+    serve_gpt::run(Some(gpu()), &at_once).expect("served at t = 0");
+    let at_zero = read_json(&json);
+    let zero_stream = at_zero["stream"]["requests"].as_array().unwrap();
+    assert!(zero_stream.iter().all(|r| r["arrival_s"] == 0.0));
+    for (a, b) in stream.iter().zip(zero_stream) {
+        assert_eq!(a["prompt"], b["prompt"]);
+    }
+    let zero_side = &at_zero["sides"]["paged"];
+    assert_eq!(zero_side["requests"], side["requests"]);
+    assert_eq!(zero_side["slo_met"], 0, "{zero_side}");
+    assert_eq!(zero_side["goodput_rps"], 0.0);
+    // Bad traffic is refused before any GPU work, with a message.
+    for (list, expected) in [
+        (vec!["--rate", "0"], "positive number of requests"),
+        (vec!["--rate", "NaN"], "positive number of requests"),
+        (vec!["--shared-prefix", "2"], "N:L"),
+        (vec!["--shared-prefix", "0:4"], "N:L"),
+        (vec!["--shared-prefix", "1:128"], "no room for an output"),
+        (
+            vec!["--slo-tpot-ms", "-1"],
+            "positive numbers of milliseconds",
+        ),
+    ] {
+        let error = serve_gpt::run(None, &strings(&list)).unwrap_err();
+        assert!(
+            format!("{error:#}").contains(expected),
+            "{list:?}: {error:#}"
+        );
+    }
+}
+
 #[expect(dead_code, reason = "the example's main() is not called here")]
 #[path = "../../examples/web_serve.rs"]
 mod web_serve;
