@@ -8,6 +8,7 @@
 //!     [--json OUT] [--out DIR] [--sides paged,contiguous,naive] [--eager] [--block-tokens T]
 //!     [--max-step-tokens R] [--min-step-rows R] [--profile] [--warm-s S]
 //!     [--rate R] [--shared-prefix N:L] [--slo-ttft-ms MS] [--slo-tpot-ms MS]
+//!     [--admission reserve|optimistic[:WATERMARK]] [--prefix-caching on|off]
 //! ```
 //!
 //! A seeded stream of requests (`--seed`, default 1): prompt lengths uniform in 32–512 tokens and
@@ -23,7 +24,12 @@
 //! greedy decoding, every step planned ahead (a plan per row count, one arena):
 //!
 //! - **paged**: KV blocks of 16 tokens taken as sequences reach them (vLLM's PagedAttention);
-//!   admission promises each request the blocks its prompt and outputs can reach;
+//!   admission promises each request the blocks its prompt and outputs can reach
+//!   (`--admission reserve`, the default), or admits while 1% of the blocks stay free and
+//!   preempts the newest sequence when one needs a block and none is free, recomputing it later
+//!   (`--admission optimistic`, or `optimistic:W` for a watermark W in 0..1); prefix caching
+//!   shares the whole blocks of prompts that start alike (`--prefix-caching on`, the default;
+//!   `off` computes every prompt token);
 //! - **contiguous**: each request's KV reserved whole for the model's context at admission (as
 //!   Hugging Face's static cache and FasterTransformer do), in the same kind of cache;
 //! - **naive**: as contiguous, on a pool that gives every tensor a buffer of its own.
@@ -68,6 +74,7 @@ use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::model::{Gpt2Config, Gpt2Weights, StoredDtype};
 use wgpu_pool::paging::{percentile, KvLayout, RequestSpec, StreamSpec, TimedRequest, Traffic};
 use wgpu_pool::report::{write_exports, AllocatorReport};
+use wgpu_pool::scheduler::Admission;
 use wgpu_pool::serve::{Completion, Execution, Gpt2, KvCache, Server, ServerOptions};
 use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
 
@@ -93,6 +100,25 @@ struct Args {
     rate: Option<f64>,
     shared_prefix: Option<(usize, usize)>,
     slo: Slo,
+    admission: Admission,
+    prefix_caching: bool,
+}
+
+/// `reserve`, `optimistic` or `optimistic:W`.
+fn parse_admission(text: &str) -> Result<Admission> {
+    let watermark = match text.split_once(':') {
+        None if text == "reserve" => return Ok(Admission::Reserve),
+        None if text == "optimistic" => 0.01,
+        Some(("optimistic", w)) => w
+            .parse::<f64>()
+            .ok()
+            .filter(|w| (0.0..1.0).contains(w))
+            .with_context(|| {
+                format!("--admission optimistic:W takes a watermark in 0..1, not {w:?}")
+            })?,
+        _ => bail!("--admission is reserve, optimistic or optimistic:W, not {text:?}"),
+    };
+    Ok(Admission::Optimistic { watermark })
 }
 
 /// The serving objectives a request must meet to count in the goodput.
@@ -139,6 +165,8 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             ttft_ms: 1000.0,
             tpot_ms: 100.0,
         },
+        admission: Admission::Reserve,
+        prefix_caching: true,
     };
     let mut it = arguments.into_iter();
     while let Some(flag) = it.next() {
@@ -161,6 +189,14 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
             "--shared-prefix" => args.shared_prefix = Some(parse_prefix(&value()?)?),
             "--slo-ttft-ms" => args.slo.ttft_ms = value()?.parse().context("--slo-ttft-ms")?,
             "--slo-tpot-ms" => args.slo.tpot_ms = value()?.parse().context("--slo-tpot-ms")?,
+            "--admission" => args.admission = parse_admission(&value()?)?,
+            "--prefix-caching" => {
+                args.prefix_caching = match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => bail!("--prefix-caching is on or off, not {other:?}"),
+                }
+            }
             "--min-step-rows" => {
                 args.min_step_rows = value()?.parse().context("--min-step-rows")?
             }
@@ -234,6 +270,10 @@ struct Side {
     in_flight_max: usize,
     waits: u64,
     preemptions: u64,
+    /// Tokens computed again after preemption.
+    recomputed_tokens: u64,
+    /// Prompt tokens found in the cache (prefix caching).
+    cached_tokens: u64,
     oom_errors: u64,
     /// Segments the pool created while serving the stream (building the server apart).
     segments_created: u64,
@@ -329,6 +369,10 @@ struct Output<'a> {
     budget_bytes: u64,
     budget_rule: &'static str,
     slo: Slo,
+    /// The paged sides' admission (`reserve`, or `optimistic` and its watermark).
+    admission: String,
+    /// Whether the paged sides cache prefixes.
+    prefix_caching: bool,
     stream: Stream<'a>,
     sides: serde_json::Map<String, serde_json::Value>,
 }
@@ -448,6 +492,11 @@ fn serve(gpu: Option<&Gpu>, list: &[String], progress: bool) -> Result<()> {
             "weights + activations + half the contiguous cache of max_batch full contexts"
         },
         slo: args.slo,
+        admission: match args.admission {
+            Admission::Reserve => "reserve".to_owned(),
+            Admission::Optimistic { watermark } => format!("optimistic:{watermark}"),
+        },
+        prefix_caching: args.prefix_caching,
         stream: Stream {
             spec: &stream_spec,
             traffic: &traffic,
@@ -513,7 +562,12 @@ fn options(
         budget_bytes: budget,
         kv_blocks: budget.is_none().then_some(2),
         execution,
-        ..ServerOptions::default()
+        // The paged sides admit and share prefixes as asked; the contiguous ones reserve.
+        admission: match layout {
+            KvLayout::Paged => args.admission,
+            KvLayout::Contiguous { .. } => Admission::Reserve,
+        },
+        prefix_caching: args.prefix_caching,
     }
 }
 
@@ -929,6 +983,8 @@ fn side_figures(
         in_flight_max: stats.in_flight_max,
         waits: stats.waits,
         preemptions: stats.preemptions,
+        recomputed_tokens: stats.recomputed_tokens,
+        cached_tokens: stats.cached_tokens,
         oom_errors: served.ooms,
         segments_created: served.segments,
         device_reported_bytes: served.device_reported,
@@ -950,7 +1006,7 @@ fn print_side(name: &str, side: &Side) {
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     println!(
         "{name:>12}: {:8.1} tokens/s  ttft p50 {:7.1} ms p99 {:7.1}  tpot p50 {:6.2} ms p99 {:6.2}  \
-         goodput {:6.2} req/s ({}/{} within SLO)  decode step {:6.2} ms  in flight {:5.2} (max {:2})  waits {:3}  KV reserved {:7.1} MiB used {:7.1} (waste {:4.1}%)  \
+         goodput {:6.2} req/s ({}/{} within SLO)  decode step {:6.2} ms  in flight {:5.2} (max {:2})  waits {:3}  preempted {:3}  cached {:6} tokens  KV reserved {:7.1} MiB used {:7.1} (waste {:4.1}%)  \
          peak reserved {:7.1} MiB  OOM {}",
         side.generated_tokens_per_s,
         side.ttft_ms_p50,
@@ -964,6 +1020,8 @@ fn print_side(name: &str, side: &Side) {
         side.in_flight_mean,
         side.in_flight_max,
         side.waits,
+        side.preemptions,
+        side.cached_tokens,
         mib(side.kv_reserved_bytes_peak),
         mib(side.kv_used_bytes_peak),
         side.kv_waste * 100.0,
