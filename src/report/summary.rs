@@ -326,6 +326,21 @@ fn bookkeeping_rows(table: &mut Table<'_, '_>, pool: &PoolFigures) -> fmt::Resul
             free_blocks.join(", ")
         }
     ))?;
+    if !pool.named_parts.is_empty() {
+        let parts: Vec<String> = pool
+            .named_parts
+            .iter()
+            .map(|part| {
+                format!(
+                    "{} {} in {}",
+                    part.name,
+                    format_bytes(part.bytes),
+                    part.spans
+                )
+            })
+            .collect();
+        table.row(&format!("Named parts: {}", parts.join(", ")))?;
+    }
     match &pool.history {
         Some(history) => table.row(&format!(
             "History: on, {} of at most {} events held, {} dropped",

@@ -116,12 +116,20 @@ impl Server {
     /// while the server lives: dropping the server puts back the budget the pool had before
     /// (unless it was changed meanwhile).
     ///
+    /// `model` may be given by value or by reference (`&model`): the server shares its tensors
+    /// (no copy), and a model given by reference stays the caller's whatever the answer — a
+    /// refused budget is tried again with other options without uploading the weights again.
+    ///
     /// Errors: [`ServeError::Options`] for options that serve nothing; [`ServeError::Budget`]
     /// when the budget leaves no room for one sequence of the model's context; those of the
     /// ops and of the capture. A refused server leaves the pool's budget as it was.
-    pub fn new(context: &Context, model: Gpt2, options: ServerOptions) -> Result<Self, ServeError> {
+    pub fn new(
+        context: &Context,
+        model: impl std::borrow::Borrow<Gpt2>,
+        options: ServerOptions,
+    ) -> Result<Self, ServeError> {
         let previous = context.pool().policy().budget_bytes;
-        let built = Self::build(context, model, options, previous);
+        let built = Self::build(context, model.borrow().clone(), options, previous);
         if built.is_err() {
             context.pool().set_budget(previous);
         }

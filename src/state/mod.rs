@@ -348,6 +348,18 @@ pub struct FreeBlockCount {
     pub count: u64,
 }
 
+/// The labelled parts of allocations that share a name once their numbers are put aside
+/// (`seq 3` and `seq 12` are `seq N`): e.g. a KV cache's blocks by what holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedParts {
+    /// The part's name, each run of digits written `N`.
+    pub name: String,
+    /// Spans of that name.
+    pub spans: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 /// The pool's figures, derived from a [`PoolState`]: what the summary table prints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolFigures {
@@ -386,6 +398,10 @@ pub struct PoolFigures {
     pub staging_bytes: u64,
     /// Free blocks per size, smallest first.
     pub free_blocks_per_size: Vec<FreeBlockCount>,
+    /// Live allocations' labelled parts (spans labelled `tensor: part`), by part name, most
+    /// bytes first.
+    #[serde(default)]
+    pub named_parts: Vec<NamedParts>,
     /// The policy (`None` for the naive baseline).
     pub policy: Option<PolicySummary>,
     /// History recording (`None`: off).
@@ -400,11 +416,19 @@ impl PoolFigures {
         let mut largest_free_block_bytes = 0;
         let mut empty_segment_bytes = 0;
         let (mut pending_free_count, mut pending_free_bytes) = (0, 0);
+        let mut parts: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         for segment in &state.segments {
             if segment.is_empty() {
                 empty_segment_bytes += segment.size_bytes;
             }
             for span in &segment.spans {
+                if let (SpanKind::Allocated, Some((_, part))) =
+                    (span.kind, span.label.rsplit_once(": "))
+                {
+                    let entry = parts.entry(numbers_aside(part)).or_default();
+                    entry.0 += 1;
+                    entry.1 += span.size_bytes;
+                }
                 match span.kind {
                     SpanKind::Free if segment.class != SegmentClass::Dedicated => {
                         *free_blocks.entry(span.size_bytes).or_default() += 1;
@@ -456,10 +480,36 @@ impl PoolFigures {
                 .into_iter()
                 .map(|(size_bytes, count)| FreeBlockCount { size_bytes, count })
                 .collect(),
+            named_parts: {
+                let mut named: Vec<NamedParts> = parts
+                    .into_iter()
+                    .map(|(name, (spans, bytes))| NamedParts { name, spans, bytes })
+                    .collect();
+                named.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+                named
+            },
             policy: state.policy.clone(),
             history: state.history,
         }
     }
+}
+
+/// `text` with each run of digits written `N`.
+fn numbers_aside(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                out.push('N');
+            }
+            in_number = true;
+        } else {
+            out.push(c);
+            in_number = false;
+        }
+    }
+    out
 }
 
 /// The largest request a new segment could serve when `room_bytes` may still be reserved (`None`:

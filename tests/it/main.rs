@@ -14,5 +14,6 @@ mod layering;
 mod pool;
 mod report;
 mod serve;
+mod serve_scheduling;
 mod smoke;
 mod transformer;
