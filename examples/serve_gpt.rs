@@ -34,8 +34,9 @@
 //! GPU busy with padding steps for S seconds before its stream (clocks that follow the load have
 //! risen); each side's `span_unix_s` lets its run be laid beside a clock log.
 //!
-//! Weights: `--weights FILE` (safetensors, Hugging Face's GPT-2 layout, the configuration in its
-//! `__metadata__`), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
+//! Weights: `--weights PATH` (a folder as Hugging Face's `save_pretrained` writes it,
+//! `model.safetensors` and `config.json`, or a safetensors file in its GPT-2 layout, the
+//! configuration in its `__metadata__` or a `config.json` beside it), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
 //! exits. The JSON (`--json`) holds the stream (`stream.requests`, `max_batch`: the input of
 //! `benches/torch/serve_gpt.py --stream`) and `sides.{paged,contiguous,naive}` with throughput,
 //! latencies, KV and pool memory, and every request's tokens. `--out DIR` writes each side's

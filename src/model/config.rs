@@ -142,9 +142,7 @@ impl Gpt2Config {
             (ConfigSource::Caller, caller_values(given)),
         ];
         let (config, sources) = resolve(&stated)?;
-        let all_from_file = sources
-            .iter()
-            .all(|s| s.contains(&ConfigSource::Metadata));
+        let all_from_file = sources.iter().all(|s| s.contains(&ConfigSource::Metadata));
         Ok((config, all_from_file))
     }
 }

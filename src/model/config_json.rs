@@ -122,9 +122,12 @@ pub(crate) fn parse(text: &str) -> Result<HfConfig, WeightsError> {
         }
     }
     if let Some(activation) = object.get("activation_function") {
-        let name = activation
-            .as_str()
-            .ok_or_else(|| bad("activation_function", format!("is {activation}, not a name")))?;
+        let name = activation.as_str().ok_or_else(|| {
+            bad(
+                "activation_function",
+                format!("is {activation}, not a name"),
+            )
+        })?;
         if !TANH_GELU.contains(&name) {
             return Err(WeightsError::UnsupportedConfig {
                 key: "activation_function",

@@ -85,12 +85,12 @@ impl Gpt2Weights {
             .parent()
             .map_or_else(|| CONFIG_JSON.into(), |dir| dir.join(CONFIG_JSON));
         let json = match std::fs::read(&json_path) {
-            Ok(json) => Some(String::from_utf8(json).map_err(|e| {
-                WeightsError::BadConfigJson {
+            Ok(json) => Some(
+                String::from_utf8(json).map_err(|e| WeightsError::BadConfigJson {
                     key: None,
                     reason: format!("not UTF-8: {e}"),
-                }
-            })?),
+                })?,
+            ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io(&json_path)(e)),
         };

@@ -840,7 +840,11 @@ fn a_save_pretrained_folder_loads_with_no_configuration_given() {
     assert_eq!(from_folder.ignored, ["h.0.attn.bias", "h.1.attn.bias"]);
     assert!(!from_folder.config_from_file);
     for key in METADATA_KEYS {
-        assert_eq!(from_folder.sources_of(key), [ConfigSource::ConfigJson], "{key}");
+        assert_eq!(
+            from_folder.sources_of(key),
+            [ConfigSource::ConfigJson],
+            "{key}"
+        );
     }
     // The file named: its config.json beside it is read too.
     let from_file = Gpt2Weights::load(dir.join("model.safetensors"), None).expect("file loads");
@@ -1056,7 +1060,10 @@ fn untied(weights: &Gpt2Weights) -> Gpt2Weights {
 fn an_untied_lm_head_is_read_used_by_the_twin_and_written_back() {
     let tied = tiny_weights();
     let weights = untied(&tied);
-    assert_eq!(weights.lm_head(), weights.untied_lm_head.as_deref().unwrap());
+    assert_eq!(
+        weights.lm_head(),
+        weights.untied_lm_head.as_deref().unwrap()
+    );
     assert_eq!(tied.lm_head(), tied.wte.as_slice());
     // The twin uses it: other logits than the tied model's, from the same embeddings.
     let tokens = [1, 2, 3];
@@ -1090,7 +1097,10 @@ fn an_untied_lm_head_is_read_used_by_the_twin_and_written_back() {
     .reference_logits(&tokens)
     .expect("logits");
     for (row, (d, t)) in doubled.chunks(256).zip(a.chunks(256)).enumerate() {
-        assert!((d[5] - 2.0 * t[5]).abs() <= 1e-5 * t[5].abs().max(1.0), "row {row}");
+        assert!(
+            (d[5] - 2.0 * t[5]).abs() <= 1e-5 * t[5].abs().max(1.0),
+            "row {row}"
+        );
         assert_eq!(d[6], t[6]);
     }
     // A file with it, as GPT2LMHeadModel saves an untied one: kept.
@@ -1153,7 +1163,9 @@ fn an_untied_lm_head_is_read_used_by_the_twin_and_written_back() {
     // Round trips keep it, in every stored type.
     for dtype in [StoredDtype::F32, StoredDtype::F16] {
         let bytes = weights.to_bytes(dtype).expect("bytes");
-        let loaded = Gpt2Weights::from_bytes(&bytes, None).expect("loads").weights;
+        let loaded = Gpt2Weights::from_bytes(&bytes, None)
+            .expect("loads")
+            .weights;
         assert!(loaded.untied_lm_head.is_some(), "{dtype:?}");
         if dtype == StoredDtype::F32 {
             assert_eq!(loaded, weights);
@@ -1161,7 +1173,10 @@ fn an_untied_lm_head_is_read_used_by_the_twin_and_written_back() {
     }
     let path = temp_path("untied.safetensors");
     weights.write(&path, StoredDtype::F32).expect("write");
-    assert_eq!(Gpt2Weights::load(&path, None).expect("load").weights, weights);
+    assert_eq!(
+        Gpt2Weights::load(&path, None).expect("load").weights,
+        weights
+    );
     std::fs::remove_file(&path).ok();
     assert_eq!(
         weights.tensor("lm_head.weight"),
@@ -1251,7 +1266,11 @@ fn a_bad_config_json_is_a_typed_error_never_a_panic() {
             "\"vocab_size\": 99999999999999999999999",
             "vocab_size",
         ),
-        ("\"n_positions\": 128", "\"n_positions\": [128]", "n_positions"),
+        (
+            "\"n_positions\": 128",
+            "\"n_positions\": [128]",
+            "n_positions",
+        ),
         ("\"n_inner\": null", "\"n_inner\": -1", "n_inner"),
         (
             "\"layer_norm_epsilon\": 1e-05",
@@ -1288,7 +1307,11 @@ fn a_bad_config_json_is_a_typed_error_never_a_panic() {
     );
     // Another model than the kernels compute.
     for (from, to, key) in [
-        ("\"model_type\": \"gpt2\"", "\"model_type\": \"gpt_neo\"", "model_type"),
+        (
+            "\"model_type\": \"gpt2\"",
+            "\"model_type\": \"gpt_neo\"",
+            "model_type",
+        ),
         (
             "\"activation_function\": \"gelu_new\"",
             "\"activation_function\": \"relu\"",
@@ -1325,7 +1348,10 @@ fn a_bad_config_json_is_a_typed_error_never_a_panic() {
     // What the kernels compute, written otherwise: accepted.
     for (from, to) in [
         ("\"n_inner\": null", "\"n_inner\": 256"),
-        ("\"layer_norm_epsilon\": 1e-05", "\"layer_norm_epsilon\": 0.00001"),
+        (
+            "\"layer_norm_epsilon\": 1e-05",
+            "\"layer_norm_epsilon\": 0.00001",
+        ),
         (
             "\"activation_function\": \"gelu_new\"",
             "\"activation_function\": \"gelu_pytorch_tanh\"",
