@@ -53,8 +53,9 @@
 //! On a terminal a progress bar per side (requests done, tokens/s, KV blocks held) shows on
 //! stderr, at most ten times a second; not under `--json`, nor where stderr is not a terminal.
 //!
-//! Weights: `--weights FILE` (safetensors, Hugging Face's GPT-2 layout, the configuration in its
-//! `__metadata__`), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
+//! Weights: `--weights PATH` (a folder as Hugging Face's `save_pretrained` writes it,
+//! `model.safetensors` and `config.json`, or a safetensors file in its GPT-2 layout, the
+//! configuration in its `__metadata__` or a `config.json` beside it), else seeded random ones (`--seed`); `--write-weights FILE` writes those and
 //! exits. The JSON (`--json`) holds the stream (`stream.requests`, `max_batch`: the input of
 //! `benches/torch/serve_gpt.py --stream`; each request with its `arrival_s`, seconds after the
 //! start, and the traffic in `stream.traffic`), `slo` (the objectives) and `sides.{paged,contiguous,naive}` with throughput,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{ConfigError, WeightsError};
+use super::error::{ConfigError, ConfigSource, WeightsError};
 
 /// The keys of the configuration in a file's `__metadata__`, in the order of [`Gpt2Config`]'s
 /// fields: the names of Hugging Face's `GPT2Config` (`config.json`).
@@ -137,45 +137,85 @@ impl Gpt2Config {
         metadata: Option<&HashMap<String, String>>,
         given: Option<&Gpt2Config>,
     ) -> Result<(Gpt2Config, bool), WeightsError> {
-        let mut values = [0usize; 5];
-        let mut all_from_file = true;
-        for (i, key) in METADATA_KEYS.iter().enumerate() {
-            let in_file =
-                match metadata.and_then(|m| m.get(*key)) {
-                    Some(text) => Some(text.trim().parse::<usize>().map_err(|_| {
-                        WeightsError::BadMetadata {
-                            key,
-                            value: text.clone(),
-                        }
-                    })?),
-                    None => None,
-                };
-            let from_caller = given.map(|g| g.values()[i]);
-            values[i] = match (in_file, from_caller) {
-                (Some(file), Some(caller)) if file != caller => {
-                    return Err(WeightsError::ConfigMismatch {
-                        key,
-                        in_file: file,
-                        given: caller,
-                    })
-                }
-                (Some(file), _) => file,
-                (None, Some(caller)) => {
-                    all_from_file = false;
-                    caller
-                }
-                (None, None) => return Err(WeightsError::MissingMetadata { key }),
-            };
-        }
-        let [n_layer, n_embd, n_head, n_ctx, vocab_size] = values;
-        let config = Gpt2Config {
-            n_layer,
-            n_embd,
-            n_head,
-            n_ctx,
-            vocab_size,
-        };
-        config.validate()?;
+        let stated = [
+            (ConfigSource::Metadata, metadata_values(metadata)?),
+            (ConfigSource::Caller, caller_values(given)),
+        ];
+        let (config, sources) = resolve(&stated)?;
+        let all_from_file = sources.iter().all(|s| s.contains(&ConfigSource::Metadata));
         Ok((config, all_from_file))
     }
+}
+
+/// The fields one source states, in the order of [`METADATA_KEYS`].
+pub(crate) type Stated = [Option<usize>; 5];
+
+/// The fields a file's `__metadata__` states (each a decimal string), or
+/// [`WeightsError::BadMetadata`].
+pub(crate) fn metadata_values(
+    metadata: Option<&HashMap<String, String>>,
+) -> Result<Stated, WeightsError> {
+    let mut values = [None; 5];
+    for (value, key) in values.iter_mut().zip(METADATA_KEYS) {
+        if let Some(text) = metadata.and_then(|m| m.get(key)) {
+            *value = Some(
+                text.trim()
+                    .parse::<usize>()
+                    .map_err(|_| WeightsError::BadMetadata {
+                        key,
+                        value: text.clone(),
+                    })?,
+            );
+        }
+    }
+    Ok(values)
+}
+
+/// The fields of the caller's configuration (all, or none).
+pub(crate) fn caller_values(given: Option<&Gpt2Config>) -> Stated {
+    given.map_or([None; 5], |g| g.values().map(Some))
+}
+
+/// The configuration that `sources` state, validated, with the sources that stated each field
+/// (in the order of [`METADATA_KEYS`]). Every source that states a field must agree
+/// ([`WeightsError::ConfigMismatch`], naming the first two that differ); a field no source
+/// states is [`WeightsError::MissingMetadata`].
+pub(crate) fn resolve(
+    sources: &[(ConfigSource, Stated)],
+) -> Result<(Gpt2Config, [Vec<ConfigSource>; 5]), WeightsError> {
+    let mut values = [0usize; 5];
+    let mut stated_by: [Vec<ConfigSource>; 5] = Default::default();
+    for (i, key) in METADATA_KEYS.into_iter().enumerate() {
+        let mut first: Option<(ConfigSource, usize)> = None;
+        for &(source, stated) in sources {
+            let Some(value) = stated[i] else { continue };
+            match first {
+                Some((first, first_value)) if first_value != value => {
+                    return Err(WeightsError::ConfigMismatch {
+                        key,
+                        first,
+                        first_value,
+                        second: source,
+                        second_value: value,
+                    })
+                }
+                Some(_) => {}
+                None => first = Some((source, value)),
+            }
+            stated_by[i].push(source);
+        }
+        values[i] = first
+            .map(|(_, value)| value)
+            .ok_or(WeightsError::MissingMetadata { key })?;
+    }
+    let [n_layer, n_embd, n_head, n_ctx, vocab_size] = values;
+    let config = Gpt2Config {
+        n_layer,
+        n_embd,
+        n_head,
+        n_ctx,
+        vocab_size,
+    };
+    config.validate()?;
+    Ok((config, stated_by))
 }

@@ -3,6 +3,29 @@
 
 use std::path::PathBuf;
 
+/// A source of a [`Gpt2Config`](super::Gpt2Config) when weights are read: every source that
+/// states a field must agree ([`WeightsError::ConfigMismatch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigSource {
+    /// The safetensors file's `__metadata__` (as [`Gpt2Config::to_metadata`](super::Gpt2Config::to_metadata) writes it).
+    Metadata,
+    /// Hugging Face's `config.json` (beside the file, or given as text).
+    ConfigJson,
+    /// The configuration the caller passed.
+    Caller,
+}
+
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Metadata => "the file's __metadata__",
+            Self::ConfigJson => "config.json",
+            Self::Caller => "the configuration given",
+        })
+    }
+}
+
 /// Why a [`Gpt2Config`](super::Gpt2Config) is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -77,8 +100,9 @@ pub enum WeightsError {
         /// What is wrong.
         reason: String,
     },
-    /// A configuration value is neither in the file's `__metadata__` nor given by the caller.
-    #[error("the file's __metadata__ has no `{key}` and no configuration was given")]
+    /// A configuration value is stated by no source: not the file's `__metadata__`, not a
+    /// `config.json`, not the caller's configuration.
+    #[error("no source states `{key}`: not the file's __metadata__, no config.json, no configuration given")]
     MissingMetadata {
         /// The key (`n_layer`, `n_embd`, `n_head`, `n_ctx` or `vocab_size`).
         key: &'static str,
@@ -91,17 +115,64 @@ pub enum WeightsError {
         /// The value found.
         value: String,
     },
-    /// The file's `__metadata__` and the caller's configuration disagree.
-    #[error(
-        "the file's __metadata__ has `{key}` = {in_file}, the configuration given has {given}"
-    )]
+    /// Two sources of the configuration (the file's `__metadata__`, a `config.json`, the
+    /// caller's configuration) state one field differently.
+    #[error("`{key}`: {first} says {first_value}, {second} says {second_value}")]
     ConfigMismatch {
+        /// The field (`n_layer`, `n_embd`, `n_head`, `n_ctx` or `vocab_size`).
+        key: &'static str,
+        /// One source.
+        first: ConfigSource,
+        /// Its value.
+        first_value: usize,
+        /// The other source.
+        second: ConfigSource,
+        /// Its value.
+        second_value: usize,
+    },
+    /// A `config.json` that cannot be read: not UTF-8, not JSON, not an object, or a key of
+    /// the wrong type (a number that is negative, fractional or too large among them).
+    #[error("config.json{}: {reason}", key.as_ref().map(|k| format!(" `{k}`")).unwrap_or_default())]
+    BadConfigJson {
+        /// The key at fault, when one is.
+        key: Option<String>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A `config.json` describes a model the kernels do not compute (another architecture,
+    /// activation, layer-norm epsilon, attention scaling or MLP width).
+    #[error("config.json has `{key}` = {value}; the kernels compute only {supported}")]
+    UnsupportedConfig {
         /// The key.
         key: &'static str,
-        /// The file's value.
-        in_file: usize,
-        /// The caller's value.
-        given: usize,
+        /// Its value, as JSON.
+        value: String,
+        /// What is computed.
+        supported: &'static str,
+    },
+    /// The file's blocks `h.{i}` (numbered up to `file_blocks - 1`) are not the configuration's
+    /// `n_layer`.
+    #[error("the file's blocks run to h.{} ({file_blocks} blocks), the configuration has n_layer = {n_layer}", file_blocks.saturating_sub(1))]
+    LayerCount {
+        /// One more than the highest block index in the file (0 for none).
+        file_blocks: usize,
+        /// The configuration's layers.
+        n_layer: usize,
+    },
+    /// A tensor outside GPT-2's layout, the untied `lm_head.weight` and the causal-mask buffers
+    /// (`h.{i}.attn.bias`, `h.{i}.attn.masked_bias`): a model that would use it is not GPT-2 as
+    /// served here (a classification head, an adapter, another architecture).
+    #[error("tensor `{tensor}` is not part of GPT-2's layout")]
+    UnexpectedTensor {
+        /// Its name, as in the file.
+        tensor: String,
+    },
+    /// `config.json` says `tie_word_embeddings: true` but the file's `lm_head.weight` differs
+    /// from `wte.weight`.
+    #[error("config.json ties the output projection to `wte.weight`, but the file's `{tensor}` differs from it")]
+    TiedHeadDiffers {
+        /// The head's name in the file.
+        tensor: String,
     },
     /// A tensor of the GPT-2 layout is not in the file.
     #[error("tensor `{tensor}` is missing")]

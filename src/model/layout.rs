@@ -3,7 +3,8 @@
 //!
 //! Linear layers are `Conv1D` modules, whose weight is stored `[in, out]` (the transpose of
 //! `nn.Linear`'s), so `x @ weight + bias` is the layer. The output projection `lm_head` is tied
-//! to `wte` and absent from the file.
+//! to `wte` and absent from the file; a checkpoint that unties it carries [`LM_HEAD`] beside the
+//! layout.
 
 use super::config::Gpt2Config;
 
@@ -41,6 +42,21 @@ impl TensorSpec {
     /// True for a tensor of no values (never in a valid configuration's layout).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The name of an untied output projection, `[vocab_size, n_embd]` (as `GPT2LMHeadModel`'s state
+/// dict names it, never with the `transformer.` prefix).
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// The spec of an untied output projection for `config`: [`LM_HEAD`], `[vocab_size, n_embd]`.
+pub(crate) fn lm_head_spec(config: &Gpt2Config) -> TensorSpec {
+    TensorSpec {
+        name: LM_HEAD.to_owned(),
+        shape: vec![config.vocab_size, config.n_embd],
+        init: Init::Normal {
+            std: INITIALIZER_RANGE,
+        },
     }
 }
 

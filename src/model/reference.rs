@@ -105,7 +105,7 @@ impl Gpt2Weights {
     }
 
     /// The logits `[tokens.len(), vocab_size]` at every position of `tokens` (causal
-    /// attention, tied output projection), computed in f64 from the f32 weights: the reference
+    /// attention; the output projection [`lm_head`](Self::lm_head), tied to `wte` or not), computed in f64 from the f32 weights: the reference
     /// the GPU's steps are tested against. GELU is the tanh approximation (GPT-2's `gelu_new`),
     /// layer norms use ε = 1e-5. Slow (no cache, one thread): for small models and tests.
     /// Errors: [`WeightsError::Tokens`] for tokens the model cannot run, and those of
@@ -136,10 +136,11 @@ impl Gpt2Weights {
             }
         }
         let mut logits = Vec::with_capacity(tokens.len() * config.vocab_size);
+        let head = self.lm_head();
         for row in &x {
             let h = layer_norm(row, &self.ln_f_weight, &self.ln_f_bias);
             for token in 0..config.vocab_size {
-                let w = &self.wte[token * e..(token + 1) * e];
+                let w = &head[token * e..(token + 1) * e];
                 logits.push(h.iter().zip(w).map(|(a, &b)| a * f64::from(b)).sum::<f64>() as f32);
             }
         }

@@ -9,7 +9,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
 use super::config::{Gpt2Config, METADATA_KEYS};
-use super::error::{ConfigError, TokensError, WeightsError};
+use super::error::{ConfigError, ConfigSource, TokensError, WeightsError};
 use super::layout::{gpt2_layout, Init};
 use super::reference::GreedyAgreement;
 use super::weights::Gpt2Weights;
@@ -280,7 +280,7 @@ fn half_and_bfloat_files_are_widened_to_f32() {
 fn names_with_the_transformer_prefix_load_and_extra_tensors_are_listed() {
     let weights = tiny_weights();
     let mut raw = raw_tensors(&weights, "transformer.");
-    // GPT2LMHeadModel's export: lm_head (tied) and the attention masks beside the layout.
+    // GPT2LMHeadModel's export: lm_head (tied) and the attention mask beside the layout.
     let lm_head = raw[0].3.clone();
     raw.push((
         "lm_head.weight".to_owned(),
@@ -296,12 +296,11 @@ fn names_with_the_transformer_prefix_load_and_extra_tensors_are_listed() {
     ));
     let loaded = Gpt2Weights::from_bytes(&file_of(&raw, Some(weights.config.to_metadata())), None)
         .expect("prefixed names load");
+    // The head equals wte bit for bit: the tied head, not kept twice.
     assert_eq!(loaded.weights, weights);
+    assert_eq!(loaded.weights.untied_lm_head, None);
     assert_eq!(loaded.prefix, "transformer.");
-    assert_eq!(
-        loaded.ignored,
-        ["lm_head.weight", "transformer.h.0.attn.bias"]
-    );
+    assert_eq!(loaded.ignored, ["transformer.h.0.attn.bias"]);
     // Without prefix, Hugging Face's own file carries the masks too.
     let mut raw = raw_tensors(&weights, "");
     raw.push(("h.1.attn.bias".to_owned(), Dtype::F32, vec![1], vec![0; 4]));
@@ -426,9 +425,25 @@ fn the_configuration_comes_from_the_caller_when_the_metadata_lacks_it() {
         let loaded = Gpt2Weights::from_bytes(&bytes, Some(&Gpt2Config::tiny())).expect("load");
         assert_eq!(loaded.weights, weights);
         assert!(!loaded.config_from_file);
-        // A caller's configuration that does not fit the tensors is a shape error.
+        // A caller's configuration that does not fit the tensors: other layers than the
+        // file's blocks, or a shape error.
         let error = Gpt2Weights::from_bytes(&bytes, Some(&Gpt2Config::gpt2_small()))
             .expect_err("wrong configuration");
+        assert!(
+            matches!(
+                error,
+                WeightsError::LayerCount {
+                    file_blocks: 2,
+                    n_layer: 12
+                }
+            ),
+            "{error}"
+        );
+        let wider = Gpt2Config {
+            n_embd: 128,
+            ..Gpt2Config::tiny()
+        };
+        let error = Gpt2Weights::from_bytes(&bytes, Some(&wider)).expect_err("wrong width");
         assert!(matches!(error, WeightsError::Shape { .. }), "{error}");
     }
     // Part of it in the file, the rest from the caller.
@@ -455,8 +470,10 @@ fn the_configuration_comes_from_the_caller_when_the_metadata_lacks_it() {
             error,
             WeightsError::ConfigMismatch {
                 key: "n_head",
-                in_file: 4,
-                given: 8
+                first: ConfigSource::Metadata,
+                first_value: 4,
+                second: ConfigSource::Caller,
+                second_value: 8
             }
         ),
         "{error}"
@@ -719,4 +736,640 @@ fn greedy_agreement_counts_the_twins_choices_and_names_the_first_other() {
         weights.greedy_agreement(&prompt, &[], 1e-3).unwrap(),
         GreedyAgreement::default()
     );
+}
+
+/// The `config.json` Hugging Face's `save_pretrained` writes for a GPT-2 of `config` (its keys
+/// as `transformers` writes them for `gpt2`, extras included).
+fn hf_config_json(config: &Gpt2Config) -> String {
+    format!(
+        r#"{{
+  "_name_or_path": "gpt2",
+  "activation_function": "gelu_new",
+  "architectures": [
+    "GPT2LMHeadModel"
+  ],
+  "attn_pdrop": 0.1,
+  "bos_token_id": 50256,
+  "embd_pdrop": 0.1,
+  "eos_token_id": 50256,
+  "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05,
+  "model_type": "gpt2",
+  "n_ctx": {n_ctx},
+  "n_embd": {n_embd},
+  "n_head": {n_head},
+  "n_inner": null,
+  "n_layer": {n_layer},
+  "n_positions": {n_ctx},
+  "reorder_and_upcast_attn": false,
+  "resid_pdrop": 0.1,
+  "scale_attn_by_inverse_layer_idx": false,
+  "scale_attn_weights": true,
+  "summary_activation": null,
+  "summary_first_dropout": 0.1,
+  "summary_proj_to_labels": true,
+  "summary_type": "cls_index",
+  "summary_use_proj": true,
+  "task_specific_params": {{
+    "text-generation": {{
+      "do_sample": true,
+      "max_length": 50
+    }}
+  }},
+  "torch_dtype": "float32",
+  "transformers_version": "4.44.0",
+  "use_cache": true,
+  "vocab_size": {vocab_size}
+}}
+"#,
+        n_ctx = config.n_ctx,
+        n_embd = config.n_embd,
+        n_head = config.n_head,
+        n_layer = config.n_layer,
+        vocab_size = config.vocab_size,
+    )
+}
+
+/// `__metadata__` as Hugging Face writes it: only the format.
+fn hf_metadata() -> Option<HashMap<String, String>> {
+    Some(HashMap::from([("format".to_owned(), "pt".to_owned())]))
+}
+
+/// The weights' tensors with each block's causal mask `h.{i}.attn.bias` `[1, 1, n_ctx, n_ctx]`
+/// (lower triangle of ones), names without prefix, as Hugging Face's `gpt2` file has them.
+fn hf_tensors(weights: &Gpt2Weights) -> Vec<Raw> {
+    let n = weights.config.n_ctx;
+    let mask: Vec<u8> = (0..n * n)
+        .flat_map(|i| f32::from(u8::from(i % n <= i / n)).to_le_bytes())
+        .collect();
+    let mut raw = raw_tensors(weights, "");
+    for layer in 0..weights.config.n_layer {
+        raw.push((
+            format!("h.{layer}.attn.bias"),
+            Dtype::F32,
+            vec![1, 1, n, n],
+            mask.clone(),
+        ));
+    }
+    raw
+}
+
+/// A fresh folder under the test's temporary directory.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = temp_path(name);
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).expect("folder");
+    dir
+}
+
+#[test]
+fn a_save_pretrained_folder_loads_with_no_configuration_given() {
+    let weights = tiny_weights();
+    let dir = temp_dir("save-pretrained");
+    let bytes = file_of(&hf_tensors(&weights), hf_metadata());
+    std::fs::write(dir.join("model.safetensors"), &bytes).expect("write");
+    std::fs::write(dir.join("config.json"), hf_config_json(&weights.config)).expect("write");
+    // Without config.json, the file alone has no configuration.
+    assert!(matches!(
+        Gpt2Weights::from_bytes(&bytes, None),
+        Err(WeightsError::MissingMetadata { key: "n_layer" })
+    ));
+    let from_folder = Gpt2Weights::load(&dir, None).expect("folder loads");
+    assert_eq!(from_folder.weights, weights);
+    assert_eq!(from_folder.weights.untied_lm_head, None);
+    assert_eq!(from_folder.ignored, ["h.0.attn.bias", "h.1.attn.bias"]);
+    assert!(!from_folder.config_from_file);
+    for key in METADATA_KEYS {
+        assert_eq!(
+            from_folder.sources_of(key),
+            [ConfigSource::ConfigJson],
+            "{key}"
+        );
+    }
+    // The file named: its config.json beside it is read too.
+    let from_file = Gpt2Weights::load(dir.join("model.safetensors"), None).expect("file loads");
+    assert_eq!(from_file, from_folder);
+    // The bytes and the text, as a browser has them; the caller's agreeing configuration.
+    let json = hf_config_json(&weights.config);
+    let from_bytes =
+        Gpt2Weights::from_bytes_with_config_json(&bytes, Some(&json), Some(&Gpt2Config::tiny()))
+            .expect("bytes load");
+    assert_eq!(from_bytes.weights, weights);
+    assert_eq!(
+        from_bytes.sources_of("n_ctx"),
+        [ConfigSource::ConfigJson, ConfigSource::Caller]
+    );
+    // Our own files carry the configuration in __metadata__ too: every source agrees.
+    std::fs::write(
+        dir.join("model.safetensors"),
+        weights.to_bytes(StoredDtype::F32).expect("bytes"),
+    )
+    .expect("write");
+    let ours = Gpt2Weights::load(&dir, None).expect("loads");
+    assert_eq!(ours.weights, weights);
+    assert!(ours.config_from_file);
+    assert_eq!(
+        ours.sources_of("vocab_size"),
+        [ConfigSource::Metadata, ConfigSource::ConfigJson]
+    );
+    assert!(ours.sources_of("not_a_field").is_empty());
+    // A folder without model.safetensors: the path it looked for.
+    let empty = temp_dir("no-model");
+    let error = Gpt2Weights::load(&empty, None).expect_err("no file");
+    assert!(
+        matches!(&error, WeightsError::Io { path, .. } if path.ends_with("model.safetensors")),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&empty).ok();
+}
+
+#[test]
+fn sources_that_disagree_are_refused_naming_the_field() {
+    let weights = tiny_weights();
+    let ours = weights.to_bytes(StoredDtype::F32).expect("bytes");
+    let hf = file_of(&hf_tensors(&weights), hf_metadata());
+    let json_with = |config: Gpt2Config| hf_config_json(&config);
+    // config.json against the file's __metadata__.
+    let json = json_with(Gpt2Config {
+        n_head: 8,
+        ..Gpt2Config::tiny()
+    });
+    let error =
+        Gpt2Weights::from_bytes_with_config_json(&ours, Some(&json), None).expect_err("mismatch");
+    assert!(
+        matches!(
+            error,
+            WeightsError::ConfigMismatch {
+                key: "n_head",
+                first: ConfigSource::Metadata,
+                first_value: 4,
+                second: ConfigSource::ConfigJson,
+                second_value: 8
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "`n_head`: the file's __metadata__ says 4, config.json says 8"
+    );
+    // config.json against the caller.
+    let json = json_with(Gpt2Config::tiny());
+    let caller = Gpt2Config {
+        vocab_size: 300,
+        ..Gpt2Config::tiny()
+    };
+    let error = Gpt2Weights::from_bytes_with_config_json(&hf, Some(&json), Some(&caller))
+        .expect_err("mismatch");
+    assert!(
+        matches!(
+            error,
+            WeightsError::ConfigMismatch {
+                key: "vocab_size",
+                first: ConfigSource::ConfigJson,
+                first_value: 256,
+                second: ConfigSource::Caller,
+                second_value: 300
+            }
+        ),
+        "{error}"
+    );
+    // n_positions and n_ctx in one config.json that differ.
+    let json = json_with(Gpt2Config::tiny()).replace("\"n_ctx\": 128", "\"n_ctx\": 64");
+    let error =
+        Gpt2Weights::from_bytes_with_config_json(&hf, Some(&json), None).expect_err("context");
+    assert!(
+        matches!(&error, WeightsError::BadConfigJson { key: Some(key), .. } if key == "n_ctx"),
+        "{error}"
+    );
+    // Only n_positions: it is the context.
+    let json = json_with(Gpt2Config::tiny()).replace("\"n_ctx\": 128,", "");
+    let loaded = Gpt2Weights::from_bytes_with_config_json(&hf, Some(&json), None).expect("loads");
+    assert_eq!(loaded.weights, weights);
+    // A config.json that states no shape leaves it to the other sources.
+    let loaded = Gpt2Weights::from_bytes_with_config_json(&ours, Some("{}"), None).expect("loads");
+    assert_eq!(loaded.sources_of("n_embd"), [ConfigSource::Metadata]);
+    let error = Gpt2Weights::from_bytes_with_config_json(&hf, Some("{}"), None).expect_err("none");
+    assert!(
+        matches!(error, WeightsError::MissingMetadata { key: "n_layer" }),
+        "{error}"
+    );
+}
+
+/// Weights of `n_layer` blocks (the tiny model's other dimensions).
+fn weights_of_layers(n_layer: usize) -> Gpt2Weights {
+    Gpt2Weights::random(
+        &Gpt2Config {
+            n_layer,
+            ..Gpt2Config::tiny()
+        },
+        3,
+    )
+    .expect("weights")
+}
+
+#[test]
+fn blocks_other_than_n_layer_are_refused() {
+    // Three blocks, metadata saying two: never served as two layers.
+    let three = weights_of_layers(3);
+    let two_config = Gpt2Config::tiny();
+    let bytes = file_of(&raw_tensors(&three, ""), Some(two_config.to_metadata()));
+    let error = Gpt2Weights::from_bytes(&bytes, None).expect_err("extra block");
+    assert!(
+        matches!(
+            error,
+            WeightsError::LayerCount {
+                file_blocks: 3,
+                n_layer: 2
+            }
+        ),
+        "{error}"
+    );
+    // The same through config.json, and with the prefix.
+    let bytes = file_of(&raw_tensors(&three, "transformer."), hf_metadata());
+    let error =
+        Gpt2Weights::from_bytes_with_config_json(&bytes, Some(&hf_config_json(&two_config)), None)
+            .expect_err("extra block");
+    assert!(
+        matches!(
+            error,
+            WeightsError::LayerCount {
+                file_blocks: 3,
+                n_layer: 2
+            }
+        ),
+        "{error}"
+    );
+    // Fewer blocks than layers.
+    let two = weights_of_layers(2);
+    let three_config = three.config;
+    let bytes = file_of(&raw_tensors(&two, ""), Some(three_config.to_metadata()));
+    let error = Gpt2Weights::from_bytes(&bytes, None).expect_err("missing block");
+    assert!(
+        matches!(
+            error,
+            WeightsError::LayerCount {
+                file_blocks: 2,
+                n_layer: 3
+            }
+        ),
+        "{error}"
+    );
+    // Only a mask buffer numbered past the blocks counts as a block too.
+    let mut raw = raw_tensors(&two, "");
+    raw.push(("h.2.attn.bias".to_owned(), Dtype::F32, vec![1], vec![0; 4]));
+    let error = Gpt2Weights::from_bytes(&file_of(&raw, Some(two_config.to_metadata())), None)
+        .expect_err("block 2");
+    assert!(
+        matches!(
+            error,
+            WeightsError::LayerCount {
+                file_blocks: 3,
+                n_layer: 2
+            }
+        ),
+        "{error}"
+    );
+    // A block index that overflows usize: refused, no panic.
+    let mut raw = raw_tensors(&two, "");
+    raw.push((
+        "h.99999999999999999999999.ln_1.weight".to_owned(),
+        Dtype::F32,
+        vec![1],
+        vec![0; 4],
+    ));
+    let error = Gpt2Weights::from_bytes(&file_of(&raw, Some(two_config.to_metadata())), None)
+        .expect_err("huge index");
+    assert!(
+        matches!(error, WeightsError::LayerCount { n_layer: 2, .. }),
+        "{error}"
+    );
+}
+
+/// `weights` with an untied head: another seed's embedding.
+fn untied(weights: &Gpt2Weights) -> Gpt2Weights {
+    let other = Gpt2Weights::random(&weights.config, 99).expect("weights");
+    Gpt2Weights {
+        untied_lm_head: Some(other.wte),
+        ..weights.clone()
+    }
+}
+
+#[test]
+fn an_untied_lm_head_is_read_used_by_the_twin_and_written_back() {
+    let tied = tiny_weights();
+    let weights = untied(&tied);
+    assert_eq!(
+        weights.lm_head(),
+        weights.untied_lm_head.as_deref().unwrap()
+    );
+    assert_eq!(tied.lm_head(), tied.wte.as_slice());
+    // The twin uses it: other logits than the tied model's, from the same embeddings.
+    let tokens = [1, 2, 3];
+    let (a, b) = (
+        tied.reference_logits(&tokens).expect("logits"),
+        weights.reference_logits(&tokens).expect("logits"),
+    );
+    assert_ne!(a, b);
+    // The head alone makes the logits from the last hidden state: a copy of wte gives the
+    // tied logits, a head of zeros zero logits, a head of one row doubled that token's twice.
+    let copy = Gpt2Weights {
+        untied_lm_head: Some(tied.wte.clone()),
+        ..tied.clone()
+    };
+    assert_eq!(copy.reference_logits(&tokens).expect("logits"), a);
+    let zeros = Gpt2Weights {
+        untied_lm_head: Some(vec![0.0; tied.wte.len()]),
+        ..tied.clone()
+    };
+    assert!(zeros
+        .reference_logits(&tokens)
+        .expect("logits")
+        .iter()
+        .all(|&v| v == 0.0));
+    let mut doubled = tied.wte.clone();
+    doubled[5 * 64..6 * 64].iter_mut().for_each(|v| *v *= 2.0);
+    let doubled = Gpt2Weights {
+        untied_lm_head: Some(doubled),
+        ..tied.clone()
+    }
+    .reference_logits(&tokens)
+    .expect("logits");
+    for (row, (d, t)) in doubled.chunks(256).zip(a.chunks(256)).enumerate() {
+        assert!(
+            (d[5] - 2.0 * t[5]).abs() <= 1e-5 * t[5].abs().max(1.0),
+            "row {row}"
+        );
+        assert_eq!(d[6], t[6]);
+    }
+    // A file with it, as GPT2LMHeadModel saves an untied one: kept.
+    let mut raw = hf_tensors(&tied);
+    let head_bytes: Vec<u8> = weights
+        .lm_head()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    raw.push((
+        "lm_head.weight".to_owned(),
+        Dtype::F32,
+        vec![256, 64],
+        head_bytes.clone(),
+    ));
+    let bytes = file_of(&raw, hf_metadata());
+    let untied_json = hf_config_json(&tied.config).replace(
+        "\"use_cache\": true,",
+        "\"use_cache\": true,\n  \"tie_word_embeddings\": false,",
+    );
+    for json in [hf_config_json(&tied.config), untied_json.clone()] {
+        let loaded =
+            Gpt2Weights::from_bytes_with_config_json(&bytes, Some(&json), None).expect("loads");
+        assert_eq!(loaded.weights, weights);
+        assert_eq!(loaded.ignored, ["h.0.attn.bias", "h.1.attn.bias"]);
+    }
+    // config.json saying it is tied while it differs: refused.
+    let tied_json = untied_json.replace(
+        "\"tie_word_embeddings\": false",
+        "\"tie_word_embeddings\": true",
+    );
+    let error = Gpt2Weights::from_bytes_with_config_json(&bytes, Some(&tied_json), None)
+        .expect_err("tied but differs");
+    assert!(
+        matches!(&error, WeightsError::TiedHeadDiffers { tensor } if tensor == "lm_head.weight"),
+        "{error}"
+    );
+    // config.json saying untied, no head in the file: refused.
+    let headless = file_of(&hf_tensors(&tied), hf_metadata());
+    let error = Gpt2Weights::from_bytes_with_config_json(&headless, Some(&untied_json), None)
+        .expect_err("no head");
+    assert!(
+        matches!(&error, WeightsError::MissingTensor { tensor } if tensor == "lm_head.weight"),
+        "{error}"
+    );
+    // A head of the wrong shape: named.
+    let mut raw = raw_tensors(&tied, "");
+    raw.push((
+        "lm_head.weight".to_owned(),
+        Dtype::F32,
+        vec![64, 256],
+        head_bytes,
+    ));
+    let error = Gpt2Weights::from_bytes(&file_of(&raw, Some(tied.config.to_metadata())), None)
+        .expect_err("shape");
+    assert!(
+        matches!(&error, WeightsError::Shape { tensor, .. } if tensor == "lm_head.weight"),
+        "{error}"
+    );
+    // Round trips keep it, in every stored type.
+    for dtype in [StoredDtype::F32, StoredDtype::F16] {
+        let bytes = weights.to_bytes(dtype).expect("bytes");
+        let loaded = Gpt2Weights::from_bytes(&bytes, None)
+            .expect("loads")
+            .weights;
+        assert!(loaded.untied_lm_head.is_some(), "{dtype:?}");
+        if dtype == StoredDtype::F32 {
+            assert_eq!(loaded, weights);
+        }
+    }
+    let path = temp_path("untied.safetensors");
+    weights.write(&path, StoredDtype::F32).expect("write");
+    assert_eq!(
+        Gpt2Weights::load(&path, None).expect("load").weights,
+        weights
+    );
+    std::fs::remove_file(&path).ok();
+    assert_eq!(
+        weights.tensor("lm_head.weight"),
+        weights.untied_lm_head.as_deref()
+    );
+    assert_eq!(tied.tensor("lm_head.weight"), None);
+    // A head of the wrong length held in memory: not written nor run.
+    let mut short = weights.clone();
+    short.untied_lm_head.as_mut().expect("head").pop();
+    let error = short.to_bytes(StoredDtype::F32).expect_err("short head");
+    assert!(
+        matches!(&error, WeightsError::Length { tensor, .. } if tensor == "lm_head.weight"),
+        "{error}"
+    );
+    assert!(short.reference_logits(&tokens).is_err());
+}
+
+#[test]
+fn tensors_outside_the_layout_are_refused_except_the_mask_buffers() {
+    let weights = tiny_weights();
+    let metadata = Some(weights.config.to_metadata());
+    for (name, shape) in [
+        ("score.weight", vec![2, 64]),
+        ("h.0.mlp.c_fc.lora_A", vec![8, 64]),
+        ("transformer.wte.weight", vec![256, 64]),
+        ("h.1.attn.bias_extra", vec![1]),
+        ("h.x.attn.bias", vec![1]),
+    ] {
+        let mut raw = raw_tensors(&weights, "");
+        let len: usize = shape.iter().product();
+        raw.push((name.to_owned(), Dtype::F32, shape, vec![0; len * 4]));
+        let error =
+            Gpt2Weights::from_bytes(&file_of(&raw, metadata.clone()), None).expect_err(name);
+        assert!(
+            matches!(&error, WeightsError::UnexpectedTensor { tensor } if tensor == name),
+            "{name}: {error}"
+        );
+        assert!(error.to_string().contains(name), "{error}");
+    }
+    // The causal-mask buffers, with the file's prefix: ignored and listed.
+    for prefix in ["", "transformer."] {
+        let mut raw = raw_tensors(&weights, prefix);
+        for name in ["h.0.attn.bias", "h.1.attn.masked_bias"] {
+            raw.push((
+                format!("{prefix}{name}"),
+                Dtype::BOOL,
+                vec![1, 1, 2, 2],
+                vec![1, 0, 1, 1],
+            ));
+        }
+        let loaded =
+            Gpt2Weights::from_bytes(&file_of(&raw, metadata.clone()), None).expect("masks");
+        assert_eq!(
+            loaded.ignored,
+            [
+                format!("{prefix}h.0.attn.bias"),
+                format!("{prefix}h.1.attn.masked_bias")
+            ]
+        );
+        assert_eq!(loaded.weights, weights);
+    }
+}
+
+#[test]
+fn a_bad_config_json_is_a_typed_error_never_a_panic() {
+    let weights = tiny_weights();
+    let bytes = file_of(&hf_tensors(&weights), hf_metadata());
+    let good = hf_config_json(&weights.config);
+    let bad_json = |text: &str| {
+        Gpt2Weights::from_bytes_with_config_json(&bytes, Some(text), None).expect_err(text)
+    };
+    for text in ["", "not json", "{\"n_layer\": 2", "[1, 2]", "null", "7"] {
+        let error = bad_json(text);
+        assert!(
+            matches!(error, WeightsError::BadConfigJson { key: None, .. }),
+            "{text}: {error}"
+        );
+    }
+    for (from, to, key) in [
+        ("\"n_layer\": 2", "\"n_layer\": \"2\"", "n_layer"),
+        ("\"n_layer\": 2", "\"n_layer\": -2", "n_layer"),
+        ("\"n_embd\": 64", "\"n_embd\": 64.5", "n_embd"),
+        ("\"n_head\": 4", "\"n_head\": null", "n_head"),
+        ("\"vocab_size\": 256", "\"vocab_size\": 1e30", "vocab_size"),
+        (
+            "\"vocab_size\": 256",
+            "\"vocab_size\": 99999999999999999999999",
+            "vocab_size",
+        ),
+        (
+            "\"n_positions\": 128",
+            "\"n_positions\": [128]",
+            "n_positions",
+        ),
+        ("\"n_inner\": null", "\"n_inner\": -1", "n_inner"),
+        (
+            "\"layer_norm_epsilon\": 1e-05",
+            "\"layer_norm_epsilon\": \"1e-5\"",
+            "layer_norm_epsilon",
+        ),
+        (
+            "\"activation_function\": \"gelu_new\"",
+            "\"activation_function\": 3",
+            "activation_function",
+        ),
+        (
+            "\"use_cache\": true,",
+            "\"use_cache\": true, \"tie_word_embeddings\": \"yes\",",
+            "tie_word_embeddings",
+        ),
+    ] {
+        assert!(good.contains(from), "{from}");
+        let error = bad_json(&good.replace(from, to));
+        assert!(
+            matches!(&error, WeightsError::BadConfigJson { key: Some(k), .. } if k == key),
+            "{to}: {error}"
+        );
+        assert!(error.to_string().contains(key), "{error}");
+    }
+    // A zero dimension: the configuration's refusal.
+    let error = bad_json(&good.replace("\"n_head\": 4", "\"n_head\": 0"));
+    assert!(
+        matches!(
+            error,
+            WeightsError::Config(ConfigError::Zero { field: "n_head" })
+        ),
+        "{error}"
+    );
+    // Another model than the kernels compute.
+    for (from, to, key) in [
+        (
+            "\"model_type\": \"gpt2\"",
+            "\"model_type\": \"gpt_neo\"",
+            "model_type",
+        ),
+        (
+            "\"activation_function\": \"gelu_new\"",
+            "\"activation_function\": \"relu\"",
+            "activation_function",
+        ),
+        (
+            "\"activation_function\": \"gelu_new\"",
+            "\"activation_function\": \"gelu\"",
+            "activation_function",
+        ),
+        (
+            "\"layer_norm_epsilon\": 1e-05",
+            "\"layer_norm_epsilon\": 1e-06",
+            "layer_norm_epsilon",
+        ),
+        ("\"n_inner\": null", "\"n_inner\": 128", "n_inner"),
+        (
+            "\"scale_attn_weights\": true",
+            "\"scale_attn_weights\": false",
+            "scale_attn_weights",
+        ),
+        (
+            "\"scale_attn_by_inverse_layer_idx\": false",
+            "\"scale_attn_by_inverse_layer_idx\": true",
+            "scale_attn_by_inverse_layer_idx",
+        ),
+    ] {
+        let error = bad_json(&good.replace(from, to));
+        assert!(
+            matches!(&error, WeightsError::UnsupportedConfig { key: k, .. } if *k == key),
+            "{to}: {error}"
+        );
+    }
+    // What the kernels compute, written otherwise: accepted.
+    for (from, to) in [
+        ("\"n_inner\": null", "\"n_inner\": 256"),
+        (
+            "\"layer_norm_epsilon\": 1e-05",
+            "\"layer_norm_epsilon\": 0.00001",
+        ),
+        (
+            "\"activation_function\": \"gelu_new\"",
+            "\"activation_function\": \"gelu_pytorch_tanh\"",
+        ),
+    ] {
+        let loaded =
+            Gpt2Weights::from_bytes_with_config_json(&bytes, Some(&good.replace(from, to)), None)
+                .expect(to);
+        assert_eq!(loaded.weights, weights);
+    }
+    // A config.json that is not UTF-8, beside the file.
+    let dir = temp_dir("bad-config-json");
+    std::fs::write(dir.join("model.safetensors"), &bytes).expect("write");
+    std::fs::write(dir.join("config.json"), [b'{', 0xff, b'}']).expect("write");
+    let error = Gpt2Weights::load(&dir, None).expect_err("not UTF-8");
+    assert!(
+        matches!(error, WeightsError::BadConfigJson { key: None, .. }),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -3,7 +3,7 @@
 
 use super::config::Gpt2Config;
 use super::error::WeightsError;
-use super::layout::{gpt2_layout, TensorSpec};
+use super::layout::{gpt2_layout, lm_head_spec, TensorSpec};
 
 /// The parameters of one transformer block `h.{i}`, named after Hugging Face's tensors
 /// (`ln_1.weight` is `ln_1_weight`, `attn.c_attn.weight` is `attn_c_attn_weight`, ...). Weights are
@@ -85,7 +85,7 @@ pub struct Gpt2Weights {
     /// The model's shape.
     pub config: Gpt2Config,
     /// `wte.weight` `[vocab_size, n_embd]`: token embeddings, also the output projection
-    /// (`lm_head` is tied to it).
+    /// unless [`lm_head`](Self::lm_head) unties it.
     pub wte: Vec<f32>,
     /// `wpe.weight` `[n_ctx, n_embd]`: position embeddings.
     pub wpe: Vec<f32>,
@@ -95,13 +95,17 @@ pub struct Gpt2Weights {
     pub ln_f_weight: Vec<f32>,
     /// `ln_f.bias` `[n_embd]`.
     pub ln_f_bias: Vec<f32>,
+    /// `lm_head.weight` `[vocab_size, n_embd]`: an untied output projection, `None` when it is
+    /// tied to `wte` (GPT-2's own checkpoints). Read from a file whose `lm_head.weight` differs
+    /// from its `wte.weight`, written back, served and used by the CPU twin.
+    pub untied_lm_head: Option<Vec<f32>>,
 }
 
 impl Gpt2Weights {
-    /// The output projection `[vocab_size, n_embd]`: GPT-2 ties it to `wte` (logits are
-    /// `h · wteᵀ`).
+    /// The output projection `[vocab_size, n_embd]` (logits are `h · lm_headᵀ`): the untied
+    /// head when there is one, else `wte` (GPT-2 ties them).
     pub fn lm_head(&self) -> &[f32] {
-        &self.wte
+        self.untied_lm_head.as_deref().unwrap_or(&self.wte)
     }
 
     /// Checks the weights against their configuration (the fields are public, so anything may
@@ -129,7 +133,8 @@ impl Gpt2Weights {
         Ok(())
     }
 
-    /// Every tensor with its spec, in the layout's order ([`gpt2_layout`]).
+    /// Every tensor with its spec, in the layout's order ([`gpt2_layout`]), then the untied
+    /// `lm_head.weight` when there is one ([`LM_HEAD`](super::LM_HEAD)).
     pub fn tensors(&self) -> Vec<(TensorSpec, &[f32])> {
         let mut values: Vec<&[f32]> = vec![&self.wte, &self.wpe];
         for block in &self.blocks {
@@ -137,10 +142,15 @@ impl Gpt2Weights {
         }
         values.push(&self.ln_f_weight);
         values.push(&self.ln_f_bias);
-        gpt2_layout(&self.config).into_iter().zip(values).collect()
+        let mut tensors: Vec<_> = gpt2_layout(&self.config).into_iter().zip(values).collect();
+        if let Some(head) = &self.untied_lm_head {
+            tensors.push((lm_head_spec(&self.config), head.as_slice()));
+        }
+        tensors
     }
 
-    /// The tensor of that name in the layout (without a `transformer.` prefix), if any.
+    /// The tensor of that name in the layout (without a `transformer.` prefix) or the untied
+    /// `lm_head.weight`, if any.
     pub fn tensor(&self, name: &str) -> Option<&[f32]> {
         self.tensors()
             .into_iter()
@@ -149,7 +159,7 @@ impl Gpt2Weights {
     }
 
     /// Weights from the tensors in the layout's order (as many as [`gpt2_layout`] lists for
-    /// `config`; the caller has checked their sizes).
+    /// `config`; the caller has checked their sizes), the output projection tied.
     pub(crate) fn from_layout_order(config: Gpt2Config, tensors: Vec<Vec<f32>>) -> Self {
         let mut tensors = tensors.into_iter();
         let mut next = || tensors.next().unwrap_or_default();
@@ -167,6 +177,7 @@ impl Gpt2Weights {
             blocks,
             ln_f_weight,
             ln_f_bias,
+            untied_lm_head: None,
         }
     }
 }

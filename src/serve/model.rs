@@ -45,9 +45,11 @@ pub struct StepTensors<'a> {
 }
 
 /// GPT-2's weights on the GPU, each tensor labelled with its checkpoint name in the pool's
-/// reports (`gpt2 h.3.mlp.c_fc.weight`), and the output projection as `wteᵀ` (`[n_embd,
-/// vocab_size]` padded to a multiple of 4 columns, one more copy of the embedding: the products
-/// have no transposed operand). Clones share the tensors (no copy).
+/// reports (`gpt2 h.3.mlp.c_fc.weight`), and the output projection transposed, `lm_headᵀ`
+/// (`[n_embd, vocab_size]` padded to a multiple of 4 columns: the products have no transposed
+/// operand): `wteᵀ`, one more copy of the embedding, for GPT-2's tied head, or the checkpoint's
+/// untied `lm_head.weight` ([`Gpt2Weights::lm_head`]).
+/// Clones share the tensors (no copy).
 #[derive(Clone)]
 pub struct Gpt2 {
     config: Gpt2Config,
@@ -74,6 +76,37 @@ impl std::fmt::Debug for Gpt2 {
 }
 
 impl Gpt2 {
+    /// Reads GPT-2 weights from `path` (a folder as Hugging Face's `save_pretrained` writes it,
+    /// `model.safetensors` and `config.json`, or a safetensors file: see
+    /// [`Gpt2Weights::load`]) and uploads them as tensors of `dtype`
+    /// ([`upload`](Self::upload)). Errors: [`ServeError::Weights`] for a file refused,
+    /// and those of [`upload`](Self::upload). Native only: in a browser use
+    /// [`from_bytes`](Self::from_bytes).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load(
+        context: &Context,
+        path: impl AsRef<std::path::Path>,
+        dtype: DType,
+    ) -> Result<Self, ServeError> {
+        let loaded = Gpt2Weights::load(path, None)?;
+        Self::upload(context, &loaded.weights, dtype)
+    }
+
+    /// Reads GPT-2 weights from the bytes of a safetensors file and the text of its
+    /// `config.json`, when there is one (see [`Gpt2Weights::from_bytes_with_config_json`]),
+    /// and uploads them as tensors of `dtype` ([`upload`](Self::upload)): a browser's
+    /// [`load`](Self::load). Errors: [`ServeError::Weights`] for a file refused, and those of
+    /// [`upload`](Self::upload).
+    pub fn from_bytes(
+        context: &Context,
+        bytes: &[u8],
+        config_json: Option<&str>,
+        dtype: DType,
+    ) -> Result<Self, ServeError> {
+        let loaded = Gpt2Weights::from_bytes_with_config_json(bytes, config_json, None)?;
+        Self::upload(context, &loaded.weights, dtype)
+    }
+
     /// Uploads `weights` as tensors of `dtype` (f16 where the device has it). Errors:
     /// [`ServeError::Weights`] for weights that do not match their configuration
     /// ([`Gpt2Weights::check`]); [`ServeError::Compute`] for those of
@@ -153,7 +186,7 @@ impl Gpt2 {
         // product reads them as vec4s (the narrow kernel for a step's few sampled rows); the
         // padding's logits are −∞ by a bias, so that no greedy choice takes one.
         let padded = config.vocab_size.next_multiple_of(4);
-        let mut transposed = transpose(&weights.wte, config.vocab_size, e);
+        let mut transposed = transpose(weights.lm_head(), config.vocab_size, e);
         if padded > config.vocab_size {
             transposed = transposed
                 .chunks_exact(config.vocab_size)
@@ -164,7 +197,12 @@ impl Gpt2 {
                 })
                 .collect();
         }
-        let lm_head = upload(&transposed, &[e, padded], "lm_head (wte transposed)")?;
+        let label = if weights.untied_lm_head.is_some() {
+            "lm_head (lm_head.weight transposed)"
+        } else {
+            "lm_head (wte transposed)"
+        };
+        let lm_head = upload(&transposed, &[e, padded], label)?;
         let lm_padding = if padded > config.vocab_size {
             let mut bias = vec![0.0; padded];
             bias[config.vocab_size..].fill(f32::NEG_INFINITY);

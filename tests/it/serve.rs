@@ -6,7 +6,9 @@
 //! stopped, the waiting ones served after). Every test runs on the backend `WGPU_BACKEND` selects.
 
 use wgpu_pool::compute::{Context, ContextOptions, DType, Feed, Plan};
-use wgpu_pool::model::{Gpt2Config, Gpt2Weights, TokensError, WeightsError};
+use wgpu_pool::model::{
+    Gpt2Config, Gpt2Weights, StoredDtype, TokensError, WeightsError, CONFIG_JSON, MODEL_FILE,
+};
 use wgpu_pool::paging::{BlockManager, KvLayout, RequestSpec, StepRows, StreamSpec};
 use wgpu_pool::serve::{
     Execution, Gpt2, Head, KvCache, ServeError, Server, ServerOptions, StepTensors,
@@ -258,6 +260,105 @@ fn serves_greedily(
     let done = server.run().unwrap();
     assert_eq!(done.len(), 1, "{what}");
     assert_greedy(weights, what, prompt, &done[0].output);
+}
+
+/// A `config.json` for `config` with Hugging Face's keys for GPT-2 (a few of its extras among
+/// them), untied or not.
+fn config_json(config: &Gpt2Config, tie_word_embeddings: bool) -> String {
+    format!(
+        r#"{{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+"layer_norm_epsilon": 1e-05, "n_inner": null, "bos_token_id": 50256, "resid_pdrop": 0.1,
+"n_layer": {}, "n_embd": {}, "n_head": {}, "n_positions": {}, "n_ctx": {}, "vocab_size": {},
+"tie_word_embeddings": {tie_word_embeddings}}}"#,
+        config.n_layer, config.n_embd, config.n_head, config.n_ctx, config.n_ctx, config.vocab_size
+    )
+}
+
+/// A checkpoint whose `lm_head.weight` is untied, in a folder with its `config.json`:
+/// `Gpt2::load` serves it, and the greedy tokens are its twin's, with the untied head (the tied
+/// twin's are others); `Gpt2::from_bytes` serves the same; a folder whose `config.json`
+/// disagrees with the file is refused.
+#[test]
+fn an_untied_head_loaded_from_a_folder_serves_the_twins_greedy_tokens() {
+    let tied = weights();
+    let head = Gpt2Weights::random(&tied.config, 12).expect("weights").wte;
+    let weights = Gpt2Weights {
+        untied_lm_head: Some(head),
+        ..tied.clone()
+    };
+    let dir = std::env::temp_dir().join(format!("wgpu-pool-untied-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    weights
+        .write(dir.join(MODEL_FILE), StoredDtype::F32)
+        .unwrap();
+    let json = config_json(&weights.config, false);
+    std::fs::write(dir.join(CONFIG_JSON), &json).unwrap();
+    let context = context_with(gpu(), ContextOptions::default());
+    let options = ServerOptions {
+        max_batch: 4,
+        kv_blocks: Some(32),
+        ..ServerOptions::default()
+    };
+    let requests = stream(6, 21);
+    let mut outputs = Vec::new();
+    let bytes = std::fs::read(dir.join(MODEL_FILE)).unwrap();
+    for (name, model) in [
+        ("load", Gpt2::load(&context, &dir, DType::F32).unwrap()),
+        (
+            "from_bytes",
+            Gpt2::from_bytes(&context, &bytes, Some(&json), DType::F32).unwrap(),
+        ),
+    ] {
+        let mut server = Server::new(&context, model, options.clone()).unwrap();
+        for request in &requests {
+            server.submit(request).unwrap();
+        }
+        let mut done = server.run().unwrap();
+        done.sort_by_key(|c| c.id);
+        assert_eq!(done.len(), requests.len(), "{name}");
+        let mut tied_disagreements = 0;
+        for completion in &done {
+            assert_greedy(&weights, name, &completion.prompt, &completion.output);
+            tied_disagreements += tied
+                .greedy_agreement(
+                    &completion.prompt,
+                    &completion.output,
+                    LOGIT_TOLERANCE as f32,
+                )
+                .unwrap()
+                .disagreements;
+        }
+        assert!(
+            tied_disagreements > 0,
+            "{name}: the tied head gives the same tokens"
+        );
+        outputs.push(done.into_iter().map(|c| c.output).collect::<Vec<_>>());
+    }
+    assert_eq!(outputs[0], outputs[1]);
+    // config.json saying the head is tied, while the file's differs; then another width.
+    std::fs::write(dir.join(CONFIG_JSON), config_json(&weights.config, true)).unwrap();
+    let error = Gpt2::load(&context, &dir, DType::F32).expect_err("tied but differs");
+    assert!(
+        matches!(
+            error,
+            ServeError::Weights(WeightsError::TiedHeadDiffers { .. })
+        ),
+        "{error}"
+    );
+    let wider = Gpt2Config {
+        n_embd: 128,
+        ..weights.config
+    };
+    std::fs::write(dir.join(CONFIG_JSON), config_json(&wider, false)).unwrap();
+    let error = Gpt2::load(&context, &dir, DType::F32).expect_err("mismatch");
+    assert!(
+        matches!(
+            error,
+            ServeError::Weights(WeightsError::ConfigMismatch { key: "n_embd", .. })
+        ),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
