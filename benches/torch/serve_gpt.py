@@ -650,8 +650,12 @@ def top2_gap(model, sequence, device):
 # ----------------------------------------------------------------------------- checking
 
 
-def check(path, requests, outputs, model, device):
-    """`agreement` against our JSON's sides."""
+def check(path, requests, outputs, model, device, name="torch", gap=None):
+    """`agreement` against our JSON's sides; the first mismatch names this side's token
+    `name` and its gap `{name}_top2_gap`, computed by `gap(sequence)` (default: this model's
+    `top2_gap`)."""
+    if gap is None:
+        gap = lambda sequence: top2_gap(model, sequence, device)
     try:
         with open(path) as f:
             ours = json.load(f)
@@ -692,10 +696,9 @@ def check(path, requests, outputs, model, device):
                     "request": i,
                     "index": index,
                     "ours": out[index] if index < len(out) else None,
-                    "torch": mine[index] if index < len(mine) else None,
-                    "torch_top2_gap": (
-                        top2_gap(model, prompt + mine[:index], device)
-                        if index < len(mine) else None
+                    name: mine[index] if index < len(mine) else None,
+                    f"{name}_top2_gap": (
+                        gap(prompt + mine[:index]) if index < len(mine) else None
                     ),
                 }
         agreement[side] = {
