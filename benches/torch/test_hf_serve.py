@@ -7,7 +7,7 @@ gives serve_gpt.py's logits (tied head; an untied `lm_head.weight` is used when 
 continuous-batching peer, with arrivals, returns for every request exactly max_new_tokens tokens,
 equal to the no-cache greedy reference, each mode's figures in the JSON, goodput against the
 stream's objective, `--check` against an identical side; a mode that cannot run (flash attention
-on the CPU, or without the package) is recorded as an error while the others serve; bad input
+on the CPU) is recorded as an error and the next mode serves; bad input
 (a missing tensor, an unknown mode) exits with status 2.
 """
 
@@ -88,7 +88,8 @@ def test_serving(tmp, weights, device):
         ]}}}, f)
     out = os.path.join(tmp, "hf.json")
     modes = "paged_sdpa,paged_flash,paged_eager"
-    extra = ["--num-blocks", "64", "--block-size", "16"] if device.type == "cpu" else []
+    # On the CPU the library would size its cache from the host's memory: small fixed sizes.
+    extra = ["--num-blocks", "64", "--block-size", "16", "--max-batch-tokens", "256"]
     result = run_script("--weights", weights, "--stream", stream, "--device", device.type,
                         "--mode", modes, "--json", out, "--check", ours, "--timeout-s", "120",
                         *extra)
@@ -96,7 +97,9 @@ def test_serving(tmp, weights, device):
     with open(out) as f:
         document = json.load(f)
     assert document["modes"] == modes.split(",") and document["arrivals"] is True
-    served = [m for m in ("paged_sdpa", "paged_eager")]
+    served = ["paged_sdpa", "paged_eager"]
+    if "error" not in document["sides"]["paged_flash"]:
+        served.append("paged_flash")  # flash-attn installed and accepting f32: checked as well
     for mode in served:
         side = document["sides"][mode]
         assert "error" not in side, side
@@ -113,7 +116,7 @@ def test_serving(tmp, weights, device):
         a = document["agreement"][mode]["paged"]
         assert a["identical"] == len(requests) and a["first_mismatch"] is None, a
     if device.type == "cpu":
-        # Flash attention needs CUDA (and the package): a recorded failure, not the end.
+        # Flash attention needs CUDA (and the package): a recorded failure, then paged_eager runs.
         assert "error" in document["sides"]["paged_flash"], document["sides"]["paged_flash"]
     print(f"ok: HF continuous batching with arrivals: exact lengths, the reference's tokens, "
           f"figures and agreement for {', '.join(served)}; paged_flash: "
