@@ -20,8 +20,9 @@
 #     (SLO_TTFT_MS, default 1000; SLO_TPOT_MS, default 100, given to ours).
 #
 # Time: about 5–6 minutes on an H100 (an H200 is faster); the call's limit is 10. Every run is
-# bounded by `timeout`, and a run is skipped (and its skip written in skipped.txt) once the
-# call has used LIMIT_S seconds (default 540) less its estimate. A failing run or a failing
+# bounded by `timeout` (cut to what is left of LIMIT_S + 40 s), and a run is skipped (its skip
+# written in skipped.txt) once the call has used LIMIT_S seconds (default 540) less its estimate.
+# RATES are whole numbers. A failing run or a failing
 # Hugging Face mode is recorded (its text, its JSON's "error") and the call goes on.
 #
 # Writes $OUT/serving.tgz (the device tool brings back only a few files), holding: clocks.csv
@@ -46,6 +47,11 @@ fits() {
         | tee -a "$W/skipped.txt"
     return 1
 }
+# `cap SECONDS`: SECONDS, or less where the call's time (LIMIT_S plus 40 s) would run out first.
+cap() {
+    room=$((LIMIT + 40 - ($(date +%s) - START)))
+    if [ "$1" -lt "$room" ]; then echo "$1"; else echo $((room > 1 ? room : 1)); fi
+}
 mark weights
 sh .gpu/run serve_gpt --model gpt2 --write-weights /tmp/gpt2.safetensors > "$W/weights.txt" 2>&1
 G="--model gpt2 --weights /tmp/gpt2.safetensors --seed 1 --warm-s 2"
@@ -54,7 +60,7 @@ for caching in on off; do
     fits 40 "prefix_$caching" || continue
     mark "prefix_$caching"
     # shellcheck disable=SC2086 # $G and $SLO are lists of arguments
-    timeout 90 sh .gpu/run serve_gpt $G $SLO --requests 256 --max-batch 16 --sides paged \
+    timeout "$(cap 90)" sh .gpu/run serve_gpt $G $SLO --requests 256 --max-batch 16 --sides paged \
         --shared-prefix 8:256 --prefix-caching "$caching" \
         --json "$W/prefix_$caching.json" > "$W/prefix_$caching.txt" 2>&1
 done
@@ -62,7 +68,7 @@ for admission in optimistic reserve; do
     fits 40 "admission_$admission" || continue
     mark "admission_$admission"
     # shellcheck disable=SC2086
-    timeout 90 sh .gpu/run serve_gpt $G $SLO --requests 128 --max-batch 32 --sides paged \
+    timeout "$(cap 90)" sh .gpu/run serve_gpt $G $SLO --requests 128 --max-batch 32 --sides paged \
         --admission "$admission" \
         --json "$W/admission_$admission.json" > "$W/admission_$admission.txt" 2>&1
 done
@@ -72,19 +78,19 @@ for rate in $RATES; do
     fits $((span + 20)) "ours_$rate" || continue
     mark "ours_$rate"
     # shellcheck disable=SC2086
-    timeout $((span + 60)) sh .gpu/run serve_gpt $G $SLO --requests "$N" --max-batch 16 \
+    timeout "$(cap $((span + 60)))" sh .gpu/run serve_gpt $G $SLO --requests "$N" --max-batch 16 \
         --sides paged --rate "$rate" \
         --json "$W/ours_$rate.json" > "$W/ours_$rate.txt" 2>&1
     [ -f "$W/ours_$rate.json" ] || continue
     if fits $((span + 20)) "torch_$rate"; then
         mark "torch_$rate"
-        timeout $((span + 90)) python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors \
+        timeout "$(cap $((span + 90)))" python3 benches/torch/serve_gpt.py --weights /tmp/gpt2.safetensors \
             --stream "$W/ours_$rate.json" --check "$W/ours_$rate.json" \
             --json "$W/torch_$rate.json" > "$W/torch_$rate.txt" 2>&1
     fi
     if fits $((span + 40)) "hf_$rate"; then
         mark "hf_$rate"
-        timeout $((2 * span + 200)) python3 benches/torch/hf_serve.py \
+        timeout "$(cap $((2 * span + 200)))" python3 benches/torch/hf_serve.py \
             --weights /tmp/gpt2.safetensors --stream "$W/ours_$rate.json" \
             --check "$W/ours_$rate.json" --mode "$HF_MODES" --timeout-s $((span + 60)) \
             --json "$W/hf_$rate.json" > "$W/hf_$rate.txt" 2>&1
