@@ -13,13 +13,17 @@ is tied to `wte`. Layer norm eps 1e-5, GELU the tanh approximation, attention sc
 1/sqrt(head_dim) with the softmax in f32, pre-LN blocks, token t of a sequence at position t.
 
 `--stream FILE`: a JSON file from `serve_gpt` (the example): `stream.requests` =
-[{"prompt": [ids], "max_new_tokens": n}, ...] (a top-level `requests` is accepted too) and
-`max_batch` (top level; `--max-batch` overrides it). Every request arrives at t0 in that order and
-generates exactly `max_new_tokens` tokens greedily (`torch.argmax`: the first index on ties), no
-EOS; prompt_len + max_new_tokens must be at most n_ctx.
+[{"prompt": [ids], "max_new_tokens": n, "arrival_s": t}, ...] (a top-level `requests` is accepted
+too) and `max_batch` (top level; `--max-batch` overrides it). A request arrives `arrival_s`
+seconds after t0 (absent or 0: at t0); arrivals must not decrease along the list. Each generates
+exactly `max_new_tokens` tokens greedily (`torch.argmax`: the first index on ties), no EOS;
+prompt_len + max_new_tokens must be at most n_ctx. The service objective for goodput is the
+stream file's top-level `slo` ({"ttft_s", "tpot_s"}; `ttft_ms`/`tpot_ms` are read too), or
+`--slo-ttft-ms` and `--slo-tpot-ms`, which override it; with neither, goodput is not computed.
 
-The loop, as ours: repeat { admit waiting requests first-in first-out while fewer than
-`max_batch` run (admitted ones counted); prefill each newly admitted request alone (its whole
+The loop, as ours: repeat { admit waiting requests that have arrived, first-in first-out, while
+fewer than `max_batch` run (admitted ones counted); when none runs and none has arrived, sleep
+until the next arrival; prefill each newly admitted request alone (its whole
 prompt in one forward, `F.scaled_dot_product_attention(is_causal=True)`), its first token read
 to the host at once (a request of one token then leaves; its slot is taken in the next round);
 one decode step over every running sequence: one forward of [batch, 1] tokens, each at its own
@@ -43,11 +47,13 @@ and of all of it, the first request's prompt prefilled, then one decode step at 
 from 1 to max_batch (copies of that sequence), so that CUDA kernels (loaded lazily) and cuBLAS
 are initialised for the shapes served; then the peak memory statistics are reset.
 
-Timed: t0 = the start of the serve loop (after the warm-up and a synchronize), where every request
-arrives; TTFT = the time a request's first token is on the host - t0; TPOT = (the time of its last
-token - the time of its first) / (max_new_tokens - 1), requests of one token left out; p50 and p99
-over requests, nearest rank (the sorted value at index ceil(p/100 * n) - 1);
-generated_tokens_per_s = all generated tokens / (the time the last token is on the host - t0);
+Timed: t0 = the start of the serve loop (after the warm-up and a synchronize); a request's
+arrival = t0 + its `arrival_s`; TTFT = the time its first token is on the host - its arrival;
+TPOT = (the time of its last token - the time of its first) / (max_new_tokens - 1), requests of
+one token left out; p50 and p99 over requests, nearest rank (the sorted value at index
+ceil(p/100 * n) - 1); the serving span = the time the last token is on the host - t0;
+generated_tokens_per_s = all generated tokens / the span; goodput_rps = the requests whose TTFT
+is at most the objective's and whose TPOT (if they have one) is at most its / the span;
 in flight = the sequences in each decode step (mean and max over decode steps).
 
 `--check OURS.json` compares each request's output with `sides.paged.requests[i].output` (and
@@ -59,13 +65,14 @@ forward (no cache) over the prompt and PyTorch's tokens before it (a small gap: 
 rounding may settle either way).
 
 The JSON: {"device", "torch", "tf32": false, "model": {"n_layer", "n_embd", "n_head", "n_ctx",
-"vocab_size"}, "max_batch", "prefill": "per_request", "side": {"requests_count",
-"generated_tokens", "generated_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
-"tpot_ms_p99", "in_flight_mean", "in_flight_max", "decode_steps", "peak_allocated_bytes",
+"vocab_size"}, "max_batch", "prefill": "per_request", "arrivals" (whether any request arrives
+after t0), "slo" ({"ttft_s", "tpot_s"} or null), "side": {"requests_count", "generated_tokens",
+"generated_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+"goodput_rps" and "goodput_requests" (null without an objective), "in_flight_mean", "in_flight_max", "decode_steps", "peak_allocated_bytes",
 "peak_reserved_bytes" (torch.cuda.max_memory_*, 0 on the CPU), "kv_reserved_bytes_peak",
 "kv_used_bytes_peak", "weights_bytes", "wall_s", "requests": [{"prompt", "output"}]},
 "agreement" (with --check)}. Bad input (a missing or misshapen tensor, a truncated file, a prompt
-too long for n_ctx, ...) is refused with a message and exit status 2.
+too long for n_ctx, arrivals out of order, ...) is refused with a message and exit status 2.
 """
 
 import argparse
@@ -313,7 +320,8 @@ class Gpt2:
 
 
 def read_stream(path, config, max_batch_flag):
-    """[(prompt, max_new_tokens)] and max_batch, every request checked against the model."""
+    """[(prompt, max_new_tokens)], max_batch, each request's arrival (seconds after t0) and the
+    objective ({"ttft_s", "tpot_s"} or None), every request checked against the model."""
     try:
         with open(path) as f:
             document = json.load(f)
@@ -332,7 +340,7 @@ def read_stream(path, config, max_batch_flag):
         raise BadInput(f"{path}: no stream.requests")
     if not isinstance(raw, list) or not raw:
         raise BadInput(f"{path}: stream.requests is not a non-empty list")
-    requests = []
+    requests, arrivals = [], []
     vocab, n_ctx = config["vocab_size"], config["n_ctx"]
     for i, request in enumerate(raw):
         if not isinstance(request, dict):
@@ -350,7 +358,23 @@ def read_stream(path, config, max_batch_flag):
                 f"{path}: request {i}: prompt of {len(prompt)} tokens + {n} new tokens "
                 f"exceeds n_ctx {n_ctx}"
             )
+        arrival = request.get("arrival_s", 0)
+        if arrival is None:
+            arrival = 0
+        if not (
+            isinstance(arrival, (int, float))
+            and not isinstance(arrival, bool)
+            and math.isfinite(arrival)
+            and arrival >= 0
+        ):
+            raise BadInput(f"{path}: request {i}: arrival_s {arrival!r} is not a time >= 0")
+        if arrivals and arrival < arrivals[-1]:
+            raise BadInput(
+                f"{path}: request {i} arrives at {arrival} s, before request {i - 1} "
+                f"({arrivals[-1]} s): arrivals must not decrease"
+            )
         requests.append((prompt, n))
+        arrivals.append(float(arrival))
     if max_batch_flag is not None:
         max_batch = max_batch_flag
     else:
@@ -361,7 +385,64 @@ def read_stream(path, config, max_batch_flag):
             raise BadInput(f"{path}: no max_batch (give --max-batch)")
     if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
         raise BadInput(f"max_batch {max_batch!r} is not a positive integer")
-    return requests, max_batch
+    return requests, max_batch, arrivals, read_slo(path, document)
+
+
+def read_slo(path, document):
+    """The stream file's objective: {"ttft_s", "tpot_s"} (seconds) or None."""
+    slo = document.get("slo")
+    if slo is None:
+        return None
+    if not isinstance(slo, dict):
+        raise BadInput(f"{path}: slo is not an object")
+    found = {}
+    for key in ("ttft", "tpot"):
+        if f"{key}_s" in slo:
+            value, scale = slo[f"{key}_s"], 1.0
+        elif f"{key}_ms" in slo:
+            value, scale = slo[f"{key}_ms"], 1e-3
+        else:
+            raise BadInput(f"{path}: slo has no {key}_s (or {key}_ms)")
+        if not (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            and math.isfinite(value)
+        ):
+            raise BadInput(f"{path}: slo.{key}: {value!r} is not a positive time")
+        found[f"{key}_s"] = value * scale
+    return found
+
+
+def objective(stream_slo, ttft_ms, tpot_ms):
+    """The objective: the stream's, each part overridden by its flag (milliseconds); None when
+    neither the stream nor both flags give one."""
+    slo = dict(stream_slo) if stream_slo else {}
+    for key, flag in (("ttft_s", ttft_ms), ("tpot_s", tpot_ms)):
+        if flag is not None:
+            if not (flag > 0 and math.isfinite(flag)):
+                raise BadInput(f"--slo-{key[:4]}-ms {flag} is not a positive time")
+            slo[key] = flag * 1e-3
+    if not slo:
+        return None
+    missing = [k for k in ("ttft_s", "tpot_s") if k not in slo]
+    if missing:
+        raise BadInput(
+            f"an objective needs both parts; {missing[0]} is missing (the stream has no slo: "
+            "give --slo-ttft-ms and --slo-tpot-ms)"
+        )
+    return slo
+
+
+def goodput(slo, ttft_s, tpot_s, span_s):
+    """(requests meeting `slo`, those per second of `span_s`), or (None, None) without one.
+    `ttft_s[i]` is request i's TTFT, `tpot_s[i]` its TPOT or None (a request of one token)."""
+    if slo is None:
+        return None, None
+    met = sum(
+        1
+        for ttft, tpot in zip(ttft_s, tpot_s)
+        if ttft <= slo["ttft_s"] and (tpot is None or tpot <= slo["tpot_s"])
+    )
+    return met, met / max(span_s, 1e-9)
 
 
 # ----------------------------------------------------------------------------- serving
@@ -387,9 +468,14 @@ def nearest_rank(values, p):
 class Server:
     """Continuous batching over a static, slotted, contiguous KV cache."""
 
-    def __init__(self, model, requests, max_batch, device):
+    def __init__(self, model, requests, max_batch, device, arrivals=None, slo=None):
         self.model = model
         self.requests = requests
+        # Each request's arrival, seconds after t0 (non-decreasing); None: all at t0.
+        self.arrivals = list(arrivals) if arrivals is not None else [0.0] * len(requests)
+        if len(self.arrivals) != len(requests):
+            raise ValueError("one arrival per request")
+        self.slo = slo
         self.max_batch = max_batch
         self.device = device
         c = model.config
@@ -435,7 +521,7 @@ class Server:
 
     def serve(self):
         """Serve every request; the figures and each request's tokens."""
-        model, device, requests = self.model, self.device, self.requests
+        model, device, requests, arrivals = self.model, self.device, self.requests, self.arrivals
         outputs = [[] for _ in requests]
         first_at = [0.0] * len(requests)
         last_at = [0.0] * len(requests)
@@ -448,11 +534,21 @@ class Server:
         t0 = time.perf_counter()
         with torch.inference_mode():
             while waiting < len(requests) or running:
-                # Admit (FIFO) while fewer than max_batch run, then prefill each admitted request
-                # alone, its first token read at once; one of a single token leaves at once (its
-                # slot is free for the next round's admissions, not this one's).
+                # Admit (FIFO) the arrived while fewer than max_batch run, then prefill each
+                # admitted request alone, its first token read at once; one of a single token
+                # leaves at once (its slot is free for the next round's admissions, not this one's).
+                # With none running and none arrived, sleep until the next arrival.
+                if not running and waiting < len(requests):
+                    ahead = t0 + arrivals[waiting] - time.perf_counter()
+                    if ahead > 0:
+                        time.sleep(ahead)
                 admitted = []
-                while waiting < len(requests) and len(running) + len(admitted) < self.max_batch:
+                since_t0 = time.perf_counter() - t0
+                while (
+                    waiting < len(requests)
+                    and len(running) + len(admitted) < self.max_batch
+                    and arrivals[waiting] <= since_t0
+                ):
                     admitted.append(waiting)
                     waiting += 1
                 for r in admitted:
@@ -501,12 +597,14 @@ class Server:
         sync(device)
         end = max(last_at)
         elapsed = max(end - t0, 1e-9)
-        ttft = [(first_at[r] - t0) * 1e3 for r in range(len(requests))]
-        tpot = [
-            (last_at[r] - first_at[r]) * 1e3 / (n - 1)
+        ttft_s = [first_at[r] - (t0 + arrivals[r]) for r in range(len(requests))]
+        tpot_s = [
+            (last_at[r] - first_at[r]) / (n - 1) if n > 1 else None
             for r, (_, n) in enumerate(requests)
-            if n > 1
         ]
+        ttft = [t * 1e3 for t in ttft_s]
+        tpot = [t * 1e3 for t in tpot_s if t is not None]
+        met, rate = goodput(self.slo, ttft_s, tpot_s, elapsed)
         generated = sum(len(o) for o in outputs)
         figures = {
             "requests_count": len(requests),
@@ -516,6 +614,8 @@ class Server:
             "ttft_ms_p99": nearest_rank(ttft, 99),
             "tpot_ms_p50": nearest_rank(tpot, 50),
             "tpot_ms_p99": nearest_rank(tpot, 99),
+            "goodput_rps": rate,
+            "goodput_requests": met,
             "in_flight_mean": sum(in_flight) / len(in_flight) if in_flight else 0.0,
             "in_flight_max": max(in_flight) if in_flight else 0,
             "decode_steps": len(in_flight),
@@ -550,8 +650,12 @@ def top2_gap(model, sequence, device):
 # ----------------------------------------------------------------------------- checking
 
 
-def check(path, requests, outputs, model, device):
-    """`agreement` against our JSON's sides."""
+def check(path, requests, outputs, model, device, name="torch", gap=None):
+    """`agreement` against our JSON's sides; the first mismatch names this side's token
+    `name` and its gap `{name}_top2_gap`, computed by `gap(sequence)` (default: this model's
+    `top2_gap`)."""
+    if gap is None:
+        gap = lambda sequence: top2_gap(model, sequence, device)
     try:
         with open(path) as f:
             ours = json.load(f)
@@ -592,10 +696,9 @@ def check(path, requests, outputs, model, device):
                     "request": i,
                     "index": index,
                     "ours": out[index] if index < len(out) else None,
-                    "torch": mine[index] if index < len(mine) else None,
-                    "torch_top2_gap": (
-                        top2_gap(model, prompt + mine[:index], device)
-                        if index < len(mine) else None
+                    name: mine[index] if index < len(mine) else None,
+                    f"{name}_top2_gap": (
+                        gap(prompt + mine[:index]) if index < len(mine) else None
                     ),
                 }
         agreement[side] = {
@@ -623,15 +726,19 @@ def run(args):
     torch.set_float32_matmul_precision("highest")
 
     config, weights = load_model(args.weights, device)
-    requests, max_batch = read_stream(args.stream, config, args.max_batch)
+    requests, max_batch, arrivals, stream_slo = read_stream(args.stream, config, args.max_batch)
+    slo = objective(stream_slo, args.slo_ttft_ms, args.slo_tpot_ms)
     model = Gpt2(config, weights)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    timing = (
+        f"arrivals over {arrivals[-1]:.2f} s" if arrivals[-1] > 0 else "all arriving at t0"
+    )
     print(
         f"device: {name}, torch {torch.__version__}, f32, TF32 off; GPT-2 {config}; "
-        f"{len(requests)} requests, max batch {max_batch}"
+        f"{len(requests)} requests ({timing}), max batch {max_batch}"
     )
 
-    server = Server(model, requests, max_batch, device)
+    server = Server(model, requests, max_batch, device, arrivals, slo)
     server.warm_up()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -652,6 +759,12 @@ def run(args):
         f"{figures['tpot_ms_p50']:.3f}/{figures['tpot_ms_p99']:.3f} ms; in flight mean "
         f"{figures['in_flight_mean']:.2f} max {figures['in_flight_max']}"
     )
+    if slo is not None:
+        print(
+            f"goodput {figures['goodput_rps']:.2f} requests/s ({figures['goodput_requests']} of "
+            f"{len(requests)} within TTFT {slo['ttft_s'] * 1e3:g} ms, TPOT "
+            f"{slo['tpot_s'] * 1e3:g} ms)"
+        )
     print(
         f"KV reserved {mib(figures['kv_reserved_bytes_peak'])}, used at peak "
         f"{mib(figures['kv_used_bytes_peak'])}; peak allocated "
@@ -665,6 +778,8 @@ def run(args):
         "model": config,
         "max_batch": max_batch,
         "prefill": "per_request",
+        "arrivals": arrivals[-1] > 0,
+        "slo": slo,
         "side": figures,
     }
     if args.check:
@@ -704,6 +819,8 @@ def main(argv=None):
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--check", metavar="OURS_JSON", help="compare the tokens with ours")
+    parser.add_argument("--slo-ttft-ms", type=float, help="the objective's TTFT (overrides slo)")
+    parser.add_argument("--slo-tpot-ms", type=float, help="the objective's TPOT (overrides slo)")
     args = parser.parse_args(argv)
     try:
         run(args)

@@ -9,9 +9,12 @@ definition (sharper random weights); the continuous-batching server's greedy tok
 no-cache full-recompute reference's for every request (max batch 1, 3, 4, 16); the batched
 decode step's logits equal the reference's (cache slots of different lengths, stale values in
 the cache, and again after a slot moves); the script end to end (--json,
---check with an identical and an altered side); the `transformer.` prefix and F16/BF16 data; and
-that bad input (a truncated file, a missing or misshapen tensor, no metadata, a prompt too long
-for n_ctx) exits with status 2 and a clear message, not a traceback.
+--check with an identical and an altered side); arrivals replayed (no request admitted before it
+arrives, the same tokens, TTFT from arrival, goodput against the stream's objective and the
+flags'); the goodput count on hand-made latencies; the `transformer.` prefix and F16/BF16 data;
+and that bad input (a truncated file, a missing or misshapen tensor, no metadata, a prompt too
+long for n_ctx, arrivals out of order, half an objective) exits with status 2 and a clear
+message, not a traceback.
 """
 
 import json
@@ -21,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -103,7 +107,8 @@ def test_tokens_match_reference(weights, stream_path, requests):
     assert config == CONFIG, config
     model = serve_gpt.Gpt2(config, w)
     for max_batch in (1, 3, 4, 16):
-        reqs, _ = serve_gpt.read_stream(stream_path, config, max_batch)
+        reqs, _, arrivals, slo = serve_gpt.read_stream(stream_path, config, max_batch)
+        assert arrivals == [0.0] * len(reqs) and slo is None
         server = serve_gpt.Server(model, reqs, max_batch, cpu)
         server.warm_up()
         figures, outputs = server.serve()
@@ -279,6 +284,74 @@ def test_end_to_end(tmp, weights, stream_path, requests):
     return reference
 
 
+def test_goodput_count():
+    slo = {"ttft_s": 0.5, "tpot_s": 0.01}
+    ttft = [0.1, 0.5, 0.6, 0.2, 0.3]
+    tpot = [0.01, 0.005, 0.001, 0.02, None]
+    # Requests 0, 1 (both at the limits) and 4 (no TPOT) meet it; 2 is late, 3 too slow.
+    assert serve_gpt.goodput(slo, ttft, tpot, 2.0) == (3, 1.5)
+    assert serve_gpt.goodput(None, ttft, tpot, 2.0) == (None, None)
+    assert serve_gpt.objective(None, None, None) is None
+    assert serve_gpt.objective({"ttft_s": 1.0, "tpot_s": 0.1}, None, 20) == {
+        "ttft_s": 1.0, "tpot_s": 0.02,
+    }
+    print("ok: goodput counts the requests within both limits (a one-token request: TTFT only)")
+
+
+def test_arrivals(tmp, weights, requests, reference):
+    """The stream with arrivals spread over ~0.4 s: the same tokens; every request's first token
+    after its arrival; goodput against the stream's slo and the flags'."""
+    rng = random.Random(7)
+    timed, t = [], 0.0
+    for r in requests:
+        t += rng.expovariate(40.0)
+        timed.append(dict(r, arrival_s=round(t, 4)))
+    last = timed[-1]["arrival_s"]
+    path = os.path.join(tmp, "timed.json")
+    with open(path, "w") as f:
+        json.dump({"stream": {"requests": timed}, "max_batch": 4,
+                   "slo": {"ttft_s": 60.0, "tpot_s": 60.0}}, f)
+    cpu = torch.device("cpu")
+    config, w = serve_gpt.load_model(weights, cpu)
+    model = serve_gpt.Gpt2(config, w)
+    reqs, max_batch, arrivals, slo = serve_gpt.read_stream(path, config, None)
+    assert arrivals == [r["arrival_s"] for r in timed] and slo == {"ttft_s": 60.0, "tpot_s": 60.0}
+    server = serve_gpt.Server(model, reqs, max_batch, cpu, arrivals, slo)
+    server.warm_up()
+    # Record when each prefill starts, relative to the loop's start.
+    starts, full = [], model.full
+    def spy(tokens, cache=None, slot=0):
+        starts.append((tokens.tolist(), time.perf_counter()))
+        return full(tokens, cache, slot)
+    model.full = spy
+    began = time.perf_counter()
+    figures, outputs = server.serve()
+    model.full = full
+    assert outputs == reference
+    # Each prompt is prefilled no earlier than its arrival (the loop's t0 is after `began`).
+    for (prompt, _), arrival in zip(reqs, arrivals):
+        at = next(t for p, t in starts if p == prompt)
+        assert at - began >= arrival - 1e-6, (arrival, at - began)
+    assert figures["wall_s"] >= last
+    assert figures["goodput_requests"] == len(reqs)
+    assert abs(figures["goodput_rps"] - len(reqs) / figures["wall_s"]) < 1e-9
+    # TTFT from arrival: below the time from t0 to the last first token.
+    assert figures["ttft_ms_p99"] < figures["wall_s"] * 1e3
+    out = os.path.join(tmp, "timed_out.json")
+    result = run_script("--weights", weights, "--stream", path, "--device", "cpu", "--json", out,
+                        "--slo-ttft-ms", "0.000001")
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        document = json.load(f)
+    assert document["arrivals"] is True
+    assert abs(document["slo"]["ttft_s"] - 1e-9) < 1e-18 and document["slo"]["tpot_s"] == 60.0
+    assert document["side"]["goodput_requests"] == 0 and document["side"]["goodput_rps"] == 0
+    assert [r["output"] for r in document["side"]["requests"]] == reference
+    assert "goodput 0.00 requests/s" in result.stdout, result.stdout
+    print(f"ok: arrivals over {last:.2f} s replayed: same tokens, no prefill before its arrival, "
+          "goodput from the stream's slo and from the flags")
+
+
 def test_formats(tmp, stream_path, reference):
     tensors = tiny_tensors()
     prefixed = os.path.join(tmp, "prefixed.safetensors")
@@ -356,8 +429,30 @@ def test_refusals(tmp, weights, stream_path):
     assert result.returncode == 0, result.stderr
     expect_refused(run_script("--weights", os.path.join(tmp, "none"), "--stream", stream_path,
                               "--device", "cpu"), "cannot read")
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1], "max_new_tokens": 2, "arrival_s": 0.5},
+                                           {"prompt": [2], "max_new_tokens": 2, "arrival_s": 0.2}]},
+                   "max_batch": 2}, f)
+    expect_refused(run_script("--weights", weights, "--stream", long_stream, "--device", "cpu"),
+                   "must not decrease")
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1], "max_new_tokens": 2,
+                                            "arrival_s": -1}]}, "max_batch": 2}, f)
+    expect_refused(run_script("--weights", weights, "--stream", long_stream, "--device", "cpu"),
+                   "arrival_s")
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1], "max_new_tokens": 2}]},
+                   "max_batch": 2}, f)
+    expect_refused(run_script("--weights", weights, "--stream", long_stream, "--device", "cpu",
+                              "--slo-ttft-ms", "100"), "tpot_s")
+    with open(long_stream, "w") as f:
+        json.dump({"stream": {"requests": [{"prompt": [1], "max_new_tokens": 2}]},
+                   "max_batch": 2, "slo": {"ttft_s": 1}}, f)
+    expect_refused(run_script("--weights", weights, "--stream", long_stream, "--device", "cpu"),
+                   "tpot")
     print("ok: truncated files, a missing tensor, a wrong shape, no metadata, a prompt too long, "
-          "a token outside the vocabulary, no max_batch: exit 2 with a message")
+          "a token outside the vocabulary, no max_batch, arrivals out of order or negative, half "
+          "an objective: exit 2 with a message")
 
 
 def main():
@@ -371,6 +466,8 @@ def main():
         test_tokens_match_reference(weights, stream_path, requests)
         test_decode_logits(weights)
         reference = test_end_to_end(tmp, weights, stream_path, requests)
+        test_goodput_count()
+        test_arrivals(tmp, weights, requests, reference)
         test_formats(tmp, stream_path, reference)
         test_refusals(tmp, weights, stream_path)
     print("all passed")
