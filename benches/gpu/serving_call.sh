@@ -8,6 +8,7 @@
 # (a) Prefix caching: a stream of 256 requests whose prompts start with one of 8 shared prefixes
 #     of 256 tokens (256 + our prompts' 32–512 + outputs' 32–256 fit n_ctx 1024 uncut), ours
 #     (`--sides paged`) with `--prefix-caching on` and `off`.
+#     The default stream (64 requests) with `--prefix-caching on` and `off` too (`plain_*`).
 # (b) Admission: 128 requests at max batch 32 under the default budget (the weights, the
 #     activations and half the contiguous cache of max_batch full contexts), ours with
 #     `--admission optimistic` and `reserve`.
@@ -63,6 +64,15 @@ for caching in on off; do
     timeout "$(cap 90)" sh .gpu/run serve_gpt $G $SLO --requests 256 --max-batch 16 --sides paged \
         --shared-prefix 8:256 --prefix-caching "$caching" \
         --json "$W/prefix_$caching.json" > "$W/prefix_$caching.txt" 2>&1
+done
+# The default stream (no prefix shared), to see what prefix caching costs where nothing hits.
+for caching in on off; do
+    fits 30 "plain_$caching" || continue
+    mark "plain_$caching"
+    # shellcheck disable=SC2086
+    timeout "$(cap 60)" sh .gpu/run serve_gpt $G $SLO --requests 64 --max-batch 16 --sides paged \
+        --prefix-caching "$caching" \
+        --json "$W/plain_$caching.json" > "$W/plain_$caching.txt" 2>&1
 done
 for admission in optimistic reserve; do
     fits 40 "admission_$admission" || continue
@@ -145,7 +155,8 @@ header = (f"  {'side':<26} {'goodput':>8} {'tokens/s':>10} {'TTFT p50':>9} {'TTF
           f" {'TPOT p50':>8} {'served/s':>9}  agreement with ours")
 print("(a) prefix caching (ours, shared-prefix stream), (b) admission under half the contiguous need")
 print(header)
-for name in ["prefix_on", "prefix_off", "admission_optimistic", "admission_reserve"]:
+for name in ["prefix_on", "prefix_off", "plain_on", "plain_off", "admission_optimistic",
+             "admission_reserve"]:
     doc = load(name + ".json")
     side = ((doc or {}).get("sides") or {}).get("paged")
     row(name, side)
