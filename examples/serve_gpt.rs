@@ -660,7 +660,8 @@ fn serve_side(
         server.warm_up()?;
     }
     server.reset_stats();
-    // Peaks from here: the serving's (building sized the cache by trial allocations).
+    // Peaks from here: the serving's (building made the cache, the plans and the warm-up's
+    // intermediates).
     pool.reset_peaks();
     build_s += warm.elapsed().as_secs_f64();
     let out = args.out.as_ref().map(|dir| dir.join(&spec.name));

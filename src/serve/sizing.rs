@@ -2,36 +2,7 @@
 //! ([`Server::dry_run`](super::Server::dry_run)) says a server of some options will hold, and
 //! what [`Server::new`](super::Server::new) then makes.
 //!
-//! # The rule
-//!
-//! One rule for planned and eager servers. Before the server, the pool reserves `reserved`
-//! (the weights and whatever else it holds, its cached empty segments given back). The steps'
-//! activations take `activation` bytes: the arena the step plans share, measured from the
-//! plans' memory plans without building them (every row count a step is padded to, the most of
-//! each arena index). A planned server also keeps its sampled tokens (one pool block). With a
-//! budget, the KV cache gets what is left:
-//!
-//! ```text
-//! kv_reserved <= budget - reserved - activation_reserved - step_reserved
-//! ```
-//!
-//! and takes the most blocks whose tensors fit it. Every server tensor that counts here — each
-//! layer's key and value tensor, the plans' arena, the sampled tokens — is made in a segment
-//! sized for it ([`Pool::allocate_in_own_segment`](crate::Pool::allocate_in_own_segment)), so
-//! the pool reserves each one's bytes rounded up to its block (256 bytes by default) and no
-//! more: a planned server's pool then reserves exactly `reserved + activation_reserved +
-//! step_reserved + kv_reserved`. Eager steps' intermediates come from the pool as they run: the
-//! budget keeps `activation_reserved` for them beside the free space of the segments reserved
-//! before the server. So the two modes give the same blocks for the same budget but where the
-//! planned server's sampled tokens (one pool block) tip the count: by at most one block where a
-//! block is at least a pool block (`block_tokens * n_embd * 4 >= 256` for f32).
-//!
-//! # What a dry run creates
-//!
-//! Measuring the activations records each step's forward over a KV cache, which must exist: a
-//! cache of two blocks is made for it (and the symbolic tensors a capture makes, which take no
-//! memory), then dropped, and the context trimmed, so that the pool's reservation is what it
-//! was less the empty segments it had cached. No arena, no plan, no pipeline is made.
+//! [`MemoryPlan`] says the rule.
 
 use super::error::ServeError;
 use super::kv::KvCache;
@@ -46,7 +17,38 @@ use crate::Pool;
 /// ([`Server::dry_run`](super::Server::dry_run)); [`Server::new`](super::Server::new) makes
 /// exactly this ([`Server::memory_plan`](super::Server::memory_plan)). The bytes the pool
 /// reserves for each part (`*_reserved_bytes`) are its bytes rounded up to the pool's block, each
-/// part in segments sized for it. See the [module documentation](self) for the rule.
+/// part in segments sized for it.
+///
+/// # The rule
+///
+/// One rule for planned and eager servers. Before the server, the pool reserves `reserved`
+/// (the weights and whatever else it holds, its cached empty segments given back). The steps'
+/// activations take `activation` bytes: the arena the step plans share, measured from the
+/// plans' memory plans without building them (every row count a step is padded to, the most of
+/// each arena index). A planned server also keeps its sampled tokens (one pool block). With a
+/// budget, the KV cache gets what is left:
+///
+/// ```text
+/// kv_reserved <= budget - reserved - activation_reserved - step_reserved
+/// ```
+///
+/// and takes the most blocks whose tensors fit it. Every server tensor that counts here — each
+/// layer's key and value tensor, the plans' arena, the sampled tokens — is made in a segment
+/// sized for it ([`Pool::allocate_in_own_segment`](crate::Pool::allocate_in_own_segment)), so
+/// the pool reserves each one's bytes rounded up to its block (256 bytes by default) and no
+/// more: a planned server's pool then reserves exactly `reserved + activation_reserved +
+/// step_reserved + kv_reserved`. Eager steps' intermediates come from the pool as they run: the
+/// budget keeps `activation_reserved` for them beside the free space of the segments reserved
+/// before the server. So the two modes give the same blocks for the same budget but where the
+/// planned server's sampled tokens (one pool block) tip the count: by at most one block where a
+/// block is at least a pool block (`block_tokens * n_embd * 4 >= 256` for f32).
+///
+/// # What a dry run creates
+///
+/// Measuring the activations records each step's forward over a KV cache, which must exist: a
+/// cache of two blocks is made for it (and the symbolic tensors a capture makes, which take no
+/// memory), then dropped, and the context trimmed, so that the pool's reservation is what it
+/// was less the empty segments it had cached. No arena, no plan, no pipeline is made.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct MemoryPlan {
@@ -122,7 +124,7 @@ impl MemoryPlan {
 }
 
 /// The dry run: checks `options`, measures the steps' activations and sizes the KV cache by the
-/// rule (see the module documentation). Errors: [`ServeError::Options`] for options that serve
+/// rule (see [`MemoryPlan`]). Errors: [`ServeError::Options`] for options that serve
 /// nothing or a cache past the device's binding limit; [`ServeError::Budget`] when the budget
 /// leaves no room for one sequence of the model's context (or for `kv_blocks`); those of the
 /// capture.
@@ -193,7 +195,7 @@ pub(super) fn memory_plan(
                 2 * config.n_layer as u64,
                 layer_block,
                 most_blocks,
-                |n| kv_reserved(n),
+                kv_reserved,
             )
         }
     };

@@ -539,9 +539,9 @@ fn a_budget_that_holds_a_cache_of_blocks_also_sizes_one() {
         let server = Server::new(&context, model, explicit.clone()).unwrap();
         let mut held = context.pool().stats().reserved_bytes.current;
         if execution == Execution::Eager {
-            // The budget counts the eager steps' share and the cache beside what the pool
-            // reserved before it (the free space of its segments is the steps').
-            held += server.activation_bytes() + server.cache().bytes();
+            // The budget keeps the eager steps' share beside what the pool reserves (the free
+            // space of its segments is the steps' too).
+            held += server.memory_plan().activation_reserved_bytes;
         }
         drop(server);
         // A server under a budget, and the most its pool reserved meanwhile.
@@ -561,7 +561,7 @@ fn a_budget_that_holds_a_cache_of_blocks_also_sizes_one() {
             "{execution:?}: {:?}",
             with_blocks.err()
         );
-        // Sized by trial under the same budget: at least that cache.
+        // Sized by the same budget: at least that cache.
         let (sized, peak) = budgeted(ServerOptions {
             budget_bytes: Some(budget),
             ..options.clone()
