@@ -282,7 +282,8 @@ fn kv_reserved_bytes(pool: &Pool, model: &Gpt2, options: &ServerOptions, blocks:
 /// The most blocks, at most `most`, whose `tensors` tensors of `layer_block` bytes a block
 /// take `reserved(blocks)` bytes within `left` (0 where not even one fits). `reserved` is
 /// monotone and at least `tensors * layer_block * blocks`, so `left / (tensors * layer_block)`
-/// bounds the answer; the rounding `reserved` adds takes a few blocks off it at most.
+/// bounds the answer; the rounding `reserved` adds may take some blocks off it, found by
+/// bisection below that bound.
 fn largest_blocks(
     left: u64,
     tensors: u64,
@@ -291,18 +292,23 @@ fn largest_blocks(
     reserved: impl Fn(usize) -> u64,
 ) -> usize {
     let per_block = tensors.saturating_mul(layer_block).max(1);
-    let bound = usize::try_from(left / per_block).unwrap_or(usize::MAX);
-    let mut blocks = bound.min(most);
-    while blocks > 0 && reserved(blocks) > left {
-        // What the rounding passes `left` by, in blocks (at least one).
-        let over = reserved(blocks) - left;
-        blocks = blocks.saturating_sub(
-            usize::try_from(over.div_ceil(per_block))
-                .unwrap_or(1)
-                .max(1),
-        );
+    let bound = usize::try_from(left / per_block)
+        .unwrap_or(usize::MAX)
+        .min(most);
+    if reserved(bound) <= left {
+        return bound;
     }
-    blocks
+    // `good` fits (0 always does), `bad` does not.
+    let (mut good, mut bad) = (0, bound);
+    while bad - good > 1 {
+        let middle = good + (bad - good) / 2;
+        if reserved(middle) <= left {
+            good = middle;
+        } else {
+            bad = middle;
+        }
+    }
+    good
 }
 
 #[cfg(test)]
