@@ -572,33 +572,30 @@ fn options(
     }
 }
 
-/// The weights and the planned steps' activations (measured on a server of a two-block cache),
-/// plus half the contiguous cache of `max_batch` sequences of the full context.
+/// What the pool reserves before the KV cache (the weights, the planned steps' activations and
+/// sampled tokens, by the dry run of a two-block cache), plus half the contiguous cache of
+/// `max_batch` sequences of the full context.
 fn default_budget(gpu: &Gpu, weights: &Gpt2Weights, args: &Args) -> Result<u64> {
     let pool = Pool::new(gpu, PoolOptions::default())?;
     let context = Context::new(&pool, ContextOptions::default())?;
     let model = Gpt2::upload(&context, weights, DType::F32)?;
-    let server = Server::new(
-        &context,
-        model,
-        options(args, None, KvLayout::Paged, Execution::Planned),
-    )?;
+    let options = options(args, None, KvLayout::Paged, Execution::Planned);
+    let fixed = Server::dry_run(&context, &model, &options)?.before_cache_bytes();
     let config = weights.config;
-    let fixed = pool.stats().reserved_bytes.current - server.cache().bytes();
     let block_bytes = KvCache::block_bytes(&config, args.block_tokens, DType::F32);
     let contiguous =
         args.max_batch as u64 * config.n_ctx.div_ceil(args.block_tokens) as u64 * block_bytes;
     Ok(fixed + contiguous / 2)
 }
 
-/// The blocks of the paged side's KV cache under `budget`: what the eager sides' caches get.
+/// The blocks of the paged side's KV cache under `budget` (its dry run): what the eager sides'
+/// caches get.
 fn paged_cache_blocks(gpu: &Gpu, weights: &Gpt2Weights, args: &Args, budget: u64) -> Result<usize> {
     let pool = Pool::new(gpu, PoolOptions::default())?;
     let context = Context::new(&pool, ContextOptions::default())?;
     let model = Gpt2::upload(&context, weights, DType::F32)?;
     let options = options(args, Some(budget), KvLayout::Paged, Execution::Planned);
-    let server = Server::new(&context, model, options)?;
-    Ok(server.cache().num_blocks())
+    Ok(Server::dry_run(&context, &model, &options)?.kv_blocks)
 }
 
 /// One side: its name, cache layout, execution and pool, and whether its steps are pipelined.
@@ -663,8 +660,10 @@ fn side_specs(args: &Args, n_ctx: usize) -> Vec<SideSpec> {
 }
 
 /// A side's pool, context and server, warmed up, with the weights' bytes and the seconds it
-/// took. The eager sides' intermediates are not planned: they get no budget, and the paged
-/// side's cache (its blocks from the same budget) so that their steps are the same work.
+/// took. The eager sides get the paged side's cache (its blocks from the same budget, which
+/// their own dry run would give them too, or one block more: the rule is the same for both
+/// modes) so that their steps are the same work, under the same budget, which keeps room for
+/// their intermediates beside the cache.
 fn start_side(
     gpu: &Gpu,
     weights: &Gpt2Weights,
@@ -694,7 +693,7 @@ fn start_side(
     let side_options = match (spec.execution, paged_blocks) {
         (Execution::Eager, Some(blocks)) => ServerOptions {
             kv_blocks: Some(blocks),
-            ..options(args, None, spec.layout, spec.execution)
+            ..options(args, Some(budget), spec.layout, spec.execution)
         },
         _ => options(args, Some(budget), spec.layout, spec.execution),
     };
@@ -853,7 +852,8 @@ fn serve_side(
         server.warm_up()?;
     }
     server.reset_stats();
-    // Peaks from here: the serving's (building sized the cache by trial allocations).
+    // Peaks from here: the serving's (building made the cache, the plans and the warm-up's
+    // intermediates).
     pool.reset_peaks();
     build_s += warm.elapsed().as_secs_f64();
     let out = args.out.as_ref().map(|dir| dir.join(&spec.name));

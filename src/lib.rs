@@ -26,6 +26,6 @@ pub use device::{
     DeviceError, Gpu, GpuOptions, LimitsChoice, OPTIONAL_FEATURES, SPIN_BEFORE_BLOCKING,
 };
 pub use pool::{
-    AllocOptions, Allocation, Compaction, OomObserver, OomReport, OpScope, Pool, PoolError,
-    PoolOptions, ReuseSafety, MAX_STAGING_BYTES, SEGMENT_USAGES,
+    AllocOptions, Allocation, BudgetScope, Compaction, OomObserver, OomReport, OpScope, Pool,
+    PoolError, PoolOptions, ReuseSafety, MAX_STAGING_BYTES, SEGMENT_USAGES,
 };

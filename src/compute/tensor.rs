@@ -290,6 +290,28 @@ impl Context {
         dtype: DType,
         label: &str,
     ) -> Result<Tensor, ComputeError> {
+        self.zeros_labeled_as(shape, dtype, label, false)
+    }
+
+    /// [`Context::zeros_labeled`] in a segment sized for the tensor
+    /// ([`Pool::allocate_in_own_segment`](crate::Pool::allocate_in_own_segment)), so that the
+    /// pool reserves its bytes rounded to a block and no more.
+    pub(crate) fn zeros_labeled_in_own_segment(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor, ComputeError> {
+        self.zeros_labeled_as(shape, dtype, label, true)
+    }
+
+    fn zeros_labeled_as(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        label: &str,
+        own_segment: bool,
+    ) -> Result<Tensor, ComputeError> {
         let len = element_count("zeros", shape)?;
         self.check_dtype("zeros", dtype)?;
         let bytes = tensor_bytes(len, dtype);
@@ -298,7 +320,11 @@ impl Context {
             zeroed: true,
             bindable: true,
         };
-        let allocation = self.pool().allocate_with(bytes, options)?;
+        let allocation = if own_segment {
+            self.pool().allocate_in_own_segment(bytes, options)?
+        } else {
+            self.pool().allocate_with(bytes, options)?
+        };
         Ok(self.tensor_over(allocation, shape.to_vec(), len, dtype))
     }
 

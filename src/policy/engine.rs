@@ -102,8 +102,7 @@ impl<S: SegmentStorage> PoolCore<S> {
     }
 
     /// Takes back the count of the last refusal, which was no out-of-memory error after all: its
-    /// request was served by a last resort, or was a trial the caller expected might be refused
-    /// (sizing by trial).
+    /// request was served by a last resort.
     pub(crate) fn forget_refusal(&mut self) {
         self.stats.oom_count = self.stats.oom_count.saturating_sub(1);
     }

@@ -38,6 +38,9 @@
 //!   later large request would reuse whole, and a remainder that no large request could use is not
 //!   left as waste. When nothing fits, a new segment of the request's size. When the budget or the
 //!   device refuses it, any free range that fits serves the request whatever the two rules.
+//!   `PoolCore::allocate_own_segment` places a request of any size this way (the pool's
+//!   `allocate_in_own_segment`), so that what it reserves is known beforehand: its size rounded
+//!   to a block.
 //! - **A cache bounded by demand**: empty segments stay cached while the pool keeps within a
 //!   headroom of `1 / cache_headroom_divisor` (1/32 by default) over its demand, the most bytes
 //!   ever allocated at once. Before a new segment is created, empty segments (which could not

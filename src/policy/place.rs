@@ -48,6 +48,37 @@ impl<S: SegmentStorage> PoolCore<S> {
             .expect("a new segment sized for the request has room for it"))
     }
 
+    /// Places a request of `size_bytes` in a segment sized for it, whatever its size class: the
+    /// large class's way (the tightest free range of the large segments that its rules allow,
+    /// else a new large segment of exactly the request rounded up to `min_block_bytes`); in the
+    /// naive mode, the segment of its own every request gets. So the pool reserves for it its
+    /// rounded size and no more, not a power-of-two segment shared with other requests: for
+    /// long-lived allocations whose reservation must be known in advance (a KV cache's tensors,
+    /// a plan's arena). Refusals as [`PoolCore::allocate`]'s.
+    pub fn allocate_own_segment(&mut self, size_bytes: u64) -> Result<Placement, PolicyError> {
+        if size_bytes == 0 {
+            return Err(PolicyError::ZeroSize);
+        }
+        if !self.placeable(size_bytes) {
+            return Err(PolicyError::TooLarge {
+                requested_bytes: size_bytes,
+                max_allocation_bytes: self.config.max_allocation_bytes,
+            });
+        }
+        if self.config.is_naive() {
+            return self.allocate_dedicated(size_bytes);
+        }
+        self.allocate_large(size_bytes)
+            .or_else(|error| self.place_as_a_last_resort(size_bytes, error))
+    }
+
+    /// The bytes [`PoolCore::allocate_own_segment`] reserves for a request of `size_bytes` when
+    /// it makes a segment for it: the request rounded up to `min_block_bytes` (never past the
+    /// largest allocation).
+    pub fn own_segment_bytes(&self, size_bytes: u64) -> u64 {
+        self.large_rounded(size_bytes)
+    }
+
     /// The size class of a request of `size_bytes`: every request a segment of its own in the
     /// naive mode; else large above `large_above_bytes` (or `max_segment_bytes`, whichever is
     /// less), mid-sized above `mid_above_bytes` (when not 0), packed below.

@@ -50,7 +50,7 @@
 //! state under the pool's lock, and reserving, freeing, submitting and releasing), `allocation.rs`
 //! (the [`Allocation`] handle, which holds the shared state, not a [`Pool`]), `compact.rs`
 //! (compaction plans carried out: copies, then the moved handles re-pointed), `io.rs` (writes and
-//! reads), and this file ([`Pool`], [`OpScope`]).
+//! reads), and this file ([`Pool`], [`OpScope`], [`BudgetScope`]).
 //!
 //! # Compaction
 //!
@@ -254,28 +254,36 @@ impl Pool {
         })
     }
 
-    /// A trial allocation (sizing something by trial under the budget): `None` where the pool
-    /// refuses it for memory, which is then not an out-of-memory error (not counted, recorded
-    /// in the history or reported to observers). Other refusals are errors as for
+    /// [`Pool::allocate_with`] in a segment sized for the request, whatever its size: the
+    /// pool reserves for it the request rounded up to the policy's `min_block_bytes` and no more
+    /// (a new segment of the large class's, or the tightest free range of a large segment that
+    /// the policy's large rules allow), where [`Pool::allocate_with`] would place a request of up
+    /// to 16 MiB (by default) in power-of-two segments shared with others. For long-lived
+    /// allocations whose reservation must be known before they are made, such as a KV cache
+    /// sized to a budget: [`Pool::own_segment_bytes`] says what each will reserve. In the naive
+    /// baseline every allocation has a segment of its own anyway. Errors as
     /// [`Pool::allocate_with`].
-    pub(crate) fn try_allocate(
+    pub fn allocate_in_own_segment(
         &self,
         size_bytes: u64,
         options: AllocOptions<'_>,
-    ) -> Result<Option<Allocation>, PoolError> {
-        match self.allocate_as(size_bytes, options, true) {
-            Ok(allocation) => Ok(Some(allocation)),
-            Err(PoolError::OutOfMemory(_)) => Ok(None),
-            Err(error) => Err(error),
-        }
+    ) -> Result<Allocation, PoolError> {
+        self.allocate_as(size_bytes, options, true)
     }
 
-    /// [`Pool::allocate_with`], a `trial` or not ([`Pool::try_allocate`]).
+    /// The bytes [`Pool::allocate_in_own_segment`] reserves for a request of `size_bytes` when it
+    /// makes a segment for it: the request rounded up to the policy's `min_block_bytes`.
+    pub fn own_segment_bytes(&self, size_bytes: u64) -> u64 {
+        self.shared.lock().core.own_segment_bytes(size_bytes)
+    }
+
+    /// [`Pool::allocate_with`], in a segment of its own or not
+    /// ([`Pool::allocate_in_own_segment`]).
     fn allocate_as(
         &self,
         size_bytes: u64,
         options: AllocOptions<'_>,
-        trial: bool,
+        own_segment: bool,
     ) -> Result<Allocation, PoolError> {
         if size_bytes == 0 {
             return Err(PoolError::ZeroSize);
@@ -294,7 +302,7 @@ impl Pool {
             });
         }
         let label = Label::new(options.label);
-        let reserved = self.shared.reserve(size_bytes, &label, trial)?;
+        let reserved = self.shared.reserve(size_bytes, &label, own_segment)?;
         let allocation = Allocation::new(Arc::clone(&self.shared), reserved, size_bytes, label);
         if options.zeroed {
             let mut encoder =
@@ -501,9 +509,34 @@ impl Pool {
         Ok(())
     }
 
-    /// Sets or clears the budget on reserved bytes.
+    /// Sets or clears the budget on reserved bytes. See [`Pool::budget_scope`] for a guard that
+    /// puts back the budget set before.
     pub fn set_budget(&self, budget_bytes: Option<u64>) {
         self.shared.lock().core.set_budget(budget_bytes);
+    }
+
+    /// The budget on reserved bytes, if any.
+    pub fn budget(&self) -> Option<u64> {
+        self.shared.lock().core.config().budget_bytes
+    }
+
+    /// Sets the budget to `budget_bytes` (`None`: no budget) until the guard is dropped, then puts
+    /// back the budget the pool had before — unless the budget was changed meanwhile by hand
+    /// ([`Pool::set_budget`]), which is then left as it is. The guard holds a clone of the pool
+    /// (cheap), so it may live in a struct beside the pool's users, as a server's budget does.
+    /// Scopes nest: dropped in the reverse order of their making, each puts back the one before.
+    pub fn budget_scope(&self, budget_bytes: Option<u64>) -> BudgetScope {
+        let previous = {
+            let mut state = self.shared.lock();
+            let previous = state.core.config().budget_bytes;
+            state.core.set_budget(budget_bytes);
+            previous
+        };
+        BudgetScope {
+            pool: self.clone(),
+            previous,
+            set: budget_bytes,
+        }
     }
 
     /// The statistics (current, peak and total of reserved, allocated and requested bytes,
@@ -738,6 +771,45 @@ pub(crate) fn to_elements<T: bytemuck::Pod>(bytes: &[u8], count: usize) -> Vec<T
 /// every clear of it, is a multiple of 4).
 fn max_allocation_bytes(max_buffer_size: u64) -> u64 {
     max_buffer_size / wgpu::COPY_BUFFER_ALIGNMENT * wgpu::COPY_BUFFER_ALIGNMENT
+}
+
+/// Puts back the budget the pool had before [`Pool::budget_scope`] when dropped (unless the
+/// budget was changed meanwhile by hand).
+#[must_use = "the budget scope ends when this guard is dropped"]
+pub struct BudgetScope {
+    pool: Pool,
+    previous: Option<u64>,
+    set: Option<u64>,
+}
+
+impl BudgetScope {
+    /// The budget this scope set.
+    pub fn budget_bytes(&self) -> Option<u64> {
+        self.set
+    }
+
+    /// The budget the pool had before, which the scope puts back.
+    pub fn previous_bytes(&self) -> Option<u64> {
+        self.previous
+    }
+}
+
+impl std::fmt::Debug for BudgetScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetScope")
+            .field("budget_bytes", &self.set)
+            .field("previous_bytes", &self.previous)
+            .finish()
+    }
+}
+
+impl Drop for BudgetScope {
+    fn drop(&mut self) {
+        let mut state = self.pool.shared.lock();
+        if state.core.config().budget_bytes == self.set {
+            state.core.set_budget(self.previous);
+        }
+    }
 }
 
 /// Restores the op that was in scope before [`Pool::op_scope`] when dropped.

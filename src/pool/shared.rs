@@ -119,13 +119,13 @@ impl Shared {
     }
 
     /// Asks the policy for `size_bytes` (already checked against the device's limits) and records
-    /// the allocation in the slab and the history. A `trial`'s refusal is not an out-of-memory
-    /// error: not counted, recorded or reported (the caller sizes something by trial).
+    /// the allocation in the slab and the history; with `own_segment`, placed in a segment sized
+    /// for it (`PoolCore::allocate_own_segment`).
     pub(super) fn reserve(
         &self,
         size_bytes: u64,
         label: &Label,
-        trial: bool,
+        own_segment: bool,
     ) -> Result<Reserved, PoolError> {
         let mut guard = self.lock();
         let State {
@@ -141,23 +141,23 @@ impl Shared {
                 .as_ref()
                 .clone_into(&mut core.storage_mut().allocation_label);
         }
-        let result = core.allocate(size_bytes);
+        let result = if own_segment {
+            core.allocate_own_segment(size_bytes)
+        } else {
+            core.allocate(size_bytes)
+        };
         // Drained always, so that the policy's event list stays empty when history is off; an
         // empty list costs nothing to take.
         let segment_events = core.take_events();
         let time_us = history.as_ref().map(|_| self.now_us());
         if let (Some(history), Some(time_us)) = (history.as_mut(), time_us) {
             record_segment_events(history, segment_events, time_us);
-            if let (Err(PolicyError::OutOfMemory(oom)), false) = (&result, trial) {
+            if let Err(PolicyError::OutOfMemory(oom)) = &result {
                 record_oom(history, time_us, oom, op.as_ref());
             }
         }
         let placement = match result {
             Ok(placement) => placement,
-            Err(PolicyError::OutOfMemory(oom)) if trial => {
-                core.forget_refusal();
-                return Err(PolicyError::OutOfMemory(oom).into());
-            }
             Err(PolicyError::OutOfMemory(oom)) => {
                 // The pool as it is at the refusal, taken under this lock; observers run after
                 // it is released (they may use the pool).

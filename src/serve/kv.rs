@@ -76,8 +76,12 @@ impl KvCache {
     }
 
     /// A zeroed cache of `num_blocks` blocks of `block_tokens` tokens for `config`, of `dtype`.
-    /// Errors: those of [`Context::zeros_labeled`] (out of memory, a tensor above the binding
-    /// limit, f16 unavailable).
+    /// Each tensor is made in a segment sized for it
+    /// ([`Pool::allocate_in_own_segment`](crate::Pool::allocate_in_own_segment)): the pool
+    /// reserves its bytes rounded up to a block, not a power-of-two segment two of them share,
+    /// so a cache sized to a budget takes what it leaves. Errors: those of
+    /// [`Context::zeros_labeled`] (out of memory, a tensor above the binding limit, f16
+    /// unavailable).
     pub fn new(
         context: &Context,
         config: &Gpt2Config,
@@ -89,8 +93,16 @@ impl KvCache {
         let layers = (0..config.n_layer)
             .map(|layer| {
                 Ok((
-                    context.zeros_labeled(&shape, dtype, &format!("kv h.{layer}.k"))?,
-                    context.zeros_labeled(&shape, dtype, &format!("kv h.{layer}.v"))?,
+                    context.zeros_labeled_in_own_segment(
+                        &shape,
+                        dtype,
+                        &format!("kv h.{layer}.k"),
+                    )?,
+                    context.zeros_labeled_in_own_segment(
+                        &shape,
+                        dtype,
+                        &format!("kv h.{layer}.v"),
+                    )?,
                 ))
             })
             .collect::<Result<_, ComputeError>>()?;

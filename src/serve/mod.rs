@@ -35,7 +35,8 @@
 //! - `model.rs`: [`Gpt2`], [`Head`], [`StepTensors`].
 //! - `options.rs`: [`ServerOptions`], [`Execution`].
 //! - `server.rs`: [`Server`].
-//! - `sizing.rs`: the steps' activations and the KV cache a budget leaves room for.
+//! - `sizing.rs`: [`MemoryPlan`], the dry run: the steps' activations and the KV cache a
+//!   budget leaves room for, known before anything is made.
 //! - `stats.rs`: [`Completion`], [`ServerStats`].
 //! - `step.rs`: the plan of one step.
 
@@ -53,4 +54,5 @@ pub use kv::KvCache;
 pub use model::{Gpt2, Head, StepTensors};
 pub use options::{Execution, ServerOptions};
 pub use server::Server;
+pub use sizing::MemoryPlan;
 pub use stats::{Completion, ServerStats};

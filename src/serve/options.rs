@@ -33,13 +33,16 @@ pub struct ServerOptions {
     /// default) plans a step for every power of two; `max_batch` runs every decode step at the
     /// largest batch's plan (fewer plans, more padding).
     pub min_step_rows: usize,
-    /// The most bytes the pool may reserve (set on the pool while the server lives: one
-    /// server's budget per pool; the pool's earlier budget is put back when it is dropped). The
-    /// KV cache takes what the weights and the steps' activations leave, as far as the pool's
-    /// segments let it: it is sized by trial allocations under the budget (never passing it,
-    /// and counting no out-of-memory error), the largest count of blocks whose tensors the
-    /// pool places, to within 1/64. `None`: the cache has `kv_blocks` blocks and the pool's
-    /// budget is left as it is.
+    /// The most bytes the pool may reserve (set on the pool while the server lives, a
+    /// [`BudgetScope`](crate::BudgetScope): one server's budget per pool; the pool's earlier
+    /// budget is put back when it is dropped). The KV cache takes what the budget leaves after
+    /// what the pool reserves already (the weights), the steps' activations and a planned
+    /// server's sampled tokens — one rule for planned and eager servers — the most blocks whose
+    /// tensors, each in a segment sized for it, fit: at least 97% of what is left once that is
+    /// more than a few blocks. [`Server::dry_run`](crate::serve::Server::dry_run) says what a
+    /// budget gives before anything is made ([`MemoryPlan`](crate::serve::MemoryPlan));
+    /// [`Server::new`](crate::serve::Server::new) makes exactly that. `None`: the cache has
+    /// `kv_blocks` blocks and the pool's budget is left as it is.
     pub budget_bytes: Option<u64>,
     /// The KV cache's blocks (block 0, kept for padding, included; at least 2), which the
     /// budget, if any, must then hold. Each layer's key and value tensor must fit the device's

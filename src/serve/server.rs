@@ -7,14 +7,15 @@ use web_time::Instant;
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::{Gpt2, Head, StepTensors};
-use super::options::{check_options, Execution, ServerOptions};
-use super::sizing::{activation_bytes, cache_of_blocks, cache_under_budget};
+use super::options::{Execution, ServerOptions};
+use super::sizing::{memory_plan, MemoryPlan};
 use super::stats::{Completion, ServerStats};
 use super::step::{capture, feeds};
 use crate::compute::{Context, DType, Plan, PlanArena, PlanRun, Tensor};
 use crate::model::Gpt2Weights;
 use crate::paging::{BlockManager, BlockState, KvLayout, RequestSpec, StepRows};
 use crate::scheduler::{ScheduledStep, Scheduler, SchedulerOptions, SchedulerStats};
+use crate::BudgetScope;
 
 /// A step's sampled tokens, being computed: by a submitted plan, or in the eager ops' tensor.
 enum Tokens {
@@ -78,22 +79,11 @@ pub struct Server {
     sampled: Option<Tensor>,
     /// Steps submitted and not finished, oldest first (at most two, briefly).
     in_flight: VecDeque<InFlight>,
-    /// The budget the pool had before this server set its own, and the one it set: put back
-    /// when the server is dropped, if the pool still has this server's.
-    budget: Option<(Option<u64>, u64)>,
-    /// Eager: the largest step's plan heap, measured when the server was made.
-    eager_activation_bytes: u64,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some((previous, set)) = self.budget {
-            let pool = self.context.pool();
-            if pool.policy().budget_bytes == Some(set) {
-                pool.set_budget(previous);
-            }
-        }
-    }
+    /// The server's budget on the pool while it lives: dropped with the server, it puts back
+    /// the budget the pool had before (unless it was changed meanwhile).
+    _budget: Option<BudgetScope>,
+    /// What the dry run said the server holds, which it made.
+    plan: MemoryPlan,
 }
 
 impl std::fmt::Debug for Server {
@@ -110,11 +100,13 @@ impl std::fmt::Debug for Server {
 
 impl Server {
     /// A server of `model` on `context`: sizes the KV cache (from the budget, after the weights
-    /// and the steps' activations, or as `kv_blocks` says), makes it, and, for planned
-    /// execution, captures one step plan per row count (powers of two up to
-    /// `max_step_tokens`), all in one arena. With a budget, the pool's budget is set to it
-    /// while the server lives: dropping the server puts back the budget the pool had before
-    /// (unless it was changed meanwhile).
+    /// and the steps' activations, or as `kv_blocks` says) by its dry run
+    /// ([`Server::dry_run`]), makes it, and, for planned execution, captures one step plan per
+    /// row count (powers of two up to `max_step_tokens`), all in one arena. It makes exactly
+    /// what the dry run says ([`Server::memory_plan`]): the same blocks, the same activation
+    /// bytes. With a budget, the pool's budget is set to it while the server lives
+    /// ([`Pool::budget_scope`](crate::Pool::budget_scope)): dropping the server puts back the
+    /// budget the pool had before (unless it was changed meanwhile).
     ///
     /// `model` may be given by value or by reference (`&model`): the server shares its tensors
     /// (no copy), and a model given by reference stays the caller's whatever the answer — a
@@ -128,62 +120,65 @@ impl Server {
         model: impl std::borrow::Borrow<Gpt2>,
         options: ServerOptions,
     ) -> Result<Self, ServeError> {
-        let previous = context.pool().policy().budget_bytes;
-        let built = Self::build(context, model.borrow().clone(), options, previous);
-        if built.is_err() {
-            context.pool().set_budget(previous);
-        }
-        built
+        let model = model.borrow();
+        let plan = memory_plan(context, model, &options)?;
+        let budget = options
+            .budget_bytes
+            .map(|budget| context.pool().budget_scope(Some(budget)));
+        Self::build(context, model.clone(), options, plan, budget)
     }
 
-    /// [`Server::new`] but for putting back the pool's budget where it fails; `previous` is the
-    /// budget the pool had, which the server puts back when dropped.
+    /// What a server of `model` on `context` under `options` would hold, said before anything
+    /// of it is made: the pool's reservation before it, the weights' bytes, the steps'
+    /// activations, the KV cache's blocks and bytes, and the sequences of a length it holds
+    /// ([`MemoryPlan::sequences_for`]). [`Server::new`] with the same options on the same pool
+    /// makes exactly this. Measuring the activations makes a KV cache of two blocks and gives it
+    /// back, and trims the context (see [`MemoryPlan`]); nothing else is made. Errors as
+    /// [`Server::new`]'s ([`ServeError::Budget`] with the same figures).
+    pub fn dry_run(
+        context: &Context,
+        model: &Gpt2,
+        options: &ServerOptions,
+    ) -> Result<MemoryPlan, ServeError> {
+        memory_plan(context, model, options)
+    }
+
+    /// What the server's dry run said it holds, which it made.
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// [`Server::new`] once its dry run said `plan` (and the budget is set): makes the arena,
+    /// the sampled tokens and the cache, each in segments sized for them, then the plans.
     fn build(
         context: &Context,
         model: Gpt2,
         options: ServerOptions,
-        previous: Option<u64>,
+        plan: MemoryPlan,
+        budget: Option<BudgetScope>,
     ) -> Result<Self, ServeError> {
         let config = model.config();
-        check_options(&options, config.n_ctx)?;
-        let most_blocks = KvCache::max_blocks(
-            &config,
-            options.block_tokens,
-            model.dtype(),
-            context.limits(),
-        );
-        if most_blocks < 2 {
-            return Err(ServeError::Options(format!(
-                "blocks of {} tokens: two of them pass one layer's key tensor's binding limit \
-                 of {} bytes on this device",
-                options.block_tokens,
-                context.limits().max_storage_buffer_binding_size
-            )));
-        }
         let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
         let arena = context.plan_arena();
-        let activation_bytes = activation_bytes(context, &model, &options, max_blocks, &arena)?;
-        // Before the cache, which takes what the budget leaves.
         let sampled = match options.execution {
-            Execution::Planned => Some(context.zeros_labeled(
-                &[options.max_batch],
-                DType::F32,
-                "serve sampled tokens",
-            )?),
+            Execution::Planned => {
+                arena.use_own_segments();
+                arena.reserve(plan.arena_bytes(), "serve step plans")?;
+                Some(context.zeros_labeled_in_own_segment(
+                    &[options.max_batch],
+                    DType::F32,
+                    "serve sampled tokens",
+                )?)
+            }
             Execution::Eager => None,
         };
-        // `check_options` refuses options of neither `kv_blocks` nor a budget.
-        let cache = match options.kv_blocks {
-            Some(blocks) => cache_of_blocks(
-                context,
-                &model,
-                &options,
-                blocks,
-                most_blocks,
-                activation_bytes,
-            )?,
-            None => cache_under_budget(context, &model, &options, activation_bytes, most_blocks)?,
-        };
+        let cache = KvCache::new(
+            context,
+            &config,
+            options.block_tokens,
+            plan.kv_blocks,
+            model.dtype(),
+        )?;
         let blocks =
             BlockManager::new(options.layout, options.block_tokens, cache.num_blocks())?
                 .with_prefix_caching(options.prefix_caching && options.layout == KvLayout::Paged)?;
@@ -206,8 +201,8 @@ impl Server {
             arena,
             plans: BTreeMap::new(),
             stats: ServerStats::default(),
-            budget: options.budget_bytes.map(|set| (previous, set)),
-            eager_activation_bytes: activation_bytes,
+            _budget: budget,
+            plan,
             options,
             sampled,
             in_flight: VecDeque::new(),
@@ -701,12 +696,12 @@ impl Server {
     }
 
     /// The steps' activation bytes: planned, the step plans' shared arena; eager, what the
-    /// largest step's intermediates need at least (its plan's heap, measured when the server
-    /// was made), which a budget keeps beside the cache.
+    /// steps' intermediates need at least (the arena their plans would share, measured by the
+    /// dry run), which a budget keeps beside the cache.
     pub fn activation_bytes(&self) -> u64 {
         match self.options.execution {
             Execution::Planned => self.arena.bytes(),
-            Execution::Eager => self.eager_activation_bytes,
+            Execution::Eager => self.plan.activation_bytes,
         }
     }
 

@@ -1,257 +1,362 @@
-//! Sizing a server's memory: the steps' activations, measured by capturing the largest step,
-//! and the largest KV cache the budget leaves room for.
+//! Sizing a server's memory before anything is made: [`MemoryPlan`], what a dry run
+//! ([`Server::dry_run`](super::Server::dry_run)) says a server of some options will hold, and
+//! what [`Server::new`](super::Server::new) then makes.
+//!
+//! [`MemoryPlan`] says the rule.
 
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::Gpt2;
-use super::options::{Execution, ServerOptions};
-use super::step::capture;
-use crate::compute::{Context, PlanArena};
+use super::options::{check_options, Execution, ServerOptions};
+use super::step::arena_bytes;
+use crate::compute::{tensor_bytes, Context, DType};
 use crate::paging::{BlockManager, StepRows};
-use crate::{AllocOptions, PoolError};
+use crate::Pool;
 
-/// The steps' activation bytes, measured by capturing the largest step over a cache of two
-/// blocks: planned, its plan is built in `arena`, which keeps that memory for the real plans;
-/// eager, its plan's heap (what the eager step's intermediates need at least: they are not
-/// planned, so the pool may round them above it).
-pub(super) fn activation_bytes(
-    context: &Context,
-    model: &Gpt2,
-    options: &ServerOptions,
-    max_blocks: usize,
-    arena: &PlanArena,
-) -> Result<u64, ServeError> {
-    let config = model.config();
-    let probe = KvCache::new(context, &config, options.block_tokens, 2, model.dtype())?;
-    let rows = StepRows::bucket(options.max_step_tokens);
-    let planned = options.execution == Execution::Planned;
-    let plan = capture(
-        context,
-        model,
-        &probe,
-        rows,
-        options.max_batch,
-        max_blocks,
-        planned.then_some(arena),
-    )?;
-    let activation_bytes = if planned {
-        arena.bytes()
-    } else {
-        plan.stats().heap_bytes
-    };
-    drop(plan);
-    drop(probe);
-    context.trim()?;
-    Ok(activation_bytes)
+/// What a server of given options holds, known before it is made
+/// ([`Server::dry_run`](super::Server::dry_run)); [`Server::new`](super::Server::new) makes
+/// exactly this ([`Server::memory_plan`](super::Server::memory_plan)). The bytes the pool
+/// reserves for each part (`*_reserved_bytes`) are its bytes rounded up to the pool's block, each
+/// part in segments sized for it.
+///
+/// # The rule
+///
+/// One rule for planned and eager servers. Before the server, the pool reserves `reserved`
+/// (the weights and whatever else it holds, its cached empty segments given back). The steps'
+/// activations take `activation` bytes: the arena the step plans share, measured from the
+/// plans' memory plans without building them (every row count a step is padded to, the most of
+/// each arena index). A planned server also keeps its sampled tokens (one pool block). With a
+/// budget, the KV cache gets what is left:
+///
+/// ```text
+/// kv_reserved <= budget - reserved - activation_reserved - step_reserved
+/// ```
+///
+/// and takes the most blocks whose tensors fit it. Every server tensor that counts here — each
+/// layer's key and value tensor, the plans' arena, the sampled tokens — is made in a segment
+/// sized for it ([`Pool::allocate_in_own_segment`](crate::Pool::allocate_in_own_segment)), so
+/// the pool reserves each one's bytes rounded up to its block (256 bytes by default) and no
+/// more: a planned server's pool then reserves exactly `reserved + activation_reserved +
+/// step_reserved + kv_reserved`. Eager steps' intermediates come from the pool as they run: the
+/// budget keeps `activation_reserved` for them beside the free space of the segments reserved
+/// before the server. So the two modes give the same blocks for the same budget but where the
+/// planned server's sampled tokens (one pool block) tip the count: by at most one block where a
+/// block is at least a pool block (`block_tokens * n_embd * 4 >= 256` for f32).
+///
+/// # What a dry run creates
+///
+/// Measuring the activations records each step's forward over a KV cache, which must exist: a
+/// cache of two blocks is made for it (and the symbolic tensors a capture makes, which take no
+/// memory), then dropped, and the context trimmed, so that the pool's reservation is what it
+/// was less the empty segments it had cached. No arena, no plan, no pipeline is made.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct MemoryPlan {
+    /// Planned or eager steps.
+    pub execution: Execution,
+    /// The budget, if any.
+    pub budget_bytes: Option<u64>,
+    /// What the pool reserved before the server: the weights and everything else it holds (its
+    /// cached empty segments given back).
+    pub reserved_bytes: u64,
+    /// The weights' bytes.
+    pub weights_bytes: u64,
+    /// The steps' activations: the step plans' arena (planned), the least the eager steps'
+    /// intermediates need (eager); the same figure in both modes.
+    pub activation_bytes: u64,
+    /// What the budget counts for the activations: the arena's allocations as the pool
+    /// reserves them.
+    pub activation_reserved_bytes: u64,
+    /// What the pool reserves for the server's own small tensors (a planned server's sampled
+    /// tokens; 0 for an eager one).
+    pub step_reserved_bytes: u64,
+    /// The KV cache's blocks (block 0, kept for padding, included).
+    pub kv_blocks: usize,
+    /// The KV cache's bytes (its tensors').
+    pub kv_bytes: u64,
+    /// What the pool reserves for the KV cache's tensors.
+    pub kv_reserved_bytes: u64,
+    /// The bytes of each arena index of the step plans.
+    arena_bytes: Vec<u64>,
+    /// The cache's bookkeeping, empty: what [`MemoryPlan::sequences_for`] asks.
+    blocks: BlockManager,
+    /// The model's context.
+    n_ctx: usize,
 }
 
-/// The largest KV cache that fits under `options.budget_bytes` after what the pool reserves now
-/// and `activation_bytes` more (eager steps), then sets the pool's budget. Sized by trial under
-/// that budget, so that the pool's reservation never passes it and the pool packs the cache as
-/// it would near its budget: each trial allocates the cache's tensors uninitialised
-/// ([`Pool::try_allocate`](crate::Pool), whose refusals are no out-of-memory errors) and gives
-/// them back at once. `blocks` bounds the count: from the fewest that serve one sequence of the
-/// model's context ([`ServeError::Options`] where one layer's tensors cannot hold them on the
-/// device) to `most_blocks`, the most they hold. The trials bisect the count down to a step of
-/// 1/64 of it (at most some twenty of them).
-pub(super) fn cache_under_budget(
+impl MemoryPlan {
+    /// How many sequences of `tokens` tokens (prompt and outputs) the KV cache holds at once, as
+    /// [`Server::capacity_for`](super::Server::capacity_for) will say: a sequence of `L` tokens
+    /// holds `L − 1` in the cache. 0 for fewer than 2 tokens and for more than the model's
+    /// context.
+    pub fn sequences_for(&self, tokens: usize) -> usize {
+        if tokens < 2 || tokens > self.n_ctx {
+            return 0;
+        }
+        self.blocks.capacity_for(tokens - 1)
+    }
+
+    /// What the budget counts before the KV cache: `reserved_bytes + activation_reserved_bytes +
+    /// step_reserved_bytes`.
+    pub fn before_cache_bytes(&self) -> u64 {
+        self.reserved_bytes
+            .saturating_add(self.activation_reserved_bytes)
+            .saturating_add(self.step_reserved_bytes)
+    }
+
+    /// What the budget counts with the KV cache: [`MemoryPlan::before_cache_bytes`] and
+    /// `kv_reserved_bytes`. For a planned server, what its pool reserves once it is made.
+    pub fn total_bytes(&self) -> u64 {
+        self.before_cache_bytes()
+            .saturating_add(self.kv_reserved_bytes)
+    }
+
+    /// What the budget leaves the KV cache (`None` without a budget).
+    pub fn kv_share_bytes(&self) -> Option<u64> {
+        self.budget_bytes
+            .map(|budget| budget.saturating_sub(self.before_cache_bytes()))
+    }
+
+    /// The bytes of each arena index of the step plans.
+    pub(super) fn arena_bytes(&self) -> &[u64] {
+        &self.arena_bytes
+    }
+}
+
+/// The dry run: checks `options`, measures the steps' activations and sizes the KV cache by the
+/// rule (see [`MemoryPlan`]). Errors: [`ServeError::Options`] for options that serve
+/// nothing or a cache past the device's binding limit; [`ServeError::Budget`] when the budget
+/// leaves no room for one sequence of the model's context (or for `kv_blocks`); those of the
+/// capture.
+pub(super) fn memory_plan(
     context: &Context,
     model: &Gpt2,
     options: &ServerOptions,
-    activation_bytes: u64,
-    most_blocks: usize,
-) -> Result<KvCache, ServeError> {
+) -> Result<MemoryPlan, ServeError> {
     let config = model.config();
-    let probe = BlockManager::new(options.layout, options.block_tokens, 2)?;
-    let min_blocks = 1 + probe.admission_blocks(config.n_ctx);
-    if most_blocks < min_blocks {
+    check_options(options, config.n_ctx)?;
+    let dtype = model.dtype();
+    let most_blocks = KvCache::max_blocks(&config, options.block_tokens, dtype, context.limits());
+    if most_blocks < 2 {
         return Err(ServeError::Options(format!(
-            "a sequence of the model's context takes {min_blocks} blocks of {} tokens, but one \
-             layer's key tensor holds at most {most_blocks} on this device (its binding limit \
-             is {} bytes)",
+            "blocks of {} tokens: two of them pass one layer's key tensor's binding limit of {} \
+             bytes on this device",
             options.block_tokens,
             context.limits().max_storage_buffer_binding_size
         )));
     }
-    let block_bytes = KvCache::block_bytes(&config, options.block_tokens, model.dtype());
-    let budget = options.budget_bytes.unwrap_or(u64::MAX);
-    let kept = eager_share(options, activation_bytes);
-    let pool = context.pool();
-    // Nothing of the context's pending: the trials' ranges are the only ones freed meanwhile.
-    context.trim()?;
-    let stats = pool.stats();
-    let base = stats.reserved_bytes.current;
-    pool.set_budget(Some(budget.saturating_sub(kept)));
-    // The most the cache could take. Planned: the budget less what allocations hold now (the
-    // free space of the segments held counts: the trials may fill it, and the steps take no
-    // more memory). Eager: less all the pool reserves, so that the steps' intermediates, which
-    // the pool rounds as they come, find that free space and `kept` more.
-    let held = match options.execution {
-        Execution::Planned => stats.allocated_bytes.current,
-        Execution::Eager => base,
-    };
-    let left = budget.saturating_sub(kept).saturating_sub(held);
-    let fits = |blocks: usize| {
-        let bytes =
-            KvCache::layer_tensor_bytes(&config, options.block_tokens, blocks, model.dtype());
-        let mut held = Vec::with_capacity(2 * config.n_layer);
-        let mut fit = true;
-        for _ in 0..2 * config.n_layer {
-            match pool.try_allocate(bytes, AllocOptions::labeled("kv cache sizing"))? {
-                Some(allocation) => held.push(allocation),
-                None => {
-                    fit = false;
-                    break;
-                }
-            }
-        }
-        // Never used on the GPU: free at once, and the segments made for them given back.
-        pool.free_submitted(held);
-        pool.trim();
-        Ok::<_, PoolError>(fit)
-    };
-    // What the pool holds already must be within the budget: the trials may fill its free
-    // space, but no cache makes it smaller.
-    let most = if base.saturating_add(kept) > budget {
-        0
-    } else {
-        left / block_bytes.max(1)
-    };
-    let most = usize::try_from(most).unwrap_or(usize::MAX).min(most_blocks);
-    let result = largest_fitting(min_blocks, most, fits)
-        .map_err(|error| ServeError::Compute(error.into()))
-        .and_then(|found| match found {
-            Some(blocks) => Ok(KvCache::new(
-                context,
-                &config,
+    let empty = BlockManager::new(options.layout, options.block_tokens, 2)?;
+    let min_blocks = 1 + empty.admission_blocks(config.n_ctx);
+    match options.kv_blocks {
+        Some(blocks) if blocks > most_blocks => {
+            return Err(ServeError::Options(format!(
+                "kv_blocks {blocks}: at most {most_blocks} blocks of {} tokens fit in one layer's \
+                 key tensor on this device (its binding limit is {} bytes), and at most 2^24 \
+                 blocks in any cache",
                 options.block_tokens,
-                blocks,
-                model.dtype(),
-            )?),
-            None => Err(ServeError::Budget {
-                budget_bytes: budget,
-                reserved_bytes: base.saturating_add(kept),
+                context.limits().max_storage_buffer_binding_size
+            )))
+        }
+        None if most_blocks < min_blocks => {
+            return Err(ServeError::Options(format!(
+                "a sequence of the model's context takes {min_blocks} blocks of {} tokens, but \
+                 one layer's key tensor holds at most {most_blocks} on this device (its binding \
+                 limit is {} bytes)",
+                options.block_tokens,
+                context.limits().max_storage_buffer_binding_size
+            )))
+        }
+        _ => {}
+    }
+    // Nothing of the context's pending, no empty segment cached: what the pool reserves is
+    // what it holds.
+    context.trim()?;
+    let pool = context.pool();
+    let reserved_bytes = pool.stats().reserved_bytes.current;
+    let arenas = measure_activations(context, model, options)?;
+    let activation_bytes = arenas.iter().sum();
+    let activation_reserved_bytes = arenas.iter().map(|&a| pool.own_segment_bytes(a)).sum();
+    let step_reserved_bytes = match options.execution {
+        Execution::Planned => pool.own_segment_bytes(tensor_bytes(options.max_batch, DType::F32)),
+        Execution::Eager => 0,
+    };
+    let before_cache = reserved_bytes
+        .saturating_add(activation_reserved_bytes)
+        .saturating_add(step_reserved_bytes);
+    let kv_reserved = |blocks: usize| kv_reserved_bytes(pool, model, options, blocks);
+    let kv_blocks = match (options.kv_blocks, options.budget_bytes) {
+        (Some(blocks), _) => blocks,
+        // `check_options` refuses options of neither.
+        (None, budget) => {
+            let left = budget.unwrap_or(0).saturating_sub(before_cache);
+            let layer_block = KvCache::layer_tensor_bytes(&config, options.block_tokens, 1, dtype);
+            largest_blocks(
+                left,
+                2 * config.n_layer as u64,
+                layer_block,
+                most_blocks,
+                kv_reserved,
+            )
+        }
+    };
+    let block_bytes = KvCache::block_bytes(&config, options.block_tokens, dtype);
+    if let Some(budget_bytes) = options.budget_bytes {
+        let (fits, kv_min_bytes) = match options.kv_blocks {
+            Some(blocks) => (
+                before_cache.saturating_add(kv_reserved(blocks)) <= budget_bytes,
+                blocks as u64 * block_bytes,
+            ),
+            None => (kv_blocks >= min_blocks, min_blocks as u64 * block_bytes),
+        };
+        if !fits {
+            return Err(ServeError::Budget {
+                budget_bytes,
+                reserved_bytes: before_cache,
                 weights_bytes: model.bytes(),
                 activation_bytes,
-                kv_min_bytes: min_blocks as u64 * block_bytes,
-            }),
-        });
-    pool.set_budget(Some(budget));
-    result
+                kv_min_bytes,
+            });
+        }
+    }
+    Ok(MemoryPlan {
+        execution: options.execution,
+        budget_bytes: options.budget_bytes,
+        reserved_bytes,
+        weights_bytes: model.bytes(),
+        activation_bytes,
+        activation_reserved_bytes,
+        step_reserved_bytes,
+        kv_blocks,
+        kv_bytes: kv_blocks as u64 * block_bytes,
+        kv_reserved_bytes: kv_reserved(kv_blocks),
+        arena_bytes: arenas,
+        blocks: BlockManager::new(options.layout, options.block_tokens, kv_blocks)?,
+        n_ctx: config.n_ctx,
+    })
 }
 
-/// The cache of `blocks` blocks (`kv_blocks`): [`ServeError::Options`] past `most_blocks`, the
-/// most one layer's tensors hold on the device; with a budget too, refused with
-/// [`ServeError::Budget`] unless the pool then holds it within the budget (the eager steps'
-/// share kept), and the pool's budget set.
-pub(super) fn cache_of_blocks(
+/// The bytes of each arena index the steps' plans need: every row count a step is padded to
+/// (powers of two from `min_step_rows` to `max_step_tokens`), measured over a KV cache of two
+/// blocks made for it and given back (with the context trimmed after it), the most of each
+/// index. Nothing else is made.
+fn measure_activations(
     context: &Context,
     model: &Gpt2,
     options: &ServerOptions,
-    blocks: usize,
-    most_blocks: usize,
-    activation_bytes: u64,
-) -> Result<KvCache, ServeError> {
-    if blocks > most_blocks {
-        return Err(ServeError::Options(format!(
-            "kv_blocks {blocks}: at most {most_blocks} blocks of {} tokens fit in one layer's key \
-             tensor on this device (its binding limit is {} bytes), and at most 2^24 blocks in \
-             any cache",
-            options.block_tokens,
-            context.limits().max_storage_buffer_binding_size
-        )));
-    }
-    let before = context.pool().stats().reserved_bytes.current;
-    let cache = KvCache::new(
-        context,
-        &model.config(),
-        options.block_tokens,
-        blocks,
-        model.dtype(),
-    )?;
-    let Some(budget_bytes) = options.budget_bytes else {
-        return Ok(cache);
+) -> Result<Vec<u64>, ServeError> {
+    let config = model.config();
+    let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
+    let probe = KvCache::new(context, &config, options.block_tokens, 2, model.dtype())?;
+    let mut most: Vec<u64> = Vec::new();
+    let mut rows = StepRows::bucket(options.min_step_rows);
+    let measured = loop {
+        let arenas = match arena_bytes(context, model, &probe, rows, options.max_batch, max_blocks)
+        {
+            Ok(arenas) => arenas,
+            Err(error) => break Err(error),
+        };
+        if most.len() < arenas.len() {
+            most.resize(arenas.len(), 0);
+        }
+        for (most, bytes) in most.iter_mut().zip(arenas) {
+            *most = (*most).max(bytes);
+        }
+        if rows >= options.max_step_tokens {
+            break Ok(most);
+        }
+        rows = StepRows::bucket(rows + 1);
     };
-    let kept = eager_share(options, activation_bytes);
-    // Planned: what the pool reserves with the cache. Eager: what it reserved before, and the
-    // cache's bytes beside, as the sizing by budget counts them (the free space of the segments
-    // held is the eager steps').
-    let reserved = match options.execution {
-        Execution::Planned => context.pool().stats().reserved_bytes.current,
-        Execution::Eager => before.saturating_add(cache.bytes()),
-    };
-    if reserved.saturating_add(kept) > budget_bytes {
-        return Err(ServeError::Budget {
-            budget_bytes,
-            reserved_bytes: before.saturating_add(kept),
-            weights_bytes: model.bytes(),
-            activation_bytes,
-            kv_min_bytes: cache.bytes(),
-        });
-    }
-    context.pool().set_budget(Some(budget_bytes));
-    Ok(cache)
+    drop(probe);
+    context.trim()?;
+    measured
 }
 
-/// What the budget keeps beside the cache for the steps' activations: eager steps' intermediates
-/// come from the pool as they run; planned ones' arena is reserved already.
-fn eager_share(options: &ServerOptions, activation_bytes: u64) -> u64 {
-    match options.execution {
-        Execution::Planned => 0,
-        Execution::Eager => activation_bytes,
-    }
+/// What the pool reserves for a cache of `blocks` blocks: each of the `2 * n_layer` tensors in
+/// a segment sized for it.
+fn kv_reserved_bytes(pool: &Pool, model: &Gpt2, options: &ServerOptions, blocks: usize) -> u64 {
+    let config = model.config();
+    let tensor = KvCache::layer_tensor_bytes(&config, options.block_tokens, blocks, model.dtype());
+    (2 * config.n_layer as u64).saturating_mul(pool.own_segment_bytes(tensor))
 }
 
-/// The largest count in `low..=high` for which `fits` holds, found by bisection down to a step
-/// of 1/64 of the count found (`fits` is taken as monotone; where it is not, a fitting count
-/// all the same); `None` when `low` does not fit or the range is empty.
-fn largest_fitting<E>(
-    low: usize,
-    high: usize,
-    mut fits: impl FnMut(usize) -> Result<bool, E>,
-) -> Result<Option<usize>, E> {
-    if high < low || !fits(low)? {
-        return Ok(None);
+/// The most blocks, at most `most`, whose `tensors` tensors of `layer_block` bytes a block
+/// take `reserved(blocks)` bytes within `left` (0 where not even one fits). `reserved` is
+/// monotone and at least `tensors * layer_block * blocks`, so `left / (tensors * layer_block)`
+/// bounds the answer; the rounding `reserved` adds may take some blocks off it, found by
+/// bisection below that bound.
+fn largest_blocks(
+    left: u64,
+    tensors: u64,
+    layer_block: u64,
+    most: usize,
+    reserved: impl Fn(usize) -> u64,
+) -> usize {
+    let per_block = tensors.saturating_mul(layer_block).max(1);
+    let bound = usize::try_from(left / per_block)
+        .unwrap_or(usize::MAX)
+        .min(most);
+    if reserved(bound) <= left {
+        return bound;
     }
-    if fits(high)? {
-        return Ok(Some(high));
-    }
-    // `good` fits, `bad` does not.
-    let (mut good, mut bad) = (low, high);
-    while bad - good > (good / 64).max(1) {
+    // `good` fits (0 always does), `bad` does not.
+    let (mut good, mut bad) = (0, bound);
+    while bad - good > 1 {
         let middle = good + (bad - good) / 2;
-        if fits(middle)? {
+        if reserved(middle) <= left {
             good = middle;
         } else {
             bad = middle;
         }
     }
-    Ok(Some(good))
+    good
 }
 
 #[cfg(test)]
 mod tests {
-    use super::largest_fitting;
+    use super::largest_blocks;
+
+    /// The most blocks whose tensors, rounded up to a block of `round` bytes each, fit `left`:
+    /// counted one by one.
+    fn by_counting(left: u64, tensors: u64, layer_block: u64, round: u64) -> usize {
+        let reserved = |n: u64| tensors * (n * layer_block).div_ceil(round) * round;
+        (0..)
+            .take_while(|&n| reserved(n) <= left)
+            .last()
+            .unwrap_or(0) as usize
+    }
 
     #[test]
-    fn the_largest_fitting_count_is_found_within_a_64th() {
-        for limit in [1, 2, 3, 63, 64, 65, 1000, 4097, 100_000] {
-            let mut trials = 0;
-            let found = largest_fitting(1, 200_000, |n| {
-                trials += 1;
-                Ok::<_, ()>(n <= limit)
-            })
-            .unwrap()
-            .unwrap();
-            assert!(
-                found <= limit && found >= limit - limit / 64,
-                "{limit}: {found}"
-            );
-            assert!(trials <= 24, "{limit}: {trials} trials");
+    fn the_largest_block_count_is_found_under_the_rounding() {
+        for (tensors, layer_block, round) in [
+            (4, 4096, 256),
+            (8, 100, 256),
+            (2, 96, 1024),
+            (24, 1536, 256),
+        ] {
+            for left in [
+                0,
+                1,
+                255,
+                4096,
+                16_383,
+                16_384,
+                100_000,
+                1 << 20,
+                (5 << 20) + 77,
+            ] {
+                let reserved =
+                    |n: usize| tensors * (n as u64 * layer_block).div_ceil(round) * round;
+                let expected = by_counting(left, tensors, layer_block, round);
+                assert_eq!(
+                    largest_blocks(left, tensors, layer_block, usize::MAX, reserved),
+                    expected,
+                    "{tensors} tensors of {layer_block} a block, rounded to {round}, in {left}"
+                );
+                assert_eq!(
+                    largest_blocks(left, tensors, layer_block, 3, reserved),
+                    expected.min(3)
+                );
+            }
         }
-        assert_eq!(largest_fitting(5, 9, |_| Ok::<_, ()>(true)), Ok(Some(9)));
-        assert_eq!(largest_fitting(5, 9, |n| Ok::<_, ()>(n < 5)), Ok(None));
-        assert_eq!(largest_fitting(9, 5, |_| Ok::<_, ()>(true)), Ok(None));
-        assert_eq!(largest_fitting(1, 9, |_| Err::<bool, _>("e")), Err("e"));
     }
 }

@@ -4,7 +4,9 @@
 use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::{Gpt2, Head, StepTensors};
-use crate::compute::{CaptureOptions, ComputeError, Context, Feed, Plan, PlanArena, Tensor};
+use crate::compute::{
+    Capture, CaptureOptions, ComputeError, Context, Feed, Plan, PlanArena, Tensor,
+};
 use crate::paging::StepRows;
 
 /// The inputs of a step's plan, in the order [`capture`] declares them: the last step's
@@ -34,6 +36,38 @@ pub(super) fn capture(
     max_blocks: usize,
     arena: Option<&PlanArena>,
 ) -> Result<Plan, ServeError> {
+    let (capture, next) = record(context, model, cache, rows, samples, max_blocks)?;
+    let options = CaptureOptions {
+        arena: arena.cloned(),
+        ..CaptureOptions::default()
+    };
+    Ok(capture.finish_with(&[&next], options)?)
+}
+
+/// The arena bytes (one figure per arena index) the plan [`capture`] makes of the same step
+/// would need, without building it ([`Capture::arena_bytes`]): nothing but what the recording
+/// itself makes is created.
+pub(super) fn arena_bytes(
+    context: &Context,
+    model: &Gpt2,
+    cache: &KvCache,
+    rows: usize,
+    samples: usize,
+    max_blocks: usize,
+) -> Result<Vec<u64>, ServeError> {
+    let (capture, next) = record(context, model, cache, rows, samples, max_blocks)?;
+    Ok(capture.arena_bytes(&[&next], CaptureOptions::default())?)
+}
+
+/// Records one step into an open capture; gives the capture and the sampled tokens' tensor.
+fn record(
+    context: &Context,
+    model: &Gpt2,
+    cache: &KvCache,
+    rows: usize,
+    samples: usize,
+    max_blocks: usize,
+) -> Result<(Capture, Tensor), ServeError> {
     let mut capture = context.capture()?;
     let previous = capture.input(&[samples])?;
     let host_ids = capture.input(&[rows])?;
@@ -59,9 +93,5 @@ pub(super) fn capture(
         samples: &sampled,
     };
     let next = model.forward(context, cache, inputs, Head::Argmax)?;
-    let options = CaptureOptions {
-        arena: arena.cloned(),
-        ..CaptureOptions::default()
-    };
-    Ok(capture.finish_with(&[&next], options)?)
+    Ok((capture, next))
 }

@@ -1321,3 +1321,83 @@ fn request_gpu_shares_one_instance() {
         assert_eq!(pool.read_vec::<u32>(&allocation).unwrap(), [i as u32 + 7]);
     }
 }
+
+/// `Pool::budget_scope`: nested scopes put back the budget before each, in order; a budget
+/// set by hand meanwhile is left as it is; a scope's budget binds the pool while it lives.
+#[test]
+fn budget_scopes_nest_and_put_back_the_budget_before_them() {
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    assert_eq!(pool.budget(), None);
+    {
+        let outer = pool.budget_scope(Some(8 << 20));
+        assert_eq!(pool.budget(), Some(8 << 20));
+        assert_eq!(
+            (outer.budget_bytes(), outer.previous_bytes()),
+            (Some(8 << 20), None)
+        );
+        {
+            let _inner = pool.budget_scope(Some(4 << 20));
+            assert_eq!(pool.budget(), Some(4 << 20));
+            // The inner budget binds: 5 MiB more than it allows is refused.
+            assert!(matches!(
+                pool.allocate(5 << 20),
+                Err(PoolError::OutOfMemory(_))
+            ));
+            {
+                let _none = pool.budget_scope(None);
+                assert_eq!(pool.budget(), None);
+            }
+            assert_eq!(pool.budget(), Some(4 << 20));
+        }
+        assert_eq!(pool.budget(), Some(8 << 20));
+        let held = pool.allocate(5 << 20).unwrap();
+        drop(held);
+        drop(outer);
+    }
+    assert_eq!(pool.budget(), None);
+    // A budget set by hand while a scope lives is not the scope's to take back.
+    let scope = pool.budget_scope(Some(1 << 20));
+    pool.set_budget(Some(3 << 20));
+    drop(scope);
+    assert_eq!(pool.budget(), Some(3 << 20));
+    // The scope holds a clone of the pool: it outlives the handle it came from.
+    let clone = pool.clone();
+    let scope = clone.budget_scope(Some(2 << 20));
+    drop(clone);
+    assert_eq!(pool.budget(), Some(2 << 20));
+    drop(scope);
+    assert_eq!(pool.budget(), Some(3 << 20));
+}
+
+/// `Pool::allocate_in_own_segment`: a request of any size class gets a segment of exactly its
+/// size rounded up to a block (what `own_segment_bytes` says), where `allocate` would give a
+/// mid-sized request a power-of-two segment with room for two.
+#[test]
+fn an_allocation_in_its_own_segment_reserves_its_rounded_size() {
+    let pool = Pool::new(gpu(), PoolOptions::default()).unwrap();
+    let block = pool.policy().min_block_bytes;
+    for size in [100, 70_000, (3 << 20) + 12, 20 << 20] {
+        let before = pool.stats().reserved_bytes.current;
+        let allocation = pool
+            .allocate_in_own_segment(size, AllocOptions::labeled("own"))
+            .unwrap();
+        let reserved = pool.stats().reserved_bytes.current - before;
+        assert_eq!(reserved, size.div_ceil(block) * block, "{size} bytes");
+        assert_eq!(pool.own_segment_bytes(size), reserved, "{size} bytes");
+        assert_eq!(allocation.size(), size);
+        drop(allocation);
+        pool.submit([]);
+        pool.trim();
+        assert_eq!(pool.stats().reserved_bytes.current, before, "{size} bytes");
+    }
+    // Under a budget, a request whose rounded size fits is placed, one byte more is refused.
+    let base = pool.stats().reserved_bytes.current;
+    let _scope = pool.budget_scope(Some(base + (3 << 20)));
+    let size = (3 << 20) - block + 1;
+    let fits = pool.allocate_in_own_segment(size, AllocOptions::default());
+    assert!(fits.is_ok());
+    assert!(matches!(
+        pool.allocate_in_own_segment(block + 1, AllocOptions::default()),
+        Err(PoolError::OutOfMemory(_))
+    ));
+}

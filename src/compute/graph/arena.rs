@@ -19,6 +19,7 @@ impl Context {
                 allocations: Vec::new(),
                 generation: 0,
                 labelled_heap: 0,
+                own_segments: false,
             })),
         }
     }
@@ -53,6 +54,8 @@ pub(super) struct ArenaState {
     pub(super) generation: u64,
     /// The heap of the plan whose tensors label the arena's ranges.
     labelled_heap: u64,
+    /// Each allocation in a segment sized for it ([`Pool::allocate_in_own_segment`]).
+    own_segments: bool,
 }
 
 impl PlanArena {
@@ -73,22 +76,31 @@ impl PlanArena {
         self.lock().allocations.iter().map(Allocation::size).sum()
     }
 
+    /// Makes the arena's allocations from now on each in a segment sized for it
+    /// ([`Pool::allocate_in_own_segment`]): the pool then reserves their bytes rounded to a
+    /// block, known before they are made.
+    pub(crate) fn use_own_segments(&self) {
+        self.lock().own_segments = true;
+    }
+
     /// Grows the arena to hold `sizes` (one per arena index).
-    pub(super) fn reserve(&self, sizes: &[u64], label: &str) -> Result<(), ComputeError> {
+    pub(crate) fn reserve(&self, sizes: &[u64], label: &str) -> Result<(), ComputeError> {
         let mut state = self.lock();
         for (index, &size) in sizes.iter().enumerate() {
             let have = state.allocations.get(index).map_or(0, Allocation::size);
             if have >= size {
                 continue;
             }
-            let allocation = state.pool.allocate_with(
-                size,
-                AllocOptions {
-                    label,
-                    bindable: false,
-                    ..AllocOptions::default()
-                },
-            )?;
+            let options = AllocOptions {
+                label,
+                bindable: false,
+                ..AllocOptions::default()
+            };
+            let allocation = if state.own_segments {
+                state.pool.allocate_in_own_segment(size, options)?
+            } else {
+                state.pool.allocate_with(size, options)?
+            };
             if index < state.allocations.len() {
                 state.allocations[index] = allocation;
             } else {

@@ -95,6 +95,31 @@ impl<'a> Planner<'a> {
         })
     }
 
+    /// The bytes of each arena the plan of `steps` over `inputs` and `outputs` needs, as
+    /// [`Planner::build`] would place them; nothing is allocated.
+    pub(super) fn arena_bytes(
+        &self,
+        steps: &[Step],
+        inputs: &[Tensor],
+        outputs: &[&Tensor],
+        options: &CaptureOptions,
+    ) -> Result<Vec<u64>, ComputeError> {
+        let lifetimes = self.lifetimes(steps, inputs, outputs)?;
+        Ok(plan(&lifetimes.buffers, &self.plan_options(options))?.arena_bytes)
+    }
+
+    /// The memory plan's options for a capture of `options`.
+    fn plan_options(&self, options: &CaptureOptions) -> PlanOptions {
+        PlanOptions {
+            alignment: self.alignment,
+            max_arena_bytes: Some(
+                (self.context.limits().max_buffer_size / self.alignment) * self.alignment,
+            ),
+            search_steps: options.search_steps,
+            ..PlanOptions::default()
+        }
+    }
+
     /// The plan of `steps` (the fused tape) over `inputs` and `outputs`: places the symbolic
     /// tensors in the arena, prebuilds every step, and binds them.
     pub(super) fn build(
@@ -107,14 +132,7 @@ impl<'a> Planner<'a> {
         options: CaptureOptions,
     ) -> Result<Plan, ComputeError> {
         let lifetimes = self.lifetimes(&steps, inputs, outputs)?;
-        let plan_options = PlanOptions {
-            alignment: self.alignment,
-            max_arena_bytes: Some(
-                (self.context.limits().max_buffer_size / self.alignment) * self.alignment,
-            ),
-            search_steps: options.search_steps,
-            ..PlanOptions::default()
-        };
+        let plan_options = self.plan_options(&options);
         let planned = plan(&lifetimes.buffers, &plan_options)?;
         let greedy = greedy_by_size(&lifetimes.buffers, &plan_options)?;
         let label = format!(

@@ -85,6 +85,44 @@ impl Capture {
         outputs: &[&Tensor],
         options: CaptureOptions,
     ) -> Result<Plan, ComputeError> {
+        let (steps, fused, started) = self.end(outputs, &options)?;
+        Planner::new(&self.context, self.id, &options)?.build(
+            steps,
+            &self.inputs,
+            outputs,
+            fused,
+            started,
+            options,
+        )
+    }
+
+    /// Ends the capture and says the bytes its plan's arena would need (one figure per arena
+    /// index, as [`PlanStats::arenas`](crate::compute::PlanStats::arenas) counts them; their sum
+    /// is its `heap_bytes`) under `options`, without building the plan: no arena is allocated
+    /// (`options.arena` is only checked), no pipeline or bind group made. So a caller can know
+    /// what a plan will hold before anything is made for it. Errors as
+    /// [`Capture::finish_with`]'s but for those of the arena's allocation.
+    pub fn arena_bytes(
+        mut self,
+        outputs: &[&Tensor],
+        options: CaptureOptions,
+    ) -> Result<Vec<u64>, ComputeError> {
+        let (steps, _, _) = self.end(outputs, &options)?;
+        Planner::new(&self.context, self.id, &options)?.arena_bytes(
+            &steps,
+            &self.inputs,
+            outputs,
+            &options,
+        )
+    }
+
+    /// Ends the capture: checks the outputs and the arena, and gives the (fused) tape, the count
+    /// of steps fusion removed, and when this began.
+    fn end(
+        &mut self,
+        outputs: &[&Tensor],
+        options: &CaptureOptions,
+    ) -> Result<(Vec<Step>, usize, Instant), ComputeError> {
         self.open = false;
         let tape = self
             .context
@@ -119,14 +157,7 @@ impl Capture {
             steps = fuse(steps, &keep, self.id);
         }
         let fused = recorded - steps.len();
-        Planner::new(&self.context, self.id, &options)?.build(
-            steps,
-            &self.inputs,
-            outputs,
-            fused,
-            started,
-            options,
-        )
+        Ok((steps, fused, started))
     }
 }
 

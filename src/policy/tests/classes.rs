@@ -283,3 +283,50 @@ fn under_a_budget_a_large_request_takes_a_range_its_rules_would_spare() {
     pool.free(b);
     pool.free(c);
 }
+
+/// `PoolCore::allocate_own_segment`: a packed-sized, a mid-sized and a large request each get
+/// a large segment of exactly their size rounded to a block (what `own_segment_bytes` says), two
+/// of one mid size no power-of-two segment to share; under a budget, the sum of those sizes is
+/// what fits. The naive mode gives each its own segment as ever.
+#[test]
+fn a_request_in_its_own_segment_reserves_its_rounded_size() {
+    let mut core = pool(shared_config());
+    let block = core.config().min_block_bytes;
+    let mut placements = Vec::new();
+    for size in [1000, 3 * MIB + 1, 3 * MIB + 1, 20 * MIB + 7] {
+        let before = core.stats().reserved_bytes.current;
+        let placement = core.allocate_own_segment(size).unwrap();
+        let rounded = size.div_ceil(block) * block;
+        assert_eq!(core.own_segment_bytes(size), rounded);
+        assert_eq!(
+            core.stats().reserved_bytes.current - before,
+            rounded,
+            "{size}"
+        );
+        assert_eq!(placement.class, SegmentClass::Large, "{size}");
+        assert_eq!(placement.allocated_bytes, rounded, "{size}");
+        placements.push(placement);
+    }
+    for placement in placements {
+        core.free(placement);
+    }
+    core.trim();
+    assert_eq!(core.stats().reserved_bytes.current, 0);
+    // Under a budget of exactly two rounded requests: both fit, a third byte does not.
+    let size = 5 * MIB + 3;
+    let rounded = core.own_segment_bytes(size);
+    core.set_budget(Some(2 * rounded));
+    let first = core.allocate_own_segment(size).unwrap();
+    let second = core.allocate_own_segment(size).unwrap();
+    assert_eq!(core.stats().reserved_bytes.current, 2 * rounded);
+    assert!(matches!(
+        core.allocate_own_segment(1),
+        Err(PolicyError::OutOfMemory(_))
+    ));
+    core.free(first);
+    core.free(second);
+    let mut naive = pool(PolicyConfig::naive(4, 1 << 30));
+    let placement = naive.allocate_own_segment(10).unwrap();
+    assert_eq!(placement.class, SegmentClass::Dedicated);
+    assert_eq!(naive.stats().reserved_bytes.current, 12);
+}
