@@ -6,12 +6,15 @@
 #     sh benches/gpu/serving_call.sh
 #
 # (a) Prefix caching: a stream of 256 requests whose prompts start with one of 8 shared prefixes
-#     of 256 tokens (256 + our prompts' 32–512 + outputs' 32–256 fit n_ctx 1024 uncut), ours
-#     (`--sides paged`) with `--prefix-caching on` and `off`.
+#     of 512 tokens (each request's own prompt cut to fit n_ctx 1024 with its outputs), ours
+#     (`--sides paged`) with `--prefix-caching on` and `off`. (Call 27, 2026-12-07, used prefixes
+#     of 256 tokens.)
 #     The default stream (64 requests) with `--prefix-caching on` and `off` too (`plain_*`).
-# (b) Admission: 128 requests at max batch 32 under the default budget (the weights, the
-#     activations and half the contiguous cache of max_batch full contexts), ours with
-#     `--admission optimistic` and `reserve`.
+# (b) Admission: 128 requests of the shared-prefix stream (prefixes of 256 tokens, prefix caching
+#     off: long sequences) at max batch 32 under the default budget (the weights, the activations
+#     and half the contiguous cache of max_batch full contexts), ours with `--admission
+#     optimistic` and `reserve`. (Call 27 used the default stream, which that budget holds
+#     whole: neither admission waited.)
 # (c) A rate sweep from light to overload (RATES, requests/s, default "4 12 36 108"; SWEEP_N
 #     requests each, default 64; max batch 16): at each rate ours (`--sides paged --rate R`) writes
 #     the stream, then `benches/torch/serve_gpt.py` (PyTorch eager, f32) and
@@ -62,7 +65,7 @@ for caching in on off; do
     mark "prefix_$caching"
     # shellcheck disable=SC2086 # $G and $SLO are lists of arguments
     timeout "$(cap 90)" sh .gpu/run serve_gpt $G $SLO --requests 256 --max-batch 16 --sides paged \
-        --shared-prefix 8:256 --prefix-caching "$caching" \
+        --shared-prefix 8:512 --prefix-caching "$caching" \
         --json "$W/prefix_$caching.json" > "$W/prefix_$caching.txt" 2>&1
 done
 # The default stream (no prefix shared), to see what prefix caching costs where nothing hits.
@@ -79,7 +82,7 @@ for admission in optimistic reserve; do
     mark "admission_$admission"
     # shellcheck disable=SC2086
     timeout "$(cap 90)" sh .gpu/run serve_gpt $G $SLO --requests 128 --max-batch 32 --sides paged \
-        --admission "$admission" \
+        --shared-prefix 8:256 --prefix-caching off --admission "$admission" \
         --json "$W/admission_$admission.json" > "$W/admission_$admission.txt" 2>&1
 done
 for rate in $RATES; do
