@@ -468,26 +468,22 @@ impl Scheduler {
     /// The steps of padding rows only, one for every row count steps are padded to (powers of
     /// two from `min_step_rows` up to `max_step_tokens`): for warming a model up.
     pub fn padding_steps(&self) -> Result<Vec<StepRows>, SchedulerError> {
-        let mut steps = Vec::new();
-        let mut rows = StepRows::bucket(self.options.min_step_rows);
-        loop {
-            steps.push(StepRows::new(
-                rows,
-                self.options.max_batch,
-                self.options.max_blocks,
-            )?);
-            if rows >= self.options.max_step_tokens {
-                return Ok(steps);
-            }
-            rows = StepRows::bucket(rows + 1);
-        }
+        self.step_row_counts()
+            .into_iter()
+            .map(|rows| {
+                StepRows::new(rows, self.options.max_batch, self.options.max_blocks)
+                    .map_err(SchedulerError::from)
+            })
+            .collect()
     }
 
     /// The row counts steps are padded to, fewest first.
     pub fn step_row_counts(&self) -> Vec<usize> {
-        self.padding_steps()
-            .map(|steps| steps.iter().map(StepRows::capacity).collect())
-            .unwrap_or_default()
+        let mut counts = vec![StepRows::bucket(self.options.min_step_rows)];
+        while let Some(&rows) = counts.last().filter(|&&r| r < self.options.max_step_tokens) {
+            counts.push(StepRows::bucket(rows + 1));
+        }
+        counts
     }
 
     /// The tokens request `id` has generated so far (all of them once finished and not yet
