@@ -9,6 +9,7 @@
 //!     [--max-step-tokens R] [--min-step-rows R] [--profile] [--warm-s S]
 //!     [--rate R] [--shared-prefix N:L] [--slo-ttft-ms MS] [--slo-tpot-ms MS]
 //!     [--admission reserve|optimistic[:WATERMARK]] [--prefix-caching on|off]
+//!     [--dtype f32|f16]
 //! ```
 //!
 //! A seeded stream of requests (`--seed`, default 1): prompt lengths uniform in 32–512 tokens and
@@ -46,6 +47,13 @@
 //! GPU busy with padding steps for S seconds before its stream (clocks that follow the load have
 //! risen); each side's `span_unix_s` lets its run be laid beside a clock log.
 //!
+//! `--dtype f16` stores the weights and the KV cache in f16 (products accumulate in f32; the
+//! device must offer `SHADER_F16`) and opens the device with cooperative matrices where the
+//! adapter has them, so that prefill products run on the tensor cores; the default budget is
+//! the f32 one whatever the dtype, so that f16 and f32 runs compare at one budget (f16 holds
+//! about twice the sequences). The JSON's `plan_steps` gives each planned step's dispatches by
+//! its rows.
+//!
 //! Latencies count from each request's arrival: TTFT (to its first token on the host) and TPOT
 //! (per output token after the first), p50 and p99 over requests. Goodput: the requests a second
 //! (over the side's wall time) that meet both objectives, TTFT at most `--slo-ttft-ms` (default
@@ -77,7 +85,7 @@ use wgpu_pool::paging::{percentile, KvLayout, RequestSpec, StreamSpec, TimedRequ
 use wgpu_pool::report::{write_exports, AllocatorReport};
 use wgpu_pool::scheduler::Admission;
 use wgpu_pool::serve::{Completion, Execution, Gpt2, KvCache, Server, ServerOptions};
-use wgpu_pool::{request_gpu, Gpu, LimitsChoice, Pool, PoolOptions};
+use wgpu_pool::{request_gpu_with, Gpu, GpuOptions, LimitsChoice, Pool, PoolOptions};
 
 /// The command line.
 #[derive(Debug, Clone)]
@@ -103,6 +111,7 @@ struct Args {
     slo: Slo,
     admission: Admission,
     prefix_caching: bool,
+    dtype: DType,
 }
 
 /// `reserve`, `optimistic` or `optimistic:W`.
@@ -168,6 +177,7 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
         },
         admission: Admission::Reserve,
         prefix_caching: true,
+        dtype: DType::F32,
     };
     let mut it = arguments.into_iter();
     while let Some(flag) = it.next() {
@@ -196,6 +206,13 @@ fn parse_args(arguments: impl IntoIterator<Item = String>) -> Result<Args> {
                     "on" => true,
                     "off" => false,
                     other => bail!("--prefix-caching is on or off, not {other:?}"),
+                }
+            }
+            "--dtype" => {
+                args.dtype = match value()?.as_str() {
+                    "f32" => DType::F32,
+                    "f16" => DType::F16,
+                    other => bail!("--dtype is f32 or f16, not {other:?}"),
                 }
             }
             "--min-step-rows" => {
@@ -257,6 +274,9 @@ struct Side {
     decode_step_ms_mean: f64,
     decode_steps: u64,
     steps: u64,
+    /// Planned sides: the dispatches of a step of N rows, by N (the row counts steps are
+    /// padded to).
+    plan_steps: std::collections::BTreeMap<usize, usize>,
     kv_blocks: usize,
     kv_cache_bytes: u64,
     kv_reserved_bytes_peak: u64,
@@ -374,6 +394,8 @@ struct Output<'a> {
     admission: String,
     /// Whether the paged sides cache prefixes.
     prefix_caching: bool,
+    /// The weights' and KV cache's element type (`--dtype`).
+    dtype: String,
     stream: Stream<'a>,
     sides: serde_json::Map<String, serde_json::Value>,
 }
@@ -382,7 +404,11 @@ fn main() -> Result<()> {
     let list: Vec<String> = std::env::args().skip(1).collect();
     let args = parse_args(list.clone())?;
     if args.write_weights.is_none() {
-        let gpu = request_gpu(LimitsChoice::Adapter)?;
+        // f16: the prefill products on cooperative matrices (tensor cores) where offered.
+        let options = GpuOptions::default()
+            .with_limits(LimitsChoice::Adapter)
+            .with_cooperative_matrix(args.dtype == DType::F16);
+        let gpu = request_gpu_with(options)?;
         return serve(Some(&gpu), &list, true);
     }
     serve(None, &list, true)
@@ -419,11 +445,12 @@ fn serve(gpu: Option<&Gpu>, list: &[String], progress: bool) -> Result<()> {
     let requests = stream_spec.generate_timed(&traffic)?;
     let gpu = gpu.context("serving needs a GPU")?;
     println!(
-        "{} ({:?}): GPT-2 {} layers × {} wide, {} requests, at most {} in flight",
+        "{} ({:?}): GPT-2 {} layers × {} wide, {:?}, {} requests, at most {} in flight",
         gpu.info.name,
         gpu.info.backend,
         config.n_layer,
         config.n_embd,
+        args.dtype,
         args.requests,
         args.max_batch
     );
@@ -498,6 +525,7 @@ fn serve(gpu: Option<&Gpu>, list: &[String], progress: bool) -> Result<()> {
             Admission::Optimistic { watermark } => format!("optimistic:{watermark}"),
         },
         prefix_caching: args.prefix_caching,
+        dtype: format!("{:?}", args.dtype).to_lowercase(),
         stream: Stream {
             spec: &stream_spec,
             traffic: &traffic,
@@ -593,7 +621,7 @@ fn default_budget(gpu: &Gpu, weights: &Gpt2Weights, args: &Args) -> Result<u64> 
 fn paged_cache_blocks(gpu: &Gpu, weights: &Gpt2Weights, args: &Args, budget: u64) -> Result<usize> {
     let pool = Pool::new(gpu, PoolOptions::default())?;
     let context = Context::new(&pool, ContextOptions::default())?;
-    let model = Gpt2::upload(&context, weights, DType::F32)?;
+    let model = Gpt2::upload(&context, weights, args.dtype)?;
     let options = options(args, Some(budget), KvLayout::Paged, Execution::Planned);
     Ok(Server::dry_run(&context, &model, &options)?.kv_blocks)
 }
@@ -688,7 +716,7 @@ fn start_side(
     };
     let context = Context::new(&pool, context_options)?;
     let built = Instant::now();
-    let model = Gpt2::upload(&context, weights, DType::F32)?;
+    let model = Gpt2::upload(&context, weights, args.dtype)?;
     let weights_bytes = model.bytes();
     let side_options = match (spec.execution, paged_blocks) {
         (Execution::Eager, Some(blocks)) => ServerOptions {
@@ -966,6 +994,10 @@ fn side_figures(
         decode_step_ms_mean: stats.decode_step_seconds * 1e3 / stats.decode_steps.max(1) as f64,
         decode_steps: stats.decode_steps,
         steps: stats.steps,
+        plan_steps: server
+            .plan_stats()
+            .map(|(rows, plan)| (rows, plan.steps))
+            .collect(),
         kv_blocks: server.cache().num_blocks(),
         kv_cache_bytes: server.cache().bytes(),
         kv_reserved_bytes_peak: kv_reserved,

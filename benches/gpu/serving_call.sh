@@ -9,6 +9,8 @@
 #     of 512 tokens (each request's own prompt cut to fit n_ctx 1024 with its outputs), ours
 #     (`--sides paged`) with `--prefix-caching on` and `off`. (Call 27, 2026-12-07, used prefixes
 #     of 256 tokens.)
+#     The same prefixes arriving at PREFIX_RATE requests/s (default 4; 96 requests), on and off
+#     (`prefix_rate_*`): below saturation TTFT measures the prefill, not the queue.
 #     The default stream (64 requests) with `--prefix-caching on` and `off` too (`plain_*`).
 # (b) Admission: 128 requests of the shared-prefix stream (prefixes of 256 tokens, prefix caching
 #     off: long sequences) at max batch 32 under the default budget (the weights, the activations
@@ -67,6 +69,16 @@ for caching in on off; do
     timeout "$(cap 90)" sh .gpu/run serve_gpt $G $SLO --requests 256 --max-batch 16 --sides paged \
         --shared-prefix 8:512 --prefix-caching "$caching" \
         --json "$W/prefix_$caching.json" > "$W/prefix_$caching.txt" 2>&1
+done
+# The same prefixes arriving over time (PREFIX_RATE requests/s, default 4, 96 requests): below
+# saturation TTFT is the prefill itself, not the wait for a slot.
+for caching in on off; do
+    fits 45 "prefix_rate_$caching" || continue
+    mark "prefix_rate_$caching"
+    # shellcheck disable=SC2086
+    timeout "$(cap 90)" sh .gpu/run serve_gpt $G $SLO --requests 96 --max-batch 16 --sides paged \
+        --shared-prefix 8:512 --prefix-caching "$caching" --rate "${PREFIX_RATE:-4}" \
+        --json "$W/prefix_rate_$caching.json" > "$W/prefix_rate_$caching.txt" 2>&1
 done
 # The default stream (no prefix shared), to see what prefix caching costs where nothing hits.
 for caching in on off; do
@@ -158,7 +170,7 @@ header = (f"  {'side':<26} {'goodput':>8} {'tokens/s':>10} {'TTFT p50':>9} {'TTF
           f" {'TPOT p50':>8} {'served/s':>9}  agreement with ours")
 print("(a) prefix caching (ours, shared-prefix stream), (b) admission under half the contiguous need")
 print(header)
-for name in ["prefix_on", "prefix_off", "plain_on", "plain_off", "admission_optimistic",
+for name in ["prefix_on", "prefix_off", "prefix_rate_on", "prefix_rate_off", "plain_on", "plain_off", "admission_optimistic",
              "admission_reserve"]:
     doc = load(name + ".json")
     side = ((doc or {}).get("sides") or {}).get("paged")

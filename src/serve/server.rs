@@ -11,7 +11,7 @@ use super::options::{Execution, ServerOptions};
 use super::sizing::{memory_plan, MemoryPlan};
 use super::stats::{Completion, ServerStats};
 use super::step::{capture, feeds};
-use crate::compute::{Context, DType, Plan, PlanArena, PlanRun, Tensor};
+use crate::compute::{Context, DType, Plan, PlanArena, PlanRun, PlanStats, Tensor};
 use crate::model::Gpt2Weights;
 use crate::paging::{BlockManager, BlockState, KvLayout, RequestSpec, StepRows};
 use crate::scheduler::{ScheduledStep, Scheduler, SchedulerOptions, SchedulerStats};
@@ -141,6 +141,13 @@ impl Server {
         options: &ServerOptions,
     ) -> Result<MemoryPlan, ServeError> {
         memory_plan(context, model, options)
+    }
+
+    /// The step plans' statistics (planned execution; none when eager), one per row count
+    /// a step is padded to, fewest rows first: `steps` is the dispatches a step of that many
+    /// rows runs.
+    pub fn plan_stats(&self) -> impl Iterator<Item = (usize, &PlanStats)> + '_ {
+        self.plans.iter().map(|(&rows, plan)| (rows, plan.stats()))
     }
 
     /// What the server's dry run said it holds, which it made.

@@ -883,27 +883,40 @@ fn an_f16_model_serves_the_twins_greedy_tokens_within_f16_rounding() {
         ..ServerOptions::default()
     };
     let mut server = Server::new(&context, model, options).unwrap();
-    let requests = stream(4, 8);
+    let requests = stream(6, 12);
     for request in &requests {
         server.submit(request).unwrap();
     }
     let done = server.run().unwrap();
     assert_eq!(done.len(), requests.len());
+    // Teacher forcing: the f64 twin reads the prompt and the server's own tokens, and each
+    // token the server chose must be the twin's greedy choice after the same tokens, or a
+    // near-tie: its logit within NEAR_TIE of the best (f16 weights, activations and KV cache
+    // round each logit by a few hundredths at most on this model).
+    const NEAR_TIE: f32 = 0.05;
     let vocab = weights.config.vocab_size;
+    let (mut tokens, mut equal) = (0, 0);
     for completion in &done {
         let request = &requests[completion.id as usize];
         assert_eq!(completion.output.len(), request.max_new_tokens);
-        // f16 weights and activations: the first token's logit within 0.05 of the twin's best.
-        let logits = weights.reference_logits(&request.prompt).unwrap();
-        let row = &logits[(request.prompt.len() - 1) * vocab..];
-        let best = row.iter().copied().fold(f32::MIN, f32::max);
-        let chosen = row[completion.output[0] as usize];
-        assert!(
-            best - chosen <= 0.05,
-            "first token {} logit {chosen}, best {best}",
-            completion.output[0]
-        );
+        let mut sequence = request.prompt.clone();
+        sequence.extend_from_slice(&completion.output[..completion.output.len() - 1]);
+        let logits = weights.reference_logits(&sequence).unwrap();
+        for (i, &token) in completion.output.iter().enumerate() {
+            let row = &logits[(request.prompt.len() - 1 + i) * vocab..][..vocab];
+            let best = row.iter().copied().fold(f32::MIN, f32::max);
+            let chosen = row[token as usize];
+            assert!(
+                best - chosen <= NEAR_TIE,
+                "request {} token {i}: {token} has logit {chosen}, the twin's best {best}",
+                completion.id
+            );
+            tokens += 1;
+            equal += usize::from(chosen == best);
+        }
     }
+    eprintln!("f16 serving: {equal} of {tokens} tokens the twin's greedy choice, the rest near-ties");
+    assert!(tokens >= 30);
 }
 
 #[test]
