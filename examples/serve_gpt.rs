@@ -51,8 +51,8 @@
 //! device must offer `SHADER_F16`) and opens the device with cooperative matrices where the
 //! adapter has them, so that prefill products run on the tensor cores; the default budget is
 //! the f32 one whatever the dtype, so that f16 and f32 runs compare at one budget (f16 holds
-//! about twice the sequences). The JSON's `plan_steps` gives each planned step's dispatches by
-//! its rows.
+//! about twice the sequences). The JSON's `plan_steps` gives each step plan's dispatches (decode-only
+//! plans apart).
 //!
 //! Latencies count from each request's arrival: TTFT (to its first token on the host) and TPOT
 //! (per output token after the first), p50 and p99 over requests. Goodput: the requests a second
@@ -274,9 +274,9 @@ struct Side {
     decode_step_ms_mean: f64,
     decode_steps: u64,
     steps: u64,
-    /// Planned sides: the dispatches of a step of N rows, by N (the row counts steps are
-    /// padded to).
-    plan_steps: std::collections::BTreeMap<usize, usize>,
+    /// Planned sides: the dispatches of each step plan, by `"N decode"` (decode-only steps of N
+    /// rows) and `"N any"` (steps of any N rows; N the row counts steps are padded to).
+    plan_steps: std::collections::BTreeMap<String, usize>,
     kv_blocks: usize,
     kv_cache_bytes: u64,
     kv_reserved_bytes_peak: u64,
@@ -996,7 +996,10 @@ fn side_figures(
         steps: stats.steps,
         plan_steps: server
             .plan_stats()
-            .map(|(rows, plan)| (rows, plan.steps))
+            .map(|(rows, decode, plan)| {
+                let kind = if decode { "decode" } else { "any" };
+                (format!("{rows} {kind}"), plan.steps)
+            })
             .collect(),
         kv_blocks: server.cache().num_blocks(),
         kv_cache_bytes: server.cache().bytes(),

@@ -33,7 +33,21 @@ fn quads() -> u32 {
 }
 
 fn parts() -> u32 {
-    return (params.head_dim_parts >> 16u) & 0x7fffu;
+    return (params.head_dim_parts >> 16u) & 0x1fffu;
+}
+
+// Bit 30 of `head_dim_parts`: `seq_lens` holds each sequence's position of its new token, so
+// that its length is that plus one.
+fn lengths_from_positions() -> bool {
+    return ((params.head_dim_parts >> 30u) & 1u) == 1u;
+}
+
+// Bit 29 (with a fused q and bit 30): the workgroup whose share holds a sequence's new token
+// first writes that token's key and value of its head (from the fused tensor) into the caches,
+// so that no separate cache write runs before the attention. Correct only when no two rows of
+// the dispatch write or read each other's new token: each row a different sequence (decode).
+fn writes_new_token() -> bool {
+    return ((params.head_dim_parts >> 29u) & 1u) == 1u;
 }
 
 // Elements from one sequence's query to the next: n_head · head_dim, or three times that where
@@ -110,7 +124,10 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
     let b = pair / params.n_head;
     let h = pair % params.n_head;
     let n = quads();
-    let len = seq_lens[b];
+    var len = seq_lens[b];
+    if (lengths_from_positions()) {
+        len += 1.0;
+    }
     var bad = 0.0;
     if (local == 0u) {
         if (len >= 1.0 && len <= f32(params.max_blocks * params.block_tokens) && floor(len) == len) {
@@ -129,6 +146,18 @@ fn paged_attention_decode(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(
     let share = (count + parts() - 1u) / parts();
     let first = min(count, part * share);
     let end = min(count, first + share);
+    // The new token's key and value, written by the share that holds it (see
+    // `writes_new_token`); read back below by this workgroup only, after the barrier.
+    if (writes_new_token() && count > 0u && first < end && end == count) {
+        let row = token_row(b, h, count - 1u);
+        let token = params.n_head * n;
+        let new_key = b * q_stride() / 4u + token + h * n;
+        if (row.y == 1u && local < n) {
+            k_cache[row.x + local] = q[new_key + local];
+            v_cache[row.x + local] = q[new_key + token + local];
+        }
+    }
+    storageBarrier();
     var partial_max = -3.4028234663852886e38;
     for (var t = first + local; t < end; t += 256u) {
         let row = token_row(b, h, t);

@@ -565,6 +565,29 @@ pub fn kv_write_qkv(
     );
 }
 
+/// The decode rows' cache write and attention of
+/// [`Context::paged_attention_decode_write_qkv`](crate::compute::Context::paged_attention_decode_write_qkv):
+/// [`kv_write_qkv`] at `positions`, then [`paged_attention_decode`] of the queries over lengths
+/// `positions + 1`.
+///
+/// # Panics
+///
+/// As [`kv_write`] and [`paged_attention_decode`].
+pub fn paged_attention_decode_write_qkv(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    qkv: &[f32],
+    block_table: &[f32],
+    positions: &[f32],
+    layout: KvLayout,
+    scale: f32,
+) -> Vec<f32> {
+    kv_write_qkv(k_cache, v_cache, qkv, block_table, positions, layout);
+    let [q, _, _] = split_qkv(qkv, layout.token_len());
+    let lengths: Vec<f32> = positions.iter().map(|&p| p + 1.0).collect();
+    paged_attention_decode(&q, k_cache, v_cache, block_table, &lengths, layout, scale)
+}
+
 /// The queries, keys and values of a fused `[batch, 3, token_len]` tensor, each
 /// `[batch, token_len]`.
 pub fn split_qkv(qkv: &[f32], token_len: usize) -> [Vec<f32>; 3] {

@@ -51,7 +51,7 @@ mod step;
 
 pub use error::ServeError;
 pub use kv::KvCache;
-pub use model::{Gpt2, Head, StepTensors};
+pub use model::{Gpt2, Head, StepKind, StepTensors};
 pub use options::{Execution, ServerOptions};
 pub use server::Server;
 pub use sizing::MemoryPlan;

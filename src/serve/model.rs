@@ -4,7 +4,7 @@
 
 use super::error::ServeError;
 use super::kv::KvCache;
-use crate::compute::{Activation, BinaryOp, ComputeError, Context, DType, Epilogue, Tensor};
+use crate::compute::{Activation, ComputeError, Context, DType, Epilogue, Tensor};
 use crate::model::{Gpt2Config, Gpt2Weights, LAYER_NORM_EPS};
 
 /// One block's tensors. The attention's `c_attn` stays whole: one product gives each row's
@@ -27,6 +27,20 @@ pub enum Head {
     Logits,
     /// The greedy next token (the first largest logit), `[samples]` f32 ids.
     Argmax,
+}
+
+/// Which rows a step holds, which decides how its keys and values reach the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// Any rows (prompt chunks and decoding tokens mixed): each layer writes the rows' keys and
+    /// values into the cache ([`Context::kv_write_qkv`]), then attends
+    /// ([`Context::paged_attention_decode_qkv_at`]).
+    Mixed,
+    /// Every row a different sequence's newest token (a decode step; padding rows write block
+    /// 0, which no sequence holds): each layer's attention writes its row's key and value
+    /// itself ([`Context::paged_attention_decode_write_qkv`], one dispatch fewer a layer). Rows
+    /// of one sequence in such a step may read stale keys: the caller keeps the contract.
+    Decode,
 }
 
 /// The inputs of one step (see [`StepRows`](crate::paging::StepRows)), as f32 tensors of exact
@@ -250,11 +264,23 @@ impl Gpt2 {
         inputs: StepTensors<'_>,
         head: Head,
     ) -> Result<Tensor, ComputeError> {
+        self.forward_step(context, cache, inputs, head, StepKind::Mixed)
+    }
+
+    /// [`Gpt2::forward`] for a step of `kind`: [`StepKind::Decode`] when every row is a
+    /// different sequence's newest token (its contract), [`StepKind::Mixed`] otherwise.
+    pub fn forward_step(
+        &self,
+        context: &Context,
+        cache: &KvCache,
+        inputs: StepTensors<'_>,
+        head: Head,
+        kind: StepKind,
+    ) -> Result<Tensor, ComputeError> {
         let e = self.config.n_embd;
         let (heads, head_dim) = (self.config.n_head, self.config.head_dim());
         let rows = inputs.ids.len();
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let seq_lens = context.binary_scalar(BinaryOp::Add, inputs.positions, 1.0)?;
         let mut x = {
             let tokens = context.embedding(&self.wte, inputs.ids)?;
             let positions = context.embedding(&self.wpe, inputs.positions)?;
@@ -275,10 +301,18 @@ impl Gpt2 {
             let h = context.layer_norm(&x, &block.ln_1.0, &block.ln_1.1, LAYER_NORM_EPS)?;
             let qkv =
                 linear(&h, &block.qkv, Activation::None)?.reshape(&[rows, 3, heads, head_dim])?;
-            context.kv_write_qkv(k_cache, v_cache, &qkv, inputs.table, inputs.positions)?;
-            let attended = context
-                .paged_attention_decode_qkv(&qkv, k_cache, v_cache, inputs.table, &seq_lens, scale)?
-                .reshape(&[rows, e])?;
+            let (table, positions) = (inputs.table, inputs.positions);
+            let attended = match kind {
+                StepKind::Mixed => {
+                    context.kv_write_qkv(k_cache, v_cache, &qkv, table, positions)?;
+                    context
+                        .paged_attention_decode_qkv_at(&qkv, k_cache, v_cache, table, positions, scale)?
+                }
+                StepKind::Decode => context.paged_attention_decode_write_qkv(
+                    &qkv, k_cache, v_cache, table, positions, scale,
+                )?,
+            }
+            .reshape(&[rows, e])?;
             drop((qkv, h));
             let projected = linear(&attended, &block.attn_proj, Activation::None)?;
             x = context.add(&x, &projected)?;

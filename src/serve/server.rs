@@ -6,11 +6,11 @@ use web_time::Instant;
 
 use super::error::ServeError;
 use super::kv::KvCache;
-use super::model::{Gpt2, Head, StepTensors};
+use super::model::{Gpt2, Head, StepKind, StepTensors};
 use super::options::{Execution, ServerOptions};
 use super::sizing::{memory_plan, MemoryPlan};
 use super::stats::{Completion, ServerStats};
-use super::step::{capture, feeds};
+use super::step::{capture, feeds, step_shapes};
 use crate::compute::{Context, DType, Plan, PlanArena, PlanRun, PlanStats, Tensor};
 use crate::model::Gpt2Weights;
 use crate::paging::{BlockManager, BlockState, KvLayout, RequestSpec, StepRows};
@@ -72,7 +72,8 @@ pub struct Server {
     options: ServerOptions,
     max_blocks: usize,
     arena: PlanArena,
-    plans: BTreeMap<usize, Plan>,
+    /// Step plans by row count and whether the step is decode-only ([`StepKind::Decode`]).
+    plans: BTreeMap<(usize, bool), Plan>,
     stats: ServerStats,
     /// Planned: the last step's sampled tokens, which the next step's fed rows read
     /// ([`StepRows::push_fed`]).
@@ -143,11 +144,14 @@ impl Server {
         memory_plan(context, model, options)
     }
 
-    /// The step plans' statistics (planned execution; none when eager), one per row count
-    /// a step is padded to, fewest rows first: `steps` is the dispatches a step of that many
-    /// rows runs.
-    pub fn plan_stats(&self) -> impl Iterator<Item = (usize, &PlanStats)> + '_ {
-        self.plans.iter().map(|(&rows, plan)| (rows, plan.stats()))
+    /// The step plans' statistics (planned execution; none when eager), fewest rows first:
+    /// one per row count a step is padded to, and whether it is the plan of decode-only steps
+    /// ([`StepKind::Decode`]; row counts up to `max_batch`'s) or of any rows. `steps` is the
+    /// dispatches a step of that plan runs.
+    pub fn plan_stats(&self) -> impl Iterator<Item = (usize, bool, &PlanStats)> + '_ {
+        self.plans
+            .iter()
+            .map(|(&(rows, decode), plan)| (rows, decode, plan.stats()))
     }
 
     /// What the server's dry run said it holds, which it made.
@@ -215,16 +219,21 @@ impl Server {
             in_flight: VecDeque::new(),
         };
         if server.options.execution == Execution::Planned {
-            for rows in server.scheduler.step_row_counts() {
-                let plan = server.capture_step(rows, &server.cache)?;
-                server.plans.insert(rows, plan);
+            for (rows, kind) in server.step_plans() {
+                let plan = server.capture_step(rows, kind, &server.cache)?;
+                server.plans.insert((rows, kind == StepKind::Decode), plan);
             }
         }
         Ok(server)
     }
 
     /// The plan of a step of `rows` rows over `cache`, in the server's arena.
-    fn capture_step(&self, rows: usize, cache: &KvCache) -> Result<Plan, ServeError> {
+    fn capture_step(
+        &self,
+        rows: usize,
+        kind: StepKind,
+        cache: &KvCache,
+    ) -> Result<Plan, ServeError> {
         capture(
             &self.context,
             &self.model,
@@ -232,8 +241,15 @@ impl Server {
             rows,
             self.options.max_batch,
             self.max_blocks,
+            kind,
             Some(&self.arena),
         )
+    }
+
+    /// The step shapes the server plans (and warms up): every row count steps are padded to
+    /// for any rows, and those up to `max_batch`'s for decode-only steps.
+    fn step_plans(&self) -> Vec<(usize, StepKind)> {
+        step_shapes(&self.options, self.scheduler.step_row_counts())
     }
 
     /// Runs a step of padding rows (each writing block 0 only, which no sequence holds) for
@@ -243,8 +259,8 @@ impl Server {
     /// ([`Server::sync`]); changes no sequence and no statistic otherwise.
     pub fn warm_up(&mut self) -> Result<(), ServeError> {
         self.sync()?;
-        for step in self.warm_up_steps()? {
-            self.run_rows(&step)
+        for (step, decode) in self.warm_up_steps()? {
+            self.run_rows(&step, decode)
                 .and_then(Tokens::wait)
                 .map_err(|error| self.stop_running(error))?;
         }
@@ -254,9 +270,9 @@ impl Server {
     /// [`Server::warm_up`] without blocking the thread (for async code and browsers).
     pub async fn warm_up_async(&mut self) -> Result<(), ServeError> {
         self.sync_async().await?;
-        for step in self.warm_up_steps()? {
+        for (step, decode) in self.warm_up_steps()? {
             let tokens = self
-                .run_rows(&step)
+                .run_rows(&step, decode)
                 .map_err(|error| self.stop_running(error))?;
             if let Err(error) = tokens.wait_async().await {
                 return Err(self.stop_running(error));
@@ -266,8 +282,20 @@ impl Server {
     }
 
     /// The steps of padding rows [`Server::warm_up`] runs: one per row count steps are padded to.
-    fn warm_up_steps(&self) -> Result<Vec<StepRows>, ServeError> {
-        Ok(self.scheduler.padding_steps()?)
+    /// Each padding step is a valid decode-only step too (its rows write block 0 only): the
+    /// decode plans are warmed with the same rows.
+    fn warm_up_steps(&self) -> Result<Vec<(StepRows, bool)>, ServeError> {
+        let padding = self.scheduler.padding_steps()?;
+        let shapes = self.step_plans();
+        let mut steps = Vec::with_capacity(shapes.len());
+        for step in padding {
+            for &(rows, kind) in &shapes {
+                if rows == step.capacity() {
+                    steps.push((step.clone(), kind == StepKind::Decode));
+                }
+            }
+        }
+        Ok(steps)
     }
 
     /// Queues a request; it is admitted when its KV blocks are free. Returns its id (ids count
@@ -497,7 +525,7 @@ impl Server {
             return Ok(None);
         };
         self.sync_stats();
-        let tokens = self.run_rows(&rows)?;
+        let tokens = self.run_rows(&rows, decode_only)?;
         let step = InFlight {
             tokens,
             samples: samples.len(),
@@ -507,15 +535,18 @@ impl Server {
 
     /// Submits the step's rows: planned, a replay left running (its decoding rows fed from
     /// the last step's samples where [`StepRows::fed`] says); eager, the ops run and read.
-    fn run_rows(&mut self, rows: &StepRows) -> Result<Tokens, ServeError> {
+    /// `decode_only`: every row is a different sequence's newest token (the scheduler's
+    /// [`ScheduledStep::decode_only`]), so the step may run as [`StepKind::Decode`] (the plan
+    /// of any rows where no decode plan has its row count).
+    fn run_rows(&mut self, rows: &StepRows, decode_only: bool) -> Result<Tokens, ServeError> {
+        let n = rows.capacity();
         match self.options.execution {
             Execution::Planned => {
+                let decode = decode_only && self.plans.contains_key(&(n, true));
                 let plan = self
                     .plans
-                    .get_mut(&rows.capacity())
-                    .ok_or(ServeError::NoPlan {
-                        rows: rows.capacity(),
-                    })?;
+                    .get_mut(&(n, decode))
+                    .ok_or(ServeError::NoPlan { rows: n })?;
                 let sampled = self
                     .sampled
                     .as_ref()
@@ -527,7 +558,7 @@ impl Server {
                     return Err(ServeError::FedEagerStep);
                 }
                 let context = &self.context;
-                let (n, max_blocks) = (rows.capacity(), rows.max_blocks());
+                let max_blocks = rows.max_blocks();
                 let ids = context.tensor(rows.ids(), &[n])?;
                 let positions = context.tensor(rows.positions(), &[n])?;
                 let table = context.tensor(rows.table(), &[n, max_blocks])?;
@@ -538,9 +569,14 @@ impl Server {
                     table: &table,
                     samples: &samples,
                 };
-                let next = self
-                    .model
-                    .forward(context, &self.cache, inputs, Head::Argmax)?;
+                let kind = if decode_only {
+                    StepKind::Decode
+                } else {
+                    StepKind::Mixed
+                };
+                let next =
+                    self.model
+                        .forward_step(context, &self.cache, inputs, Head::Argmax, kind)?;
                 Ok(Tokens::Eager(next))
             }
         }

@@ -8,7 +8,7 @@ use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::Gpt2;
 use super::options::{check_options, Execution, ServerOptions};
-use super::step::arena_bytes;
+use super::step::{arena_bytes, step_shapes};
 use crate::compute::{tensor_bytes, Context, DType};
 use crate::paging::{BlockManager, StepRows};
 use crate::Pool;
@@ -236,7 +236,8 @@ pub(super) fn memory_plan(
 }
 
 /// The bytes of each arena index the steps' plans need: every row count a step is padded to
-/// (powers of two from `min_step_rows` to `max_step_tokens`), measured over a KV cache of two
+/// (powers of two from `min_step_rows` to `max_step_tokens`), and the decode-only plans of
+/// those up to `max_batch`'s (`step_shapes`), measured over a KV cache of two
 /// blocks made for it and given back (with the context trimmed after it), the most of each
 /// index. Nothing else is made.
 fn measure_activations(
@@ -247,13 +248,20 @@ fn measure_activations(
     let config = model.config();
     let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
     let probe = KvCache::new(context, &config, options.block_tokens, 2, model.dtype())?;
+    let mut counts = vec![StepRows::bucket(options.min_step_rows)];
+    while let Some(&rows) = counts.last().filter(|&&r| r < options.max_step_tokens) {
+        counts.push(StepRows::bucket(rows + 1));
+    }
     let mut most: Vec<u64> = Vec::new();
-    let mut rows = StepRows::bucket(options.min_step_rows);
-    let measured = loop {
-        let arenas = match arena_bytes(context, model, &probe, rows, options.max_batch, max_blocks)
+    let mut measured = Ok(());
+    for (rows, kind) in step_shapes(options, counts) {
+        let arenas = match arena_bytes(context, model, &probe, rows, options.max_batch, max_blocks, kind)
         {
             Ok(arenas) => arenas,
-            Err(error) => break Err(error),
+            Err(error) => {
+                measured = Err(error);
+                break;
+            }
         };
         if most.len() < arenas.len() {
             most.resize(arenas.len(), 0);
@@ -261,11 +269,8 @@ fn measure_activations(
         for (most, bytes) in most.iter_mut().zip(arenas) {
             *most = (*most).max(bytes);
         }
-        if rows >= options.max_step_tokens {
-            break Ok(most);
-        }
-        rows = StepRows::bucket(rows + 1);
-    };
+    }
+    let measured = measured.map(|()| most);
     drop(probe);
     context.trim()?;
     measured

@@ -3,7 +3,8 @@
 
 use super::error::ServeError;
 use super::kv::KvCache;
-use super::model::{Gpt2, Head, StepTensors};
+use super::options::ServerOptions;
+use super::model::{Gpt2, Head, StepKind, StepTensors};
 use crate::compute::{
     Capture, CaptureOptions, ComputeError, Context, Feed, Plan, PlanArena, Tensor,
 };
@@ -24,8 +25,23 @@ pub(super) fn feeds<'a>(previous: &'a Tensor, rows: &'a StepRows) -> [Feed<'a>; 
     ]
 }
 
-/// Captures one step of `rows` rows and `samples` sampled rows over `cache` (greedy tokens
-/// out). Its inputs, in [`feeds`]' order: the last step's samples, then [`StepRows`]'s ids,
+/// The step shapes a server plans: each of the row counts `counts` (those steps are padded
+/// to) for any rows ([`StepKind::Mixed`]), and those up to `max_batch`'s (with
+/// `min_step_rows`) for decode-only steps ([`StepKind::Decode`]), which have a row per
+/// running sequence at most.
+pub(super) fn step_shapes(options: &ServerOptions, counts: Vec<usize>) -> Vec<(usize, StepKind)> {
+    let decode_rows = StepRows::bucket(options.max_batch.max(options.min_step_rows));
+    let mut shapes: Vec<(usize, StepKind)> = counts
+        .iter()
+        .filter(|&&rows| rows <= decode_rows)
+        .map(|&rows| (rows, StepKind::Decode))
+        .collect();
+    shapes.extend(counts.into_iter().map(|rows| (rows, StepKind::Mixed)));
+    shapes
+}
+
+/// Captures one step of `rows` rows of `kind` and `samples` sampled rows over `cache` (greedy
+/// tokens out). Its inputs, in [`feeds`]' order: the last step's samples, then [`StepRows`]'s ids,
 /// picks, fed, positions, table and samples.
 pub(super) fn capture(
     context: &Context,
@@ -34,9 +50,10 @@ pub(super) fn capture(
     rows: usize,
     samples: usize,
     max_blocks: usize,
+    kind: StepKind,
     arena: Option<&PlanArena>,
 ) -> Result<Plan, ServeError> {
-    let (capture, next) = record(context, model, cache, rows, samples, max_blocks)?;
+    let (capture, next) = record(context, model, cache, rows, samples, max_blocks, kind)?;
     let options = CaptureOptions {
         arena: arena.cloned(),
         ..CaptureOptions::default()
@@ -54,8 +71,9 @@ pub(super) fn arena_bytes(
     rows: usize,
     samples: usize,
     max_blocks: usize,
+    kind: StepKind,
 ) -> Result<Vec<u64>, ServeError> {
-    let (capture, next) = record(context, model, cache, rows, samples, max_blocks)?;
+    let (capture, next) = record(context, model, cache, rows, samples, max_blocks, kind)?;
     Ok(capture.arena_bytes(&[&next], CaptureOptions::default())?)
 }
 
@@ -67,6 +85,7 @@ fn record(
     rows: usize,
     samples: usize,
     max_blocks: usize,
+    kind: StepKind,
 ) -> Result<(Capture, Tensor), ServeError> {
     let mut capture = context.capture()?;
     let previous = capture.input(&[samples])?;
@@ -92,6 +111,6 @@ fn record(
         table: &table,
         samples: &sampled,
     };
-    let next = model.forward(context, cache, inputs, Head::Argmax)?;
+    let next = model.forward_step(context, cache, inputs, Head::Argmax, kind)?;
     Ok((capture, next))
 }

@@ -550,3 +550,117 @@ fn a_captured_decode_step_replays_as_eagerly() {
         assert_eq!(context.read(planned).unwrap(), context.read(eager).unwrap());
     }
 }
+
+/// The decode rows' fused cache write and attention (`paged_attention_decode_write_qkv`) against
+/// the two ops it replaces and against its twin, over the cases' shuffled tables (one, two and
+/// nine shares of the attention): four decode steps at the end of each sequence, each row a
+/// different sequence, the caches compared exactly and the attention bit for bit with the two
+/// ops' (the same sums over the same stored values), within the twin's tolerance; a row whose
+/// position is out of range writes nothing and gives NaN. Captured, the fused step is one
+/// dispatch fewer.
+#[test]
+fn decode_rows_write_and_attend_in_one_dispatch_as_the_two_ops_do() {
+    for (limits, gpu) in both() {
+        let context = context_with(gpu, ContextOptions::default());
+        let mut rng = StdRng::seed_from_u64(44);
+        for case in &CASES {
+            let layout = case.layout;
+            let token_len = layout.token_len();
+            let cache_len = case.num_blocks * layout.block_tokens * token_len;
+            let cache_shape = [
+                case.num_blocks,
+                layout.block_tokens,
+                layout.n_head,
+                layout.head_dim,
+            ];
+            let (table, max_blocks) = shuffled_table(&mut rng, case);
+            let mut k_cpu = random(&mut rng, cache_len, -1.0, 1.0);
+            let mut v_cpu = random(&mut rng, cache_len, -1.0, 1.0);
+            let caches = || {
+                (
+                    context.tensor(&k_cpu, &cache_shape).unwrap(),
+                    context.tensor(&v_cpu, &cache_shape).unwrap(),
+                )
+            };
+            let (k_fused, v_fused) = caches();
+            let (k_two, v_two) = caches();
+            let t_table = context.tensor(&table, &[3, max_blocks]).unwrap();
+            let scale = 1.0 / (layout.head_dim as f32).sqrt();
+            for step in 0..4 {
+                // The last four tokens of each sequence; the first row's position is out of
+                // range in the last step.
+                let mut positions: Vec<f32> = case
+                    .lens
+                    .iter()
+                    .map(|&len| len.saturating_sub(4 - step) as f32)
+                    .collect();
+                if step == 3 {
+                    positions[0] = (max_blocks * layout.block_tokens) as f32;
+                }
+                let qkv = random(&mut rng, 3 * 3 * token_len, -1.0, 1.0);
+                let fused = context
+                    .tensor(&qkv, &[3, 3, layout.n_head, layout.head_dim])
+                    .unwrap();
+                let tp = context.tensor(&positions, &[3]).unwrap();
+                let out = context
+                    .paged_attention_decode_write_qkv(
+                        &fused, &k_fused, &v_fused, &t_table, &tp, scale,
+                    )
+                    .unwrap();
+                context
+                    .kv_write_qkv(&k_two, &v_two, &fused, &t_table, &tp)
+                    .unwrap();
+                let lengths = context.binary_scalar(BinaryOp::Add, &tp, 1.0).unwrap();
+                let two = context
+                    .paged_attention_decode_qkv(&fused, &k_two, &v_two, &t_table, &lengths, scale)
+                    .unwrap();
+                let expected = cpu::paged_attention_decode_write_qkv(
+                    &mut k_cpu, &mut v_cpu, &qkv, &table, &positions, layout, scale,
+                );
+                let what = format!("{limits}: {cache_shape:?} step {step} at {positions:?}");
+                let got = context.read(&out).unwrap();
+                assert_eq!(context.read(&k_fused).unwrap(), k_cpu, "{what}: K cache");
+                assert_eq!(context.read(&v_fused).unwrap(), v_cpu, "{what}: V cache");
+                assert_eq!(context.read(&k_two).unwrap(), k_cpu, "{what}: the two ops' K");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&context.read(&two).unwrap()), "{what}");
+                // The row out of range is NaN on both sides, the others finite and close.
+                let bad_rows = if step == 3 { token_len } else { 0 };
+                assert!(got[..bad_rows].iter().all(|v| v.is_nan()), "{what}");
+                assert!(expected[..bad_rows].iter().all(|v| v.is_nan()), "{what}");
+                let (got, expected) = (&got[bad_rows..], &expected[bad_rows..]);
+                assert!(expected.iter().all(|v| v.is_finite()), "{what}");
+                assert_close(&what, got, expected, |i| {
+                    1e-5 * (f64::from(expected[i]).abs() + 1.0)
+                });
+            }
+            // Captured: the fused step records one dispatch fewer than the two ops.
+            let steps = |write_apart: bool| {
+                let mut capture = context.capture().unwrap();
+                let qkv = capture
+                    .input(&[3, 3, layout.n_head, layout.head_dim])
+                    .unwrap();
+                let positions = capture.input(&[3]).unwrap();
+                let out = if write_apart {
+                    context
+                        .kv_write_qkv(&k_two, &v_two, &qkv, &t_table, &positions)
+                        .unwrap();
+                    let lengths = context
+                        .binary_scalar(BinaryOp::Add, &positions, 1.0)
+                        .unwrap();
+                    context
+                        .paged_attention_decode_qkv(&qkv, &k_two, &v_two, &t_table, &lengths, scale)
+                        .unwrap()
+                } else {
+                    context
+                        .paged_attention_decode_write_qkv(
+                            &qkv, &k_fused, &v_fused, &t_table, &positions, scale,
+                        )
+                        .unwrap()
+                };
+                capture.finish(&[&out]).unwrap().stats().steps
+            };
+            assert_eq!(steps(false) + 2, steps(true), "{limits}: {cache_shape:?}");
+        }
+    }
+}

@@ -48,6 +48,18 @@ impl<'a> Tokens<'a> {
     }
 }
 
+/// How the decode attention reads its lengths operand.
+#[derive(Debug, Clone, Copy)]
+enum Lengths {
+    /// Each sequence's length.
+    Given,
+    /// Each row's position (the length less one).
+    Positions,
+    /// Each row's position (the length less one), whose key and value the attention writes
+    /// first ([`Context::paged_attention_decode_write_qkv`]).
+    PositionsWriting,
+}
+
 /// The sizes of one paged cache and the batch that reads or writes it.
 struct Paged {
     num_blocks: usize,
@@ -229,8 +241,72 @@ impl Context {
         self.attend(tokens, k_cache, v_cache, block_table, seq_lens, scale)
     }
 
+    /// [`Context::paged_attention_decode_qkv`] with each row's length read as its position
+    /// plus one (`positions`, `[batch]`: the row's own token included), so that a step's
+    /// positions serve as its lengths without an op between. Errors as
+    /// [`Context::paged_attention_decode_qkv`], `positions` in place of the lengths.
+    pub fn paged_attention_decode_qkv_at(
+        &self,
+        qkv: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_table: &Tensor,
+        positions: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor, ComputeError> {
+        let tokens = Tokens::Fused(qkv);
+        self.attend_with(
+            tokens,
+            k_cache,
+            v_cache,
+            block_table,
+            positions,
+            scale,
+            Lengths::Positions,
+        )
+    }
+
+    /// Decode rows' cache write and attention in one dispatch: for each row `b` of a fused
+    /// query-key-value tensor `qkv` (`[batch, 3, n_head, head_dim]`), its key and value are
+    /// written into the caches at `positions[b]` through `block_table[b]` (as
+    /// [`Context::kv_write_qkv`] writes them), and its query attends over its sequence's tokens
+    /// `0..=positions[b]` (as [`Context::paged_attention_decode_qkv`] with lengths
+    /// `positions + 1`). Returns `[batch, n_head, head_dim]`.
+    ///
+    /// **Contract**: every row is a different sequence's new token — no row writes a block
+    /// slot that another row of the same call reads or writes — as in a decode step (one new
+    /// token per running sequence). The share of the attention that holds a row's new token
+    /// writes it before reading it; nothing orders one row's write before another row's read,
+    /// so rows of one sequence (a prompt's chunk) must use [`Context::kv_write_qkv`] then
+    /// [`Context::paged_attention_decode_qkv`] instead, or they may read stale keys. The
+    /// contract cannot be checked here (the tables are on the GPU): the caller keeps it.
+    /// A position whose length is out of range, or an invalid block id, gives NaN rows and
+    /// writes nothing, as the two ops do.
+    ///
+    /// Errors: those of [`Context::paged_attention_decode_qkv`], `positions` in place of the
+    /// lengths.
+    pub fn paged_attention_decode_write_qkv(
+        &self,
+        qkv: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_table: &Tensor,
+        positions: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor, ComputeError> {
+        let tokens = Tokens::Fused(qkv);
+        self.attend_with(
+            tokens,
+            k_cache,
+            v_cache,
+            block_table,
+            positions,
+            scale,
+            Lengths::PositionsWriting,
+        )
+    }
+
     /// The decode attention of [`Context::paged_attention_decode`] over the queries of `tokens`.
-    // Long: the one-pass and the split (partial, then combine) recordings side by side.
     fn attend(
         &self,
         tokens: Tokens<'_>,
@@ -239,6 +315,30 @@ impl Context {
         block_table: &Tensor,
         seq_lens: &Tensor,
         scale: f32,
+    ) -> Result<Tensor, ComputeError> {
+        self.attend_with(
+            tokens,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            scale,
+            Lengths::Given,
+        )
+    }
+
+    /// [`Context::attend`], the lengths read as `lengths` says.
+    // Long: the one-pass and the split (partial, then combine) recordings side by side.
+    #[allow(clippy::too_many_arguments)] // the attention's operands, and how to read one
+    fn attend_with(
+        &self,
+        tokens: Tokens<'_>,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_table: &Tensor,
+        seq_lens: &Tensor,
+        scale: f32,
+        lengths: Lengths,
     ) -> Result<Tensor, ComputeError> {
         const OP: &str = "paged_attention_decode";
         let q = tokens.first();
@@ -260,6 +360,8 @@ impl Context {
             n_head: kernel_u32(OP, "heads", paged.n_head)?,
             head_dim_parts: kernel_u32(OP, "head_dim", paged.head_dim)?
                 | (parts as u32) << 16
+                | u32::from(!matches!(lengths, Lengths::Given)) << 30
+                | u32::from(matches!(lengths, Lengths::PositionsWriting)) << 29
                 | u32::from(matches!(tokens, Tokens::Fused(_))) << 31,
             block_tokens: kernel_u32(OP, "block_tokens", paged.block_tokens)?,
             num_blocks: kernel_u32(OP, "blocks", paged.num_blocks)?,
