@@ -477,6 +477,37 @@ pub fn embedding(table: &[f32], width: usize, ids: &[f32]) -> Vec<f32> {
     y
 }
 
+/// The twin of [`Context::embedding_sum`](crate::compute::Context::embedding_sum): for each row
+/// `t`, `table[id(t)] + positions_table[positions[t]]` (`width` columns), `id(t) = ids[t] +
+/// fed[t] · previous[picks[t]]` where `fed` is given (as `(fed, previous, picks)`) and
+/// `fed[t] ≠ 0`, else `ids[t]`; a row of NaN for an id, position or pick that is not an integer
+/// row of its table (or index of `previous`), as the kernel.
+pub fn embedding_sum(
+    table: &[f32],
+    positions_table: &[f32],
+    width: usize,
+    ids: &[f32],
+    positions: &[f32],
+    fed: Option<(&[f32], &[f32], &[f32])>,
+) -> Vec<f32> {
+    let is_row = |v: f32, rows: usize| v >= 0.0 && (v as f64) < rows as f64 && v.floor() == v;
+    let ids: Vec<f32> = match fed {
+        None => ids.to_vec(),
+        Some((fed, previous, picks)) => ids
+            .iter()
+            .zip(fed.iter().zip(picks))
+            .map(|(&id, (&weight, &pick))| match weight {
+                0.0 => id,
+                _ if is_row(pick, previous.len()) => id + weight * previous[pick as usize],
+                _ => -1.0,
+            })
+            .collect(),
+    };
+    let tokens = embedding(table, width, &ids);
+    let places = embedding(positions_table, width, positions);
+    add(&tokens, &places)
+}
+
 /// The index of the largest value of each row of `cols` values, the first on ties (NaN never
 /// larger). No rows for `cols` 0.
 ///

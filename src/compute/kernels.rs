@@ -91,6 +91,7 @@ fn source_text(source: Source) -> &'static str {
             include_str!("../../shaders/softmax_rows.wgsl")
         ),
         Source::Embedding => include_str!("../../shaders/embedding.wgsl"),
+        Source::EmbeddingSum => include_str!("../../shaders/embedding_sum.wgsl"),
         Source::ArgmaxRows => include_str!("../../shaders/argmax_rows.wgsl"),
         Source::KvWrite => include_str!("../../shaders/kv_write.wgsl"),
         Source::KvWriteQkv => include_str!("../../shaders/kv_write_qkv.wgsl"),

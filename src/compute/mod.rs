@@ -142,6 +142,7 @@ pub use kernels::catalog::{shader_catalog, CatalogShader, ShaderCatalog};
 pub use ops::custom::Launch;
 pub use ops::elementwise::{BinaryOp, UnaryOp};
 pub use ops::matmul::{Epilogue, MatmulPlan};
+pub use ops::transformer::FedIds;
 pub use tensor::{ReshapeError, Tensor};
 pub use timing::{KernelTiming, TimestampSupport};
 pub(crate) use types::tensor_bytes;

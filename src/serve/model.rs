@@ -4,7 +4,7 @@
 
 use super::error::ServeError;
 use super::kv::KvCache;
-use crate::compute::{Activation, ComputeError, Context, DType, Epilogue, Tensor};
+use crate::compute::{Activation, ComputeError, Context, DType, Epilogue, FedIds, Tensor};
 use crate::model::{Gpt2Config, Gpt2Weights, LAYER_NORM_EPS};
 
 /// One block's tensors. The attention's `c_attn` stays whole: one product gives each row's
@@ -48,8 +48,11 @@ pub enum StepKind {
 /// `[samples]` (row indices).
 #[derive(Clone, Copy)]
 pub struct StepTensors<'a> {
-    /// Token ids.
+    /// Token ids (where `fed` takes a row's from the GPU: added to it, 0 there).
     pub ids: &'a Tensor,
+    /// The rows whose token is the previous step's sample, read on the GPU (`None`: every id
+    /// in `ids`).
+    pub fed: Option<FedIds<'a>>,
     /// Positions in their sequences.
     pub positions: &'a Tensor,
     /// Each row's block table.
@@ -281,11 +284,13 @@ impl Gpt2 {
         let (heads, head_dim) = (self.config.n_head, self.config.head_dim());
         let rows = inputs.ids.len();
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let mut x = {
-            let tokens = context.embedding(&self.wte, inputs.ids)?;
-            let positions = context.embedding(&self.wpe, inputs.positions)?;
-            context.add(&tokens, &positions)?
-        };
+        let mut x = context.embedding_sum(
+            &self.wte,
+            inputs.ids,
+            &self.wpe,
+            inputs.positions,
+            inputs.fed,
+        )?;
         let linear = |x: &Tensor, (w, b): &(Tensor, Tensor), activation| {
             context.matmul_with(
                 x,
@@ -305,8 +310,9 @@ impl Gpt2 {
             let attended = match kind {
                 StepKind::Mixed => {
                     context.kv_write_qkv(k_cache, v_cache, &qkv, table, positions)?;
-                    context
-                        .paged_attention_decode_qkv_at(&qkv, k_cache, v_cache, table, positions, scale)?
+                    context.paged_attention_decode_qkv_at(
+                        &qkv, k_cache, v_cache, table, positions, scale,
+                    )?
                 }
                 StepKind::Decode => context.paged_attention_decode_write_qkv(
                     &qkv, k_cache, v_cache, table, positions, scale,

@@ -565,6 +565,7 @@ impl Server {
                 let samples = context.tensor(rows.samples(), &[rows.sample_capacity()])?;
                 let inputs = StepTensors {
                     ids: &ids,
+                    fed: None,
                     positions: &positions,
                     table: &table,
                     samples: &samples,

@@ -255,8 +255,15 @@ fn measure_activations(
     let mut most: Vec<u64> = Vec::new();
     let mut measured = Ok(());
     for (rows, kind) in step_shapes(options, counts) {
-        let arenas = match arena_bytes(context, model, &probe, rows, options.max_batch, max_blocks, kind)
-        {
+        let arenas = match arena_bytes(
+            context,
+            model,
+            &probe,
+            rows,
+            options.max_batch,
+            max_blocks,
+            kind,
+        ) {
             Ok(arenas) => arenas,
             Err(error) => {
                 measured = Err(error);

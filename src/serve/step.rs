@@ -3,11 +3,9 @@
 
 use super::error::ServeError;
 use super::kv::KvCache;
-use super::options::ServerOptions;
 use super::model::{Gpt2, Head, StepKind, StepTensors};
-use crate::compute::{
-    Capture, CaptureOptions, ComputeError, Context, Feed, Plan, PlanArena, Tensor,
-};
+use super::options::ServerOptions;
+use crate::compute::{Capture, CaptureOptions, Context, FedIds, Feed, Plan, PlanArena, Tensor};
 use crate::paging::StepRows;
 
 /// The inputs of a step's plan, in the order [`capture`] declares them: the last step's
@@ -89,24 +87,20 @@ fn record(
 ) -> Result<(Capture, Tensor), ServeError> {
     let mut capture = context.capture()?;
     let previous = capture.input(&[samples])?;
-    let host_ids = capture.input(&[rows])?;
+    let ids = capture.input(&[rows])?;
     let picks = capture.input(&[rows])?;
     let fed = capture.input(&[rows])?;
-    // ids + fed · previous[picks]: the host's ids, and the last step's samples where fed.
-    let column = previous
-        .clone()
-        .reshape(&[samples, 1])
-        .map_err(ComputeError::from)?;
-    let taken = context
-        .embedding(&column, &picks)?
-        .reshape(&[rows])
-        .map_err(ComputeError::from)?;
-    let ids = context.add(&host_ids, &context.mul(&fed, &taken)?)?;
     let positions = capture.input(&[rows])?;
     let table = capture.input(&[rows, max_blocks])?;
     let sampled = capture.input(&[samples])?;
+    // ids + fed · previous[picks]: the host's ids, and the last step's samples where fed.
     let inputs = StepTensors {
         ids: &ids,
+        fed: Some(FedIds {
+            fed: &fed,
+            previous: &previous,
+            picks: &picks,
+        }),
         positions: &positions,
         table: &table,
         samples: &sampled,

@@ -621,7 +621,11 @@ fn decode_rows_write_and_attend_in_one_dispatch_as_the_two_ops_do() {
                 let got = context.read(&out).unwrap();
                 assert_eq!(context.read(&k_fused).unwrap(), k_cpu, "{what}: K cache");
                 assert_eq!(context.read(&v_fused).unwrap(), v_cpu, "{what}: V cache");
-                assert_eq!(context.read(&k_two).unwrap(), k_cpu, "{what}: the two ops' K");
+                assert_eq!(
+                    context.read(&k_two).unwrap(),
+                    k_cpu,
+                    "{what}: the two ops' K"
+                );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&context.read(&two).unwrap()), "{what}");
                 // The row out of range is NaN on both sides, the others finite and close.

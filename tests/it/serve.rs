@@ -50,6 +50,7 @@ fn step_logits(
         let sampled = context.tensor(rows.samples(), &[samples]).unwrap();
         let inputs = StepTensors {
             ids: &ids,
+            fed: None,
             positions: &positions,
             table: &table,
             samples: &sampled,
@@ -68,6 +69,7 @@ fn step_logits(
         let sampled = capture.input(&[samples]).unwrap();
         let inputs = StepTensors {
             ids: &ids,
+            fed: None,
             positions: &positions,
             table: &table,
             samples: &sampled,
@@ -915,7 +917,9 @@ fn an_f16_model_serves_the_twins_greedy_tokens_within_f16_rounding() {
             equal += usize::from(chosen == best);
         }
     }
-    eprintln!("f16 serving: {equal} of {tokens} tokens the twin's greedy choice, the rest near-ties");
+    eprintln!(
+        "f16 serving: {equal} of {tokens} tokens the twin's greedy choice, the rest near-ties"
+    );
     assert!(tokens >= 30);
 }
 

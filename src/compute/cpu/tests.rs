@@ -58,6 +58,7 @@ fn every_source() -> Vec<(Source, Variant)> {
         Source::AddLayerNorm,
         Source::SoftmaxRows,
         Source::Embedding,
+        Source::EmbeddingSum,
         Source::ArgmaxRows,
         Source::KvWrite,
         Source::KvWriteQkv,
@@ -76,6 +77,7 @@ fn every_source() -> Vec<(Source, Variant)> {
                 | Source::AddLayerNorm
                 | Source::SoftmaxRows
                 | Source::Embedding
+                | Source::EmbeddingSum
                 | Source::ArgmaxRows
                 | Source::KvWrite
                 | Source::KvWriteQkv

@@ -154,6 +154,7 @@ pub(crate) fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
         (Source::AddLayerNorm, Variant::Plain),
         (Source::SoftmaxRows, Variant::Plain),
         (Source::Embedding, Variant::Plain),
+        (Source::EmbeddingSum, Variant::Plain),
         (Source::ArgmaxRows, Variant::Plain),
         (Source::KvWrite, Variant::Plain),
         (Source::KvWriteQkv, Variant::Plain),

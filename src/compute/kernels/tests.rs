@@ -8,8 +8,8 @@ use super::matmul::NARROW_STEPS;
 use super::*;
 use crate::compute::types::{
     narrow_sum_rows, Activation, CoopProbe, CoopTiles, DType, ElementwiseParams, EmbeddingParams,
-    KvWriteParams, LayerNormParams, MatmulOptions, MatmulParams, MatmulTiles, NarrowParams,
-    PagedAttentionParams, ReduceParams, RowsParams, SoftmaxRowsParams,
+    EmbeddingSumParams, KvWriteParams, LayerNormParams, MatmulOptions, MatmulParams, MatmulTiles,
+    NarrowParams, PagedAttentionParams, ReduceParams, RowsParams, SoftmaxRowsParams,
 };
 
 /// A parameter struct as the test compares it: its name, `(member, offset, type)` in order,
@@ -83,6 +83,16 @@ fn params_layout(source: Source) -> Layout {
             offset: u32,
             causal: u32,
             pad: u32,
+        }),
+        Source::EmbeddingSum => layout!(EmbeddingSumParams {
+            len: u32,
+            width: u32,
+            rows: u32,
+            grid_x: u32,
+            position_rows: u32,
+            fed: u32,
+            pad0: u32,
+            pad1: u32,
         }),
         Source::Embedding => layout!(EmbeddingParams {
             len: u32,

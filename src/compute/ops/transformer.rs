@@ -15,9 +15,23 @@ use super::{common_dtype, grid_1d};
 use crate::compute::context::{Context, Dispatch};
 use crate::compute::tensor::Tensor;
 use crate::compute::types::{
-    element_count, kernel_u32, ComputeError, DType, ElementTypes, EmbeddingParams, KernelKey,
-    LayerNormParams, ParamsBlock, RowsParams, SoftmaxRowsParams, Source,
+    element_count, kernel_u32, ComputeError, DType, ElementTypes, EmbeddingParams,
+    EmbeddingSumParams, KernelKey, LayerNormParams, ParamsBlock, RowsParams, SoftmaxRowsParams,
+    Source,
 };
+
+/// Ids a step takes from the GPU for [`Context::embedding_sum`]: row `t`'s id is
+/// `ids[t] + fed[t] · previous[picks[t]]` where `fed[t] ≠ 0`. All f32: `fed` and `picks`
+/// `[rows]`, `previous` `[samples]` (the previous step's sampled tokens).
+#[derive(Debug, Clone, Copy)]
+pub struct FedIds<'a> {
+    /// Nonzero for the rows whose token is a previous sample.
+    pub fed: &'a Tensor,
+    /// The previous step's sampled tokens.
+    pub previous: &'a Tensor,
+    /// Each fed row's index into `previous`.
+    pub picks: &'a Tensor,
+}
 
 /// The largest integer below which every integer is an f32: ids and indices are exact below it.
 const EXACT_F32_INTEGERS: usize = 1 << 24;
@@ -254,6 +268,134 @@ impl Context {
         let values: Vec<f32> = ids.iter().map(|&id| id as f32).collect();
         let ids = self.tensor(&values, &[ids.len()])?;
         self.embedding(table, &ids)
+    }
+
+    /// A transformer's first input in one gather: `table[id(t)] + positions_table[positions[t]]`
+    /// for each row `t` (`[rows, width]`, of the tables' element type), token and position
+    /// tables `[_, width]`, `ids` and `positions` `[rows]` f32 tensors of exact integers. With
+    /// `fed` a row's id may come from the GPU: `id(t) = ids[t] + fed[t] · previous[picks[t]]`
+    /// where `fed[t] ≠ 0` (a decode row whose token the previous step sampled; see
+    /// [`StepRows`](crate::paging::StepRows)), else `ids[t]`. One dispatch where the device takes
+    /// kernels of 8 storage bindings (WebGPU's default limit), else the gathers and the sum as
+    /// separate ops (the same values). An id, position or pick that is not an integer row of
+    /// its table (or index of `previous`) gives a row of NaN; nothing outside the tables is read.
+    ///
+    /// Errors: [`ComputeError::InvalidShape`] for tables that are not 2-D or of more than 2²⁴
+    /// rows, or ids and positions that are not one row each; [`ComputeError::ShapeMismatch`]
+    /// for tables of different widths or ids, positions and `fed`'s rows of different
+    /// lengths; [`ComputeError::DTypeMismatch`] for tables of different element types or
+    /// indices that are not f32.
+    pub fn embedding_sum(
+        &self,
+        table: &Tensor,
+        ids: &Tensor,
+        positions_table: &Tensor,
+        positions: &Tensor,
+        fed: Option<FedIds<'_>>,
+    ) -> Result<Tensor, ComputeError> {
+        const OP: &str = "embedding_sum";
+        let mut indices = vec![ids, positions];
+        if let Some(fed) = &fed {
+            indices.extend([fed.fed, fed.previous, fed.picks]);
+        }
+        for tensor in indices.iter().copied().chain([table, positions_table]) {
+            self.check_owner(OP, tensor)?;
+        }
+        let (rows, width) = embedding_table(OP, &[table])?;
+        let (position_rows, _) = embedding_table(OP, &[positions_table])?;
+        let dtype = common_dtype(OP, &[table, positions_table])?;
+        if positions_table.shape()[1] != width {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                left: table.shape().to_vec(),
+                right: positions_table.shape().to_vec(),
+                expected: "token and position tables of one width",
+            });
+        }
+        for tensor in &indices {
+            if tensor.dtype() != DType::F32 {
+                return Err(ComputeError::DTypeMismatch {
+                    op: OP,
+                    left: DType::F32,
+                    right: tensor.dtype(),
+                });
+            }
+            if tensor.shape().len() != 1 {
+                return Err(ComputeError::InvalidShape {
+                    op: OP,
+                    shape: tensor.shape().to_vec(),
+                    reason: "ids, positions, fed rows, picks and previous samples are 1-D",
+                });
+            }
+        }
+        let per_row = [
+            Some(positions),
+            fed.as_ref().map(|f| f.fed),
+            fed.as_ref().map(|f| f.picks),
+        ];
+        for tensor in per_row.into_iter().flatten() {
+            if tensor.shape() != ids.shape() {
+                return Err(ComputeError::ShapeMismatch {
+                    op: OP,
+                    left: ids.shape().to_vec(),
+                    right: tensor.shape().to_vec(),
+                    expected: "one position, fed flag and pick a row",
+                });
+            }
+        }
+        let storage = Source::EmbeddingSum.storage_bindings();
+        if (self.limits().max_storage_buffers_per_shader_stage as usize) < storage {
+            // The same sums from the separate ops.
+            let ids = match &fed {
+                Some(fed) => {
+                    let column = fed.previous.clone().reshape(&[fed.previous.len(), 1])?;
+                    let taken = self.embedding(&column, fed.picks)?.reshape(&[ids.len()])?;
+                    self.add(ids, &self.mul(fed.fed, &taken)?)?
+                }
+                None => ids.clone(),
+            };
+            let tokens = self.embedding(table, &ids)?;
+            return self.add(&tokens, &self.embedding(positions_table, positions)?);
+        }
+        let shape = vec![ids.len(), width];
+        let len = element_count(OP, &shape)?;
+        let (workgroups, grid_x) = grid_1d(self, OP, (len as u64).div_ceil(WORKGROUP_SIZE))?;
+        let params = EmbeddingSumParams {
+            len: kernel_u32(OP, "elements", len)?,
+            width: kernel_u32(OP, "width", width)?,
+            rows: kernel_u32(OP, "rows", rows)?,
+            grid_x,
+            position_rows: kernel_u32(OP, "rows", position_rows)?,
+            fed: match &fed {
+                Some(fed) => kernel_u32(OP, "previous samples", fed.previous.len())?.max(1),
+                None => 0,
+            },
+            pad0: 0,
+            pad1: 0,
+        };
+        let kernel = KernelKey::plain(Source::EmbeddingSum, OP).typed(ElementTypes::same(dtype));
+        self.before_op()?;
+        let output = self.allocate_output(OP, shape, len, dtype)?;
+        let (fed_rows, previous, picks) = match &fed {
+            Some(fed) => (fed.fed, fed.previous, fed.picks),
+            None => (ids, ids, ids),
+        };
+        self.record(Dispatch {
+            kernel,
+            params: ParamsBlock::new(&params),
+            bindings: &[
+                &table.storage,
+                &ids.storage,
+                &output.storage,
+                &positions_table.storage,
+                &positions.storage,
+                &fed_rows.storage,
+                &previous.storage,
+                &picks.storage,
+            ],
+            workgroups,
+        })?;
+        Ok(output)
     }
 
     /// The index of the largest value of each row over the last dimension, the first on ties:

@@ -44,6 +44,8 @@ pub(crate) enum Source {
     SoftmaxRows,
     /// `shaders/embedding.wgsl`.
     Embedding,
+    /// `shaders/embedding_sum.wgsl`: token and position embeddings added in one gather.
+    EmbeddingSum,
     /// `shaders/argmax_rows.wgsl`.
     ArgmaxRows,
     /// `shaders/kv_write.wgsl`.
@@ -65,6 +67,7 @@ impl Source {
             Self::Binary | Self::MatmulReduce | Self::Embedding => 3,
             Self::KvWriteQkv => 5,
             Self::Matmul | Self::MatmulNarrow | Self::MatmulCoop | Self::LayerNorm => 4,
+            Self::EmbeddingSum => 8,
             Self::KvWrite
             | Self::PagedAttention
             | Self::PagedAttentionVec4

@@ -43,7 +43,8 @@ pub(crate) use kernel::{
 pub use options::{Activation, Autotune, MatmulOptions, ShaderChecks};
 pub(crate) use params::{
     element_count, grid_1d_within, group0_entries, kernel_u32, ElementwiseParams, EmbeddingParams,
-    KvWriteParams, LayerNormParams, MatmulParams, NarrowParams, PagedAttentionParams, ParamsBlock,
-    ReduceParams, RowsParams, SoftmaxRowsParams, MAX_STORAGE_BINDINGS, PARAMS_BYTES,
+    EmbeddingSumParams, KvWriteParams, LayerNormParams, MatmulParams, NarrowParams,
+    PagedAttentionParams, ParamsBlock, ReduceParams, RowsParams, SoftmaxRowsParams,
+    MAX_STORAGE_BINDINGS, PARAMS_BYTES,
 };
 pub use tiles::MatmulTiles;

@@ -43,7 +43,7 @@ pub(crate) fn group0_entries(
 }
 
 /// Most storage bindings of any kernel.
-pub(crate) const MAX_STORAGE_BINDINGS: usize = 6;
+pub(crate) const MAX_STORAGE_BINDINGS: usize = 8;
 
 /// A kernel's parameter struct as the bytes of its uniform slot (zero past the struct).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -184,6 +184,29 @@ pub(crate) struct SoftmaxRowsParams {
     pub(crate) causal: u32,
     /// Unused (0).
     pub(crate) pad: u32,
+}
+
+/// The parameters of the summed token and position gather; WGSL `EmbeddingSumParams` in
+/// `shaders/embedding_sum.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct EmbeddingSumParams {
+    /// Elements of the output: ids · width.
+    pub(crate) len: u32,
+    /// Columns of the tables.
+    pub(crate) width: u32,
+    /// Rows of the token table.
+    pub(crate) rows: u32,
+    /// Workgroups per row of the grid.
+    pub(crate) grid_x: u32,
+    /// Rows of the position table.
+    pub(crate) position_rows: u32,
+    /// Entries of `previous` (ids fed from the GPU), 0 for none.
+    pub(crate) fed: u32,
+    /// Unused (0).
+    pub(crate) pad0: u32,
+    /// Unused (0).
+    pub(crate) pad1: u32,
 }
 
 /// The parameters of the embedding gather; WGSL `EmbeddingParams` in `shaders/embedding.wgsl`.
