@@ -10,7 +10,7 @@ use super::model::{Gpt2, Head, StepKind, StepTensors};
 use super::options::{Execution, ServerOptions};
 use super::sizing::{memory_plan, MemoryPlan};
 use super::stats::{Completion, ServerStats};
-use super::step::{capture, feeds, step_shapes};
+use super::step::{capture, feeds, step_shapes, StepShape};
 use crate::compute::{Context, DType, Plan, PlanArena, PlanRun, PlanStats, Tensor};
 use crate::model::Gpt2Weights;
 use crate::paging::{BlockManager, BlockState, KvLayout, RequestSpec, StepRows};
@@ -234,16 +234,13 @@ impl Server {
         kind: StepKind,
         cache: &KvCache,
     ) -> Result<Plan, ServeError> {
-        capture(
-            &self.context,
-            &self.model,
-            cache,
+        let shape = StepShape {
             rows,
-            self.options.max_batch,
-            self.max_blocks,
+            samples: self.options.max_batch,
+            max_blocks: self.max_blocks,
             kind,
-            Some(&self.arena),
-        )
+        };
+        capture(&self.context, &self.model, cache, shape, Some(&self.arena))
     }
 
     /// The step shapes the server plans (and warms up): every row count steps are padded to

@@ -8,7 +8,7 @@ use super::error::ServeError;
 use super::kv::KvCache;
 use super::model::Gpt2;
 use super::options::{check_options, Execution, ServerOptions};
-use super::step::{arena_bytes, step_shapes};
+use super::step::{arena_bytes, step_shapes, StepShape};
 use crate::compute::{tensor_bytes, Context, DType};
 use crate::paging::{BlockManager, StepRows};
 use crate::Pool;
@@ -255,15 +255,13 @@ fn measure_activations(
     let mut most: Vec<u64> = Vec::new();
     let mut measured = Ok(());
     for (rows, kind) in step_shapes(options, counts) {
-        let arenas = match arena_bytes(
-            context,
-            model,
-            &probe,
+        let shape = StepShape {
             rows,
-            options.max_batch,
+            samples: options.max_batch,
             max_blocks,
             kind,
-        ) {
+        };
+        let arenas = match arena_bytes(context, model, &probe, shape) {
             Ok(arenas) => arenas,
             Err(error) => {
                 measured = Err(error);

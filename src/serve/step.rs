@@ -38,20 +38,26 @@ pub(super) fn step_shapes(options: &ServerOptions, counts: Vec<usize>) -> Vec<(u
     shapes
 }
 
-/// Captures one step of `rows` rows of `kind` and `samples` sampled rows over `cache` (greedy
-/// tokens out). Its inputs, in [`feeds`]' order: the last step's samples, then [`StepRows`]'s ids,
-/// picks, fed, positions, table and samples.
+/// The shape of one step plan: its rows, sampled rows and block-table columns, and its kind.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepShape {
+    pub(super) rows: usize,
+    pub(super) samples: usize,
+    pub(super) max_blocks: usize,
+    pub(super) kind: StepKind,
+}
+
+/// Captures one step of `shape` over `cache` (greedy tokens out). Its inputs, in [`feeds`]'
+/// order: the last step's samples, then [`StepRows`]'s ids, picks, fed, positions, table and
+/// samples.
 pub(super) fn capture(
     context: &Context,
     model: &Gpt2,
     cache: &KvCache,
-    rows: usize,
-    samples: usize,
-    max_blocks: usize,
-    kind: StepKind,
+    shape: StepShape,
     arena: Option<&PlanArena>,
 ) -> Result<Plan, ServeError> {
-    let (capture, next) = record(context, model, cache, rows, samples, max_blocks, kind)?;
+    let (capture, next) = record(context, model, cache, shape)?;
     let options = CaptureOptions {
         arena: arena.cloned(),
         ..CaptureOptions::default()
@@ -66,12 +72,9 @@ pub(super) fn arena_bytes(
     context: &Context,
     model: &Gpt2,
     cache: &KvCache,
-    rows: usize,
-    samples: usize,
-    max_blocks: usize,
-    kind: StepKind,
+    shape: StepShape,
 ) -> Result<Vec<u64>, ServeError> {
-    let (capture, next) = record(context, model, cache, rows, samples, max_blocks, kind)?;
+    let (capture, next) = record(context, model, cache, shape)?;
     Ok(capture.arena_bytes(&[&next], CaptureOptions::default())?)
 }
 
@@ -80,11 +83,14 @@ fn record(
     context: &Context,
     model: &Gpt2,
     cache: &KvCache,
-    rows: usize,
-    samples: usize,
-    max_blocks: usize,
-    kind: StepKind,
+    shape: StepShape,
 ) -> Result<(Capture, Tensor), ServeError> {
+    let StepShape {
+        rows,
+        samples,
+        max_blocks,
+        kind,
+    } = shape;
     let mut capture = context.capture()?;
     let previous = capture.input(&[samples])?;
     let ids = capture.input(&[rows])?;
