@@ -15,7 +15,11 @@ without a piece this script needs is refused with a message naming it.
 it, from a `config.json` beside the file (`n_positions` or `n_ctx` for the context). The model is
 `GPT2LMHeadModel` of that configuration (GELU tanh, layer norm eps 1e-5, no dropout), every
 parameter loaded from the file: the LM head tied to `wte`, unless the file holds an
-`lm_head.weight` of its own (then untied). `--dtype f32|f16` (default f32, TF32 off).
+`lm_head.weight` of its own (then untied). `--dtype f32|f16` (default f32, TF32 off): the model
+is converted to that dtype after loading, and with it its activations, the manager's KV cache
+(the library keeps it in the model's dtype; `cb_config.cache_dtype` records it) and the logits
+whose argmax is taken. SDPA's cuDNN backend is off unless `--cudnn-sdpa on` (the JSON's
+"cudnn_sdpa"), as in `serve_gpt.py`, which says why (a plan built per new shape in f16).
 
 `--stream FILE`: as `serve_gpt.py` reads it: `stream.requests` = [{"prompt", "max_new_tokens",
 "arrival_s"}], `max_batch` (or `--max-batch`), the objective `slo` (or `--slo-ttft-ms`,
@@ -61,14 +65,15 @@ manager's scheduler; null if the version hides it).
 `hf_top2_gap` the gap between the two largest logits of this model's plain forward (attention
 `sdpa`, no cache) at the first mismatch.
 
-The JSON: {"device", "torch", "transformers", "tf32": false, "dtype", "model", "max_batch",
-"arrivals", "slo", "modes", "sides": {mode: {"attn_implementation", "cb_config" (the manager's
-resolved settings: block size, blocks, tokens per step, CUDA graphs, async batching, block
-sharing), "requests_count", "generated_tokens", "generated_tokens_per_s", "ttft_ms_p50",
-"ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "goodput_rps", "goodput_requests", "ttft_source",
-"length_mismatches" (requests not of exactly max_new_tokens tokens), "in_flight_mean",
-"in_flight_max", "steps", "peak_allocated_bytes", "peak_reserved_bytes", "warm_up_s", "wall_s",
-"requests": [{"prompt", "output"}]} or {"error"}}, "agreement": {mode: {side: ...}}}.
+The JSON: {"device", "torch", "transformers", "tf32": false, "dtype", "cudnn_sdpa", "model",
+"max_batch", "arrivals", "slo", "modes", "sides": {mode: {"attn_implementation", "cb_config"
+(the manager's resolved settings: block size, blocks, tokens per step, CUDA graphs, async
+batching, block sharing, the KV cache's dtype), "requests_count", "generated_tokens",
+"generated_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+"goodput_rps", "goodput_requests", "ttft_source", "length_mismatches" (requests not of exactly
+max_new_tokens tokens), "in_flight_mean", "in_flight_max", "steps", "peak_allocated_bytes",
+"peak_reserved_bytes", "warm_up_s", "wall_s", "requests": [{"prompt", "output"}]} or
+{"error"}}, "agreement": {mode: {side: ...}}}.
 Bad input is refused with a message and exit status 2 (as `serve_gpt.py`); exit status 1 when
 every mode failed.
 """
@@ -278,6 +283,7 @@ def resolved_settings(manager):
         "use_async_batching": get(config, "use_async_batching"),
         "allow_block_sharing": get(config, "allow_block_sharing"),
         "prefix_sharing_in_use": get(cache, "use_prefix_sharing"),
+        "cache_dtype": str(get(cache, "dtype")) if get(cache, "dtype") is not None else None,
     }
 
 
@@ -514,6 +520,7 @@ def run(args):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.enable_cudnn_sdp(args.cudnn_sdpa == "on")
     dtype = {"f32": torch.float32, "f16": torch.float16}[args.dtype]
 
     config, model = build_model(args.weights, device, dtype)
@@ -536,6 +543,7 @@ def run(args):
         "transformers": transformers_version(),
         "tf32": False,
         "dtype": args.dtype,
+        "cudnn_sdpa": args.cudnn_sdpa == "on",
         "model": config,
         "max_batch": max_batch,
         "arrivals": arrivals[-1] > 0,
@@ -616,6 +624,8 @@ def main(argv=None):
     parser.add_argument("--max-batch", type=int, help="override the stream's max_batch")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")
     parser.add_argument("--dtype", choices=["f32", "f16"], default="f32")
+    parser.add_argument("--cudnn-sdpa", choices=["on", "off"], default="off",
+                        help="SDPA's cuDNN backend (default off: a plan built per new shape)")
     parser.add_argument("--mode", default=DEFAULT_MODES, help=f"of {', '.join(MODES)}")
     parser.add_argument("--num-blocks", type=int, help="KV cache blocks (default: the library's)")
     parser.add_argument("--block-size", type=int, help="tokens per KV block (library: 256)")

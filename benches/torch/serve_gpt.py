@@ -1,8 +1,11 @@
-"""PyTorch's side of `serve_gpt`: the same GPT-2 server, eager, f32, TF32 off, continuous batching.
+"""PyTorch's side of `serve_gpt`: the same GPT-2 server, f32 or f16 (TF32 off), continuous batching,
+decode steps eager or replayed from CUDA graphs; and our tokens teacher-forced against float64.
 
     python3 benches/torch/serve_gpt.py --weights gpt2.safetensors --stream ours.json \\
-        --json torch_serve_gpt.json --check ours.json
+        --json torch_serve_gpt.json --check ours.json [--dtype f32|f16] [--mode eager|graphs] \\
+        [--teacher-force ours.json [--side paged] [--near-tie GAP]]
     python3 benches/torch/serve_gpt.py --weights tiny.safetensors --stream ours.json --device cpu
+    python3 benches/torch/serve_gpt.py --weights gpt2.safetensors --teacher-force ours.json
 
 `--weights FILE`: GPT-2 in Hugging Face's safetensors layout, read by this script's own parser
 (no `safetensors` package needed): names with or without a `transformer.` prefix, Conv1D weights
@@ -11,6 +14,19 @@ file's `__metadata__` (`n_layer`, `n_embd`, `n_head`, `n_ctx`, `vocab_size`, dec
 Tensors the model does not use (`lm_head.weight`, `h.N.attn.bias`, ...) are ignored; the LM head
 is tied to `wte`. Layer norm eps 1e-5, GELU the tanh approximation, attention scaled by
 1/sqrt(head_dim) with the softmax in f32, pre-LN blocks, token t of a sequence at position t.
+
+`--dtype f32|f16` (default f32): the weights (read as f32, then converted), the KV cache and so
+every activation in that dtype; f32 with TF32 off (`allow_tf32` false, matmul precision
+"highest"). f16 is plain `torch.float16` throughout, with PyTorch's defaults for what happens
+inside its kernels (SDPA's softmax in f32; `allow_fp16_reduced_precision_reduction` left as it
+is): the logits are f16 as the LM head gives them, and the argmax and `--check` read them so.
+
+SDPA's cuDNN backend is off unless `--cudnn-sdpa on` (`torch.backends.cuda.enable_cudnn_sdp`;
+the JSON's "cudnn_sdpa"): PyTorch 2.11 picks it for f16 on an H100, and it builds a plan for
+each new shape, 45-60 ms each there (measured on the prefill of every new prompt length and on
+the decode step of every new batch size and span), against about 0.1 ms for the flash and
+memory-efficient kernels it then uses; a serving loop of varying lengths would pay that all
+along. f32 never uses that backend.
 
 `--stream FILE`: a JSON file from `serve_gpt` (the example): `stream.requests` =
 [{"prompt": [ids], "max_new_tokens": n, "arrival_s": t}, ...] (a top-level `requests` is accepted
@@ -32,6 +48,20 @@ running length rounded up to a multiple of 16, with an additive mask (0 or -inf)
 sequence's length, and the batch's next tokens read to the host in one `.tolist()`; sequences
 with all their tokens leave } until every request is done.
 
+`--mode eager` (the default) runs that loop as written. `--mode graphs` is the loop as a
+speed-minded PyTorch user writes it with CUDA graphs: the same static cache, prefills and
+admissions (eager, per request, first token to the host at once), but each decode step is the
+replay of a CUDA graph, one captured per batch size b = 1..max_batch during the warm-up (each
+after warm-up runs on a side stream, all in one graph memory pool): the graph reads static
+input tensors (each running sequence's token and cached length, slots 0..b-1), attends over
+the cache's whole length S with the mask built inside the graph from the lengths (so one graph
+serves every length; masked positions weigh exactly 0, so the tokens are eager mode's), writes
+the new keys and values into the cache and takes the argmax on the device; each step copies the
+host's tokens and lengths into the static inputs (one copy), replays graph b and reads the b
+tokens to the host (`.tolist()`). Slots are compacted as in eager mode. CUDA graphs need CUDA:
+`--mode graphs` on the CPU is refused (exit 2); the graph mode's decode step itself
+(`StaticDecoder`, without capture) is what the tests run on the CPU (hidden flag `--uncaptured`).
+
 The KV cache is contiguous per request, as Hugging Face's static cache and FasterTransformer keep
 it: one tensor [n_layer, 2 (k, v), max_batch, n_head, S, head_dim], allocated once before the
 timed loop, S the longest prompt_len + max_new_tokens - 1 of the stream (the last token generated
@@ -40,12 +70,13 @@ requests occupy slots 0..B-1, so the decode step reads the cache as a view (no g
 request leaves, the request in the last occupied slot moves into its slot (one copy of its cached
 tokens, all layers at once).
 `kv_reserved_bytes_peak` is that tensor's size; `kv_used_bytes_peak` the most tokens cached at
-once (after a prefill or a decode step's writes) times 2 * n_layer * n_embd * 4 bytes.
+once (after a prefill or a decode step's writes) times 2 * n_layer * n_embd * 4 bytes (2 in f16).
 
 Warm-up (untimed, before t0): prefills of the longest prompt's prefixes of 1, 2, 4, ... tokens
 and of all of it, the first request's prompt prefilled, then one decode step at each batch size
 from 1 to max_batch (copies of that sequence), so that CUDA kernels (loaded lazily) and cuBLAS
-are initialised for the shapes served; then the peak memory statistics are reset.
+are initialised for the shapes served (graphs: the capture of every graph instead); then the
+peak memory statistics are reset. `warm_up_s` is its time.
 
 Timed: t0 = the start of the serve loop (after the warm-up and a synchronize); a request's
 arrival = t0 + its `arrival_s`; TTFT = the time its first token is on the host - its arrival;
@@ -54,7 +85,9 @@ one token left out; p50 and p99 over requests, nearest rank (the sorted value at
 ceil(p/100 * n) - 1); the serving span = the time the last token is on the host - t0;
 generated_tokens_per_s = all generated tokens / the span; goodput_rps = the requests whose TTFT
 is at most the objective's and whose TPOT (if they have one) is at most its / the span;
-in flight = the sequences in each decode step (mean and max over decode steps).
+in flight = the sequences in each decode step (mean and max over decode steps);
+decode_step_ms_mean = the mean host time of a decode step, from building its inputs to its
+tokens on the host (synchronous: each step's tokens are read before the next starts).
 
 `--check OURS.json` compares each request's output with `sides.paged.requests[i].output` (and
 `sides.contiguous`, `sides.naive` where present) of our JSON and adds `agreement`: {side:
@@ -64,15 +97,39 @@ between PyTorch's two largest logits at that token, computed after the timed loo
 forward (no cache) over the prompt and PyTorch's tokens before it (a small gap: a near-tie that
 rounding may settle either way).
 
-The JSON: {"device", "torch", "tf32": false, "model": {"n_layer", "n_embd", "n_head", "n_ctx",
-"vocab_size"}, "max_batch", "prefill": "per_request", "arrivals" (whether any request arrives
-after t0), "slo" ({"ttft_s", "tpot_s"} or null), "side": {"requests_count", "generated_tokens",
+`--teacher-force OURS.json` (`--side S`: paged by default, or any side of the file, such as a
+mode of hf_serve.py's JSON; `--near-tie GAP`, default 1e-2): each request of `sides.S.requests`
+(prompt and output) against this model in float64 (the weights read as f32 and widened; on the
+run's device), teacher-forced: one full forward (no cache) over the prompt and the output but
+its last token, and at each generated position the float64 argmax (first index on ties) against
+our token. A disagreement's gap is the float64 top-1 logit minus its logit of our token; within
+GAP it is a near-tie. Reported (`teacher_forcing.ours`):
+"requests", "tokens", "equal", "equal_rate", "disagreements", "near_ties" (disagreements within
+the gap, at every position), "unexplained" (requests whose first disagreement is beyond the
+gap: counted only up to each request's first disagreement, since after it the sequence is no
+longer the reference's greedy one), "beyond_gap_after_first" (the remaining disagreements:
+disagreements = near_ties + unexplained + beyond_gap_after_first), "equal_until_near_tie" (the
+requests equal to the float64 argmax up to their first disagreement, that one a near-tie or
+none: requests - unexplained) and its "equal_until_near_tie_rate" (the rate the comparison
+reports), "first_divergence" and "first_divergence_gap" (per request: the index in its output
+of the first disagreement and its gap, or null), "near_tie_gap". With `--stream` the run's own
+tokens are teacher-forced too (`teacher_forcing.torch`, with its "dtype" and "mode"), after
+the timed loop; without `--stream` nothing is served and the JSON is {"device", "torch",
+"model", "teacher_forcing": {"reference": "float64", "near_tie_gap", "ours"}}.
+
+The JSON: {"device", "torch", "tf32": false, "dtype" ("f32" or "f16"), "mode" ("eager" or
+"graphs"), "cudnn_sdpa", "model": {"n_layer", "n_embd", "n_head", "n_ctx", "vocab_size"}, "max_batch",
+"prefill": "per_request", "arrivals" (whether any request arrives after t0), "slo" ({"ttft_s",
+"tpot_s"} or null), "warm_up_s", "side": {"requests_count", "generated_tokens",
 "generated_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
-"goodput_rps" and "goodput_requests" (null without an objective), "in_flight_mean", "in_flight_max", "decode_steps", "peak_allocated_bytes",
+"goodput_rps" and "goodput_requests" (null without an objective), "in_flight_mean",
+"in_flight_max", "decode_steps", "decode_step_ms_mean", "peak_allocated_bytes",
 "peak_reserved_bytes" (torch.cuda.max_memory_*, 0 on the CPU), "kv_reserved_bytes_peak",
-"kv_used_bytes_peak", "weights_bytes", "wall_s", "requests": [{"prompt", "output"}]},
-"agreement" (with --check)}. Bad input (a missing or misshapen tensor, a truncated file, a prompt
-too long for n_ctx, arrivals out of order, ...) is refused with a message and exit status 2.
+"kv_used_bytes_peak" (bytes of the run's dtype), "weights_bytes", "wall_s", "requests":
+[{"prompt", "output"}]}, "graphs" (graph mode: {"captured", "batch_sizes", "span"}),
+"agreement" (with --check), "teacher_forcing" (with --teacher-force)}. Bad input (a missing or
+misshapen tensor, a truncated file, a prompt too long for n_ctx, arrivals out of order, an
+unknown dtype or mode, graphs without CUDA, ...) is refused with a message and exit status 2.
 """
 
 import argparse
@@ -91,6 +148,13 @@ LN_EPS = 1e-5
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 CONFIG_KEYS = ["n_layer", "n_embd", "n_head", "n_ctx", "vocab_size"]
 SIDES = ["paged", "contiguous", "naive"]
+# `--dtype`: the weights', activations' and KV cache's dtype.
+SERVE_DTYPES = {"f32": torch.float32, "f16": torch.float16}
+# `--mode`: decode steps run eagerly, or replayed from CUDA graphs (one per batch size).
+MODES = ["eager", "graphs"]
+# `--near-tie`: a disagreement with the float64 reference whose top-1 logit is at most this much
+# above the logit of the token chosen is a near-tie (rounding may settle it either way).
+NEAR_TIE = 1e-2
 # The cache's length and every span of it that attention reads are multiples of this: the
 # memory-efficient SDPA kernel wants its mask's last dimension aligned to 16 (else it pads a copy
 # in every layer). The positions past a sequence's length are masked out (-inf: weight exactly 0).
@@ -181,8 +245,9 @@ def read_safetensors(path):
     return metadata, tensors, load
 
 
-def load_model(path, device):
-    """The configuration and the weights on `device` (f32), every tensor's shape checked."""
+def load_model(path, device, dtype=torch.float32):
+    """The configuration and the weights on `device` in `dtype` (read as f32, then converted),
+    every tensor's shape checked."""
     metadata, entries, load = read_safetensors(path)
     config = {}
     for key in CONFIG_KEYS:
@@ -204,7 +269,7 @@ def load_model(path, device):
         found = entries[full][1]
         if list(found) != list(shape):
             raise BadInput(f"{path}: tensor {full} has shape {found}, expected {list(shape)}")
-        return load(full).to(device)
+        return load(full).to(device=device, dtype=dtype)
 
     vocab, n_ctx = config["vocab_size"], config["n_ctx"]
     weights = {
@@ -251,6 +316,8 @@ class Gpt2:
         self.e = config["n_embd"]
         self.n_head = config["n_head"]
         self.hd = self.e // self.n_head
+        # The dtype of the weights, so of the activations, the logits and the KV cache.
+        self.dtype = weights["wte"].dtype
 
     def _ln(self, x, pair):
         return F.layer_norm(x, (self.e,), pair[0], pair[1], LN_EPS)
@@ -267,6 +334,15 @@ class Gpt2:
     def full(self, tokens, cache=None, slot=0):
         """Logits of the last position of one sequence `tokens` (a device int64 tensor [P]),
         a causal forward over all of it; with `cache`, its keys and values go to slot `slot`."""
+        return self._logits(self._hidden(tokens, cache, slot)[-1:])[0]
+
+    def all_logits(self, tokens):
+        """Logits [P, vocab] of every position of one sequence `tokens`, no cache: position t's
+        row predicts token t + 1 (teacher forcing)."""
+        return self._logits(self._hidden(tokens, None, 0))
+
+    def _hidden(self, tokens, cache, slot):
+        """The last block's output [P, e] of a causal forward over `tokens` (see `full`)."""
         p = tokens.shape[0]
         e, nh, hd = self.e, self.n_head, self.hd
         positions = torch.arange(p, device=tokens.device)
@@ -283,7 +359,7 @@ class Gpt2:
             a = a[0].transpose(0, 1).reshape(p, e)
             x = x + torch.addmm(layer["attn_proj"][1], a, layer["attn_proj"][0])
             x = self._mlp(layer, x)
-        return self._logits(x[-1:])[0]
+        return x
 
     def decode_step(self, tokens, lengths, span, cache):
         """Next-token logits [B, vocab] for B sequences in cache slots 0..B-1.
@@ -465,10 +541,76 @@ def nearest_rank(values, p):
     return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
 
 
-class Server:
-    """Continuous batching over a static, slotted, contiguous KV cache."""
+class StaticDecoder:
+    """`--mode graphs`' decode step: the running sequences' next tokens, from static inputs.
 
-    def __init__(self, model, requests, max_batch, device, arrivals=None, slo=None):
+    `inputs` [max_batch, 2] (int64, on the device) is allocated once: row i for slot i, its
+    input token and the tokens it has cached (its position). `compute(b)` is the step over slots
+    0..b-1: the model's decode step with attention over the cache's whole length S (a mask of
+    each sequence's length built from `inputs` on the device, so one step serves every length)
+    and the argmax (first index on ties) of the logits, also on the device. `capture()` records
+    `compute(b)` once per batch size b = 1..max_batch in a `torch.cuda.CUDAGraph` (all of them in
+    one memory pool: they are replayed one at a time and each output is read before the next
+    replay), after warm-up runs on a side stream; `step` copies the host's tokens and lengths
+    into `inputs` (one copy), replays graph b, or without capture runs `compute(b)` itself, and
+    reads the tokens to the host (`.tolist()`)."""
+
+    WARM_RUNS = 3
+
+    def __init__(self, model, cache, max_batch, device):
+        self.model = model
+        self.cache = cache
+        self.max_batch = max_batch
+        self.device = device
+        self.span = cache.shape[4]
+        self.inputs = torch.zeros((max_batch, 2), dtype=torch.int64, device=device)
+        # b -> (graph, its output: the next tokens [b], on the device)
+        self.graphs = {}
+
+    def compute(self, b):
+        """The next tokens [b] (device int64) of slots 0..b-1 from `inputs`, uncaptured."""
+        tokens, lengths = self.inputs[:b, 0], self.inputs[:b, 1]
+        logits = self.model.decode_step(tokens, lengths, self.span, self.cache)
+        return torch.argmax(logits, dim=-1)
+
+    def capture(self):
+        """One CUDA graph per batch size, each warmed up on a side stream before its capture,
+        as PyTorch's CUDA graph notes ask. Writes into the cache at `inputs`' positions."""
+        pool = torch.cuda.graph_pool_handle()
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        for b in range(1, self.max_batch + 1):
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for _ in range(self.WARM_RUNS):
+                    self.compute(b)
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self.compute(b)
+            self.graphs[b] = (graph, out)
+        torch.cuda.synchronize(self.device)
+
+    def step(self, tokens, lengths):
+        """The next token of each of the b = len(tokens) running sequences (host lists)."""
+        b = len(tokens)
+        self.inputs[:b].copy_(torch.tensor(list(zip(tokens, lengths)), dtype=torch.int64))
+        if self.graphs:
+            graph, out = self.graphs[b]
+            graph.replay()
+        else:
+            out = self.compute(b)
+        return out.tolist()
+
+
+class Server:
+    """Continuous batching over a static, slotted, contiguous KV cache; decode steps eager
+    (`mode` "eager") or through `StaticDecoder` ("graphs": CUDA graphs if `capture`)."""
+
+    def __init__(self, model, requests, max_batch, device, arrivals=None, slo=None,
+                 mode="eager", capture=True):
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {MODES}")
         self.model = model
         self.requests = requests
         # Each request's arrival, seconds after t0 (non-decreasing); None: all at t0.
@@ -484,9 +626,15 @@ class Server:
         self.span_max = align(max(len(p) + n - 1 for p, n in requests))
         self.cache = torch.zeros(
             (c["n_layer"], 2, max_batch, model.n_head, self.span_max, model.hd),
-            dtype=torch.float32, device=device,
+            dtype=model.dtype, device=device,
         )
-        self.token_bytes = 2 * c["n_layer"] * c["n_embd"] * 4
+        self.token_bytes = 2 * c["n_layer"] * c["n_embd"] * self.cache.element_size()
+        self.mode = mode
+        self.capture = capture and mode == "graphs"
+        self.decoder = None
+        if mode == "graphs":
+            self.decoder = StaticDecoder(model, self.cache, max_batch, device)
+        self.warm_up_s = 0.0
 
     def _move(self, dst, src, length):
         """The sequence of slot `src` into slot `dst`: its `length` cached tokens, every layer."""
@@ -495,7 +643,9 @@ class Server:
     def warm_up(self):
         """Untimed: prefills of a few lengths (powers of two up to the longest prompt, the longest
         and the first request's prompt, each a prefix of it), then one decode step at each batch
-        size from 1 to max_batch over copies of the first prompt's sequence."""
+        size from 1 to max_batch over copies of the first prompt's sequence (graphs: captured,
+        one graph per batch size, or without capture run once each)."""
+        started = time.perf_counter()
         longest = max((p for p, _ in self.requests), key=len)
         lengths = {1 << k for k in range(len(longest).bit_length()) if 1 << k <= len(longest)}
         lengths.add(len(longest))
@@ -510,7 +660,16 @@ class Server:
             length = len(prompt)
             for slot in range(1, self.max_batch):
                 self._move(slot, 0, length)
-            if length < self.span_max:
+            if self.decoder is not None:
+                # Every slot holds the first prompt's sequence; the steps write at `length`.
+                self.decoder.inputs[:, 0].fill_(first)
+                self.decoder.inputs[:, 1].fill_(length)
+                if self.capture:
+                    self.decoder.capture()
+                else:
+                    for b in range(1, self.max_batch + 1):
+                        self.decoder.compute(b).tolist()
+            elif length < self.span_max:
                 for b in range(1, self.max_batch + 1):
                     inputs = torch.full((b,), first, dtype=torch.int64, device=self.device)
                     lengths = torch.full((b,), length, dtype=torch.int64, device=self.device)
@@ -518,6 +677,7 @@ class Server:
                     logits = self.model.decode_step(inputs, lengths, span, self.cache)
                     torch.argmax(logits, dim=-1).tolist()
         sync(self.device)
+        self.warm_up_s = time.perf_counter() - started
 
     def serve(self):
         """Serve every request; the figures and each request's tokens."""
@@ -529,6 +689,7 @@ class Server:
         running = []
         waiting = 0  # the next request to admit (FIFO)
         in_flight = []
+        step_s = []  # each decode step's host time: its inputs built to its tokens on the host
         kv_used_peak = 0
         sync(device)
         t0 = time.perf_counter()
@@ -569,13 +730,18 @@ class Server:
                 # One decode step over every running sequence.
                 b = len(running)
                 in_flight.append(b)
-                inputs = torch.tensor([s[2] for s in running], dtype=torch.int64).to(device)
-                host_lengths = [s[1] for s in running]
-                lengths = torch.tensor(host_lengths, dtype=torch.int64).to(device)
-                span = min(align(max(host_lengths) + 1), self.span_max)
-                logits = model.decode_step(inputs, lengths, span, self.cache)
-                chosen = torch.argmax(logits, dim=-1).tolist()
+                step_start = time.perf_counter()
+                if self.decoder is not None:
+                    chosen = self.decoder.step([s[2] for s in running], [s[1] for s in running])
+                else:
+                    inputs = torch.tensor([s[2] for s in running], dtype=torch.int64).to(device)
+                    host_lengths = [s[1] for s in running]
+                    lengths = torch.tensor(host_lengths, dtype=torch.int64).to(device)
+                    span = min(align(max(host_lengths) + 1), self.span_max)
+                    logits = model.decode_step(inputs, lengths, span, self.cache)
+                    chosen = torch.argmax(logits, dim=-1).tolist()
                 now = time.perf_counter()
+                step_s.append(now - step_start)
                 for s, token in zip(running, chosen):
                     s[1] += 1
                     s[2] = token
@@ -619,6 +785,7 @@ class Server:
             "in_flight_mean": sum(in_flight) / len(in_flight) if in_flight else 0.0,
             "in_flight_max": max(in_flight) if in_flight else 0,
             "decode_steps": len(in_flight),
+            "decode_step_ms_mean": sum(step_s) * 1e3 / len(step_s) if step_s else 0.0,
             "kv_reserved_bytes_peak": self.cache.numel() * self.cache.element_size(),
             "kv_used_bytes_peak": kv_used_peak,
             "wall_s": elapsed,
@@ -711,6 +878,137 @@ def check(path, requests, outputs, model, device, name="torch", gap=None):
     return agreement
 
 
+# ----------------------------------------------------------------------------- teacher forcing
+
+
+def read_side(path, side, config):
+    """[(prompt, output)] of `sides.<side>.requests` of our JSON, each checked against the model
+    (token ids in the vocabulary, the sequence fed back within n_ctx)."""
+    try:
+        with open(path) as f:
+            ours = json.load(f)
+    except OSError as error:
+        raise BadInput(f"cannot read {path}: {error.strerror}")
+    except json.JSONDecodeError as error:
+        raise BadInput(f"{path}: not JSON: {error}")
+    sides = ours.get("sides") if isinstance(ours, dict) else None
+    if not isinstance(sides, dict) or side not in sides:
+        found = sorted(sides) if isinstance(sides, dict) else []
+        raise BadInput(f"{path}: no sides.{side} (sides: {', '.join(found) or 'none'})")
+    if not isinstance(sides[side], dict) or "error" in sides[side]:
+        raise BadInput(f"{path}: sides.{side} holds no result: {sides[side]!r:.200}")
+    raw = sides[side].get("requests")
+    if not isinstance(raw, list) or not raw:
+        raise BadInput(f"{path}: sides.{side}.requests is not a non-empty list")
+    return [check_pair(path, f"sides.{side}.requests[{i}]", r, config) for i, r in enumerate(raw)]
+
+
+def check_pair(path, where, request, config):
+    """(prompt, output) of one request of a JSON, checked against the model."""
+    if not isinstance(request, dict):
+        raise BadInput(f"{path}: {where} is not an object")
+    prompt, output = request.get("prompt"), request.get("output")
+    for name, tokens in (("prompt", prompt), ("output", output)):
+        if not (isinstance(tokens, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        )):
+            raise BadInput(f"{path}: {where}.{name} is not a list of token ids")
+        bad = [t for t in tokens if not 0 <= t < config["vocab_size"]]
+        if bad:
+            raise BadInput(
+                f"{path}: {where}.{name}: token {bad[0]} outside the vocabulary of "
+                f"{config['vocab_size']}"
+            )
+    if not prompt:
+        raise BadInput(f"{path}: {where}.prompt is empty")
+    if len(prompt) + len(output) - 1 > config["n_ctx"]:
+        raise BadInput(
+            f"{path}: {where}: {len(prompt)} prompt and {len(output)} output tokens exceed "
+            f"n_ctx {config['n_ctx']}"
+        )
+    return prompt, output
+
+
+def teacher_force(model, pairs, device, near_tie=NEAR_TIE):
+    """Each (prompt, output) of `pairs` against `model` (the float64 reference), teacher-forced:
+    one forward (no cache) over prompt + output[:-1], and at each generated position j the
+    reference's argmax (first index on ties) after prompt + output[:j] against output[j].
+
+    A disagreement's gap = the reference's top-1 logit - its logit of output[j] (>= 0); a
+    near-tie when the gap is at most `near_tie`. Returned: {"requests", "tokens", "equal",
+    "equal_rate", "disagreements", "near_ties" (disagreements within the gap, every position),
+    "unexplained" (requests whose first disagreement is beyond the gap: after it the sequence
+    is no longer the reference's greedy one, so later disagreements are not counted here),
+    "beyond_gap_after_first" (the other disagreements beyond the gap; disagreements = near_ties
+    + unexplained + beyond_gap_after_first), "equal_until_near_tie" (requests equal to the
+    reference's argmax at every position up to their first disagreement, that one a near-tie
+    or none at all: requests - unexplained), "equal_until_near_tie_rate" (of requests),
+    "first_divergence" and "first_divergence_gap" (per request: the index of the first
+    disagreement in its output and its gap, or null), "near_tie_gap"}."""
+    tokens = equal = near = unexplained = beyond_after = 0
+    first, first_gap = [], []
+    with torch.inference_mode():
+        for prompt, output in pairs:
+            if not output:
+                first.append(None)
+                first_gap.append(None)
+                continue
+            sequence = torch.tensor(prompt + output[:-1], dtype=torch.int64, device=device)
+            logits = model.all_logits(sequence)[len(prompt) - 1:]
+            chosen = torch.tensor(output, dtype=torch.int64, device=device)
+            top = torch.argmax(logits, dim=-1)
+            rows = torch.arange(len(output), device=device)
+            gaps = (logits[rows, top] - logits[rows, chosen]).tolist()
+            agree = (top == chosen).tolist()
+            tokens += len(output)
+            equal += sum(agree)
+            index = next((j for j, same in enumerate(agree) if not same), None)
+            first.append(index)
+            first_gap.append(gaps[index] if index is not None else None)
+            for j, same in enumerate(agree):
+                if same:
+                    continue
+                if gaps[j] <= near_tie:
+                    near += 1
+                elif j == index:
+                    unexplained += 1
+                else:
+                    beyond_after += 1
+    requests = len(pairs)
+    return {
+        "requests": requests,
+        "tokens": tokens,
+        "equal": equal,
+        "equal_rate": equal / tokens if tokens else 1.0,
+        "disagreements": tokens - equal,
+        "near_ties": near,
+        "unexplained": unexplained,
+        "beyond_gap_after_first": beyond_after,
+        "equal_until_near_tie": requests - unexplained,
+        "equal_until_near_tie_rate": (requests - unexplained) / requests if requests else 1.0,
+        "near_tie_gap": near_tie,
+        "first_divergence": first,
+        "first_divergence_gap": first_gap,
+    }
+
+
+def describe_forcing(name, t):
+    """One line of a teacher-forcing result."""
+    text = (
+        f"{name}: {t['equal_until_near_tie']}/{t['requests']} requests equal up to a near-tie, "
+        f"{t['equal']}/{t['tokens']} tokens equal, {t['near_ties']} near-ties, "
+        f"{t['unexplained']} unexplained"
+    )
+    worst = [
+        (g, i, j) for i, (j, g) in enumerate(zip(t["first_divergence"], t["first_divergence_gap"]))
+        if j is not None and g > t["near_tie_gap"]
+    ]
+    if worst:
+        g, i, j = max(worst)
+        text += f" (largest: request {i} token {j}, gap {g:.3g})"
+    return text
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -721,24 +1019,71 @@ def run(args):
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda but no CUDA device")
+    if args.mode == "graphs" and device.type != "cuda" and not args.uncaptured:
+        raise BadInput(
+            f"--mode graphs replays CUDA graphs, which need a CUDA device (this run's is "
+            f"{device.type}): use --mode eager"
+        )
+    if args.uncaptured and args.mode != "graphs":
+        raise BadInput("--uncaptured goes with --mode graphs")
+    if not args.teacher_force and (args.side is not None or args.near_tie is not None):
+        raise BadInput("--side and --near-tie go with --teacher-force OURS_JSON")
+    near_tie = NEAR_TIE if args.near_tie is None else args.near_tie
+    if not (math.isfinite(near_tie) and near_tie >= 0):
+        raise BadInput(f"--near-tie {near_tie} is not a gap >= 0")
+    side = args.side or "paged"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.enable_cudnn_sdp(args.cudnn_sdpa == "on")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
-    config, weights = load_model(args.weights, device)
+    if args.stream is None:
+        if not args.teacher_force:
+            raise BadInput("--stream FILE is needed (or --teacher-force OURS_JSON alone)")
+        # Teacher forcing of our JSON alone: no serving.
+        config, reference = load_model(args.weights, device, torch.float64)
+        pairs = read_side(args.teacher_force, side, config)
+        print(f"device: {name}, torch {torch.__version__}; GPT-2 {config}; teacher forcing of "
+              f"{len(pairs)} requests against float64")
+        forced = teacher_force(Gpt2(config, reference), pairs, device, near_tie)
+        print(f"teacher forcing against float64 (near-tie gap {near_tie:g}): "
+              + describe_forcing(f"ours {side}", forced))
+        result = {
+            "device": name,
+            "torch": torch.__version__,
+            "model": config,
+            "teacher_forcing": {
+                "reference": "float64",
+                "near_tie_gap": near_tie,
+                "ours": {"json": args.teacher_force, "side": side, **forced},
+            },
+        }
+        write_json(args.json, result)
+        return result
+
+    config, weights = load_model(args.weights, device, SERVE_DTYPES[args.dtype])
     requests, max_batch, arrivals, stream_slo = read_stream(args.stream, config, args.max_batch)
     slo = objective(stream_slo, args.slo_ttft_ms, args.slo_tpot_ms)
     model = Gpt2(config, weights)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     timing = (
         f"arrivals over {arrivals[-1]:.2f} s" if arrivals[-1] > 0 else "all arriving at t0"
     )
+    graphs = ""
+    if args.mode == "graphs":
+        graphs = (
+            f"; decode steps replayed from CUDA graphs (batch sizes 1..{max_batch})"
+            if not args.uncaptured else "; graph mode's static decode step, not captured"
+        )
     print(
-        f"device: {name}, torch {torch.__version__}, f32, TF32 off; GPT-2 {config}; "
-        f"{len(requests)} requests ({timing}), max batch {max_batch}"
+        f"device: {name}, torch {torch.__version__}, {args.dtype}, TF32 off; GPT-2 {config}; "
+        f"{len(requests)} requests ({timing}), max batch {max_batch}{graphs}"
     )
 
-    server = Server(model, requests, max_batch, device, arrivals, slo)
+    # Our JSON read before serving, so that a bad one is refused at once.
+    pairs = read_side(args.teacher_force, side, config) if args.teacher_force else None
+    server = Server(model, requests, max_batch, device, arrivals, slo, mode=args.mode,
+                    capture=not args.uncaptured)
     server.warm_up()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -771,24 +1116,40 @@ def run(args):
         f"{mib(figures['peak_allocated_bytes'])}, reserved {mib(figures['peak_reserved_bytes'])}; "
         f"weights {mib(figures['weights_bytes'])}"
     )
+    if args.mode == "graphs":
+        print(
+            f"decode step {figures['decode_step_ms_mean']:.3f} ms (mean of "
+            f"{figures['decode_steps']}); warm-up {server.warm_up_s:.2f} s"
+            + (f" with {max_batch} graphs captured" if server.capture else "")
+        )
     result = {
         "device": name,
         "torch": torch.__version__,
         "tf32": False,
+        "dtype": args.dtype,
+        "mode": args.mode,
+        "cudnn_sdpa": args.cudnn_sdpa == "on",
         "model": config,
         "max_batch": max_batch,
         "prefill": "per_request",
         "arrivals": arrivals[-1] > 0,
         "slo": slo,
+        "warm_up_s": server.warm_up_s,
         "side": figures,
     }
+    if args.mode == "graphs":
+        result["graphs"] = {
+            "captured": server.capture,
+            "batch_sizes": list(range(1, max_batch + 1)) if server.capture else [],
+            "span": server.span_max,
+        }
     if args.check:
         agreement = check(args.check, requests, outputs, model, device)
         result["agreement"] = agreement
         parts = []
-        for side, a in agreement.items():
+        for side_name, a in agreement.items():
             text = (
-                f"{side}: {a['identical']}/{a['requests']} requests identical, "
+                f"{side_name}: {a['identical']}/{a['requests']} requests identical, "
                 f"{a['tokens_equal']}/{a['tokens']} tokens"
             )
             m = a["first_mismatch"]
@@ -801,24 +1162,59 @@ def run(args):
                 )
             parts.append(text)
         print("agreement: " + "; ".join(parts))
-    if args.json:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-        except OSError as error:
-            raise BadInput(f"cannot write {args.json}: {error.strerror}")
-        print(f"wrote {args.json}")
+    if args.teacher_force:
+        # Our side's tokens and this run's own, each against the float64 model.
+        _, reference = load_model(args.weights, device, torch.float64)
+        reference = Gpt2(config, reference)
+        ours = teacher_force(reference, pairs, device, near_tie)
+        mine = [(p, o) for (p, _), o in zip(requests, outputs)]
+        own = teacher_force(reference, mine, device, near_tie)
+        result["teacher_forcing"] = {
+            "reference": "float64",
+            "near_tie_gap": near_tie,
+            "ours": {"json": args.teacher_force, "side": side, **ours},
+            "torch": {"dtype": args.dtype, "mode": args.mode, **own},
+        }
+        print(f"teacher forcing against float64 (near-tie gap {near_tie:g}): "
+              + describe_forcing(f"ours {side}", ours) + "; "
+              + describe_forcing(f"torch {args.dtype}", own))
+    write_json(args.json, result)
     return result
+
+
+def write_json(path, result):
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    except OSError as error:
+        raise BadInput(f"cannot write {path}: {error.strerror}")
+    print(f"wrote {path}")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", required=True, help="GPT-2 safetensors (HF layout)")
-    parser.add_argument("--stream", required=True, help="the request stream (our example's JSON)")
+    parser.add_argument("--stream", help="the request stream (our example's JSON)")
     parser.add_argument("--max-batch", type=int, help="override the stream's max_batch")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")
+    parser.add_argument("--dtype", choices=list(SERVE_DTYPES), default="f32",
+                        help="weights, activations and KV cache (default f32)")
+    parser.add_argument("--mode", choices=MODES, default="eager",
+                        help="decode steps eager, or replayed from CUDA graphs (default eager)")
+    parser.add_argument("--cudnn-sdpa", choices=["on", "off"], default="off",
+                        help="SDPA's cuDNN backend (default off: a plan built per new shape)")
+    # Testing: graph mode's static decode step run without capture (on the CPU too).
+    parser.add_argument("--uncaptured", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--check", metavar="OURS_JSON", help="compare the tokens with ours")
+    parser.add_argument("--teacher-force", metavar="OURS_JSON",
+                        help="our side's tokens (and this run's) against a float64 forward")
+    parser.add_argument("--side", help="the side of OURS_JSON (default paged; any name under "
+                        "its `sides`, e.g. a mode of hf_serve.py's JSON)")
+    parser.add_argument("--near-tie", type=float, metavar="GAP",
+                        help=f"a disagreement within this logit gap is a near-tie ({NEAR_TIE:g})")
     parser.add_argument("--slo-ttft-ms", type=float, help="the objective's TTFT (overrides slo)")
     parser.add_argument("--slo-tpot-ms", type=float, help="the objective's TPOT (overrides slo)")
     args = parser.parse_args(argv)

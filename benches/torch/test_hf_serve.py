@@ -7,8 +7,11 @@ gives serve_gpt.py's logits (tied head; an untied `lm_head.weight` is used when 
 continuous-batching peer, with arrivals, returns for every request exactly max_new_tokens tokens,
 equal to the no-cache greedy reference, each mode's figures in the JSON, goodput against the
 stream's objective, `--check` against an identical side; a mode that cannot run (flash attention
-on the CPU) is recorded as an error and the next mode serves; bad input
-(a missing tensor, an unknown mode) exits with status 2.
+on the CPU) is recorded as an error and the next mode serves; `--dtype f16`: the model's
+parameters, its logits and the manager's KV cache in float16, the JSON saying so, every request of
+exactly max_new_tokens tokens, teacher-forced against serve_gpt.py's float64 forward with no
+disagreement beyond a near-tie; bad input (a missing tensor, an unknown mode or dtype) exits with
+status 2.
 """
 
 import argparse
@@ -97,6 +100,7 @@ def test_serving(tmp, weights, device):
     with open(out) as f:
         document = json.load(f)
     assert document["modes"] == modes.split(",") and document["arrivals"] is True
+    assert document["dtype"] == "f32"
     served = ["paged_sdpa", "paged_eager"]
     if "error" not in document["sides"]["paged_flash"]:
         served.append("paged_flash")  # flash-attn installed and accepting f32: checked as well
@@ -113,6 +117,7 @@ def test_serving(tmp, weights, device):
         assert side["ttft_source"] == "token_timestamps", side["ttft_source"]
         assert side["in_flight_max"] is None or 1 <= side["in_flight_max"] <= 4, side
         assert side["cb_config"]["max_requests_per_batch"] == 4
+        assert side["cb_config"]["cache_dtype"] == "torch.float32", side["cb_config"]
         a = document["agreement"][mode]["paged"]
         assert a["identical"] == len(requests) and a["first_mismatch"] is None, a
     if device.type == "cpu":
@@ -122,6 +127,52 @@ def test_serving(tmp, weights, device):
           f"figures and agreement for {', '.join(served)}; paged_flash: "
           f"{document['sides']['paged_flash'].get('error', 'served')[:80]}")
     return stream
+
+
+def test_f16(tmp, weights, stream, device):
+    """--dtype f16: parameters, logits and the KV cache in float16; tokens teacher-forced."""
+    config, model = hf_serve.build_model(weights, device, torch.float16)
+    assert all(p.dtype == torch.float16 for p in model.parameters())
+    _, w = serve_gpt.load_model(weights, device, torch.float16)
+    ours = serve_gpt.Gpt2(config, w)
+    _, w64 = serve_gpt.load_model(weights, device, torch.float64)
+    reference = serve_gpt.Gpt2(config, w64)
+    model.set_attn_implementation("sdpa")
+    rng = random.Random(6)
+    worst = 0.0
+    for p in (1, 9, 100):
+        tokens = [rng.randrange(256) for _ in range(p)]
+        with torch.inference_mode():
+            hf = model(input_ids=torch.tensor([tokens], device=device)).logits[0, -1]
+            exact = reference.full(torch.tensor(tokens, device=device))
+            mine = ours.full(torch.tensor(tokens, device=device))
+        assert hf.dtype == torch.float16 and mine.dtype == torch.float16
+        diff = (hf.double() - exact).abs().max().item() / exact.abs().max().item()
+        worst = max(worst, diff)
+        assert diff < 2e-2, (p, diff)
+    out = os.path.join(tmp, "hf16.json")
+    extra = ["--num-blocks", "64", "--block-size", "16", "--max-batch-tokens", "256"]
+    result = run_script("--weights", weights, "--stream", stream, "--device", device.type,
+                        "--dtype", "f16", "--mode", "paged_sdpa", "--json", out, "--check",
+                        os.path.join(tmp, "ours.json"), "--timeout-s", "120", *extra)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "f16, TF32 off" in result.stdout, result.stdout
+    with open(out) as f:
+        document = json.load(f)
+    assert document["dtype"] == "f16"
+    side = document["sides"]["paged_sdpa"]
+    assert "error" not in side, side
+    assert side["cb_config"]["cache_dtype"] == "torch.float16", side["cb_config"]
+    assert side["length_mismatches"] == 0
+    with open(stream) as f:
+        requests = json.load(f)["stream"]["requests"]
+    pairs = [(r["prompt"], q["output"]) for r, q in zip(requests, side["requests"])]
+    assert [len(o) for _, o in pairs] == [r["max_new_tokens"] for r in requests]
+    forced = serve_gpt.teacher_force(reference, pairs, device)
+    assert forced["unexplained"] == 0, forced
+    print(f"ok: --dtype f16: parameters, logits (max relative diff to float64 {worst:.1e}) and "
+          f"the KV cache in float16; {forced['equal']}/{forced['tokens']} tokens the float64 "
+          f"argmax, {forced['near_ties']} near-ties, none unexplained")
 
 
 def test_refusals(tmp, stream):
@@ -138,7 +189,10 @@ def test_refusals(tmp, stream):
     result = run_script("--weights", weights, "--stream", stream, "--device", "cpu",
                         "--mode", "paged_nothing")
     assert result.returncode == 2 and "--mode" in result.stderr, result.stderr
-    print("ok: a missing tensor and an unknown mode: exit 2 with a message")
+    result = run_script("--weights", weights, "--stream", stream, "--device", "cpu",
+                        "--dtype", "f64")
+    assert result.returncode == 2 and "--dtype" in result.stderr, result.stderr
+    print("ok: a missing tensor, an unknown mode or dtype: exit 2 with a message")
 
 
 def main():
@@ -151,6 +205,7 @@ def main():
         write_safetensors(weights, tiny_tensors(), CONFIG)
         test_logits(tmp, weights, device)
         stream = test_serving(tmp, weights, device)
+        test_f16(tmp, weights, stream, device)
         test_refusals(tmp, stream)
     print("all passed")
 

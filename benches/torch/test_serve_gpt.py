@@ -15,6 +15,19 @@ flags'); the goodput count on hand-made latencies; the `transformer.` prefix and
 and that bad input (a truncated file, a missing or misshapen tensor, no metadata, a prompt too
 long for n_ctx, arrivals out of order, half an objective) exits with status 2 and a clear
 message, not a traceback.
+
+Issue 44's additions: graph mode's static decode step (attention over the whole cache, the mask
+built from the lengths), run without capture, gives the eager loop's tokens and the
+reference's (max batch 1, 3, 4, 16, stale values in the cache) and attends over the whole cache
+at every step; on CUDA, captured, the eager loop's tokens (skipped without CUDA); `--mode graphs`
+refused on the CPU, served there with the hidden `--uncaptured`; teacher forcing against
+float64: the served tokens agree, a planted token (the one the independent float64 forward
+ranks last) is found unexplained with that forward's gap, is a near-tie under a larger gap, and
+of two planted in one request only the first is unexplained; `--dtype f16`: weights, cache and
+logits in float16 (half the bytes; logits near float64's, not f32's), its tokens teacher-forced
+with none unexplained; and the new refusals (an unknown dtype, mode or --cudnn-sdpa value,
+--uncaptured without graphs, --side or --near-tie without --teacher-force, a negative gap, no
+--stream, a missing or failed side, a token outside the vocabulary), exit 2.
 """
 
 import json
@@ -256,6 +269,10 @@ def test_end_to_end(tmp, weights, stream_path, requests):
         assert key in side, key
     assert document["tf32"] is False and document["model"] == CONFIG
     assert document["max_batch"] == 4
+    assert document["dtype"] == "f32" and document["mode"] == "eager", document
+    assert document["cudnn_sdpa"] is False
+    assert "graphs" not in document and "teacher_forcing" not in document
+    assert side["decode_step_ms_mean"] > 0 and side["decode_steps"] > 0
     assert [r["output"] for r in side["requests"]] == reference
     assert side["ttft_ms_p50"] <= side["ttft_ms_p99"] and side["tpot_ms_p50"] <= side["tpot_ms_p99"]
     assert 0 < side["kv_used_bytes_peak"] <= side["kv_reserved_bytes_peak"]
@@ -370,6 +387,260 @@ def test_formats(tmp, stream_path, reference):
     print("ok: the transformer. prefix gives the same tokens; F16 and BF16 read exactly")
 
 
+def test_graph_decoder(weights, stream_path, requests):
+    """Graph mode's static decode step (attention over the whole cache, the mask from the
+    lengths inside the step), run without capture: the eager loop's tokens and the no-cache
+    reference's, at max batch 1, 3, 4 and 16, with stale large values in every cache position
+    beyond the sequences' lengths; on CUDA, captured as well."""
+    cpu = torch.device("cpu")
+    config, w = serve_gpt.load_model(weights, cpu)
+    model = serve_gpt.Gpt2(config, w)
+    reference = [
+        serve_gpt.greedy_reference(model, r["prompt"], r["max_new_tokens"], cpu) for r in requests
+    ]
+    for max_batch in (1, 3, 4, 16):
+        reqs, _, _, _ = serve_gpt.read_stream(stream_path, config, max_batch)
+        outputs = {}
+        for mode in serve_gpt.MODES:
+            server = serve_gpt.Server(model, reqs, max_batch, cpu, mode=mode, capture=False)
+            server.warm_up()
+            assert (server.decoder is None) == (mode == "eager")
+            torch.manual_seed(max_batch)
+            server.cache.normal_(0, 10)
+            calls, decode_step = [], model.decode_step
+            # Which spans the loop's steps attend over: graphs always the cache's whole length.
+            model.decode_step = lambda *a: calls.append(a[2]) or decode_step(*a)
+            figures, outputs[mode] = server.serve()
+            model.decode_step = decode_step
+            assert len(calls) == figures["decode_steps"] > 0 and figures["decode_step_ms_mean"] > 0
+            if mode == "graphs":
+                assert set(calls) == {server.span_max}, set(calls)
+        assert outputs["graphs"] == outputs["eager"], max_batch
+        assert outputs["graphs"] == reference, max_batch
+    # The decoder's own step: one graph's worth (b of max_batch slots) against decode_step.
+    server = serve_gpt.Server(model, [(r["prompt"], r["max_new_tokens"]) for r in requests], 4,
+                              cpu, mode="graphs", capture=False)
+    server.cache.normal_(0, 10)
+    prompts = [r["prompt"] for r in requests if len(r["prompt"]) >= 2][:3]
+    with torch.inference_mode():
+        for slot, p in enumerate(prompts):
+            model.full(torch.tensor(p[:-1]), server.cache, slot)
+        tokens, lengths = [p[-1] for p in prompts], [len(p) - 1 for p in prompts]
+        # decode_step writes the step's keys at `lengths`: the same writes, so a copy first.
+        saved = server.cache.clone()
+        chosen = server.decoder.step(tokens, lengths)
+        decoded = server.cache.clone()
+        server.cache.copy_(saved)
+        span = serve_gpt.align(max(lengths) + 1)
+        logits = model.decode_step(torch.tensor(tokens), torch.tensor(lengths), span, server.cache)
+    assert chosen == torch.argmax(logits, dim=-1).tolist()
+    assert torch.equal(decoded, server.cache), "the static step's cache writes differ"
+    assert server.decoder.inputs[:3].tolist() == [list(x) for x in zip(tokens, lengths)]
+    print("ok: graph mode's static decode step (uncaptured) gives the eager loop's tokens and the "
+          "reference's at batches 1,3,4,16, stale cache values masked")
+    if not torch.cuda.is_available():
+        print("skipped: graph capture (no CUDA)")
+        return
+    cuda = torch.device("cuda")
+    _, w = serve_gpt.load_model(weights, cuda)
+    model = serve_gpt.Gpt2(config, w)
+    reqs, _, _, _ = serve_gpt.read_stream(stream_path, config, 4)
+    outputs = {}
+    for mode in serve_gpt.MODES:
+        server = serve_gpt.Server(model, reqs, 4, cuda, mode=mode)
+        server.warm_up()
+        if mode == "graphs":
+            assert sorted(server.decoder.graphs) == [1, 2, 3, 4]
+        _, outputs[mode] = server.serve()
+    assert outputs["graphs"] == outputs["eager"]
+    print("ok: on CUDA, the captured graphs give the eager loop's tokens")
+
+
+def plant(tensors, prompt, output, index):
+    """The output with token `index` replaced by the one the independent float64 forward ranks
+    last after prompt + output[:index], and the gap (its top-1 logit - that token's)."""
+    logits = independent_logits(tensors, CONFIG, prompt + output[:index])
+    worst = int(torch.argmin(logits))
+    planted = list(output)
+    planted[index] = worst
+    return planted, (logits.max() - logits[worst]).item()
+
+
+def test_teacher_forcing(tmp, weights, requests, reference):
+    """Our tokens teacher-forced against float64: the served tokens agree; a token planted at the
+    end of one request (the one the float64 forward ranks last) is found, unexplained, its gap
+    the independent forward's; with a gap above it, a near-tie; two planted in one request count
+    one unexplained (the first), the later one apart; the JSON alone (no --stream)."""
+    tensors = tiny_tensors()
+    cpu = torch.device("cpu")
+    config, w = serve_gpt.load_model(weights, cpu, torch.float64)
+    assert all(t.dtype == torch.float64 for t in (w["wte"], w["layers"][1]["c_fc"][0]))
+    f64 = serve_gpt.Gpt2(config, w)
+    pairs = [(r["prompt"], o) for r, o in zip(requests, reference)]
+    clean = serve_gpt.teacher_force(f64, pairs, cpu)
+    tokens = sum(len(o) for o in reference)
+    assert clean["requests"] == len(requests) and clean["tokens"] == tokens, clean
+    assert clean["unexplained"] == 0 and clean["equal_until_near_tie"] == len(requests), clean
+    assert clean["disagreements"] == clean["near_ties"] == tokens - clean["equal"], clean
+
+    r = next(i for i, o in enumerate(reference) if len(o) >= 5)
+    last = len(reference[r]) - 1
+    planted, gap = plant(tensors, requests[r]["prompt"], reference[r], last)
+    assert gap > serve_gpt.NEAR_TIE, gap
+    outputs = [list(o) for o in reference]
+    outputs[r] = planted
+    ours = os.path.join(tmp, "planted.json")
+    with open(ours, "w") as f:
+        json.dump({"sides": {"paged": {"requests": [
+            {"prompt": q["prompt"], "output": o} for q, o in zip(requests, outputs)
+        ]}}}, f)
+    out = os.path.join(tmp, "forced.json")
+    result = run_script("--weights", weights, "--teacher-force", ours, "--device", "cpu",
+                        "--json", out)
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        document = json.load(f)
+    forced = document["teacher_forcing"]["ours"]
+    assert document["teacher_forcing"]["reference"] == "float64"
+    assert forced["side"] == "paged" and forced["near_tie_gap"] == serve_gpt.NEAR_TIE
+    assert forced["unexplained"] == 1, forced
+    assert forced["equal_until_near_tie"] == len(requests) - 1, forced
+    assert forced["first_divergence"][r] == last, forced["first_divergence"]
+    assert abs(forced["first_divergence_gap"][r] - gap) < 1e-9, (forced, gap)
+    assert forced["equal"] == clean["equal"] - 1 and forced["tokens"] == tokens, forced
+    others = [i for i, j in enumerate(forced["first_divergence"]) if j is not None and i != r]
+    assert all(forced["first_divergence_gap"][i] <= serve_gpt.NEAR_TIE for i in others)
+    assert "1 unexplained" in result.stdout, result.stdout
+    # A gap above the planted one's: a near-tie, nothing unexplained.
+    result = run_script("--weights", weights, "--teacher-force", ours, "--device", "cpu",
+                        "--near-tie", str(gap * 2), "--json", out)
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        forced = json.load(f)["teacher_forcing"]["ours"]
+    assert forced["unexplained"] == 0 and forced["near_ties"] == clean["near_ties"] + 1, forced
+    assert forced["near_tie_gap"] == gap * 2 and forced["first_divergence"][r] == last
+    # Two planted in one request: one unexplained (the first); the second counted after it.
+    twice, _ = plant(tensors, requests[r]["prompt"], reference[r], 1)
+    twice, _ = plant(tensors, requests[r]["prompt"], twice, 3)
+    two = serve_gpt.teacher_force(f64, [(requests[r]["prompt"], twice)], cpu)
+    assert two["unexplained"] == 1 and two["first_divergence"] == [1], two
+    assert two["beyond_gap_after_first"] >= 1 and two["equal_until_near_tie"] == 0, two
+    assert two["disagreements"] == two["near_ties"] + 1 + two["beyond_gap_after_first"], two
+    print(f"ok: teacher forcing against float64: the served tokens agree ({clean['equal']}/"
+          f"{tokens}); a planted token found (gap {gap:.3f}, unexplained 1), a near-tie under a "
+          "larger gap, only a request's first disagreement unexplained")
+    return ours, r, last
+
+
+def test_f16(tmp, weights, stream_path, requests, reference, planted):
+    """--dtype f16: the weights, the cache and the logits in float16 (half the bytes of f32),
+    its logits near the float64 forward's but not equal to f32's, its tokens teacher-forced
+    with no unexplained disagreement, our planted token still found in the same run."""
+    cpu = torch.device("cpu")
+    tensors = tiny_tensors()
+    config, w = serve_gpt.load_model(weights, cpu, torch.float16)
+    model = serve_gpt.Gpt2(config, w)
+    assert model.dtype == torch.float16 and w["layers"][0]["c_attn"][0].dtype == torch.float16
+    _, w32 = serve_gpt.load_model(weights, cpu)
+    model32 = serve_gpt.Gpt2(config, w32)
+    rng = random.Random(8)
+    worst = 0.0
+    for p in (1, 30, 100):
+        tokens = [rng.randrange(256) for _ in range(p)]
+        with torch.inference_mode():
+            half = model.full(torch.tensor(tokens))
+            single = model32.full(torch.tensor(tokens))
+        assert half.dtype == torch.float16
+        exact = independent_logits(tensors, config, tokens)
+        diff = (half.double() - exact).abs().max().item() / exact.abs().max().item()
+        worst = max(worst, diff)
+        assert diff < 2e-2, (p, diff)
+        assert not torch.equal(half.float(), single), "f16 logits equal to f32's: not f16"
+    reqs, _, _, _ = serve_gpt.read_stream(stream_path, config, 4)
+    server = serve_gpt.Server(model, reqs, 4, cpu)
+    assert server.cache.dtype == torch.float16
+    ours, r, last = planted
+    out = os.path.join(tmp, "f16.json")
+    result = run_script("--weights", weights, "--stream", stream_path, "--device", "cpu",
+                        "--dtype", "f16", "--json", out, "--check", ours, "--teacher-force", ours)
+    assert result.returncode == 0, result.stderr
+    assert "f16, TF32 off" in result.stdout, result.stdout
+    with open(out) as f:
+        document = json.load(f)
+    side = document["side"]
+    assert document["dtype"] == "f16" and document["mode"] == "eager"
+    s = server.span_max
+    assert side["kv_reserved_bytes_peak"] == 2 * 2 * 4 * 4 * s * 16 * 2, side
+    assert side["weights_bytes"] * 2 == serve_gpt.weights_bytes(w32)
+    outputs = [q["output"] for q in side["requests"]]
+    assert [len(o) for o in outputs] == [q["max_new_tokens"] for q in requests]
+    equal = sum(a == b for o, ref in zip(outputs, reference) for a, b in zip(o, ref))
+    total = sum(len(o) for o in reference)
+    assert equal >= 0.8 * total, (equal, total)
+    forcing = document["teacher_forcing"]
+    own = forcing["torch"]
+    assert own["dtype"] == "f16" and own["mode"] == "eager" and own["tokens"] == total
+    assert own["unexplained"] == 0, own
+    assert forcing["ours"]["unexplained"] == 1 and forcing["ours"]["first_divergence"][r] == last
+    assert document["agreement"]["paged"]["tokens"] == total
+    print(f"ok: --dtype f16: weights, cache and logits in float16 (max relative diff to float64 "
+          f"{worst:.1e}), {equal}/{total} tokens equal to f32's, teacher-forced with "
+          f"{own['near_ties']} near-ties and none unexplained")
+
+
+def test_graphs_end_to_end(tmp, weights, stream_path, reference):
+    """--mode graphs through the command line: refused on the CPU; with the hidden --uncaptured
+    its static step serves the stream with the reference's tokens and says so in the JSON."""
+    expect_refused(run_script("--weights", weights, "--stream", stream_path, "--device", "cpu",
+                              "--mode", "graphs"), "--mode graphs", "CUDA")
+    out = os.path.join(tmp, "graphs.json")
+    result = run_script("--weights", weights, "--stream", stream_path, "--device", "cpu",
+                        "--mode", "graphs", "--uncaptured", "--json", out)
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        document = json.load(f)
+    assert document["mode"] == "graphs" and document["dtype"] == "f32"
+    assert document["graphs"]["captured"] is False and document["graphs"]["batch_sizes"] == []
+    assert [q["output"] for q in document["side"]["requests"]] == reference
+    assert "decode step" in result.stdout, result.stdout
+    print("ok: --mode graphs refused on the CPU (exit 2); uncaptured, the reference's tokens")
+
+
+def test_new_refusals(tmp, weights, stream_path, planted):
+    ours, _, _ = planted
+    base = ["--weights", weights, "--stream", stream_path, "--device", "cpu"]
+    expect_refused(run_script(*base, "--dtype", "f64"), "--dtype", "f64")
+    expect_refused(run_script(*base, "--dtype", "bf16"), "--dtype")
+    expect_refused(run_script(*base, "--mode", "compiled"), "--mode")
+    expect_refused(run_script(*base, "--cudnn-sdpa", "maybe"), "--cudnn-sdpa")
+    expect_refused(run_script(*base, "--uncaptured"), "--uncaptured", "--mode graphs")
+    expect_refused(run_script(*base, "--side", "paged"), "--teacher-force")
+    expect_refused(run_script(*base, "--teacher-force", ours, "--near-tie", "-1"), "--near-tie")
+    expect_refused(run_script("--weights", weights, "--device", "cpu"), "--stream")
+    expect_refused(run_script("--weights", weights, "--device", "cpu", "--teacher-force", ours,
+                              "--side", "naive"), "no sides.naive", "paged")
+    with open(ours) as f:
+        document = json.load(f)
+    document["sides"]["contiguous"] = {"error": "refused under the budget"}
+    failed = os.path.join(tmp, "failed_side.json")
+    with open(failed, "w") as f:
+        json.dump(document, f)
+    expect_refused(run_script("--weights", weights, "--device", "cpu", "--teacher-force", failed,
+                              "--side", "contiguous"), "sides.contiguous", "no result")
+    del document["sides"]["contiguous"]
+    document["sides"]["paged"]["requests"][0]["output"][0] = 256
+    bad = os.path.join(tmp, "bad_ours.json")
+    with open(bad, "w") as f:
+        json.dump(document, f)
+    expect_refused(run_script("--weights", weights, "--device", "cpu", "--teacher-force", bad),
+                   "256", "vocabulary")
+    # Refused before serving: the stream is valid, the JSON to teacher-force is not.
+    expect_refused(run_script(*base, "--teacher-force", bad), "vocabulary")
+    print("ok: an unknown dtype or mode, --uncaptured without graphs, --side or --near-tie "
+          "without --teacher-force, a negative gap, no --stream, a missing or failed side, a "
+          "token outside the vocabulary: exit 2 with a message")
+
+
 def test_refusals(tmp, weights, stream_path):
     with open(weights, "rb") as f:
         data = f.read()
@@ -470,6 +741,11 @@ def main():
         test_arrivals(tmp, weights, requests, reference)
         test_formats(tmp, stream_path, reference)
         test_refusals(tmp, weights, stream_path)
+        test_graph_decoder(weights, stream_path, requests)
+        test_graphs_end_to_end(tmp, weights, stream_path, reference)
+        planted = test_teacher_forcing(tmp, weights, requests, reference)
+        test_f16(tmp, weights, stream_path, requests, reference, planted)
+        test_new_refusals(tmp, weights, stream_path, planted)
     print("all passed")
 
 
