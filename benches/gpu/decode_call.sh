@@ -8,7 +8,8 @@
 #
 # The weights: `serve_gpt --model gpt2 --write-weights` (seeded random GPT-2 small, f32). For
 # each max batch B in BATCHES (default "16 64") and dtype D in DTYPES (default "f32 f16"), on the
-# default stream (64 requests, all at t0, `--seed 1`):
+# default stream of 4·B requests (64 at B = 16, as the serving calls before; 256 at B = 64, so
+# that 64 are in flight), all at t0, `--seed 1`:
 #
 # - ours_D_B: `serve_gpt --sides paged --max-batch B --dtype D --warm-s 2` (planned, pipelined
 #   steps), which writes the stream;
@@ -82,7 +83,8 @@ for batch in $BATCHES; do
         mark "ours_$tag"
         # shellcheck disable=SC2086 # $G is a list of arguments
         timeout "$(cap 90)" sh .gpu/run serve_gpt $G --sides paged --max-batch "$batch" \
-            --dtype "$dtype" --json "$W/ours_$tag.json" > "$W/ours_$tag.txt" 2>&1
+            --requests $((4 * batch)) --dtype "$dtype" --json "$W/ours_$tag.json" \
+            > "$W/ours_$tag.txt" 2>&1
         record "ours_$tag"
         [ -f "$W/ours_$tag.json" ] || continue
         if fits 35 "eager_$tag"; then
