@@ -267,6 +267,7 @@ impl Gpt2 {
                 Epilogue {
                     bias: Some(b),
                     activation,
+                    ..Default::default()
                 },
             )
         };
@@ -296,6 +297,7 @@ impl Gpt2 {
             Epilogue {
                 bias: self.lm_padding.as_ref(),
                 activation: Activation::None,
+                ..Default::default()
             },
         )?;
         match head {

@@ -915,7 +915,9 @@ fn an_f16_model_serves_the_twins_greedy_tokens_within_f16_rounding() {
             equal += usize::from(chosen == best);
         }
     }
-    eprintln!("f16 serving: {equal} of {tokens} tokens the twin's greedy choice, the rest near-ties");
+    eprintln!(
+        "f16 serving: {equal} of {tokens} tokens the twin's greedy choice, the rest near-ties"
+    );
     assert!(tokens >= 30);
 }
 
