@@ -1161,3 +1161,56 @@ fn matmul_layer_norm_refuses_bad_operands_with_typed_errors() {
         |error| matches!(error, ComputeError::ForeignTensor { .. }),
     );
 }
+
+/// On a device that binds fewer storage buffers per stage than the fused kernels take (WebGPU
+/// allows 8, the narrow kernel with a residual and a layer-norm prologue takes 7), the ops give
+/// the same results through the unfused ones: the residual by an `add` after the product where
+/// the product's kernel cannot bind it, the layer norm before the product where the prologue's
+/// kernel cannot bind everything.
+#[test]
+fn a_device_that_binds_fewer_buffers_runs_the_unfused_ops() {
+    use crate::compute::check_matmul_epilogue;
+    let shared = crate::gpu::gpu();
+    let adapter = shared
+        .adapter
+        .as_ref()
+        .expect("request_gpu keeps its adapter");
+    let mut rng = StdRng::seed_from_u64(47);
+    // (storage buffers per stage; dispatches of matmul_with with a residual, of matmul_layer_norm
+    // without and with one), for a narrow product of 8 rows.
+    for (buffers, residual, norm, both) in [(6, 1, 1, 2), (5, 1, 2, 2), (4, 2, 2, 3)] {
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("fewer storage buffers"),
+            required_features: shared.device.features(),
+            required_limits: wgpu::Limits {
+                max_storage_buffers_per_shader_stage: buffers,
+                ..adapter.limits()
+            },
+            ..Default::default()
+        }))
+        .expect("a device of fewer storage buffers");
+        let gpu = wgpu_pool::Gpu::from_device(device, queue);
+        let context = context_with(&gpu, ContextOptions::default());
+        let what = format!("{buffers} storage buffers");
+        let shape = (8, 64, 36);
+        let with_residual = (true, Activation::Gelu, true);
+        let dispatches =
+            check_matmul_epilogue(&context, &what, shape, with_residual, DType::F32, &mut rng);
+        assert_eq!(dispatches, residual, "{what}: matmul_with");
+        for (epilogue, expected) in [(LN_EPILOGUES[2], norm), (LN_EPILOGUES[3], both)] {
+            let dispatches = check_matmul_layer_norm(
+                &context,
+                &what,
+                shape,
+                1e-5,
+                epilogue,
+                DType::F32,
+                &mut rng,
+            );
+            assert_eq!(
+                dispatches, expected,
+                "{what}: matmul_layer_norm {epilogue:?}"
+            );
+        }
+    }
+}
