@@ -1,6 +1,6 @@
 // C[M, N] = A[M, K] · B[K, N] on cooperative matrices (the tensor cores): f16 operands, 16×16×16
 // products accumulated in f32, one rounding as C is stored, with the fused epilogue
-// C = act(A·B + bias[N]). Needs `EXPERIMENTAL_COOPERATIVE_MATRIX` (16×16×16 f16 × f16 → f32),
+// C = act(A·B + bias[N]) + residual[M, N]. Needs `EXPERIMENTAL_COOPERATIVE_MATRIX` (16×16×16 f16 × f16 → f32),
 // f16, and subgroups of 32 invocations. CPU twin: `matmul` in src/compute/cpu.rs on the
 // f16-rounded operands.
 //
@@ -20,6 +20,8 @@
 //   VEC4           K and N multiples of 4 (the bindings file: matmul_coop_vec4.wgsl or
 //                  matmul_coop_scalar.wgsl, which provide load_a4, load_b4 and store_c4)
 //   BIAS, ACT      the fused epilogue (bias over columns; 0 none, 1 relu, 2 gelu)
+//   RESIDUAL       the epilogue adds a residual of C's shape last (binding 5, declared after
+//                  this file with its accessors by the host: src/compute/kernels.rs)
 //
 // Split-K: workgroup z computes the partial product over K range [z·k_chunk, (z+1)·k_chunk)
 // into the z-th M×N slice of `c` (f32, no epilogue); `matmul_reduce.wgsl` adds the slices.

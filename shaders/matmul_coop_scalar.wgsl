@@ -39,7 +39,11 @@ fn store_c4(row: u32, col: u32, z: u32, sums: vec4<f32>) {
                 if (BIAS) {
                     x += f32(bias[col + e]);
                 }
-                c[(z * params.m + row) * params.n + col + e] = Output(activate4(vec4<f32>(x), ACT).x);
+                x = activate4(vec4<f32>(x), ACT).x;
+                if (RESIDUAL) {
+                    x += residual_at(row * params.n + col + e);
+                }
+                c[(z * params.m + row) * params.n + col + e] = Output(x);
             }
         }
     }

@@ -1,8 +1,11 @@
-// Split-K: sums the `splits` partial products P[s, M, N] written by matmul.wgsl into C[M, N] and
-// runs the fused epilogue: C = act(Σ_s P[s] + bias[N]). One element per invocation, workgroups of
-// 256, a 2-D grid past 65,535 workgroups. Part of the CPU twin `matmul` in src/compute/cpu.rs.
+// Split-K: sums the `splits` partial products P[s, M, N] written by matmul.wgsl (or the narrow or
+// cooperative matmul) into C[M, N] and runs the fused epilogue:
+// C = act(Σ_s P[s] + bias[N]) + residual[M, N]. One element per invocation, workgroups of 256,
+// a 2-D grid past 65,535 workgroups. CPU twin: `matmul_reduce` in src/compute/cpu.rs.
 //
-// The host puts the constants BIAS (bool) and ACT (0 none, 1 relu, 2 gelu) before this file.
+// The host puts the constants BIAS (bool), ACT (0 none, 1 relu, 2 gelu) and RESIDUAL (bool)
+// before this file, and after it the residual's binding (4, with RESIDUAL) and its accessor
+// `residual_at` (src/compute/kernels.rs, `optional_bindings`).
 // The partial products are f32 whatever the operands; `Input` (the bias) and `Output` (C) are
 // what the matmul's tensors hold (f32 or f16, written by the host). Every storage binding is
 // read_write (pool rule).
@@ -34,5 +37,9 @@ fn matmul_reduce(@builtin(workgroup_id) workgroup: vec3<u32>, @builtin(local_inv
     if (BIAS) {
         sum += f32(bias[i % params.n]);
     }
-    c[i] = Output(activate4(vec4<f32>(sum), ACT).x);
+    sum = activate4(vec4<f32>(sum), ACT).x;
+    if (RESIDUAL) {
+        sum += residual_at(i);
+    }
+    c[i] = Output(sum);
 }

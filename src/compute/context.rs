@@ -298,7 +298,7 @@ impl Context {
     /// [`Context::record`] of bindings that are all different tensors (`Context::record`, in
     /// `tensor.rs`, binds a repeated one through a copy).
     pub(crate) fn record_distinct(&self, dispatch: Dispatch<'_>) -> Result<(), ComputeError> {
-        let storage = dispatch.kernel.source.storage_bindings();
+        let storage = dispatch.kernel.storage_bindings();
         if dispatch.bindings.len() != storage {
             return Err(ComputeError::Config(format!(
                 "{} takes {storage} storage bindings, {} given",

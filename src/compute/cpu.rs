@@ -206,23 +206,59 @@ pub fn matmul_element(
 
 /// `C[m, n] = A[m, k] · B[k, n]`, row-major, accumulated in f64.
 pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    matmul_with(a, b, m, k, n, None, Activation::None)
+    matmul_with(a, b, m, k, n, Epilogue::default())
 }
 
-/// `act(A · B + bias)`, the fused epilogue's twin.
+/// A matmul's epilogue on the host, `act(x + bias) + residual`: the twin of
+/// [`compute::Epilogue`](crate::compute::Epilogue), of values instead of tensors.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Epilogue<'a> {
+    /// `n` values, added to every row.
+    pub bias: Option<&'a [f32]>,
+    /// The activation, applied to the sum plus the bias.
+    pub activation: Activation,
+    /// `m · n` values, added last.
+    pub residual: Option<&'a [f32]>,
+}
+
+impl Epilogue<'_> {
+    /// Element `i` of an `[m, n]` result whose sum (before the epilogue) is `value`: the bias
+    /// added in f64 with the sum, rounded to f32, activated, then the residual added in f32 —
+    /// as the kernels, which round the sum once to f32, add in f32 and round once as they store.
+    fn apply(&self, i: usize, n: usize, value: f64) -> f32 {
+        let with_bias = value + self.bias.map_or(0.0, |bias| f64::from(bias[i % n]));
+        activate(self.activation, with_bias as f32) + self.residual.map_or(0.0, |r| r[i])
+    }
+
+    /// Panics (`what` names the twin) where the bias does not hold `n` values or the residual
+    /// `len`.
+    fn check(&self, what: &str, n: usize, len: usize) {
+        if let Some(bias) = self.bias {
+            assert_eq!(bias.len(), n, "{what} twin: the bias is not of length n");
+        }
+        if let Some(residual) = self.residual {
+            assert_eq!(
+                residual.len(),
+                len,
+                "{what} twin: the residual is not of length m · n"
+            );
+        }
+    }
+}
+
+/// `act(A · B + bias) + residual`, the fused epilogue's twin.
 ///
 /// # Panics
 ///
-/// When `a` does not hold `m · k` values, `b` `k · n`, or `bias` (if any) `n` (a test oracle's
-/// precondition), including sizes whose products overflow.
+/// When `a` does not hold `m · k` values, `b` `k · n`, the bias (if any) `n` or the residual
+/// (if any) `m · n` (a test oracle's precondition), including sizes whose products overflow.
 pub fn matmul_with(
     a: &[f32],
     b: &[f32],
     m: usize,
     k: usize,
     n: usize,
-    bias: Option<&[f32]>,
-    activation: Activation,
+    epilogue: Epilogue<'_>,
 ) -> Vec<f32> {
     assert_eq!(
         Some(a.len()),
@@ -234,12 +270,10 @@ pub fn matmul_with(
         k.checked_mul(n),
         "matmul twin: B is not k × n"
     );
-    if let Some(bias) = bias {
-        assert_eq!(bias.len(), n, "matmul twin: the bias is not of length n");
-    }
     let len = m
         .checked_mul(n)
         .expect("matmul twin: m × n overflows a usize");
+    epilogue.check("matmul", n, len);
     let mut c = vec![0.0f64; len];
     // i-k-j order: rows of B stream through the cache.
     for row in 0..m {
@@ -253,28 +287,45 @@ pub fn matmul_with(
     }
     c.iter()
         .enumerate()
-        .map(|(i, &v)| {
-            let with_bias = v + bias.map_or(0.0, |bias| f64::from(bias[i % n]));
-            activate(activation, with_bias as f32)
-        })
+        .map(|(i, &v)| epilogue.apply(i, n, v))
         .collect()
 }
 
-/// The split-K reduction: `act(Σ_s partials[s, i, j] + bias[j])` for `partials` of `splits`
-/// products `[m, n]` one after another (`splits · m · n` values at least; the kernel's scratch
-/// may hold more), summed in f64.
+/// `matmul_with(layer_norm(x, gamma, beta, k, eps), w, m, k, n, epilogue)`: the twin of
+/// [`Context::matmul_layer_norm`](crate::compute::Context::matmul_layer_norm), `x` of `m` rows of
+/// `k` values normalized (in f64, rounded to f32), then multiplied by `w` (`k × n`).
 ///
 /// # Panics
 ///
-/// When `partials` holds fewer than `splits · m · n` values or `bias` (if any) not `n` (a test
-/// oracle's precondition), including sizes whose products overflow.
+/// Those of [`layer_norm`] and [`matmul_with`].
+pub fn matmul_layer_norm(
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+    w: &[f32],
+    (m, k, n): (usize, usize, usize),
+    epilogue: Epilogue<'_>,
+) -> Vec<f32> {
+    let normalized = layer_norm(x, gamma, beta, k, eps);
+    matmul_with(&normalized, w, m, k, n, epilogue)
+}
+
+/// The split-K reduction: `act(Σ_s partials[s, i, j] + bias[j]) + residual[i, j]` for
+/// `partials` of `splits` products `[m, n]` one after another (`splits · m · n` values at least;
+/// the kernel's scratch may hold more), summed in f64.
+///
+/// # Panics
+///
+/// When `partials` holds fewer than `splits · m · n` values, the bias (if any) not `n` or the
+/// residual (if any) not `m · n` (a test oracle's precondition), including sizes whose products
+/// overflow.
 pub fn matmul_reduce(
     partials: &[f32],
     splits: usize,
     m: usize,
     n: usize,
-    bias: Option<&[f32]>,
-    activation: Activation,
+    epilogue: Epilogue<'_>,
 ) -> Vec<f32> {
     let len = m
         .checked_mul(n)
@@ -285,18 +336,11 @@ pub fn matmul_reduce(
             .is_some_and(|all| all <= partials.len()),
         "matmul_reduce twin: fewer than splits × m × n partial products"
     );
-    if let Some(bias) = bias {
-        assert_eq!(
-            bias.len(),
-            n,
-            "matmul_reduce twin: the bias is not of length n"
-        );
-    }
+    epilogue.check("matmul_reduce", n, len);
     (0..len)
         .map(|i| {
             let sum: f64 = (0..splits).map(|s| f64::from(partials[s * len + i])).sum();
-            let with_bias = sum + bias.map_or(0.0, |bias| f64::from(bias[i % n]));
-            activate(activation, with_bias as f32)
+            epilogue.apply(i, n, sum)
         })
         .collect()
 }

@@ -12,10 +12,10 @@
 //!    every element they load to f32 and round once when they store, so the f32 variant's
 //!    conversions are no-ops;
 //! 2. **generated**: the variant's constants, WGSL `const` declarations ([`constants`]): the
-//!    tile sizes, which edges to mask and the fused epilogue of the tiled matmul, the rows,
-//!    lanes, subgroup size, split and epilogue of the narrow one, the epilogue of the split-K
-//!    reduction (none for the other kernels), so that each variant is compiled with its branches
-//!    resolved;
+//!    tile sizes, which edges to mask and the fused epilogue (bias, activation, residual) of the
+//!    tiled matmul, the rows, lanes, subgroup size, split, epilogue and layer-norm prologue of
+//!    the narrow one, the epilogue of the split-K reduction (none for the other kernels), so
+//!    that each variant is compiled with its branches resolved;
 //! 3. `shaders/common.wgsl` (activations, grid indexing, the element-wise parameters);
 //! 4. for the tiled matmul, its storage bindings, declared as vec4s (`shaders/matmul_vec4.wgsl`)
 //!    or as elements (`shaders/matmul_scalar.wgsl`, when K or N is not a multiple of 4);
@@ -23,11 +23,19 @@
 //!    `shaders/matmul_coop.wgsl` with its storage bindings — `shaders/matmul_coop_vec4.wgsl` or
 //!    `shaders/matmul_coop_scalar.wgsl`, which also provide its zero-filling loads and masked
 //!    stores — put after its parameters);
-//! 6. **generated** (in `kernels/matmul.rs`), for the tiled matmul: its entry point `matmul` ([`matmul_entry`]),
+//! 6. **generated**, for the matmul kernels (tiled, narrow, cooperative, the split-K
+//!    reduction): the optional bindings of their variant ([`optional_bindings`]) — the
+//!    residual of the epilogue, after the bias (`residual`, with the accessors `residual_vec4`
+//!    and `residual_at` that the stores call; where the variant has none, accessors alone that
+//!    give 0, in branches its constants resolve away), and the narrow matmul's layer-norm
+//!    `gamma` and `beta` after it;
+//! 7. **generated** (in `kernels/matmul.rs`), for the tiled matmul: its entry point `matmul` ([`matmul_entry`]),
 //!    whose `BK` steps of K and whose `TM × TN` outputs per invocation are unrolled here into
 //!    straight-line code (the driver's compiler then sees it whatever its unrolling heuristics);
 //!    for the narrow matmul: its entry point `matmul_narrow` ([`narrow_entry`]), its rows (one
-//!    accumulator each), four steps of K and its subgroup shuffles unrolled; for the
+//!    accumulator each), four steps of K and its subgroup shuffles unrolled, and where its
+//!    variant has one, the layer-norm prologue (each row's statistics, then A normalized as it
+//!    is loaded); for the
 //!    cooperative matmul: its entry point `matmul_coop` ([`coop_entry`]), its fragments,
 //!    products and epilogue stores unrolled, every cooperative load's and store's index and
 //!    stride bound to a `let` (naga 30 panics otherwise, see `shaders/matmul_coop.wgsl`).
@@ -143,6 +151,7 @@ pub(crate) fn module_source(source: Source, variant: &Variant, types: ElementTyp
         });
     }
     text.push_str(source_text(source));
+    text.push_str(&optional_bindings(variant));
     if let Variant::Matmul {
         tiles, linear_grid, ..
     } = variant
@@ -153,10 +162,11 @@ pub(crate) fn module_source(source: Source, variant: &Variant, types: ElementTyp
         rows,
         lanes,
         subgroup,
+        norm,
         ..
     } = *variant
     {
-        text.push_str(&narrow_entry(rows, lanes, subgroup));
+        text.push_str(&narrow_entry(rows, lanes, subgroup, norm));
     }
     if let Variant::Coop { tiles, probe, .. } = variant {
         text.push_str(&coop_entry(tiles, *probe));
@@ -175,6 +185,77 @@ fn element_types(types: ElementTypes) -> String {
         "alias Input = {};\nalias Output = {};\n",
         types.input, types.output
     ));
+    text
+}
+
+/// The optional storage bindings of a matmul variant and their accessors (part 6 of a module,
+/// see the module docs), at the indices [`Variant::residual_binding`] and
+/// [`Variant::norm_bindings`] give: the residual (`Input` elements, as vec4s where the variant
+/// binds its operands as vec4s) read through `residual_vec4(i)` (vec4 `i`) and `residual_at(e)`
+/// (element `e`) as f32, accessors that give 0 where there is no residual; the layer norm's
+/// `gamma` and `beta` (vec4s of `Input`). Nothing for the other kernels.
+fn optional_bindings(variant: &Variant) -> String {
+    let vec4 = match *variant {
+        Variant::Matmul { vec4, .. } | Variant::Coop { vec4, .. } => vec4,
+        Variant::Narrow { .. } => true,
+        Variant::Reduce { .. } => false,
+        Variant::Plain => return String::new(),
+    };
+    let mut text = String::from(
+        "
+// Generated: the epilogue's residual (src/compute/kernels.rs, `optional_bindings`).
+",
+    );
+    match (variant.residual_binding(), vec4) {
+        (None, _) => text.push_str(
+            "fn residual_vec4(i: u32) -> vec4<f32> {
+    return vec4<f32>(0.0);
+}
+
+             fn residual_at(e: u32) -> f32 {
+    return 0.0;
+}
+",
+        ),
+        (Some(index), true) => text.push_str(&format!(
+            "@group(0) @binding({}) var<storage, read_write> residual: array<vec4<Input>>;
+
+             fn residual_vec4(i: u32) -> vec4<f32> {{
+    return vec4<f32>(residual[i]);
+}}
+
+             fn residual_at(e: u32) -> f32 {{
+    return f32(residual[e / 4u][e % 4u]);
+}}
+",
+            index + 1
+        )),
+        (Some(index), false) => text.push_str(&format!(
+            "@group(0) @binding({}) var<storage, read_write> residual: array<Input>;
+
+             fn residual_at(e: u32) -> f32 {{
+    return f32(residual[e]);
+}}
+
+             fn residual_vec4(i: u32) -> vec4<f32> {{
+    let e = 4u * i;
+                 return vec4<f32>(f32(residual[e]), f32(residual[e + 1u]), f32(residual[e + 2u]), f32(residual[e + 3u]));
+}}
+",
+            index + 1
+        )),
+    }
+    if let Some((gamma, beta)) = variant.norm_bindings() {
+        text.push_str(&format!(
+            "
+// Generated: the layer-norm prologue's gamma and beta.
+             @group(0) @binding({}) var<storage, read_write> gamma: array<vec4<Input>>;
+             @group(0) @binding({}) var<storage, read_write> beta: array<vec4<Input>>;
+",
+            gamma + 1,
+            beta + 1
+        ));
+    }
     text
 }
 
@@ -244,7 +325,7 @@ impl Kernels {
     }
 
     fn create_pipeline(&mut self, key: &KernelKey) -> Result<wgpu::ComputePipeline, ComputeError> {
-        let storage = key.source.storage_bindings();
+        let storage = key.storage_bindings();
         if storage >= self.layouts.len() {
             return Err(ComputeError::ExceedsLimit {
                 op: key.entry,

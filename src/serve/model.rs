@@ -298,6 +298,7 @@ impl Gpt2 {
                 Epilogue {
                     bias: Some(b),
                     activation,
+                    ..Default::default()
                 },
             )
         };
@@ -336,6 +337,7 @@ impl Gpt2 {
             Epilogue {
                 bias: self.lm_padding.as_ref(),
                 activation: Activation::None,
+                ..Default::default()
             },
         )?;
         match head {

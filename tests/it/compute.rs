@@ -169,6 +169,7 @@ fn gelu_is_finite_and_matches_its_twin_at_extremes() {
                     Epilogue {
                         bias: None,
                         activation: Activation::Gelu,
+                        ..Default::default()
                     },
                 )
                 .unwrap()
@@ -397,18 +398,36 @@ pub(crate) fn storage_tolerance(dtype: DType, value: f32) -> f64 {
 pub(crate) fn check_matmul_of(
     context: &Context,
     what: &str,
-    (m, k, n): (usize, usize, usize),
+    shape: (usize, usize, usize),
     bias: bool,
     activation: Activation,
     dtype: DType,
     rng: &mut StdRng,
 ) {
+    check_matmul_epilogue(context, what, shape, (bias, activation, false), dtype, rng);
+}
+
+/// [`check_matmul_of`] with a residual in the epilogue where `residual` (values in [−2, 2]):
+/// the tolerance gains u·|c| for its add. Returns the dispatches the product recorded.
+pub(crate) fn check_matmul_epilogue(
+    context: &Context,
+    what: &str,
+    (m, k, n): (usize, usize, usize),
+    (bias, activation, residual): (bool, Activation, bool),
+    dtype: DType,
+    rng: &mut StdRng,
+) -> u64 {
     let a = cpu::rounded(&random(rng, m * k, -1.0, 1.0), dtype);
     let b = cpu::rounded(&random(rng, k * n, -1.0, 1.0), dtype);
     let bias_values = cpu::rounded(&random(rng, n, -1.0, 1.0), dtype);
+    let residual_values = cpu::rounded(&random(rng, m * n, -2.0, 2.0), dtype);
     let ta = context.tensor_with(&a, &[m, k], dtype).unwrap();
     let tb = context.tensor_with(&b, &[k, n], dtype).unwrap();
     let tbias = context.tensor_with(&bias_values, &[n], dtype).unwrap();
+    let tresidual = context
+        .tensor_with(&residual_values, &[m, n], dtype)
+        .unwrap();
+    let before = context.stats().dispatches;
     let c = context
         .matmul_with(
             &ta,
@@ -416,9 +435,11 @@ pub(crate) fn check_matmul_of(
             Epilogue {
                 bias: bias.then_some(&tbias),
                 activation,
+                residual: residual.then_some(&tresidual),
             },
         )
         .unwrap();
+    let dispatches = context.stats().dispatches - before;
     assert_eq!((c.shape(), c.dtype()), (&[m, n][..], dtype));
     let gpu_values = c.to_vec().unwrap();
     let expected = cpu::rounded(
@@ -428,15 +449,18 @@ pub(crate) fn check_matmul_of(
             m,
             k,
             n,
-            bias.then_some(&bias_values[..]),
-            activation,
+            cpu::Epilogue {
+                bias: bias.then_some(&bias_values[..]),
+                activation,
+                residual: residual.then_some(&residual_values[..]),
+            },
         ),
         dtype,
     );
     let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
     let gelu = activation == Activation::Gelu;
     assert_close(
-        &format!("{what} {m}x{k}·{k}x{n} bias {bias} {activation:?}"),
+        &format!("{what} {m}x{k}·{k}x{n} bias {bias} {activation:?} residual {residual}"),
         &gpu_values,
         &expected,
         |i| {
@@ -445,9 +469,83 @@ pub(crate) fn check_matmul_of(
             if gelu {
                 bound += 1e-5 * c + 1e-6;
             }
+            if residual {
+                bound += U * c;
+            }
             bound + storage_tolerance(dtype, expected[i])
         },
     );
+    dispatches
+}
+
+/// A residual in the epilogue on every path of the product: the narrow kernel (unsplit, split
+/// along K: the reduction adds it, rows in groups, subgroups), the tiled kernel (vec4, scalar with
+/// edges, split along K), each within the product's dispatches (one, or two with a split): no
+/// `add` after it. Against the twin, with and without a bias and an activation before it.
+#[test]
+fn a_residual_epilogue_matches_its_twin_on_every_path_in_the_products_dispatches() {
+    let narrow = |lanes, splits, groups| MatmulOptions {
+        narrow_lanes: lanes,
+        narrow_splits: Some(splits),
+        narrow_row_groups: Some(groups),
+        ..MatmulOptions::default()
+    };
+    let tiled = |split_k| MatmulOptions {
+        split_k,
+        ..MatmulOptions::default()
+    };
+    // (options, shapes (m, k, n), the kernel: narrow or not)
+    let cases = [
+        (
+            MatmulOptions::default(),
+            vec![(1, 64, 36), (16, 768, 64)],
+            true,
+        ),
+        (narrow(None, 3, 1), vec![(3, 768, 36), (16, 260, 12)], true),
+        (narrow(Some(4), 1, 2), vec![(8, 64, 36), (16, 64, 64)], true),
+        (narrow(Some(1), 2, 4), vec![(16, 64, 12)], true),
+        (
+            tiled(None),
+            vec![(40, 64, 36), (17, 30, 30), (3, 64, 30)],
+            false,
+        ),
+        (tiled(Some(3)), vec![(40, 256, 36), (33, 100, 31)], false),
+    ];
+    let epilogues = [
+        (false, Activation::None),
+        (true, Activation::Gelu),
+        (true, Activation::Relu),
+    ];
+    for (limits, gpu) in both() {
+        let mut rng = StdRng::seed_from_u64(58);
+        for (options, shapes, narrow) in &cases {
+            let context = context_with(
+                gpu,
+                ContextOptions {
+                    matmul: options.clone(),
+                    ..ContextOptions::default()
+                },
+            );
+            for (index, &(m, k, n)) in shapes.iter().enumerate() {
+                let plan = context.matmul_plan(m, n, k).unwrap();
+                assert_eq!(plan.narrow_lanes > 0, *narrow, "{m}x{k}x{n}: {plan:?}");
+                let (bias, activation) = epilogues[index % epilogues.len()];
+                let what = format!(
+                    "residual, lanes {} splits {} groups {} ({limits})",
+                    plan.narrow_lanes, plan.splits, plan.narrow_row_groups
+                );
+                let dispatches = check_matmul_epilogue(
+                    &context,
+                    &what,
+                    (m, k, n),
+                    (bias, activation, true),
+                    DType::F32,
+                    &mut rng,
+                );
+                assert_eq!(dispatches, 1 + u64::from(plan.splits > 1), "{what}");
+            }
+        }
+    }
 }
 
 fn matmul_context(gpu: &Gpu, tiles: Option<MatmulTiles>, split_k: Option<u32>) -> Context {
@@ -970,6 +1068,7 @@ fn shape_mismatches_and_out_of_limit_sizes_are_typed_errors_that_record_nothing(
         Epilogue {
             bias: Some(&v),
             activation: Activation::None,
+            ..Default::default()
         },
     ));
     assert!(matches!(
@@ -1236,6 +1335,7 @@ impl Mlp {
                         Epilogue {
                             bias: Some(b),
                             activation,
+                            ..Default::default()
                         },
                     )
                     .unwrap()
@@ -1269,8 +1369,11 @@ impl Mlp {
                 batch,
                 self.dims[layer],
                 self.dims[layer + 1],
-                Some(b),
-                activation,
+                cpu::Epilogue {
+                    bias: Some(b),
+                    activation,
+                    ..Default::default()
+                },
             );
         }
         cpu::softmax(&h, self.dims[3])

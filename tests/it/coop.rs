@@ -1,7 +1,7 @@
 //! f16 matmuls on cooperative matrices (`shaders/matmul_coop.wgsl`, the tensor cores), on a
 //! device opened with `GpuOptions::cooperative_matrix`: every tile against the CPU twin (the f32
-//! twin on the f16 inputs, rounded to f16) on odd shapes, with and without the fused bias and
-//! GELU, with a split of K, with and without wgpu's bounds checks.
+//! twin on the f16 inputs, rounded to f16) on odd shapes, with and without the fused bias, GELU
+//! and residual, with a split of K, with and without wgpu's bounds checks.
 //!
 //! Where the adapter offers no cooperative matrices (lavapipe, llvmpipe, most GPUs but recent
 //! NVIDIA and AMD ones under Vulkan), the tests check what they can — the device was opened
@@ -61,27 +61,32 @@ fn options(matmul: MatmulOptions) -> ContextOptions {
     }
 }
 
-/// `act(A · B + bias)` of f16 operands on `context` against the twin. The tolerance: twice the
-/// tiled kernels' f32 bound (a tensor core's f32 sums may truncate rather than round, and add in
-/// another order), plus one f16 ulp of the stored result.
+/// `act(A · B + bias) + residual` of f16 operands on `context` against the twin. The
+/// tolerance: twice the tiled kernels' f32 bound (a tensor core's f32 sums may truncate rather
+/// than round, and add in another order), u·|c| for the residual's add, plus one f16 ulp of the
+/// stored result.
 fn check(
     context: &Context,
     what: &str,
     (m, n, k): (usize, usize, usize),
-    bias: bool,
-    activation: Activation,
+    (bias, activation, residual): (bool, Activation, bool),
     rng: &mut StdRng,
 ) {
     let dtype = DType::F16;
     let a = cpu::rounded(&random(rng, m * k, -1.0, 1.0), dtype);
     let b = cpu::rounded(&random(rng, k * n, -1.0, 1.0), dtype);
     let bias_values = cpu::rounded(&random(rng, n, -1.0, 1.0), dtype);
+    let residual_values = cpu::rounded(&random(rng, m * n, -2.0, 2.0), dtype);
     let ta = context.tensor_with(&a, &[m, k], dtype).unwrap();
     let tb = context.tensor_with(&b, &[k, n], dtype).unwrap();
     let tbias = context.tensor_with(&bias_values, &[n], dtype).unwrap();
+    let tresidual = context
+        .tensor_with(&residual_values, &[m, n], dtype)
+        .unwrap();
     let epilogue = Epilogue {
         bias: bias.then_some(&tbias),
         activation,
+        residual: residual.then_some(&tresidual),
     };
     let c = context.matmul_with(&ta, &tb, epilogue).unwrap();
     assert_eq!((c.shape(), c.dtype()), (&[m, n][..], dtype));
@@ -92,13 +97,16 @@ fn check(
         m,
         k,
         n,
-        bias.then_some(&bias_values[..]),
-        activation,
+        cpu::Epilogue {
+            bias: bias.then_some(&bias_values[..]),
+            activation,
+            residual: residual.then_some(&residual_values[..]),
+        },
     );
     let expected = cpu::rounded(&twin, dtype);
     let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
     assert_close(
-        &format!("{what} {m}x{n}x{k} bias {bias} {activation:?}"),
+        &format!("{what} {m}x{n}x{k} bias {bias} {activation:?} residual {residual}"),
         &got,
         &expected,
         |i| {
@@ -106,6 +114,9 @@ fn check(
             let mut bound = 4.0 * k as f64 * U * f64::from(magnitude[i]) + 2.0 * U * c;
             if activation == Activation::Gelu {
                 bound += 1e-5 * c + 1e-6;
+            }
+            if residual {
+                bound += U * c;
             }
             bound + storage_tolerance(dtype, expected[i])
         },
@@ -225,8 +236,13 @@ fn f16_matmul_on_cooperative_matrices_matches_its_twin() {
             if name.contains("split") && coop && k >= 3 * CoopTiles::BK as usize {
                 assert!(plan.splits > 1, "{name} {m}x{n}x{k}: {plan:?}");
             }
-            for (bias, activation) in [(false, Activation::None), (true, Activation::Gelu)] {
-                check(context, name, (m, n, k), bias, activation, &mut rng);
+            // No epilogue, a bias and GELU, and a residual after them.
+            for epilogue in [
+                (false, Activation::None, false),
+                (true, Activation::Gelu, false),
+                (true, Activation::Gelu, true),
+            ] {
+                check(context, name, (m, n, k), epilogue, &mut rng);
             }
         }
     }
@@ -273,7 +289,18 @@ fn f16_plans_on_cooperative_matrices_fuse_the_epilogue_and_replay_the_twin() {
     let y = context.matmul(&h, &tw2).unwrap();
     let mut plan = capture.finish(&[&y]).unwrap();
     let h_expected = cpu::rounded(
-        &cpu::matmul_with(&x, &w1, m, k, hidden, Some(&b1), Activation::Gelu),
+        &cpu::matmul_with(
+            &x,
+            &w1,
+            m,
+            k,
+            hidden,
+            cpu::Epilogue {
+                bias: Some(&b1),
+                activation: Activation::Gelu,
+                ..Default::default()
+            },
+        ),
         DType::F16,
     );
     let expected = cpu::rounded(&cpu::matmul(&h_expected, &w2, m, hidden, n), DType::F16);
@@ -321,6 +348,7 @@ fn check_f32_as_f16(
     let epilogue = Epilogue {
         bias: bias.then_some(&tbias),
         activation,
+        ..Default::default()
     };
     let c = context.matmul_with(&ta, &tb, epilogue).unwrap();
     assert_eq!((c.shape(), c.dtype()), (&[m, n][..], DType::F32));
@@ -336,8 +364,11 @@ fn check_f32_as_f16(
         m,
         k,
         n,
-        bias.then_some(&bias_values[..]),
-        activation,
+        cpu::Epilogue {
+            bias: bias.then_some(&bias_values[..]),
+            activation,
+            ..Default::default()
+        },
     );
     let magnitude = cpu::matmul_magnitude(&a, &b, m, k, n);
     assert_close(

@@ -1,6 +1,6 @@
 //! f16 storage with f32 arithmetic: every f16 kernel against its CPU twin on odd shapes (the
 //! tiled matmul in its scalar and vec4 forms, with split-K, the narrow matmul with and without a
-//! split along K, with epilogues; the element-wise ops, casts and row reductions), uploads and
+//! split along K, with epilogues, residuals and the layer-norm prologue; the element-wise ops, casts and row reductions), uploads and
 //! read-backs, plans, and the typed errors: operands of mixed element types, and f16 on a device
 //! without `SHADER_F16`.
 //!
@@ -20,8 +20,12 @@ use wgpu_pool::compute::{
 };
 use wgpu_pool::Gpu;
 
-use crate::compute::{assert_close, check_matmul_of, context_with, random, storage_tolerance, U};
+use crate::compute::{
+    assert_close, check_matmul_epilogue, check_matmul_of, context_with, random, storage_tolerance,
+    U,
+};
 use crate::gpu::gpu;
+use crate::transformer::{check_matmul_layer_norm, layer_norm_product_dispatches, LN_EPILOGUES};
 
 /// One f16 ulp of `value` and the smallest normal f16 (see `compute::storage_tolerance`).
 fn f16_ulp(value: f32) -> f64 {
@@ -405,6 +409,65 @@ fn f16_matmul_matches_its_twin_on_every_path() {
     }
 }
 
+/// A residual in the product's epilogue and the layer norm folded into the narrow product, on
+/// f16 tensors: each on the narrow kernel (split along K too) and the tiled one, against its
+/// twin (the tolerances of `compute.rs` and `transformer.rs`, with the f16 ulps they name).
+#[test]
+fn f16_residual_epilogues_and_layer_norm_prologues_match_their_twins() {
+    let options = |matmul: MatmulOptions| ContextOptions {
+        matmul,
+        ..ContextOptions::default()
+    };
+    let test = "f16 residual and layer-norm prologue";
+    let Some(context) = f16_context(test, ContextOptions::default()) else {
+        return;
+    };
+    let split = f16_context(
+        test,
+        options(MatmulOptions {
+            narrow_splits: Some(2),
+            split_k: Some(3),
+            ..MatmulOptions::default()
+        }),
+    )
+    .expect("the device has SHADER_F16");
+    let mut rng = StdRng::seed_from_u64(59);
+    for (context, name) in [(&context, "f16"), (&split, "f16 split")] {
+        for (m, k, n) in [(5, 132, 36), (40, 256, 36), (17, 30, 30)] {
+            let plan = context.matmul_plan_for(DType::F16, m, n, k).unwrap();
+            let dispatches = check_matmul_epilogue(
+                context,
+                &format!("{name} residual"),
+                (m, k, n),
+                (true, Activation::Gelu, true),
+                DType::F16,
+                &mut rng,
+            );
+            assert_eq!(
+                dispatches,
+                1 + u64::from(plan.splits > 1),
+                "{name} {m}x{k}x{n}"
+            );
+        }
+        for (index, (m, k, n)) in [(16, 768, 64), (3, 64, 36), (20, 64, 36)]
+            .into_iter()
+            .enumerate()
+        {
+            let dispatches = check_matmul_layer_norm(
+                context,
+                &format!("{name} matmul_layer_norm"),
+                (m, k, n),
+                1e-5,
+                LN_EPILOGUES[3 + index % 2],
+                DType::F16,
+                &mut rng,
+            );
+            let expected = layer_norm_product_dispatches(context, DType::F16, (m, k, n));
+            assert_eq!(dispatches, expected, "{name} {m}x{k}x{n}");
+        }
+    }
+}
+
 #[test]
 fn f16_and_f32_operands_are_a_typed_error_that_records_nothing() {
     let Some(context) = f16_context("mixed types", ContextOptions::default()) else {
@@ -437,6 +500,7 @@ fn f16_and_f32_operands_are_a_typed_error_that_records_nothing() {
     let half_bias = Epilogue {
         bias: Some(&bias),
         activation: Activation::None,
+        ..Default::default()
     };
     mismatch(
         context.matmul_with(&half, &half_square, half_bias),
@@ -496,7 +560,18 @@ fn f16_plans_replay_what_the_twin_computes_in_half_the_arena() {
         let mut plan = capture.finish(&[&y]).unwrap();
         // The fused first layer rounds once (bias and GELU in registers), the second twice.
         let h_expected = cpu::rounded(
-            &cpu::matmul_with(&x, &w1, m, k, hidden, Some(&b1), Activation::Gelu),
+            &cpu::matmul_with(
+                &x,
+                &w1,
+                m,
+                k,
+                hidden,
+                cpu::Epilogue {
+                    bias: Some(&b1),
+                    activation: Activation::Gelu,
+                    ..Default::default()
+                },
+            ),
             dtype,
         );
         let logits = cpu::rounded(&cpu::matmul(&h_expected, &w2, m, hidden, n), dtype);

@@ -484,6 +484,45 @@ fn a_bias_computed_after_the_product_or_a_reshaped_product_is_not_fused() {
 }
 
 #[test]
+fn a_product_that_adds_a_residual_folds_nothing_after_it() {
+    use wgpu_pool::compute::{Activation, Epilogue};
+    // act(x·w + r) is not act(x·w) + r, and a bias after the residual would change the order of
+    // the sums: a bias add and an activation after such a product stay steps of their own.
+    let ctx = context(gpu());
+    let mut rng = StdRng::seed_from_u64(9);
+    let w = ctx.tensor(&random(&mut rng, 8 * 8), &[8, 8]).expect("w");
+    let b = ctx.tensor(&random(&mut rng, 8), &[8]).expect("b");
+    // Rows for the narrow kernel and the tiled one.
+    for rows in [2, 64] {
+        let forward = |x: &Tensor, r: &Tensor| {
+            let epilogue = Epilogue {
+                bias: Some(&b),
+                activation: Activation::None,
+                residual: Some(r),
+            };
+            let y = ctx.matmul_with(x, &w, epilogue).expect("matmul");
+            ctx.relu(&ctx.add_bias(&y, &b).expect("bias"))
+                .expect("relu")
+        };
+        let mut capture = ctx.capture().expect("capture");
+        let x = capture.input(&[rows, 8]).expect("x");
+        let r = capture.input(&[rows, 8]).expect("r");
+        let y = forward(&x, &r);
+        let mut plan = capture.finish(&[&y]).expect("plan");
+        assert_eq!(plan.stats().fused_steps, 0, "{rows}: {:?}", plan.stats());
+        assert_eq!(plan.stats().steps, 3, "{rows}: {:?}", plan.stats());
+        let (input, residual) = (random(&mut rng, rows * 8), random(&mut rng, rows * 8));
+        let got = plan
+            .run(&[Feed::Data(&input), Feed::Data(&residual)])
+            .expect("run");
+        let xt = ctx.tensor(&input, &[rows, 8]).expect("x");
+        let rt = ctx.tensor(&residual, &[rows, 8]).expect("r");
+        let want = forward(&xt, &rt).to_vec().expect("read");
+        assert_eq!(got[0], want, "{rows} rows: unfused, the eager bits");
+    }
+}
+
+#[test]
 fn an_intermediate_used_twice_is_not_fused() {
     // The matmul's result is read by the bias add and by the output: it must stay.
     let ctx = context(gpu());

@@ -1,18 +1,25 @@
-//! The transformer ops (layer norm, the scaled and causal softmax, the embedding gather, argmax)
-//! against their CPU twins on odd shapes, in f32 and f16, eager and replayed in a plan, and
-//! their typed errors. Every test runs on the backend `WGPU_BACKEND` selects.
+//! The transformer ops (layer norm, the layer norm folded into a product, the scaled and causal
+//! softmax, the embedding gather, argmax) against their CPU twins on odd shapes, in f32 and f16,
+//! eager and replayed in a plan, and their typed errors. Every test runs on the backend
+//! `WGPU_BACKEND` selects.
 //!
 //! Tolerances (the twins compute in f64):
 //! - layer_norm: 2e−5·(|cpu| + 1) (two f32 reductions of at most a few thousand terms, then a
 //!   division by the standard deviation);
 //! - softmax_rows: 1e−5·|cpu| + 1e−7, as `softmax` (masked columns exactly 0);
 //! - embedding, argmax_rows: exact (a copy; a comparison);
+//! - matmul_layer_norm (the layer norm folded into the narrow product): the layer norm's bound
+//!   carried through the product plus the product's (see `check_matmul_layer_norm`), the fused
+//!   op and the unfused ops each against the twin;
 //! - f16: on top, one f16 ulp and the smallest normal f16 (see `f16.rs`).
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use wgpu_pool::compute::{cpu, ComputeError, Context, ContextOptions, DType, Feed, Tensor};
+use wgpu_pool::compute::{
+    cpu, Activation, ComputeError, Context, ContextOptions, DType, Epilogue, Feed, MatmulOptions,
+    Tensor,
+};
 
-use crate::compute::{assert_close, context_with, contexts, random, refused};
+use crate::compute::{assert_close, context_with, contexts, random, refused, storage_tolerance, U};
 use crate::gpu::both;
 
 /// `(rows, cols)`: odd, one column, one row, past one workgroup's stride, several strides, past
@@ -741,5 +748,602 @@ fn embedding_sum_adds_token_and_position_rows_with_fed_ids_as_its_twin() {
             context.embedding_sum(&flat, &ids, &table, &ids, None),
             Err(ComputeError::InvalidShape { .. })
         ));
+
+/// The epilogues `matmul_layer_norm` is checked with: `(bias, activation, residual)`.
+pub(crate) const LN_EPILOGUES: [(bool, Activation, bool); 5] = [
+    (false, Activation::None, false),
+    (true, Activation::None, false),
+    (true, Activation::Gelu, false),
+    (true, Activation::None, true),
+    (false, Activation::Gelu, true),
+];
+
+/// The dispatches `matmul_layer_norm` records for `[m, k] · [k, n]` of `dtype` on `context`: one
+/// where the narrow kernel runs (the layer norm its prologue), else the layer norm and the
+/// product; one more where K is split (the reduction).
+pub(crate) fn layer_norm_product_dispatches(
+    context: &Context,
+    dtype: DType,
+    (m, k, n): Shape,
+) -> u64 {
+    let plan = context.matmul_plan_for(dtype, m, n, k).unwrap();
+    let narrow = plan.narrow_lanes > 0 && plan.cooperative.is_none();
+    u64::from(!narrow) + 1 + u64::from(plan.splits > 1)
+}
+
+pub(crate) type Shape = (usize, usize, usize);
+
+/// `matmul_layer_norm(x, gamma, beta, eps, w, epilogue)` of random operands of `dtype` against
+/// the unfused ops (`layer_norm`, then `matmul_with`) and the twin (`cpu::layer_norm` of the
+/// same values, rounded to `dtype` as the layer norm stores it, then `cpu::matmul_with`, rounded
+/// to `dtype`); returns the dispatches the fused op recorded.
+///
+/// Tolerance of element (i, j) against the twin, both results: the layer norm's (2e−5·(|h|+1)
+/// per normalized value, as the layer-norm tests allow, plus where `dtype` is f16 an f16 ulp of
+/// it, which the kernel may round to the other side: each carried through the product,
+/// Σ_k (2e−5·(|h_k|+1) + ulp(h_k))·|w_kj|) and the product's (2K·u·Σ_k |h_k·w_kj| + 2u·|c|: a
+/// K-term f32 dot product in any order), ×1.2 through a GELU (its slope stays below 1.13) plus
+/// GELU's own 1e−5·|c| + 1e−6; u·|c| more for the residual's add; and an f16 ulp of C. The fused
+/// op and the unfused ops, each within that of the twin, are within twice it of each other.
+pub(crate) fn check_matmul_layer_norm(
+    context: &Context,
+    what: &str,
+    (m, k, n): Shape,
+    eps: f32,
+    (bias, activation, residual): (bool, Activation, bool),
+    dtype: DType,
+    rng: &mut StdRng,
+) -> u64 {
+    let values =
+        |rng: &mut StdRng, len, low, high| cpu::rounded(&random(rng, len, low, high), dtype);
+    let x = values(rng, m * k, -4.0, 4.0);
+    let gamma = values(rng, k, 0.5, 2.0);
+    let beta = values(rng, k, -1.0, 1.0);
+    let w = values(rng, k * n, -1.0, 1.0);
+    let bias_values = values(rng, n, -1.0, 1.0);
+    let residual_values = values(rng, m * n, -2.0, 2.0);
+    let tensor =
+        |values: &[f32], shape: &[usize]| context.tensor_with(values, shape, dtype).unwrap();
+    let (tx, tg, tb, tw) = (
+        tensor(&x, &[m, k]),
+        tensor(&gamma, &[k]),
+        tensor(&beta, &[k]),
+        tensor(&w, &[k, n]),
+    );
+    let (tbias, tresidual) = (
+        tensor(&bias_values, &[n]),
+        tensor(&residual_values, &[m, n]),
+    );
+    let epilogue = Epilogue {
+        bias: bias.then_some(&tbias),
+        activation,
+        residual: residual.then_some(&tresidual),
+    };
+    let before = context.stats().dispatches;
+    let fused = context
+        .matmul_layer_norm(&tx, &tg, &tb, eps, &tw, epilogue)
+        .unwrap();
+    let dispatches = context.stats().dispatches - before;
+    assert_eq!(
+        (fused.shape(), fused.dtype()),
+        (&[m, n][..], dtype),
+        "{what}"
+    );
+    let fused = fused.to_vec().unwrap();
+    let normalized = context.layer_norm(&tx, &tg, &tb, eps).unwrap();
+    let unfused = context
+        .matmul_with(&normalized, &tw, epilogue)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let h = cpu::rounded(&cpu::layer_norm(&x, &gamma, &beta, k, eps), dtype);
+    let twin = cpu::Epilogue {
+        bias: bias.then_some(&bias_values[..]),
+        activation,
+        residual: residual.then_some(&residual_values[..]),
+    };
+    let expected = cpu::rounded(&cpu::matmul_with(&h, &w, m, k, n, twin), dtype);
+    let tolerance = |index: usize| {
+        let (row, col) = (index / n, index % n);
+        let c = f64::from(expected[index]).abs();
+        let (mut carried, mut magnitude) = (0.0, 0.0);
+        for i in 0..k {
+            let (h, w) = (h[row * k + i], f64::from(w[i * n + col]).abs());
+            let normalized = 2e-5 * (f64::from(h).abs() + 1.0) + storage_tolerance(dtype, h);
+            carried += normalized * w;
+            magnitude += f64::from(h).abs() * w;
+        }
+        let mut bound = carried + 2.0 * k as f64 * U * magnitude + 2.0 * U * c;
+        if activation == Activation::Gelu {
+            bound = 1.2 * bound + 1e-5 * c + 1e-6;
+        }
+        if residual {
+            bound += U * c;
+        }
+        bound + storage_tolerance(dtype, expected[index])
+    };
+    let what = format!(
+        "{what} {m}x{k}x{n} eps {eps} bias {bias} {activation:?} residual {residual} {dtype}"
+    );
+    assert_close(&format!("{what}: fused"), &fused, &expected, tolerance);
+    assert_close(&format!("{what}: unfused"), &unfused, &expected, tolerance);
+    assert_close(
+        &format!("{what}: fused and unfused"),
+        &fused,
+        &unfused,
+        |i| 2.0 * tolerance(i),
+    );
+    dispatches
+}
+
+#[test]
+fn matmul_layer_norm_matches_the_unfused_ops_and_its_twin() {
+    // Few rows (the narrow kernel, the layer norm its prologue) at GPT-2's width and a small
+    // one; and where the narrow kernel does not run: N not a multiple of 4, more than 16 rows.
+    let shapes = [
+        (1, 64, 36),
+        (3, 64, 36),
+        (8, 768, 64),
+        (16, 768, 36),
+        (16, 64, 30),
+        (20, 64, 36),
+    ];
+    for (index, (limits, gpu)) in both().into_iter().enumerate() {
+        let context = context_with(gpu, ContextOptions::default());
+        let mut rng = StdRng::seed_from_u64(44);
+        for &(m, k, n) in &shapes {
+            // Under the default limits, two epilogues only.
+            let epilogues = if index == 0 {
+                &LN_EPILOGUES[..]
+            } else {
+                &LN_EPILOGUES[2..4]
+            };
+            for (e, &epilogue) in epilogues.iter().enumerate() {
+                // A large eps once (it changes the result by percents: it is honoured).
+                let eps = if e == 0 { 0.5 } else { 1e-5 };
+                let what = format!("matmul_layer_norm ({limits})");
+                let dispatches = check_matmul_layer_norm(
+                    &context,
+                    &what,
+                    (m, k, n),
+                    eps,
+                    epilogue,
+                    DType::F32,
+                    &mut rng,
+                );
+                let expected = layer_norm_product_dispatches(&context, DType::F32, (m, k, n));
+                assert_eq!(dispatches, expected, "{what} {m}x{k}x{n}");
+                // One dispatch exactly where the narrow kernel runs unsplit.
+                let narrow = m <= 16 && n % 4 == 0;
+                assert_eq!(expected == 1, narrow, "{what} {m}x{k}x{n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_layer_norm_splits_k_groups_rows_and_adds_by_subgroups() {
+    let gpu = crate::gpu::gpu();
+    let info = &gpu.info;
+    let fixed = gpu.device.features().contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size == info.subgroup_max_size;
+    let mut rng = StdRng::seed_from_u64(45);
+    // (lanes, splits, groups of rows, subgroups, shapes)
+    type Case = (Option<u32>, u32, u32, bool, &'static [Shape]);
+    let cases: [Case; 6] = [
+        (None, 3, 1, true, &[(3, 768, 36), (16, 768, 64)]),
+        (Some(4), 2, 2, true, &[(8, 768, 36), (16, 64, 64)]),
+        (Some(16), 1, 4, true, &[(16, 64, 64), (8, 772, 12)]),
+        (Some(1), 1, 1, true, &[(16, 768, 12), (5, 64, 8)]),
+        (Some(2), 4, 1, true, &[(4, 768, 8), (1, 64, 4)]),
+        (Some(1), 2, 1, false, &[(16, 768, 12), (3, 64, 8)]),
+    ];
+    for (lanes, splits, groups, subgroups, shapes) in cases {
+        let context = context_with(
+            gpu,
+            ContextOptions {
+                matmul: MatmulOptions {
+                    narrow_lanes: lanes,
+                    narrow_splits: Some(splits),
+                    narrow_row_groups: Some(groups),
+                    narrow_subgroups: subgroups,
+                    ..MatmulOptions::default()
+                },
+                ..ContextOptions::unchecked()
+            },
+        );
+        for (index, &(m, k, n)) in shapes.iter().enumerate() {
+            let plan = context.matmul_plan(m, n, k).unwrap();
+            assert!(plan.narrow_lanes > 0, "{plan:?}");
+            assert_eq!(plan.splits > 1, splits > 1, "{plan:?}");
+            let expected_groups = if m % groups as usize == 0 { groups } else { 1 };
+            assert_eq!(plan.narrow_row_groups, expected_groups, "{plan:?}");
+            let by_subgroups = subgroups && fixed && info.subgroup_min_size > plan.narrow_lanes;
+            assert_eq!(plan.narrow_subgroup > 0, by_subgroups, "{plan:?}");
+            let epilogue = LN_EPILOGUES[if index == 0 { 4 } else { 3 }];
+            let what = format!(
+                "matmul_layer_norm lanes {lanes:?} splits {splits} groups {groups} subgroup {}",
+                plan.narrow_subgroup
+            );
+            let dispatches = check_matmul_layer_norm(
+                &context,
+                &what,
+                (m, k, n),
+                1e-5,
+                epilogue,
+                DType::F32,
+                &mut rng,
+            );
+            assert_eq!(dispatches, 1 + u64::from(plan.splits > 1), "{what}");
+        }
+    }
+}
+
+/// A transformer layer's `x = x + proj(attended); f = gelu(LN(x) · W_fc + b_fc)`, the way the
+/// issue asks (`residual`: the residual in the projection's epilogue, the layer norm the fc
+/// product's prologue), or the way before (the projection with its bias, then `add`,
+/// `layer_norm` and the fc product). Returns `[x, f]`.
+fn layer(
+    context: &Context,
+    x: &Tensor,
+    attended: &Tensor,
+    weights: &[Tensor; 6],
+    residual: bool,
+) -> [Tensor; 2] {
+    let [w_proj, b_proj, gamma, beta, w_fc, b_fc] = weights;
+    let fc = Epilogue {
+        bias: Some(b_fc),
+        activation: Activation::Gelu,
+        ..Default::default()
+    };
+    if residual {
+        let proj = Epilogue {
+            bias: Some(b_proj),
+            residual: Some(x),
+            ..Default::default()
+        };
+        let x = context.matmul_with(attended, w_proj, proj).unwrap();
+        let f = context
+            .matmul_layer_norm(&x, gamma, beta, 1e-5, w_fc, fc)
+            .unwrap();
+        return [x, f];
+    }
+    let proj = Epilogue {
+        bias: Some(b_proj),
+        ..Default::default()
+    };
+    let projected = context.matmul_with(attended, w_proj, proj).unwrap();
+    let x = context.add(x, &projected).unwrap();
+    let h = context.layer_norm(&x, gamma, beta, 1e-5).unwrap();
+    let f = context.matmul_with(&h, w_fc, fc).unwrap();
+    [x, f]
+}
+
+#[test]
+fn a_transformer_layer_runs_in_two_dispatches_planned_and_eagerly() {
+    for (limits, gpu) in both() {
+        let context = context_with(gpu, ContextOptions::default());
+        let mut rng = StdRng::seed_from_u64(46);
+        let (e, hidden) = (64, 256);
+        let weights = [
+            context
+                .tensor(&random(&mut rng, e * e, -0.2, 0.2), &[e, e])
+                .unwrap(),
+            context
+                .tensor(&random(&mut rng, e, -0.5, 0.5), &[e])
+                .unwrap(),
+            context
+                .tensor(&random(&mut rng, e, 0.5, 2.0), &[e])
+                .unwrap(),
+            context
+                .tensor(&random(&mut rng, e, -1.0, 1.0), &[e])
+                .unwrap(),
+            context
+                .tensor(&random(&mut rng, e * hidden, -0.2, 0.2), &[e, hidden])
+                .unwrap(),
+            context
+                .tensor(&random(&mut rng, hidden, -0.5, 0.5), &[hidden])
+                .unwrap(),
+        ];
+        let host: Vec<Vec<f32>> = weights.iter().map(|t| t.to_vec().unwrap()).collect();
+        // 16 rows: a decode step of the narrow kernel; 20: the tiled kernel.
+        for (rows, new_steps, old_steps) in [(16, 2, 3), (20, 3, 3)] {
+            for residual in [true, false] {
+                let mut capture = context.capture().unwrap();
+                let x = capture.input(&[rows, e]).unwrap();
+                let attended = capture.input(&[rows, e]).unwrap();
+                let outputs = layer(&context, &x, &attended, &weights, residual);
+                let mut plan = capture.finish(&outputs.each_ref()).unwrap();
+                let steps = if residual { new_steps } else { old_steps };
+                let what = format!("{rows} rows, residual epilogue {residual} ({limits})");
+                // Before: the projection, the add joined to the layer norm, the fc product.
+                assert_eq!(plan.stats().steps, steps, "{what}: {:?}", plan.stats());
+                for round in 0..2 {
+                    let x_values = random(&mut rng, rows * e, -2.0, 2.0);
+                    let attended_values = random(&mut rng, rows * e, -1.0, 1.0);
+                    let got = plan
+                        .run(&[Feed::Data(&x_values), Feed::Data(&attended_values)])
+                        .unwrap();
+                    let tx = context.tensor(&x_values, &[rows, e]).unwrap();
+                    let ta = context.tensor(&attended_values, &[rows, e]).unwrap();
+                    let before = context.stats().dispatches;
+                    let eager = layer(&context, &tx, &ta, &weights, residual);
+                    if residual {
+                        assert_eq!(context.stats().dispatches - before, steps as u64, "{what}");
+                    }
+                    let eager: Vec<Vec<f32>> = eager.iter().map(|t| t.to_vec().unwrap()).collect();
+                    if residual {
+                        // A replay computes the eager ops' bits (no fusion applies).
+                        assert_eq!(got, eager, "{what}, round {round}");
+                    }
+                    // x against its twin: the product's bound and the residual's add.
+                    let epilogue = cpu::Epilogue {
+                        bias: Some(&host[1]),
+                        activation: Activation::None,
+                        residual: Some(&x_values),
+                    };
+                    let x_twin = cpu::matmul_with(&attended_values, &host[0], rows, e, e, epilogue);
+                    let magnitude = cpu::matmul_magnitude(&attended_values, &host[0], rows, e, e);
+                    assert_close(&format!("{what}: x"), &got[0], &x_twin, |i| {
+                        let c = f64::from(x_twin[i]).abs();
+                        2.0 * e as f64 * U * f64::from(magnitude[i]) + 3.0 * U * c
+                    });
+                    // f against the twin of the GPU's x: the layer norm's and the product's bounds.
+                    let f_twin = cpu::matmul_layer_norm(
+                        &got[0],
+                        &host[2],
+                        &host[3],
+                        1e-5,
+                        &host[4],
+                        (rows, e, hidden),
+                        cpu::Epilogue {
+                            bias: Some(&host[5]),
+                            activation: Activation::Gelu,
+                            residual: None,
+                        },
+                    );
+                    let h = cpu::layer_norm(&got[0], &host[2], &host[3], e, 1e-5);
+                    assert_close(&format!("{what}: f"), &got[1], &f_twin, |i| {
+                        let (row, col) = (i / hidden, i % hidden);
+                        let c = f64::from(f_twin[i]).abs();
+                        let (mut carried, mut magnitude) = (0.0, 0.0);
+                        for k in 0..e {
+                            let (h, w) = (
+                                f64::from(h[row * e + k]).abs(),
+                                f64::from(host[4][k * hidden + col]).abs(),
+                            );
+                            carried += 2e-5 * (h + 1.0) * w;
+                            magnitude += h * w;
+                        }
+                        1.2 * (carried + 2.0 * e as f64 * U * magnitude + 2.0 * U * c)
+                            + 1e-5 * c
+                            + 1e-6
+                    });
+                }
+            }
+        }
+        // Where the narrow kernel does not run, `matmul_layer_norm` records the layer norm, and
+        // a plan joins the residual add before it to that layer norm, as before.
+        let rows = 20;
+        let mut capture = context.capture().unwrap();
+        let x = capture.input(&[rows, e]).unwrap();
+        let r = capture.input(&[rows, e]).unwrap();
+        let sum = context.add(&x, &r).unwrap();
+        let fc = Epilogue {
+            bias: Some(&weights[5]),
+            ..Default::default()
+        };
+        let f = context
+            .matmul_layer_norm(&sum, &weights[2], &weights[3], 1e-5, &weights[4], fc)
+            .unwrap();
+        let plan = capture.finish(&[&sum, &f]).unwrap();
+        assert_eq!(plan.stats().recorded_steps, 3, "{:?}", plan.stats());
+        assert_eq!(
+            plan.stats().steps,
+            2,
+            "the add joined to the layer norm ({limits})"
+        );
+    }
+}
+
+#[test]
+fn matmul_layer_norm_refuses_bad_operands_with_typed_errors() {
+    let context = context_with(crate::gpu::gpu(), ContextOptions::default());
+    let (m, k, n) = (3, 8, 4);
+    let x = context.tensor(&vec![1.0; m * k], &[m, k]).unwrap();
+    let w = context.tensor(&vec![1.0; k * n], &[k, n]).unwrap();
+    let gamma = context.tensor(&[1.0; 8], &[k]).unwrap();
+    let beta = context.tensor(&[0.0; 8], &[k]).unwrap();
+    let short = context.tensor(&[1.0; 7], &[7]).unwrap();
+    let bias = context.tensor(&[0.0; 4], &[n]).unwrap();
+    let wrong_residual = context.tensor(&[0.0; 12], &[n, m]).unwrap();
+    let flat_residual = context.tensor(&[0.0; 12], &[m * n]).unwrap();
+    let shape_error = |op: &'static str| move |error: &ComputeError| matches!(error, ComputeError::ShapeMismatch { op: got, .. } if *got == op);
+    const OP: &str = "matmul_layer_norm";
+    refused(
+        &context,
+        "short gamma",
+        || context.matmul_layer_norm(&x, &short, &beta, 1e-5, &w, Epilogue::default()),
+        shape_error(OP),
+    );
+    refused(
+        &context,
+        "short beta",
+        || context.matmul_layer_norm(&x, &gamma, &short, 1e-5, &w, Epilogue::default()),
+        shape_error(OP),
+    );
+    refused(
+        &context,
+        "w of other rows",
+        || {
+            context.matmul_layer_norm(
+                &x,
+                &gamma,
+                &beta,
+                1e-5,
+                &bias.clone().reshape(&[4, 1]).unwrap(),
+                Epilogue::default(),
+            )
+        },
+        shape_error(OP),
+    );
+    refused(
+        &context,
+        "x of three dimensions",
+        || {
+            context.matmul_layer_norm(
+                &x.clone().reshape(&[1, m, k]).unwrap(),
+                &gamma,
+                &beta,
+                1e-5,
+                &w,
+                Epilogue::default(),
+            )
+        },
+        shape_error(OP),
+    );
+    for residual in [&wrong_residual, &flat_residual] {
+        let epilogue = Epilogue {
+            residual: Some(residual),
+            ..Default::default()
+        };
+        refused(
+            &context,
+            "a residual of another shape",
+            || context.matmul_layer_norm(&x, &gamma, &beta, 1e-5, &w, epilogue),
+            shape_error(OP),
+        );
+        refused(
+            &context,
+            "a residual of another shape (matmul)",
+            || context.matmul_with(&x, &w, epilogue),
+            shape_error("matmul"),
+        );
+    }
+    let short_bias = Epilogue {
+        bias: Some(&short),
+        ..Default::default()
+    };
+    refused(
+        &context,
+        "a bias of another length",
+        || context.matmul_layer_norm(&x, &gamma, &beta, 1e-5, &w, short_bias),
+        shape_error(OP),
+    );
+    for eps in [f32::NAN, -1.0, f32::INFINITY] {
+        refused(
+            &context,
+            "eps",
+            || context.matmul_layer_norm(&x, &gamma, &beta, eps, &w, Epilogue::default()),
+            |error| {
+                matches!(
+                    error,
+                    ComputeError::InvalidScalar {
+                        op: OP,
+                        what: "eps",
+                        ..
+                    }
+                )
+            },
+        );
+    }
+    if context.supports(DType::F16) {
+        let half = |t: &Tensor| context.cast(t, DType::F16).unwrap();
+        let (x16, gamma16, residual16) = (
+            half(&x),
+            half(&gamma),
+            half(&context.tensor(&[0.0; 12], &[m, n]).unwrap()),
+        );
+        let mismatch = |error: &ComputeError| matches!(error, ComputeError::DTypeMismatch { .. });
+        refused(
+            &context,
+            "f16 gamma",
+            || context.matmul_layer_norm(&x, &gamma16, &beta, 1e-5, &w, Epilogue::default()),
+            mismatch,
+        );
+        refused(
+            &context,
+            "f16 x",
+            || context.matmul_layer_norm(&x16, &gamma, &beta, 1e-5, &w, Epilogue::default()),
+            mismatch,
+        );
+        let epilogue = Epilogue {
+            residual: Some(&residual16),
+            ..Default::default()
+        };
+        refused(
+            &context,
+            "f16 residual",
+            || context.matmul_layer_norm(&x, &gamma, &beta, 1e-5, &w, epilogue),
+            mismatch,
+        );
+        refused(
+            &context,
+            "f16 residual (matmul)",
+            || context.matmul_with(&x, &w, epilogue),
+            mismatch,
+        );
+    }
+    // A tensor of another context.
+    let other = context_with(crate::gpu::gpu(), ContextOptions::default());
+    let foreign = other.tensor(&[1.0; 8], &[k]).unwrap();
+    refused(
+        &context,
+        "a foreign gamma",
+        || context.matmul_layer_norm(&x, &foreign, &beta, 1e-5, &w, Epilogue::default()),
+        |error| matches!(error, ComputeError::ForeignTensor { .. }),
+    );
+}
+
+/// On a device that binds fewer storage buffers per stage than the fused kernels take (WebGPU
+/// allows 8, the narrow kernel with a residual and a layer-norm prologue takes 7), the ops give
+/// the same results through the unfused ones: the residual by an `add` after the product where
+/// the product's kernel cannot bind it, the layer norm before the product where the prologue's
+/// kernel cannot bind everything.
+#[test]
+fn a_device_that_binds_fewer_buffers_runs_the_unfused_ops() {
+    use crate::compute::check_matmul_epilogue;
+    let shared = crate::gpu::gpu();
+    let adapter = shared
+        .adapter
+        .as_ref()
+        .expect("request_gpu keeps its adapter");
+    let mut rng = StdRng::seed_from_u64(47);
+    // (storage buffers per stage; dispatches of matmul_with with a residual, of matmul_layer_norm
+    // without and with one), for a narrow product of 8 rows.
+    for (buffers, residual, norm, both) in [(6, 1, 1, 2), (5, 1, 2, 2), (4, 2, 2, 3)] {
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("fewer storage buffers"),
+            required_features: shared.device.features(),
+            required_limits: wgpu::Limits {
+                max_storage_buffers_per_shader_stage: buffers,
+                ..adapter.limits()
+            },
+            ..Default::default()
+        }))
+        .expect("a device of fewer storage buffers");
+        let gpu = wgpu_pool::Gpu::from_device(device, queue);
+        let context = context_with(&gpu, ContextOptions::default());
+        let what = format!("{buffers} storage buffers");
+        let shape = (8, 64, 36);
+        let with_residual = (true, Activation::Gelu, true);
+        let dispatches =
+            check_matmul_epilogue(&context, &what, shape, with_residual, DType::F32, &mut rng);
+        assert_eq!(dispatches, residual, "{what}: matmul_with");
+        for (epilogue, expected) in [(LN_EPILOGUES[2], norm), (LN_EPILOGUES[3], both)] {
+            let dispatches = check_matmul_layer_norm(
+                &context,
+                &what,
+                shape,
+                1e-5,
+                epilogue,
+                DType::F32,
+                &mut rng,
+            );
+            assert_eq!(
+                dispatches, expected,
+                "{what}: matmul_layer_norm {epilogue:?}"
+            );
+        }
     }
 }

@@ -113,6 +113,7 @@ async fn check_matmul(context: &Context, (m, k, n): (usize, usize, usize), what:
             Epilogue {
                 bias: Some(&tbias),
                 activation: Activation::Gelu,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -18,7 +18,7 @@ const EXCEPTIONS: [(&str, &str); 7] = [
     (
         "matmul_narrow",
         "the same product as `matmul` for few rows (another kernel, not another formula): the \
-         twin is `matmul` / `matmul_with`",
+         twin is `matmul` / `matmul_with`, and with its layer-norm prologue `matmul_layer_norm`",
     ),
     (
         "matmul_coop",
@@ -90,6 +90,7 @@ fn every_source() -> Vec<(Source, Variant)> {
                     edges: false,
                     bias: false,
                     activation: Activation::None,
+                    residual: false,
                     linear_grid: false,
                 },
                 Source::MatmulNarrow => Variant::Narrow {
@@ -99,16 +100,20 @@ fn every_source() -> Vec<(Source, Variant)> {
                     split: false,
                     bias: false,
                     activation: Activation::None,
+                    residual: false,
+                    norm: false,
                 },
                 Source::MatmulReduce => Variant::Reduce {
                     bias: false,
                     activation: Activation::None,
+                    residual: false,
                 },
                 Source::MatmulCoop => Variant::Coop {
                     tiles: CoopTiles::T64X64,
                     vec4: true,
                     bias: false,
                     activation: Activation::None,
+                    residual: false,
                     probe: None,
                 },
             };
@@ -205,11 +210,53 @@ fn the_reduction_twin_adds_split_products_and_runs_the_epilogue() {
     }
     // The scratch may be longer than the partials.
     partials.extend([f32::NAN; 3]);
+    let residual: Vec<f32> = (0..m * n).map(|i| (i % 3) as f32 * 0.25).collect();
     for activation in Activation::ALL {
-        let reduced = matmul_reduce(&partials, splits, m, n, Some(&bias), activation);
-        let whole = matmul_with(&a, &b, m, k, n, Some(&bias), activation);
-        assert_eq!(reduced, whole, "{activation:?}");
+        for residual in [None, Some(&residual[..])] {
+            let epilogue = Epilogue {
+                bias: Some(&bias),
+                activation,
+                residual,
+            };
+            let reduced = matmul_reduce(&partials, splits, m, n, epilogue);
+            let whole = matmul_with(&a, &b, m, k, n, epilogue);
+            assert_eq!(reduced, whole, "{activation:?}");
+            // The residual is added after the activation.
+            let without = matmul_with(
+                &a,
+                &b,
+                m,
+                k,
+                n,
+                Epilogue {
+                    residual: None,
+                    ..epilogue
+                },
+            );
+            let added: Vec<f32> = match residual {
+                Some(r) => without.iter().zip(r).map(|(x, r)| x + r).collect(),
+                None => without,
+            };
+            assert_eq!(whole, added, "{activation:?}");
+        }
     }
+    // The layer norm's product is the product of the layer norm.
+    let (gamma, beta): (Vec<f32>, Vec<f32>) = (0..k).map(|i| (1.0 + i as f32 * 0.1, -0.5)).unzip();
+    let epilogue = Epilogue {
+        bias: Some(&bias),
+        ..Epilogue::default()
+    };
+    assert_eq!(
+        matmul_layer_norm(&a, &gamma, &beta, 1e-5, &b, (m, k, n), epilogue),
+        matmul_with(
+            &layer_norm(&a, &gamma, &beta, k, 1e-5),
+            &b,
+            m,
+            k,
+            n,
+            epilogue
+        )
+    );
     // The scalar twins are the binary ones with a scalar.
     let x = [1.5, -2.0, 0.0];
     assert_eq!(add_scalar(&x, 2.0), [3.5, 0.0, 2.0]);

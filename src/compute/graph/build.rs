@@ -289,7 +289,7 @@ impl<'a> Planner<'a> {
                 workgroups,
             } => PlanStep::Dispatch(PlanDispatch {
                 pipeline: self.context.pipeline(kernel)?,
-                layout: self.context.kernel_layout(kernel.source.storage_bindings()),
+                layout: self.context.kernel_layout(kernel.storage_bindings()),
                 params: Some((params.push(block), PARAMS_BYTES)),
                 bindings: bindings.iter().map(binding).collect(),
                 more_groups: Vec::new(),

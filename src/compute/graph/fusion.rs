@@ -178,12 +178,14 @@ fn epilogue_of(step: &Step) -> Option<(Arc<Storage>, FusedEpilogue)> {
 /// Whether the fold of step `index` may move into the producer at `at`: the fused step writes
 /// the result where the producer ran, earlier than the op did, so nothing between may bind the
 /// result or (for a bias) the bias, and a bias add must add along the product's own columns
-/// (not a reshape of them); a producer folds one activation at most.
+/// (not a reshape of them); a producer folds one activation at most, and one that adds a
+/// residual folds nothing more (its residual comes last: `act(x + r)` is not `act(x) + r`, and
+/// a bias after the residual would change the order of the sums).
 fn movable(steps: &[Option<Step>], at: usize, index: usize, fold: &Fold) -> bool {
     let Some((_, epilogue)) = steps[at].as_ref().and_then(epilogue_of) else {
         return false;
     };
-    if epilogue.activation != Activation::None {
+    if epilogue.activation != Activation::None || epilogue.residual {
         return false;
     }
     let bound_between = |storage: &Arc<Storage>| {
@@ -225,15 +227,15 @@ fn fold_into(step: &mut Option<Step>, fold: &Fold) -> bool {
             (
                 FusedEpilogue {
                     bias: true,
-                    activation: Activation::None,
+                    ..epilogue
                 },
                 result,
             )
         }
         Fold::Activation { activation, result } => (
             FusedEpilogue {
-                bias: epilogue.bias,
                 activation: *activation,
+                ..epilogue
             },
             result,
         ),

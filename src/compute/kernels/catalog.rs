@@ -105,6 +105,13 @@ fn why_not(
         }
         _ => {}
     }
+    let storage = shader.source.storage_bindings() + shader.variant.extra_bindings();
+    if storage > limits.max_storage_buffers_per_shader_stage as usize {
+        return Some(format!(
+            "{storage} storage bindings, beyond the device's {} (the op runs unfused there)",
+            limits.max_storage_buffers_per_shader_stage
+        ));
+    }
     if shader.types.uses_f16() && !features.contains(wgpu::Features::SHADER_F16) {
         return Some("needs shader-f16 (not offered)".into());
     }
@@ -142,7 +149,10 @@ pub(crate) fn every_tile() -> Vec<MatmulTiles> {
 /// Every module the crate compiles: each kernel in every variant an op can ask for, with
 /// every tile of [`MatmulTiles::ALL`] and of the defaults; the other tiles the kernel takes
 /// (which only a forced [`MatmulOptions::tiles`] runs) with one epilogue, and the order of
-/// block tiles (`group_rows`, the value of one constant) with one tile.
+/// block tiles (`group_rows`, the value of one constant) with one tile. A residual in the
+/// epilogue (one binding more, read by the stores: its code does not touch the tile's) with
+/// one epilogue beside it, and the narrow matmul's layer-norm prologue for every rows and
+/// lanes, split and not, with and without a residual, and with each subgroup size.
 ///
 /// Each in f32, and those of [`f16_types`] in f16.
 pub(crate) fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
@@ -198,9 +208,28 @@ pub(crate) fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
                                 edges,
                                 bias,
                                 activation,
+                                residual: false,
                                 linear_grid,
                             };
                             modules.push((Source::Matmul, variant));
+                            // The residual, with one epilogue, for the main tiles.
+                            if bias
+                                && activation == Activation::Gelu
+                                && !linear_grid
+                                && main_tiles.contains(&tiles)
+                            {
+                                let variant = Variant::Matmul {
+                                    tiles,
+                                    group_rows,
+                                    vec4,
+                                    edges,
+                                    bias,
+                                    activation,
+                                    residual: true,
+                                    linear_grid,
+                                };
+                                modules.push((Source::Matmul, variant));
+                            }
                         }
                     }
                 }
@@ -217,6 +246,32 @@ pub(crate) fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
                     split: false,
                     bias,
                     activation,
+                    residual: false,
+                    norm: false,
+                };
+                modules.push((Source::MatmulNarrow, variant));
+            }
+            // The residual and the layer-norm prologue, with one epilogue; the prologue split
+            // too (no epilogue: the reduction runs it).
+            for (split, residual, norm) in [
+                (false, true, false),
+                (false, false, true),
+                (false, true, true),
+                (true, false, true),
+            ] {
+                let variant = Variant::Narrow {
+                    rows,
+                    lanes,
+                    subgroup: 0,
+                    split,
+                    bias: !split,
+                    activation: if split {
+                        Activation::None
+                    } else {
+                        Activation::Gelu
+                    },
+                    residual,
+                    norm,
                 };
                 modules.push((Source::MatmulNarrow, variant));
             }
@@ -231,25 +286,42 @@ pub(crate) fn every_module() -> Vec<(Source, Variant, ElementTypes)> {
                     if subgroup == 0 && !split {
                         continue;
                     }
-                    let variant = Variant::Narrow {
-                        rows,
-                        lanes,
-                        subgroup,
-                        split,
-                        bias: !split,
-                        activation: if split {
-                            Activation::None
-                        } else {
-                            Activation::Gelu
-                        },
+                    // With subgroups, the layer-norm prologue (and a residual) beside.
+                    let norms: &[bool] = if subgroup == 0 {
+                        &[false]
+                    } else {
+                        &[false, true]
                     };
-                    modules.push((Source::MatmulNarrow, variant));
+                    for &norm in norms {
+                        let variant = Variant::Narrow {
+                            rows,
+                            lanes,
+                            subgroup,
+                            split,
+                            bias: !split,
+                            activation: if split {
+                                Activation::None
+                            } else {
+                                Activation::Gelu
+                            },
+                            residual: norm && !split,
+                            norm,
+                        };
+                        modules.push((Source::MatmulNarrow, variant));
+                    }
                 }
             }
         }
     }
     for (bias, activation) in epilogues() {
-        modules.push((Source::MatmulReduce, Variant::Reduce { bias, activation }));
+        for residual in [false, true] {
+            let variant = Variant::Reduce {
+                bias,
+                activation,
+                residual,
+            };
+            modules.push((Source::MatmulReduce, variant));
+        }
     }
     // The cooperative matmul runs on f16 operands only: its modules are listed below, f16 in.
     let f16_modules: Vec<_> = modules
@@ -303,6 +375,7 @@ fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
                         vec4,
                         bias,
                         activation,
+                        residual: false,
                         probe: None,
                     };
                     modules.push((Source::MatmulCoop, variant, f16));
@@ -312,6 +385,17 @@ fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
                     modules.push((Source::MatmulCoop, variant, ElementTypes::F32));
                 }
             }
+            // A residual, with one epilogue.
+            let variant = Variant::Coop {
+                tiles,
+                vec4,
+                bias: true,
+                activation: Activation::Gelu,
+                residual: true,
+                probe: None,
+            };
+            modules.push((Source::MatmulCoop, variant, f16));
+            modules.push((Source::MatmulCoop, variant, ElementTypes::F32));
         }
     }
     // The diagnostic probes of each named tile (`CoopProbe`), vec4 and scalar, storing f16.
@@ -323,6 +407,7 @@ fn coop_modules() -> Vec<(Source, Variant, ElementTypes)> {
                     vec4,
                     bias: false,
                     activation: Activation::None,
+                    residual: false,
                     probe: Some(probe),
                 };
                 modules.push((Source::MatmulCoop, variant, f16));
@@ -360,11 +445,12 @@ fn f16_types(source: Source, variant: &Variant) -> Vec<ElementTypes> {
             group_rows,
             bias,
             activation,
+            residual,
             ..
         } if MatmulTiles::ALL.contains(&tiles)
             && group_rows == MatmulOptions::default().group_rows =>
         {
-            if !bias && activation == Activation::None {
+            if !bias && activation == Activation::None && !residual {
                 vec![f16, partials]
             } else {
                 vec![f16]

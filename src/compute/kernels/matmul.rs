@@ -1,4 +1,4 @@
-//! The matmuls' entry points, written on the host for each variant (part 6 of a module, see
+//! The matmuls' entry points, written on the host for each variant (part 7 of a module, see
 //! `kernels.rs`): the tiled matmul's `matmul` ([`matmul_entry`]), the narrow matmul's
 //! `matmul_narrow` ([`narrow_entry`]) and the cooperative matmul's `matmul_coop`
 //! ([`coop_entry`]), each with its steps of K, its outputs, fragments or rows and its subgroup
@@ -308,14 +308,15 @@ const NARROW_ENTRY_BEGIN: &str = "    let lane = local % LANES;
 ";
 
 /// The WGSL entry point `matmul_narrow` of the narrow matmul for `rows` rows, `lanes` lanes and
-/// subgroups of `subgroup` invocations (0: none; see `shaders/matmul_narrow.wgsl`): `rows`
-/// accumulators `acc{r}`; a main loop that takes [`NARROW_STEPS`] vec4 rows of K at once (all
-/// their loads of B first, then for each row of A its vec4s and four fused multiply-adds per
-/// step), then the fewer steps left in one block of the same form (one block per number of
-/// steps, chosen by `if`); with subgroups wider than the lanes, butterfly
-/// shuffles over the slices each subgroup holds; then for each group of rows that fits workgroup
-/// memory, the accumulators kept there and `reduce_and_store`.
-pub(super) fn narrow_entry(rows: u32, lanes: u32, subgroup: u32) -> String {
+/// subgroups of `subgroup` invocations (0: none; see `shaders/matmul_narrow.wgsl`): with `norm`,
+/// the layer-norm prologue's statistics ([`narrow_norm`]); `rows` accumulators `acc{r}`; a main
+/// loop that takes [`NARROW_STEPS`] vec4 rows of K at once (all their loads of B first, with
+/// `norm` those of gamma and beta too, then for each row of A its vec4s, normalized with `norm`,
+/// and four fused multiply-adds per step), then the fewer steps left in one block of the same
+/// form (one block per number of steps, chosen by `if`); with subgroups wider than the lanes,
+/// butterfly shuffles over the slices each subgroup holds; then for each group of rows that fits
+/// workgroup memory, the accumulators kept there and `reduce_and_store`.
+pub(super) fn narrow_entry(rows: u32, lanes: u32, subgroup: u32, norm: bool) -> String {
     const { assert!(NARROW_STEPS >= 2) };
     let mut text = String::from(
         "
@@ -339,20 +340,59 @@ pub(super) fn narrow_entry(rows: u32, lanes: u32, subgroup: u32) -> String {
         );
     }
     text.push_str(NARROW_ENTRY_BEGIN);
+    if norm {
+        text.push_str(&narrow_norm(rows));
+    }
     for r in 0..rows {
         text.push_str(&format!("    var acc{r} = vec4<f32>(0.0);\n"));
     }
-    text.push_str(&narrow_k_loop(rows));
+    text.push_str(&narrow_k_loop(rows, norm));
     text.push_str(&narrow_sums(rows, lanes, subgroup));
     text.push_str("}\n");
     text
 }
 
+/// The narrow matmul's layer-norm prologue (see `shaders/matmul_narrow.wgsl`): the mean of each
+/// of the workgroup's `rows` rows (`mean{r}`), then the variance of its centred values, kept as
+/// `inv{r}` = 1 / √(var + eps), each row's added by `norm_sum` and read by every invocation;
+/// barriers before the slots are written again (by the second pass, then by the sums after the
+/// loop over K).
+fn narrow_norm(rows: u32) -> String {
+    let mut text = String::from(
+        "    // The layer-norm prologue: the mean and 1 / √(var + eps) of each of the workgroup's
+    // rows over the whole of K, kept in registers by every invocation.
+    let cols = f32(4u * k4);
+    norm_sum(local, first_row, false, 0.0);
+    let own_mean = norm_slot((local / NORM_PER_ROW) * NORM_PER_ROW) / cols;
+",
+    );
+    for r in 0..rows {
+        text.push_str(&format!(
+            "    let mean{r} = norm_slot({r}u * NORM_PER_ROW) / cols;\n"
+        ));
+    }
+    text.push_str(
+        "    workgroupBarrier();
+    norm_sum(local, first_row, true, own_mean);
+",
+    );
+    for r in 0..rows {
+        text.push_str(&format!(
+            "    let inv{r} = 1.0 / sqrt(norm_slot({r}u * NORM_PER_ROW) / cols + params.eps);\n"
+        ));
+    }
+    text.push_str("    workgroupBarrier();\n");
+    text
+}
+
 /// The narrow matmul's loop over its slice's steps of K (see [`narrow_entry`]): the main loop,
-/// [`NARROW_STEPS`] at a time, then the steps left, in one block chosen by `if`.
-fn narrow_k_loop(rows: u32) -> String {
+/// [`NARROW_STEPS`] at a time, then the steps left, in one block chosen by `if`. With `norm`,
+/// each vec4 of A is normalized as it is loaded (the prologue's `mean{r}` and `inv{r}`, the
+/// step's vec4s of gamma and beta) and rounded to `Input`, as the layer norm stores it.
+fn narrow_k_loop(rows: u32, norm: bool) -> String {
     let mut text = String::new();
-    // One step of K at `kk + offset` (vec4 rows), its loads of B named b{step}_{0..3}.
+    // One step of K at `kk + offset` (vec4 rows), its loads of B named b{step}_{0..3} (and of
+    // gamma and beta, g{step} and be{step}).
     let loads = |step: u32, offset: &str| {
         let mut code = format!("            let row{step} = (kk{offset}) * 4u * n4 + col;\n");
         for e in 0..4 {
@@ -360,14 +400,25 @@ fn narrow_k_loop(rows: u32) -> String {
                 "            let b{step}_{e} = vec4<f32>(b[row{step} + {e}u * n4]);\n"
             ));
         }
+        if norm {
+            code.push_str(&format!(
+                "            let g{step} = vec4<f32>(gamma[kk{offset}]);\n            let be{step} = vec4<f32>(beta[kk{offset}]);\n"
+            ));
+        }
         code
     };
     let products = |step: u32, offset: &str| {
         let mut code = String::new();
         for r in 0..rows {
-            code.push_str(&format!(
-                "            let a{step}_{r} = vec4<f32>(a[(first_row + {r}u) * k4 + kk{offset}]);\n"
-            ));
+            let load = format!("vec4<f32>(a[(first_row + {r}u) * k4 + kk{offset}])");
+            let value = if norm {
+                format!(
+                    "vec4<f32>(vec4<Input>((({load} - vec4<f32>(mean{r})) * inv{r}) * g{step} + be{step}))"
+                )
+            } else {
+                load
+            };
+            code.push_str(&format!("            let a{step}_{r} = {value};\n"));
             for (e, component) in ["x", "y", "z", "w"].iter().enumerate() {
                 code.push_str(&format!(
                     "            acc{r} = fma(vec4<f32>(a{step}_{r}.{component}), b{step}_{e}, acc{r});\n"

@@ -59,8 +59,8 @@ fn params_layout(source: Source) -> Layout {
             k_chunk4: u32,
             tiles: u32,
             m: u32,
-            pad0: u32,
-            pad1: u32,
+            eps: f32,
+            pad: u32,
         }),
         Source::MatmulReduce => layout!(ReduceParams {
             len: u32,
@@ -256,7 +256,11 @@ fn every_variant_is_valid_wgsl_with_the_parameters_of_its_rust_struct() {
                         let text = module_source(*source, variant, *types);
                         let checked = validate(&text).and_then(|(module, _)| {
                             let layout = params_layout(*source);
-                            check_bindings(&module, &layout, source.storage_bindings())?;
+                            check_bindings(
+                                &module,
+                                &layout,
+                                source.storage_bindings() + variant.extra_bindings(),
+                            )?;
                             check_workgroup_memory(&module, variant)
                         });
                         if let Err(error) = checked {
@@ -402,6 +406,7 @@ fn matmul_steps_and_outputs_are_unrolled_for_every_tile() {
             edges: false,
             bias: false,
             activation: Activation::None,
+            residual: false,
             linear_grid: false,
         };
         // The code, without comments.
@@ -442,6 +447,8 @@ fn narrow_rows_steps_and_shuffles_are_unrolled() {
                 split: false,
                 bias: true,
                 activation: Activation::Gelu,
+                residual: false,
+                norm: false,
             };
             let text = module_source(Source::MatmulNarrow, &variant, ElementTypes::F32);
             if std::env::var_os("PRINT_NARROW").is_some() && rows == 5 {
@@ -504,6 +511,8 @@ fn narrow_rows_steps_and_shuffles_are_unrolled() {
             split: true,
             bias: false,
             activation: Activation::None,
+            residual: false,
+            norm: false,
         };
         module_source(Source::MatmulNarrow, &variant, ElementTypes::F32)
             .lines()
@@ -528,6 +537,7 @@ fn coop_fragments_products_and_epilogue_are_unrolled_with_bound_indices() {
             vec4: true,
             bias: true,
             activation: Activation::Gelu,
+            residual: false,
             probe: None,
         };
         let text = module_source(Source::MatmulCoop, &variant, ElementTypes::same(DType::F16));
@@ -576,6 +586,7 @@ fn coop_of_f32_operands_enables_f16_and_rounds_them_as_it_fetches() {
             vec4,
             bias: true,
             activation: Activation::Gelu,
+            residual: false,
             probe: None,
         };
         let text = module_source(Source::MatmulCoop, &variant, ElementTypes::F32);
@@ -601,6 +612,7 @@ fn coop_probes_leave_out_of_the_loop_what_they_name() {
             vec4: true,
             bias: false,
             activation: Activation::None,
+            residual: false,
             probe,
         };
         let text = module_source(Source::MatmulCoop, &variant, ElementTypes::same(DType::F16));

@@ -9,8 +9,9 @@
 //! | its source file and entry point (the generated kernels) | the ops that build keys | [`Variant::kernel`] |
 //! | its WGSL constants (name, value), in module order | `kernels.rs` (module text) | [`Variant::constants`] |
 //! | its label (reports, errors, pipeline labels) | [`KernelKey::label`] | [`Variant::label`] |
-//! | the epilogue it folds (bias, activation), and setting it | fusion in `graph/fusion.rs` | [`Variant::epilogue`], [`Variant::with_epilogue`] |
+//! | the epilogue it folds (bias, activation, residual), and setting it | fusion in `graph/fusion.rs` | [`Variant::epilogue`], [`Variant::with_epilogue`] |
 //! | where that epilogue writes and reads its bias | fusion in `graph/fusion.rs` | [`KernelKey::epilogue_bindings`] |
+//! | its storage bindings: how many, and which of them are the residual's and the layer norm's | `kernels.rs` (layouts, WGSL), the context, the plans | [`KernelKey::storage_bindings`], [`Variant::extra_bindings`] |
 //! | the columns of the product it writes | fusion in `graph/fusion.rs` | [`KernelKey::product_columns`] |
 //! | the activation a unary kernel computes, which an epilogue can fold | fusion in `graph/fusion.rs` | [`KernelKey::activation`] |
 //!
@@ -60,7 +61,8 @@ pub(crate) enum Source {
 }
 
 impl Source {
-    /// Storage bindings (after the parameters at binding 0).
+    /// Storage bindings (after the parameters at binding 0) of the source's kernels, without the
+    /// optional ones a matmul variant adds ([`KernelKey::storage_bindings`] counts those).
     pub(crate) fn storage_bindings(self) -> usize {
         match self {
             Self::Unary | Self::Rows | Self::SoftmaxRows | Self::ArgmaxRows => 2,
@@ -89,6 +91,8 @@ pub(crate) enum Variant {
         edges: bool,
         bias: bool,
         activation: Activation,
+        /// A residual of C's shape is added last (binding 5).
+        residual: bool,
         /// The grid is laid out as rows of linear workgroup ids (beyond the device's
         /// per-dimension limit): the entry point returns at once for ids past the last tile.
         /// Off, the entry point has no such test.
@@ -107,9 +111,20 @@ pub(crate) enum Variant {
         split: bool,
         bias: bool,
         activation: Activation,
+        /// A residual of C's shape is added last (binding 5; never with `split`).
+        residual: bool,
+        /// The layer-norm prologue: A's rows are normalized over K (mean and variance of each
+        /// whole row, then `gamma` and `beta`, the bindings after the residual's place) as the
+        /// kernel loads them.
+        norm: bool,
     },
     /// The split-K reduction (`shaders/matmul_reduce.wgsl`).
-    Reduce { bias: bool, activation: Activation },
+    Reduce {
+        bias: bool,
+        activation: Activation,
+        /// A residual of C's shape is added last (binding 4).
+        residual: bool,
+    },
     /// The matmul on cooperative matrices (`shaders/matmul_coop.wgsl`), f16 operands. With a
     /// split of K (the grid's z) it writes f32 partial products and no epilogue (the element
     /// types say so: f32 output), as the tiled kernel does.
@@ -119,19 +134,24 @@ pub(crate) enum Variant {
         vec4: bool,
         bias: bool,
         activation: Activation,
+        /// A residual of C's shape is added last (binding 5).
+        residual: bool,
         /// A diagnostic that leaves part of the loop over K out (not a product); `None` for
         /// the product.
         probe: Option<CoopProbe>,
     },
 }
 
-/// The epilogue a matmul variant folds into its stores: `act(x + bias)`.
+/// The epilogue a matmul variant folds into its stores: `act(x + bias) + residual`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) struct FusedEpilogue {
     /// A bias over columns is added.
     pub(crate) bias: bool,
-    /// The activation applied last.
+    /// The activation, applied after the bias.
     pub(crate) activation: Activation,
+    /// A residual of the product's shape is added after the activation (in f32, before the one
+    /// rounding of the store).
+    pub(crate) residual: bool,
 }
 
 /// The value of one WGSL constant of a variant.
@@ -174,6 +194,25 @@ pub(crate) fn narrow_sum_rows(rows: u32, lanes: u32, subgroup: u32) -> u32 {
     rows.min(NARROW_SUM_VEC4S / row_vec4s).max(1)
 }
 
+/// f32 slots of workgroup memory (the first of the narrow matmul's sums, before its loop over
+/// K uses them) in which its layer-norm prologue adds each row's statistics.
+pub(crate) const NARROW_NORM_SLOTS: u32 = MatmulOptions::NARROW_THREADS;
+
+/// Invocations of the narrow matmul that add the statistics of one of its `rows` rows in its
+/// layer-norm prologue: the workgroup dealt over the rows rounded up to a power of two.
+pub(crate) fn narrow_norm_per_row(rows: u32) -> u32 {
+    NARROW_NORM_SLOTS / rows.max(1).next_power_of_two().min(NARROW_NORM_SLOTS)
+}
+
+/// The label of a residual epilogue.
+fn residual_suffix(residual: bool) -> &'static str {
+    if residual {
+        " +residual"
+    } else {
+        ""
+    }
+}
+
 impl Variant {
     /// The source file and entry point of a generated variant (every one but
     /// [`Variant::Plain`], whose ops name their entry point).
@@ -200,6 +239,7 @@ impl Variant {
                 edges,
                 bias,
                 activation,
+                residual,
                 linear_grid: _,
             } => vec![
                 ("GROUP_M", U32(group_rows)),
@@ -215,6 +255,7 @@ impl Variant {
                 ("VEC4", Bool(vec4)),
                 ("EDGES", Bool(edges)),
                 ("BIAS", Bool(bias)),
+                ("RESIDUAL", Bool(residual)),
             ],
             Self::Narrow {
                 rows,
@@ -223,6 +264,8 @@ impl Variant {
                 split,
                 bias,
                 activation,
+                residual,
+                norm,
             } => vec![
                 ("ROWS", U32(rows)),
                 ("LANES", U32(lanes)),
@@ -232,15 +275,29 @@ impl Variant {
                 ("ACT", U32(activation.code())),
                 ("SPLIT", Bool(split)),
                 ("BIAS", Bool(bias)),
+                ("RESIDUAL", Bool(residual)),
+                ("NORM", Bool(norm)),
+                ("NORM_PER_ROW", U32(narrow_norm_per_row(rows))),
+                (
+                    "NORM_VEC4S",
+                    U32(if norm { NARROW_NORM_SLOTS / 4 } else { 0 }),
+                ),
             ],
-            Self::Reduce { bias, activation } => {
-                vec![("ACT", U32(activation.code())), ("BIAS", Bool(bias))]
-            }
+            Self::Reduce {
+                bias,
+                activation,
+                residual,
+            } => vec![
+                ("ACT", U32(activation.code())),
+                ("BIAS", Bool(bias)),
+                ("RESIDUAL", Bool(residual)),
+            ],
             Self::Coop {
                 tiles,
                 vec4,
                 bias,
                 activation,
+                residual,
                 probe: _,
             } => vec![
                 ("BM", U32(tiles.bm)),
@@ -258,6 +315,7 @@ impl Variant {
                 ("ACT", U32(activation.code())),
                 ("VEC4", Bool(vec4)),
                 ("BIAS", Bool(bias)),
+                ("RESIDUAL", Bool(residual)),
             ],
         }
     }
@@ -266,17 +324,70 @@ impl Variant {
     pub(crate) fn epilogue(&self) -> Option<FusedEpilogue> {
         match *self {
             Self::Matmul {
-                bias, activation, ..
+                bias,
+                activation,
+                residual,
+                ..
             }
             | Self::Narrow {
-                bias, activation, ..
+                bias,
+                activation,
+                residual,
+                ..
             }
             | Self::Coop {
-                bias, activation, ..
+                bias,
+                activation,
+                residual,
+                ..
             }
-            | Self::Reduce { bias, activation } => Some(FusedEpilogue { bias, activation }),
+            | Self::Reduce {
+                bias,
+                activation,
+                residual,
+            } => Some(FusedEpilogue {
+                bias,
+                activation,
+                residual,
+            }),
             Self::Plain => None,
         }
+    }
+
+    /// Which of the variant's storage bindings (indices from 0, WGSL binding index + 1) its
+    /// residual is: after A, B, C and the bias (after the partial products, the bias and C for
+    /// the reduction); `None` without a residual.
+    pub(crate) fn residual_binding(&self) -> Option<usize> {
+        match *self {
+            Self::Matmul { residual, .. }
+            | Self::Narrow { residual, .. }
+            | Self::Coop { residual, .. } => residual.then_some(4),
+            Self::Reduce { residual, .. } => residual.then_some(3),
+            Self::Plain => None,
+        }
+    }
+
+    /// Which of the variant's storage bindings its layer norm's `gamma` and `beta` are: after
+    /// the residual's place (the narrow matmul's prologue); `None` without one.
+    pub(crate) fn norm_bindings(&self) -> Option<(usize, usize)> {
+        match *self {
+            Self::Narrow {
+                norm: true,
+                residual,
+                ..
+            } => {
+                let gamma = 4 + usize::from(residual);
+                Some((gamma, gamma + 1))
+            }
+            _ => None,
+        }
+    }
+
+    /// Storage bindings the variant adds to its source's (see [`Source::storage_bindings`]): its
+    /// residual's, its layer norm's `gamma` and `beta`.
+    pub(crate) fn extra_bindings(&self) -> usize {
+        usize::from(self.residual_binding().is_some())
+            + if self.norm_bindings().is_some() { 2 } else { 0 }
     }
 
     /// The variant folding `epilogue` instead of its own (a kernel that folds none is
@@ -284,17 +395,31 @@ impl Variant {
     pub(crate) fn with_epilogue(mut self, epilogue: FusedEpilogue) -> Self {
         match &mut self {
             Self::Matmul {
-                bias, activation, ..
+                bias,
+                activation,
+                residual,
+                ..
             }
             | Self::Narrow {
-                bias, activation, ..
+                bias,
+                activation,
+                residual,
+                ..
             }
             | Self::Coop {
-                bias, activation, ..
+                bias,
+                activation,
+                residual,
+                ..
             }
-            | Self::Reduce { bias, activation } => {
+            | Self::Reduce {
+                bias,
+                activation,
+                residual,
+            } => {
                 *bias = epilogue.bias;
                 *activation = epilogue.activation;
+                *residual = epilogue.residual;
             }
             Self::Plain => {}
         }
@@ -312,13 +437,15 @@ impl Variant {
                 edges,
                 bias,
                 activation,
+                residual,
                 linear_grid,
             } => format!(
-                " {tiles}{}{}{}{}{}",
+                " {tiles}{}{}{}{}{}{}",
                 if vec4 { " vec4" } else { " scalar" },
                 if edges { " edges" } else { "" },
                 if bias { " +bias" } else { "" },
                 activation.suffix(),
+                residual_suffix(residual),
                 if linear_grid { " linear grid" } else { "" }
             ),
             Self::Narrow {
@@ -328,33 +455,44 @@ impl Variant {
                 split,
                 bias,
                 activation,
+                residual,
+                norm,
             } => format!(
-                " {rows} rows per workgroup x{lanes} lanes{}{}{}{}",
+                " {rows} rows per workgroup x{lanes} lanes{}{}{}{}{}{}",
                 if subgroup > 0 {
                     format!(" subgroup {subgroup}")
                 } else {
                     String::new()
                 },
+                if norm { " layer-norm prologue" } else { "" },
                 if split { " split" } else { "" },
                 if bias { " +bias" } else { "" },
-                activation.suffix()
+                activation.suffix(),
+                residual_suffix(residual)
             ),
-            Self::Reduce { bias, activation } => format!(
-                "{}{}",
+            Self::Reduce {
+                bias,
+                activation,
+                residual,
+            } => format!(
+                "{}{}{}",
                 if bias { " +bias" } else { "" },
-                activation.suffix()
+                activation.suffix(),
+                residual_suffix(residual)
             ),
             Self::Coop {
                 tiles,
                 vec4,
                 bias,
                 activation,
+                residual,
                 probe,
             } => format!(
-                " {tiles}{}{}{}{}",
+                " {tiles}{}{}{}{}{}",
                 if vec4 { " vec4" } else { " scalar" },
                 if bias { " +bias" } else { "" },
                 activation.suffix(),
+                residual_suffix(residual),
                 probe.map_or(String::new(), |p| format!(" probe {}", p.name()))
             ),
         }
@@ -402,8 +540,15 @@ impl KernelKey {
         }
     }
 
+    /// Storage bindings of the kernel (after the parameters at binding 0): its source's, and
+    /// those its variant adds ([`Variant::extra_bindings`]).
+    pub(crate) fn storage_bindings(&self) -> usize {
+        self.source.storage_bindings() + self.variant.extra_bindings()
+    }
+
     /// Where the kernel's epilogue writes and reads its bias: `(output, bias)` indices of its
-    /// storage bindings, for the kernels whose variants fold an epilogue.
+    /// storage bindings, for the kernels whose variants fold an epilogue (its residual, if any,
+    /// is at [`Variant::residual_binding`]).
     pub(crate) fn epilogue_bindings(&self) -> Option<(usize, usize)> {
         match self.variant {
             Variant::Matmul { .. } | Variant::Narrow { .. } | Variant::Coop { .. } => Some((2, 3)),
@@ -464,6 +609,7 @@ mod tests {
                 edges: true,
                 bias: false,
                 activation: Activation::None,
+                residual: false,
                 linear_grid: true,
             },
             Variant::Narrow {
@@ -473,16 +619,20 @@ mod tests {
                 split: false,
                 bias: false,
                 activation: Activation::None,
+                residual: false,
+                norm: false,
             },
             Variant::Reduce {
                 bias: false,
                 activation: Activation::None,
+                residual: false,
             },
             Variant::Coop {
                 tiles: CoopTiles::T128X128,
                 vec4: true,
                 bias: false,
                 activation: Activation::None,
+                residual: false,
                 probe: None,
             },
         ]
@@ -494,9 +644,13 @@ mod tests {
             let key = KernelKey::generated(variant, ElementTypes::same(DType::F16));
             assert_eq!(key.is_some(), variant != Variant::Plain);
             assert_eq!(variant.epilogue().is_some(), variant != Variant::Plain);
-            for bias in [false, true] {
+            for (bias, residual) in [(false, false), (true, false), (false, true), (true, true)] {
                 for activation in Activation::ALL {
-                    let epilogue = FusedEpilogue { bias, activation };
+                    let epilogue = FusedEpilogue {
+                        bias,
+                        activation,
+                        residual,
+                    };
                     let folded = variant.with_epilogue(epilogue);
                     if variant == Variant::Plain {
                         assert_eq!(folded, variant);
@@ -506,13 +660,19 @@ mod tests {
                     // The constants and the label say so.
                     let constants = folded.constants();
                     assert!(constants.contains(&("BIAS", ConstantValue::Bool(bias))));
+                    assert!(constants.contains(&("RESIDUAL", ConstantValue::Bool(residual))));
                     let act = ConstantValue::U32(activation.code());
                     assert!(constants.contains(&("ACT", act)));
                     assert_eq!(folded.label().contains(" +bias"), bias);
+                    assert_eq!(folded.label().contains(" +residual"), residual);
                     assert!(folded.label().contains(activation.suffix()));
                     let key = KernelKey::generated(folded, ElementTypes::F32).unwrap();
                     assert_eq!(key.with_epilogue(FusedEpilogue::default()).variant, variant);
                     assert!(key.epilogue_bindings().is_some());
+                    // A residual is one binding more, after the bias (the reduction's after C).
+                    let base = key.source.storage_bindings();
+                    assert_eq!(key.storage_bindings(), base + usize::from(residual));
+                    assert_eq!(folded.residual_binding(), residual.then_some(base));
                 }
             }
         }
@@ -526,6 +686,37 @@ mod tests {
                 (Source::MatmulCoop, "matmul_coop")
             ]
         );
+    }
+
+    #[test]
+    fn a_layer_norm_prologue_binds_gamma_and_beta_after_the_residual() {
+        for residual in [false, true] {
+            let variant = Variant::Narrow {
+                rows: 16,
+                lanes: 4,
+                subgroup: 0,
+                split: false,
+                bias: true,
+                activation: Activation::Gelu,
+                residual,
+                norm: true,
+            };
+            let key = KernelKey::generated(variant, ElementTypes::F32).unwrap();
+            // A, B, C, bias, [residual], gamma, beta.
+            assert_eq!(key.storage_bindings(), 6 + usize::from(residual));
+            let gamma = 4 + usize::from(residual);
+            assert_eq!(variant.norm_bindings(), Some((gamma, gamma + 1)));
+            assert!(variant.label().contains("layer-norm prologue"));
+            let constants = variant.constants();
+            assert!(constants.contains(&("NORM", ConstantValue::Bool(true))));
+            assert!(constants.contains(&("NORM_PER_ROW", ConstantValue::U32(16))));
+            // Folding an epilogue keeps the prologue.
+            let folded = variant.with_epilogue(FusedEpilogue::default());
+            assert_eq!(folded.norm_bindings(), Some((4, 5)));
+        }
+        assert_eq!(narrow_norm_per_row(1), 256);
+        assert_eq!(narrow_norm_per_row(3), 64);
+        assert_eq!(narrow_norm_per_row(16), 16);
     }
 
     #[test]
@@ -567,8 +758,8 @@ mod tests {
             k_chunk4: 1,
             tiles: 1,
             m: 1,
-            pad0: 0,
-            pad1: 0,
+            eps: 0.0,
+            pad: 0,
         });
         assert_eq!(key(narrow).product_columns(&params), Some(12));
         let params = ParamsBlock::new(&ReduceParams {

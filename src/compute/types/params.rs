@@ -42,7 +42,10 @@ pub(crate) fn group0_entries(
     params.into_iter().chain(tensors).collect()
 }
 
-/// Most storage bindings of any kernel.
+/// Most storage bindings of any kernel: the token and position gather with fed ids
+/// (`embedding_sum`: eight), within WebGPU's default of 8 per stage; the narrow matmul with a
+/// residual and a layer-norm prologue takes seven (A, B, C, the bias, the residual, gamma and
+/// beta).
 pub(crate) const MAX_STORAGE_BINDINGS: usize = 8;
 
 /// A kernel's parameter struct as the bytes of its uniform slot (zero past the struct).
@@ -107,7 +110,7 @@ pub(crate) struct MatmulParams {
 
 /// The parameters of the narrow matmul; WGSL `NarrowParams` in `shaders/matmul_narrow.wgsl`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Debug, Clone, Copy, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct NarrowParams {
     /// N / 4.
     pub(crate) n4: u32,
@@ -121,10 +124,10 @@ pub(crate) struct NarrowParams {
     pub(crate) tiles: u32,
     /// Rows of A and C (M).
     pub(crate) m: u32,
+    /// The layer-norm prologue's epsilon (unused without it: 0).
+    pub(crate) eps: f32,
     /// Unused (0).
-    pub(crate) pad0: u32,
-    /// Unused (0).
-    pub(crate) pad1: u32,
+    pub(crate) pad: u32,
 }
 
 /// The parameters of the split-K reduction; WGSL `ReduceParams` in

@@ -1,6 +1,10 @@
 //! Matmul, f32: `C[M, N] = A[M, K] · B[K, N]`, row-major, any sizes, with an optional fused
-//! epilogue (bias over columns, activation). Kernels: `shaders/matmul.wgsl` and, for split-K,
-//! `shaders/matmul_reduce.wgsl`. CPU twin: [`crate::compute::cpu::matmul`].
+//! epilogue `act(A·B + bias) + residual` (bias over columns, activation, then a residual of C's
+//! shape: [`Epilogue`]), and for few rows an optional layer-norm prologue
+//! ([`Context::matmul_layer_norm`](crate::compute::Context::matmul_layer_norm), below). Kernels:
+//! `shaders/matmul.wgsl` and, for split-K, `shaders/matmul_reduce.wgsl`. CPU twins:
+//! [`crate::compute::cpu::matmul`], [`crate::compute::cpu::matmul_with`] (the epilogue),
+//! [`crate::compute::cpu::matmul_layer_norm`].
 //!
 //! # Tiles
 //!
@@ -38,7 +42,8 @@
 //! that give from a quarter to twice `min_workgroups` workgroups; with 8 rows or more, each of
 //! these also with the rows in 2 and 4 groups where they divide M
 //! ([`MatmulOptions::narrow_row_groups`]: each workgroup then keeps fewer sums, and the
-//! workgroups multiply).
+//! workgroups multiply). A product with a residual or a layer-norm prologue follows the plan of
+//! the plain product of its shape, tuned or not: nothing is tuned for them apart.
 //!
 //! # Few rows
 //!
@@ -58,6 +63,12 @@
 //! split-K reduction (`shaders/matmul_reduce.wgsl`, as for the tiled kernel) adds them and runs
 //! the epilogue. With the rows in groups, the workgroups of each group of rows follow those of
 //! the one before, each multiplying its rows by the same columns of B.
+//!
+//! The epilogue — the bias, the activation, then the residual, added in f32 before C's one
+//! rounding — runs where C is stored: in the narrow, tiled or cooperative kernel, or where K is
+//! split in the reduction (every kernel reads the residual through accessors the host writes
+//! with its binding, after the bias's). A device whose `max_storage_buffers_per_shader_stage`
+//! cannot bind it gets the product, then an `add` (one dispatch more).
 //!
 //! The automatic plan ([`MatmulOptions::narrow_lanes`], [`MatmulOptions::narrow_splits`]): on a
 //! GPU the widest workgroups (up to 64 vec4 columns, at least 2: 32 contiguous bytes of each row
@@ -83,6 +94,22 @@
 //! is written on the host with the K steps of a tile and the outputs of an invocation unrolled
 //! (`kernels/matmul.rs`; its outline is in `shaders/matmul.wgsl`).
 //!
+//! ## The layer-norm prologue
+//!
+//! [`Context::matmul_layer_norm`](crate::compute::Context::matmul_layer_norm) multiplies the
+//! layer norm of A's rows by B: a transformer's `LN(x) · W`, which at decode time is a few rows
+//! whose normalized copy costs a dispatch of its own. Where the narrow kernel runs, it folds the
+//! layer norm into its loads: each workgroup first computes the mean and `1 / √(var + eps)` of
+//! each of its rows over the whole of K, in f32 (two passes over its rows of A, which are small:
+//! the invocations dealt over the rows, their parts added by one tree in the workgroup memory
+//! the sums use later), then normalizes each vec4 of A as it loads it in the loop over K, with
+//! the vec4s of gamma and beta of the same step, rounded to the element type as the layer norm
+//! stores it. With a split along K each split computes the statistics of its rows whole; with
+//! the rows in groups each group its own. One dispatch (two with a split) where the layer norm
+//! and the product took two; seven storage bindings at most (A, B, C, the bias, the residual,
+//! gamma, beta), within WebGPU's default of eight: a device that binds fewer, and every product
+//! the narrow kernel does not run, records the layer norm and the product instead.
+//!
 //! # Cooperative matrices (f16 on the tensor cores)
 //!
 //! On a device opened with [`GpuOptions::cooperative_matrix`](crate::GpuOptions::cooperative_matrix)
@@ -94,8 +121,9 @@
 //! A and B staged in workgroup memory as `vec4<f16>` rows padded by 8 elements (zero outside
 //! the operands, so that odd shapes need no branch around the cooperative operations), the next
 //! slab fetched into registers while the current one is multiplied; the epilogue stores each
-//! accumulator to workgroup memory, adds the bias, activates, masks the edges and rounds once to
-//! f16. The tile: 32×128 for at most 32 rows, else the largest of 128×256, 128×128 and 64×128
+//! accumulator to workgroup memory, adds the bias, activates, adds the residual, masks the edges
+//! and rounds once to f16 (so at 16 rows and more an f16 `matmul_layer_norm` records the layer
+//! norm and the product there). The tile: 32×128 for at most 32 rows, else the largest of 128×256, 128×128 and 64×128
 //! that gives at least `min_workgroups / 2` block tiles, else 64×64 (each only where the
 //! device's workgroup memory holds it; any named tile may be forced,
 //! [`MatmulOptions::cooperative_tiles`](crate::compute::MatmulOptions::cooperative_tiles)); K is split as for
@@ -152,8 +180,9 @@
 //!   autotuner times (no GPU: its tests describe devices);
 //! - `tune.rs`: the autotuner: its choice from measured times (pure), and its measuring, in a
 //!   pool and context of its own; [`Context::matmul_plan`](crate::compute::Context::matmul_plan);
-//! - `record.rs`: [`Context::matmul`](crate::compute::Context::matmul) and its epilogue, recording
-//!   a plan's dispatches.
+//! - `record.rs`: [`Context::matmul`](crate::compute::Context::matmul) and its epilogue,
+//!   [`Context::matmul_layer_norm`](crate::compute::Context::matmul_layer_norm), recording a
+//!   plan's dispatches.
 
 mod record;
 mod select;
