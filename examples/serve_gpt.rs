@@ -49,7 +49,9 @@
 //!
 //! `--dtype f16` stores the weights and the KV cache in f16 (products accumulate in f32; the
 //! device must offer `SHADER_F16`) and opens the device with cooperative matrices where the
-//! adapter has them, so that prefill products run on the tensor cores; the default budget is
+//! adapter has them, so that prefill products run on the tensor cores (products of up to 16
+//! rows, decode steps, stay on the narrow kernel, which folds the layer norm into its loads);
+//! the default budget is
 //! the f32 one whatever the dtype, so that f16 and f32 runs compare at one budget (f16 holds
 //! about twice the sequences). The JSON's `plan_steps` gives each step plan's dispatches (decode-only
 //! plans apart).
@@ -78,7 +80,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use wgpu_pool::compute::{Context, ContextOptions, DType};
+use wgpu_pool::compute::{Context, ContextOptions, DType, MatmulOptions};
 use wgpu_pool::history::HistoryOptions;
 use wgpu_pool::model::{Gpt2Config, Gpt2Weights, StoredDtype};
 use wgpu_pool::paging::{percentile, KvLayout, RequestSpec, StreamSpec, TimedRequest, Traffic};
@@ -710,9 +712,16 @@ fn start_side(
     } else {
         Pool::new(gpu, pool_options)?
     };
+    let defaults = ContextOptions::default();
     let context_options = ContextOptions {
         profile: spec.name == "paged_profile",
-        ..ContextOptions::default()
+        // f16: products of up to 16 rows (decode steps) on the narrow kernel, whose loads fold
+        // the layer norm in, rather than on cooperative matrices (a 16-row tile half empty).
+        matmul: MatmulOptions {
+            cooperative_min_rows: MatmulOptions::NARROW_MAX_ROWS + 1,
+            ..defaults.matmul.clone()
+        },
+        ..defaults
     };
     let context = Context::new(&pool, context_options)?;
     let built = Instant::now();

@@ -291,22 +291,30 @@ impl Gpt2 {
             inputs.positions,
             inputs.fed,
         )?;
-        let linear = |x: &Tensor, (w, b): &(Tensor, Tensor), activation| {
-            context.matmul_with(
-                x,
-                w,
-                Epilogue {
+        // The layer norms are folded into the products that read them, and the residual adds
+        // into the products whose output they add (`matmul_layer_norm`, `Epilogue::residual`):
+        // one dispatch each where the rows are few (a decode step), the separate ops elsewhere.
+        let normed =
+            |x: &Tensor, (g, beta): &(Tensor, Tensor), (w, b): &(Tensor, Tensor), activation| {
+                let epilogue = Epilogue {
                     bias: Some(b),
                     activation,
                     ..Default::default()
-                },
-            )
+                };
+                context.matmul_layer_norm(x, g, beta, LAYER_NORM_EPS, w, epilogue)
+            };
+        let added = |x: &Tensor, (w, b): &(Tensor, Tensor), residual: &Tensor| {
+            let epilogue = Epilogue {
+                bias: Some(b),
+                residual: Some(residual),
+                ..Default::default()
+            };
+            context.matmul_with(x, w, epilogue)
         };
         for (layer, block) in self.blocks.iter().enumerate() {
             let (k_cache, v_cache) = cache.layer(layer);
-            let h = context.layer_norm(&x, &block.ln_1.0, &block.ln_1.1, LAYER_NORM_EPS)?;
-            let qkv =
-                linear(&h, &block.qkv, Activation::None)?.reshape(&[rows, 3, heads, head_dim])?;
+            let qkv = normed(&x, &block.ln_1, &block.qkv, Activation::None)?
+                .reshape(&[rows, 3, heads, head_dim])?;
             let (table, positions) = (inputs.table, inputs.positions);
             let attended = match kind {
                 StepKind::Mixed => {
@@ -320,23 +328,22 @@ impl Gpt2 {
                 )?,
             }
             .reshape(&[rows, e])?;
-            drop((qkv, h));
-            let projected = linear(&attended, &block.attn_proj, Activation::None)?;
-            x = context.add(&x, &projected)?;
-            let h = context.layer_norm(&x, &block.ln_2.0, &block.ln_2.1, LAYER_NORM_EPS)?;
-            let f = linear(&h, &block.fc, Activation::Gelu)?;
-            let m = linear(&f, &block.mlp_proj, Activation::None)?;
-            x = context.add(&x, &m)?;
+            drop(qkv);
+            x = added(&attended, &block.attn_proj, &x)?;
+            drop(attended);
+            let f = normed(&x, &block.ln_2, &block.fc, Activation::Gelu)?;
+            x = added(&f, &block.mlp_proj, &x)?;
         }
         let last = context.embedding(&x, inputs.samples)?;
         drop(x);
-        let h = context.layer_norm(&last, &self.ln_f.0, &self.ln_f.1, LAYER_NORM_EPS)?;
-        let logits = context.matmul_with(
-            &h,
+        let logits = context.matmul_layer_norm(
+            &last,
+            &self.ln_f.0,
+            &self.ln_f.1,
+            LAYER_NORM_EPS,
             &self.lm_head,
             Epilogue {
                 bias: self.lm_padding.as_ref(),
-                activation: Activation::None,
                 ..Default::default()
             },
         )?;

@@ -616,139 +616,6 @@ fn take_columns_keeps_the_first_columns_of_each_row() {
     }
 }
 
-/// `embedding_sum` (token and position rows added in one gather, ids optionally fed from a
-/// previous step's samples) equals its twin bit for bit, in f32 and f16, eager and in a plan,
-/// where it is one dispatch (the device takes 8 storage bindings); ids, positions and picks out
-/// of range give rows of NaN; bad shapes and types are typed errors.
-#[test]
-fn embedding_sum_adds_token_and_position_rows_with_fed_ids_as_its_twin() {
-    for (limits, gpu) in both() {
-        let context = context_with(gpu, ContextOptions::default());
-        let mut rng = StdRng::seed_from_u64(44);
-        for dtype in [DType::F32, DType::F16] {
-            if !context.supports(dtype) {
-                eprintln!("embedding_sum {dtype:?} NOT TESTED on {limits}: no SHADER_F16");
-                continue;
-            }
-            for width in [1, 5, 257] {
-                let (vocab, places) = (11, 7);
-                let table = cpu::rounded(&random(&mut rng, vocab * width, -4.0, 4.0), dtype);
-                let positions_table =
-                    cpu::rounded(&random(&mut rng, places * width, -4.0, 4.0), dtype);
-                let tt = context.tensor_with(&table, &[vocab, width], dtype).unwrap();
-                let tp = context
-                    .tensor_with(&positions_table, &[places, width], dtype)
-                    .unwrap();
-                // Rows: plain ids, fed ids (their host id 0, or an offset), and every kind of
-                // index out of range.
-                let ids = [3.0, 0.0, 10.0, 0.0, 1.0, 11.0, -1.0, 2.5, 0.0, 0.0, 4.0];
-                let positions = [0.0, 6.0, 2.0, 3.0, 1.0, 0.0, 0.0, 0.0, 7.0, 2.0, 1.0];
-                let fed = [0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
-                let picks = [0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0, 9.0];
-                let previous = [5.0, 10.0, 9.0];
-                let n = ids.len();
-                let upload = |values: &[f32]| context.tensor(values, &[values.len()]).unwrap();
-                let (t_ids, t_pos, t_fed, t_prev, t_picks) = (
-                    upload(&ids),
-                    upload(&positions),
-                    upload(&fed),
-                    upload(&previous),
-                    upload(&picks),
-                );
-                let fed_ids = wgpu_pool::compute::FedIds {
-                    fed: &t_fed,
-                    previous: &t_prev,
-                    picks: &t_picks,
-                };
-                let what = format!("embedding_sum {dtype:?} width {width} ({limits})");
-                for with_fed in [false, true] {
-                    let expected = cpu::rounded(
-                        &cpu::embedding_sum(
-                            &table,
-                            &positions_table,
-                            width,
-                            &ids,
-                            &positions,
-                            with_fed.then_some((&fed[..], &previous[..], &picks[..])),
-                        ),
-                        dtype,
-                    );
-                    let y = context
-                        .embedding_sum(&tt, &t_ids, &tp, &t_pos, with_fed.then_some(fed_ids))
-                        .unwrap();
-                    assert_eq!(y.shape(), [n, width]);
-                    assert_eq!(y.dtype(), dtype);
-                    assert_same(&what, &y.to_vec().unwrap(), &expected);
-                    // Rows 5 to 8 (id 11, −1, 2.5; position 7) and, fed, row 9 (pick 3): NaN.
-                    let bad =
-                        |row: usize| expected[row * width..][..width].iter().all(|v| v.is_nan());
-                    assert!((5..9).all(bad), "{what}");
-                    assert_eq!(bad(9), with_fed, "{what}");
-                    assert!(!bad(1) && !bad(10), "{what}");
-                }
-                // Captured: one dispatch where the device takes 8 storage bindings.
-                let mut capture = context.capture().unwrap();
-                let inputs: Vec<Tensor> = (0..4).map(|_| capture.input(&[n]).unwrap()).collect();
-                let prev = capture.input(&[previous.len()]).unwrap();
-                let y = context
-                    .embedding_sum(
-                        &tt,
-                        &inputs[0],
-                        &tp,
-                        &inputs[1],
-                        Some(wgpu_pool::compute::FedIds {
-                            fed: &inputs[2],
-                            previous: &prev,
-                            picks: &inputs[3],
-                        }),
-                    )
-                    .unwrap();
-                let mut plan = capture.finish(&[&y]).unwrap();
-                if context.limits().max_storage_buffers_per_shader_stage >= 8 {
-                    assert_eq!(plan.stats().steps, 1, "{what}");
-                }
-                let out = plan
-                    .run(&[
-                        Feed::Data(&ids),
-                        Feed::Data(&positions),
-                        Feed::Data(&fed),
-                        Feed::Data(&picks),
-                        Feed::Data(&previous),
-                    ])
-                    .unwrap();
-                let expected = cpu::rounded(
-                    &cpu::embedding_sum(
-                        &table,
-                        &positions_table,
-                        width,
-                        &ids,
-                        &positions,
-                        Some((&fed[..], &previous[..], &picks[..])),
-                    ),
-                    dtype,
-                );
-                assert_same(&format!("{what}, planned"), &out[0], &expected);
-            }
-        }
-        // Typed errors.
-        let table = context.tensor(&[0.0; 12], &[4, 3]).unwrap();
-        let narrow = context.tensor(&[0.0; 8], &[4, 2]).unwrap();
-        let ids = context.tensor(&[0.0, 1.0], &[2]).unwrap();
-        let three = context.tensor(&[0.0, 1.0, 2.0], &[3]).unwrap();
-        assert!(matches!(
-            context.embedding_sum(&table, &ids, &narrow, &ids, None),
-            Err(ComputeError::ShapeMismatch { .. })
-        ));
-        assert!(matches!(
-            context.embedding_sum(&table, &ids, &table, &three, None),
-            Err(ComputeError::ShapeMismatch { .. })
-        ));
-        let flat = context.tensor(&[0.0; 12], &[12]).unwrap();
-        assert!(matches!(
-            context.embedding_sum(&flat, &ids, &table, &ids, None),
-            Err(ComputeError::InvalidShape { .. })
-        ));
-
 /// The epilogues `matmul_layer_norm` is checked with: `(bias, activation, residual)`.
 pub(crate) const LN_EPILOGUES: [(bool, Activation, bool); 5] = [
     (false, Activation::None, false),
@@ -1345,5 +1212,140 @@ fn a_device_that_binds_fewer_buffers_runs_the_unfused_ops() {
                 "{what}: matmul_layer_norm {epilogue:?}"
             );
         }
+    }
+}
+
+/// `embedding_sum` (token and position rows added in one gather, ids optionally fed from a
+/// previous step's samples) equals its twin bit for bit, in f32 and f16, eager and in a plan,
+/// where it is one dispatch (the device takes 8 storage bindings); ids, positions and picks out
+/// of range give rows of NaN; bad shapes and types are typed errors.
+#[test]
+fn embedding_sum_adds_token_and_position_rows_with_fed_ids_as_its_twin() {
+    for (limits, gpu) in both() {
+        let context = context_with(gpu, ContextOptions::default());
+        let mut rng = StdRng::seed_from_u64(44);
+        for dtype in [DType::F32, DType::F16] {
+            if !context.supports(dtype) {
+                eprintln!("embedding_sum {dtype:?} NOT TESTED on {limits}: no SHADER_F16");
+                continue;
+            }
+            for width in [1, 5, 257] {
+                let (vocab, places) = (11, 7);
+                let table = cpu::rounded(&random(&mut rng, vocab * width, -4.0, 4.0), dtype);
+                let positions_table =
+                    cpu::rounded(&random(&mut rng, places * width, -4.0, 4.0), dtype);
+                let tt = context.tensor_with(&table, &[vocab, width], dtype).unwrap();
+                let tp = context
+                    .tensor_with(&positions_table, &[places, width], dtype)
+                    .unwrap();
+                // Rows: plain ids, fed ids (their host id 0, or an offset), and every kind of
+                // index out of range.
+                let ids = [3.0, 0.0, 10.0, 0.0, 1.0, 11.0, -1.0, 2.5, 0.0, 0.0, 4.0];
+                let positions = [0.0, 6.0, 2.0, 3.0, 1.0, 0.0, 0.0, 0.0, 7.0, 2.0, 1.0];
+                let fed = [0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+                let picks = [0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0, 9.0];
+                let previous = [5.0, 10.0, 9.0];
+                let n = ids.len();
+                let upload = |values: &[f32]| context.tensor(values, &[values.len()]).unwrap();
+                let (t_ids, t_pos, t_fed, t_prev, t_picks) = (
+                    upload(&ids),
+                    upload(&positions),
+                    upload(&fed),
+                    upload(&previous),
+                    upload(&picks),
+                );
+                let fed_ids = wgpu_pool::compute::FedIds {
+                    fed: &t_fed,
+                    previous: &t_prev,
+                    picks: &t_picks,
+                };
+                let what = format!("embedding_sum {dtype:?} width {width} ({limits})");
+                for with_fed in [false, true] {
+                    let expected = cpu::rounded(
+                        &cpu::embedding_sum(
+                            &table,
+                            &positions_table,
+                            width,
+                            &ids,
+                            &positions,
+                            with_fed.then_some((&fed[..], &previous[..], &picks[..])),
+                        ),
+                        dtype,
+                    );
+                    let y = context
+                        .embedding_sum(&tt, &t_ids, &tp, &t_pos, with_fed.then_some(fed_ids))
+                        .unwrap();
+                    assert_eq!(y.shape(), [n, width]);
+                    assert_eq!(y.dtype(), dtype);
+                    assert_same(&what, &y.to_vec().unwrap(), &expected);
+                    // Rows 5 to 8 (id 11, −1, 2.5; position 7) and, fed, row 9 (pick 3): NaN.
+                    let bad =
+                        |row: usize| expected[row * width..][..width].iter().all(|v| v.is_nan());
+                    assert!((5..9).all(bad), "{what}");
+                    assert_eq!(bad(9), with_fed, "{what}");
+                    assert!(!bad(1) && !bad(10), "{what}");
+                }
+                // Captured: one dispatch where the device takes 8 storage bindings.
+                let mut capture = context.capture().unwrap();
+                let inputs: Vec<Tensor> = (0..4).map(|_| capture.input(&[n]).unwrap()).collect();
+                let prev = capture.input(&[previous.len()]).unwrap();
+                let y = context
+                    .embedding_sum(
+                        &tt,
+                        &inputs[0],
+                        &tp,
+                        &inputs[1],
+                        Some(wgpu_pool::compute::FedIds {
+                            fed: &inputs[2],
+                            previous: &prev,
+                            picks: &inputs[3],
+                        }),
+                    )
+                    .unwrap();
+                let mut plan = capture.finish(&[&y]).unwrap();
+                if context.limits().max_storage_buffers_per_shader_stage >= 8 {
+                    assert_eq!(plan.stats().steps, 1, "{what}");
+                }
+                let out = plan
+                    .run(&[
+                        Feed::Data(&ids),
+                        Feed::Data(&positions),
+                        Feed::Data(&fed),
+                        Feed::Data(&picks),
+                        Feed::Data(&previous),
+                    ])
+                    .unwrap();
+                let expected = cpu::rounded(
+                    &cpu::embedding_sum(
+                        &table,
+                        &positions_table,
+                        width,
+                        &ids,
+                        &positions,
+                        Some((&fed[..], &previous[..], &picks[..])),
+                    ),
+                    dtype,
+                );
+                assert_same(&format!("{what}, planned"), &out[0], &expected);
+            }
+        }
+        // Typed errors.
+        let table = context.tensor(&[0.0; 12], &[4, 3]).unwrap();
+        let narrow = context.tensor(&[0.0; 8], &[4, 2]).unwrap();
+        let ids = context.tensor(&[0.0, 1.0], &[2]).unwrap();
+        let three = context.tensor(&[0.0, 1.0, 2.0], &[3]).unwrap();
+        assert!(matches!(
+            context.embedding_sum(&table, &ids, &narrow, &ids, None),
+            Err(ComputeError::ShapeMismatch { .. })
+        ));
+        assert!(matches!(
+            context.embedding_sum(&table, &ids, &table, &three, None),
+            Err(ComputeError::ShapeMismatch { .. })
+        ));
+        let flat = context.tensor(&[0.0; 12], &[12]).unwrap();
+        assert!(matches!(
+            context.embedding_sum(&flat, &ids, &table, &ids, None),
+            Err(ComputeError::InvalidShape { .. })
+        ));
     }
 }
