@@ -218,6 +218,14 @@ for batch in batches:
             row(f"hf {hf_mode}", hf_doc.get("dtype", dtype), batch, f"hf_{tag}",
                 (hf_doc.get("sides") or {}).get(hf_mode), agreement, tf_hf.get("ours"))
             gaps.add((tf_hf.get("ours") or {}).get("near_tie_gap"))
+        if ours:
+            steps = ours.get("plan_steps") or {}
+            decode = {k: v for k, v in steps.items() if k.endswith("decode")}
+            print(f"  {'':<18} dispatches a planned step: decode-only {json.dumps(decode)}, "
+                  f"of any rows at {batch}: {steps.get(f'{batch} any', '-')}; in flight "
+                  f"{fmt(ours.get('in_flight_mean'), '.2f')} (max {ours.get('in_flight_max')}), "
+                  f"capacity at n_ctx {ours.get('capacity_at_max_length')}, "
+                  f"KV blocks {ours.get('kv_blocks')}")
         if eager and graphs:
             e = [r["output"] for r in eager["requests"]]
             g = [r["output"] for r in graphs["requests"]]
