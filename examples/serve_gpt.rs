@@ -43,7 +43,8 @@
 //! with every step's ops run eagerly, and `paged_sync`, the paged side planned but each step
 //! waited for (the planned-versus-eager comparison, and what pipelining adds); both may also be
 //! named in `--sides`, which sets the order. `--profile` adds `paged_profile` (eager, GPU
-//! timestamps around every dispatch, decode-only steps apart). `--warm-s S` keeps each side's
+//! timestamps around every dispatch, decode-only steps apart; the paged side's cache, no
+//! budget). `--warm-s S` keeps each side's
 //! GPU busy with padding steps for S seconds before its stream (clocks that follow the load have
 //! risen); each side's `span_unix_s` lets its run be laid beside a clock log.
 //!
@@ -728,6 +729,13 @@ fn start_side(
     let model = Gpt2::upload(&context, weights, args.dtype)?;
     let weights_bytes = model.bytes();
     let side_options = match (spec.execution, paged_blocks) {
+        // The profile is a diagnostic of the kernels: the paged side's cache, no budget (eager
+        // steps' intermediates, each a pool allocation, need more than the plans' arena that
+        // the budget leaves them; at GPT-2 small's default budget they run out of memory).
+        (Execution::Eager, Some(blocks)) if spec.name == "paged_profile" => ServerOptions {
+            kv_blocks: Some(blocks),
+            ..options(args, None, spec.layout, spec.execution)
+        },
         (Execution::Eager, Some(blocks)) => ServerOptions {
             kv_blocks: Some(blocks),
             ..options(args, Some(budget), spec.layout, spec.execution)
