@@ -57,6 +57,16 @@ impl StepRows {
         rows.max(1).next_power_of_two()
     }
 
+    /// Every row count steps of `min_rows` to `max_rows` rows are padded to, fewest first:
+    /// the buckets from `min_rows`'s up to the first at least `max_rows`.
+    pub fn buckets(min_rows: usize, max_rows: usize) -> Vec<usize> {
+        let mut counts = vec![Self::bucket(min_rows)];
+        while let Some(&rows) = counts.last().filter(|&&r| r < max_rows) {
+            counts.push(Self::bucket(rows + 1));
+        }
+        counts
+    }
+
     /// Adds a row: `token` at `position` of a sequence whose blocks are `blocks`; `sample` asks
     /// for the next token after it, whose index among the step's samples is returned.
     /// [`PagingError::StepFull`] when the rows or samples are full or the table is longer than

@@ -479,11 +479,7 @@ impl Scheduler {
 
     /// The row counts steps are padded to, fewest first.
     pub fn step_row_counts(&self) -> Vec<usize> {
-        let mut counts = vec![StepRows::bucket(self.options.min_step_rows)];
-        while let Some(&rows) = counts.last().filter(|&&r| r < self.options.max_step_tokens) {
-            counts.push(StepRows::bucket(rows + 1));
-        }
-        counts
+        StepRows::buckets(self.options.min_step_rows, self.options.max_step_tokens)
     }
 
     /// The tokens request `id` has generated so far (all of them once finished and not yet

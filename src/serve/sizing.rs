@@ -248,10 +248,7 @@ fn measure_activations(
     let config = model.config();
     let max_blocks = config.n_ctx.div_ceil(options.block_tokens);
     let probe = KvCache::new(context, &config, options.block_tokens, 2, model.dtype())?;
-    let mut counts = vec![StepRows::bucket(options.min_step_rows)];
-    while let Some(&rows) = counts.last().filter(|&&r| r < options.max_step_tokens) {
-        counts.push(StepRows::bucket(rows + 1));
-    }
+    let counts = StepRows::buckets(options.min_step_rows, options.max_step_tokens);
     let mut most: Vec<u64> = Vec::new();
     let mut measured = Ok(());
     for (rows, kind) in step_shapes(options, counts) {

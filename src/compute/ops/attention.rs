@@ -221,7 +221,15 @@ impl Context {
         scale: f32,
     ) -> Result<Tensor, ComputeError> {
         let tokens = Tokens::Pair(q, q);
-        self.attend(tokens, k_cache, v_cache, block_table, seq_lens, scale)
+        self.attend(
+            tokens,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            scale,
+            Lengths::Given,
+        )
     }
 
     /// [`Context::paged_attention_decode`] with each sequence's query taken from a fused
@@ -238,7 +246,15 @@ impl Context {
         scale: f32,
     ) -> Result<Tensor, ComputeError> {
         let tokens = Tokens::Fused(qkv);
-        self.attend(tokens, k_cache, v_cache, block_table, seq_lens, scale)
+        self.attend(
+            tokens,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            scale,
+            Lengths::Given,
+        )
     }
 
     /// [`Context::paged_attention_decode_qkv`] with each row's length read as its position
@@ -255,7 +271,7 @@ impl Context {
         scale: f32,
     ) -> Result<Tensor, ComputeError> {
         let tokens = Tokens::Fused(qkv);
-        self.attend_with(
+        self.attend(
             tokens,
             k_cache,
             v_cache,
@@ -295,7 +311,7 @@ impl Context {
         scale: f32,
     ) -> Result<Tensor, ComputeError> {
         let tokens = Tokens::Fused(qkv);
-        self.attend_with(
+        self.attend(
             tokens,
             k_cache,
             v_cache,
@@ -306,31 +322,11 @@ impl Context {
         )
     }
 
-    /// The decode attention of [`Context::paged_attention_decode`] over the queries of `tokens`.
-    fn attend(
-        &self,
-        tokens: Tokens<'_>,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
-        block_table: &Tensor,
-        seq_lens: &Tensor,
-        scale: f32,
-    ) -> Result<Tensor, ComputeError> {
-        self.attend_with(
-            tokens,
-            k_cache,
-            v_cache,
-            block_table,
-            seq_lens,
-            scale,
-            Lengths::Given,
-        )
-    }
-
-    /// [`Context::attend`], the lengths read as `lengths` says.
+    /// The decode attention of [`Context::paged_attention_decode`] over the queries of `tokens`,
+    /// the lengths operand read as `lengths` says.
     // Long: the one-pass and the split (partial, then combine) recordings side by side.
     #[allow(clippy::too_many_arguments)] // the attention's operands, and how to read one
-    fn attend_with(
+    fn attend(
         &self,
         tokens: Tokens<'_>,
         k_cache: &Tensor,
